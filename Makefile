@@ -1,0 +1,36 @@
+# offsetlake: `make demo` runs the main job on the embedded default; `make test` runs the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: setup test demo lint lock clean
+
+setup: $(STAMP) ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+test: setup ## the whole suite: starts its own broker, one Spark session, temp lakes
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: setup ## embedded default: local broker + generated orders + offsetlake run + ledger + audit
+	$(PY) scripts/demo.py
+
+lint: setup
+	$(VENV)/bin/ruff check offsetlake jobs dags plugins pipelines tests scripts bench
+
+lock: ## re-resolve requirements.txt into requirements.lock
+	rm -rf .lockvenv && $(PYTHON) -m venv .lockvenv && .lockvenv/bin/pip install -q -r requirements.txt
+	(echo "# Full lock of requirements.txt, resolved with Python 3.11 (regenerate: make lock)"; \
+	 .lockvenv/bin/pip freeze --exclude-editable) > requirements.lock && rm -rf .lockvenv
+
+clean:
+	rm -rf lake .noida .pytest_cache

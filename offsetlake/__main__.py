@@ -1,0 +1,5 @@
+import sys
+
+from offsetlake.cli import main
+
+sys.exit(main())

@@ -1,0 +1,313 @@
+"""One batch end to end, and a run of batches until caught up.
+
+A batch flows once through plan → read → transform → commit → record; each step logs one
+structured line with pipeline, batch id, ranges, counts and duration. Spark starts only when a
+plan has records to read, so a run with nothing new costs a few Kafka and Delta round trips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from offsetlake import failpoints
+from offsetlake.config import PipelineConfig
+from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.kafka import check_log_start, describe_topic, partition_offsets
+from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit
+from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id, plan_ranges
+from offsetlake.sink import (
+    check_plan_applies,
+    collect_written_files,
+    commit_batch,
+    committed_ends,
+    ensure_table,
+    open_table,
+    sink_commits,
+    staging_dir,
+)
+
+log = logging.getLogger("offsetlake.batch")
+MAX_CONFLICT_REPLANS = 5
+
+
+@dataclass
+class BatchResult:
+    plan: BatchPlan
+    status: str  # committed | already_committed
+    sink_version: int | None = None
+    per_range: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
+    timings_ms: dict[str, int] = field(default_factory=dict)
+
+    def total(self, key: str) -> int:
+        return sum(v.get(key, 0) for v in self.per_range.values())
+
+    def summary(self) -> dict:
+        return {
+            "pipeline": self.plan.pipeline,
+            "batch_id": self.plan.batch_id,
+            "kind": self.plan.kind,
+            "status": self.status,
+            "run_id": self.plan.run.run_id,
+            "ranges": [
+                {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end,
+                 **self.per_range.get((r.topic, r.partition), {})}
+                for r in self.plan.ranges
+            ],
+            "records_read": self.total("records_read"),
+            "rows_written": self.total("rows_written"),
+            "dead_letters": self.total("dead_letters"),
+            "sink_version": self.sink_version,
+            "timings_ms": self.timings_ms,
+        }
+
+
+def log_step(step: str, plan: BatchPlan | None, started: float, **fields: object) -> int:
+    elapsed = int((time.monotonic() - started) * 1000)
+    parts = [f"step={step}"]
+    if plan is not None:
+        parts += [f"pipeline={plan.pipeline}", f"batch={plan.batch_id}", f"ranges=\"{plan.describe()}\""]
+    parts += [f"{k}={v}" for k, v in fields.items()]
+    parts.append(f"duration_ms={elapsed}")
+    log.info(" ".join(parts))
+    return elapsed
+
+
+# ---- planning -------------------------------------------------------------------------------
+def current_offsets(config: PipelineConfig):
+    client = config.kafka_client_config()
+    partitions = describe_topic(client, config.topic, config.name)
+    return partition_offsets(client, config.topic, partitions, config.name)
+
+
+def plan_next_batch(
+    config: PipelineConfig,
+    run: RunContext,
+    ledger: Ledger,
+    end_limit: dict[int, int] | None = None,
+) -> BatchPlan | None:
+    """Plan the next ingest batch from the sink's committed ends; None when caught up.
+
+    Checks invariant 7 first: a committed end below the log start fails (or, under
+    ``on_offsets_lost: skip``, commits a recorded gap). Ends are capped by the LSO and by
+    ``end_limit`` (the LSO seen when the run started).
+    """
+    offsets = current_offsets(config)
+    table = open_table(config.sink_path)
+    ends = committed_ends(table, config, config.topic, sorted(offsets))
+    for p, committed in ends.items():
+        if committed is not None and committed < offsets[p].log_start:
+            if config.on_offsets_lost == "skip":
+                record_gap(config, run, ledger, OffsetRange(config.topic, p, committed, offsets[p].log_start))
+                return plan_next_batch(config, run, ledger, end_limit)
+            check_log_start(offsets[p], committed, config.name)
+    if end_limit:
+        offsets = {
+            p: type(o)(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(p, o.last_stable)))
+            for p, o in offsets.items()
+        }
+    ranges = plan_ranges(config.topic, ends, offsets, config.start, config.max_records_per_batch)
+    anchors = [r for r in ranges if ends[r.partition] is None and config.start == "latest"]
+    if all(r.size == 0 for r in ranges) and not anchors:
+        return None
+    return BatchPlan(config.name, new_batch_id(config.name), "ingest", tuple(ranges), run)
+
+
+def record_gap(config: PipelineConfig, run: RunContext, ledger: Ledger, lost: OffsetRange) -> None:
+    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only)."""
+    plan = BatchPlan(config.name, new_batch_id(config.name), "gap", (lost,), run)
+    table = open_table(config.sink_path)
+    entry = _entry(plan, {}, time.monotonic())
+    entry["message"] = f"{lost.end - lost.start} offsets {lost} were lost to retention before ingestion"
+    version = commit_batch(table, config, plan, _no_files(), entry)
+    ledger.record_commit(SinkCommit(version, entry))
+    log.warning("step=gap pipeline=%s batch=%s lost=\"%s\" sink_version=%d", config.name, plan.batch_id, lost, version)
+
+
+def _no_files():
+    from offsetlake.sink import WrittenFiles
+
+    return WrittenFiles(actions=[], rows=0, schema=pa.schema([]))
+
+
+def _entry(plan: BatchPlan, per_range: dict, started: float) -> dict:
+    return {
+        "pipeline": plan.pipeline,
+        "batch_id": plan.batch_id,
+        "kind": plan.kind,
+        "run_id": plan.run.run_id,
+        "dag_id": plan.run.dag_id,
+        "try_number": plan.run.try_number,
+        "planned_at": plan.planned_at.isoformat(),
+        "committed_at": datetime.now(UTC).isoformat(),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "ranges": [
+            {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end,
+             **per_range.get((r.topic, r.partition), {})}
+            for r in plan.ranges
+        ],
+    }
+
+
+# ---- executing ------------------------------------------------------------------------------
+def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+    """Read, transform and commit exactly ``plan``'s ranges; never anything else.
+
+    If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
+    Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
+    if another writer won the commit race (invariant 10); nothing is committed then.
+    """
+    from pyspark.sql import functions as F
+
+    from offsetlake.reader import read_ranges
+    from offsetlake.transform import REASON, apply_transform, dead_letter_rows, good_rows, parse_json
+
+    started = time.monotonic()
+    if not check_plan_applies(open_table(config.sink_path), config, plan):
+        _record_existing_commit(config, plan, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, "already_committed", timings_ms={"total": 0})
+    timings: dict[str, int] = {}
+    per_range: dict[tuple[str, int], dict[str, int]] = {}
+    sized = [r for r in plan.ranges if r.size > 0]
+    spark = spark_factory()
+    if config.transform:
+        spark.sparkContext.addPyFile(str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
+
+    t = time.monotonic()
+    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds)
+    parsed = parse_json(raw, config).persist()
+    counts = (
+        parsed.groupBy("topic", "partition")
+        .agg(F.count("*").alias("records_read"), F.sum(F.col(REASON).isNotNull().cast("long")).alias("dead_letters"))
+        .collect()
+    )
+    for row in counts:
+        per_range[(row["topic"], row["partition"])] = {
+            "records_read": int(row["records_read"]), "dead_letters": int(row["dead_letters"] or 0), "rows_written": 0,
+        }
+    for r in plan.ranges:
+        per_range.setdefault((r.topic, r.partition), {"records_read": 0, "dead_letters": 0, "rows_written": 0})
+    timings["read"] = log_step("read", plan, t, records=sum(v["records_read"] for v in per_range.values()))
+    failpoints.failpoint("after_read")
+
+    t = time.monotonic()
+    dead_count = sum(v["dead_letters"] for v in per_range.values())
+    dead = dead_letter_rows(parsed, config, plan.batch_id).toArrow() if dead_count else DEAD_LETTER_SCHEMA.empty_table()
+    replace_dead_letters(config, sized, dead)
+    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=dead.num_rows)
+
+    t = time.monotonic()
+    rows = apply_transform(good_rows(parsed, config), config)
+    folder = staging_dir(config, plan.batch_id)
+    rows.write.mode("errorifexists").partitionBy(*config.sink.partition_by).parquet(folder)
+    files = collect_written_files(config.sink_path, folder)
+    if files.rows:
+        for row in spark.read.parquet(folder).groupBy("_kafka_topic", "_kafka_partition").count().collect():
+            per_range[(row["_kafka_topic"], row["_kafka_partition"])]["rows_written"] = int(row["count"])
+    timings["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
+    failpoints.failpoint("after_files_written")
+
+    t = time.monotonic()
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    table = ensure_table(config, to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False))
+    if not check_plan_applies(table, config, plan):
+        parsed.unpersist()
+        _record_existing_commit(config, plan, ledger)
+        return BatchResult(plan, "already_committed", timings_ms=timings)
+    entry = _entry(plan, per_range, started)
+    version = commit_batch(table, config, plan, files, entry)
+    timings["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
+    parsed.unpersist()
+    failpoints.failpoint("after_commit")
+
+    ledger.record_commit(SinkCommit(version, entry))
+    failpoints.failpoint("after_ledger")
+    timings["total"] = int((time.monotonic() - started) * 1000)
+    return BatchResult(plan, COMMITTED, version, per_range, timings)
+
+
+def _record_existing_commit(config: PipelineConfig, plan: BatchPlan, ledger: Ledger) -> None:
+    table = open_table(config.sink_path)
+    ledger.reconcile(sink_commits(table, config.name), _ends_by_tp(table, config, plan.ranges))
+
+
+def _ends_by_tp(table, config: PipelineConfig, ranges) -> dict[tuple[str, int], int]:
+    if table is None:
+        return {}
+    ends = {}
+    for r in ranges:
+        version = table.transaction_version(config.app_id(r.topic, r.partition))
+        if version is not None:
+            ends[(r.topic, r.partition)] = version
+    return ends
+
+
+def reconcile_ledger(config: PipelineConfig, ledger: Ledger) -> int:
+    """Invariant 4: bring the ledger projection in line with the sink's history."""
+    table = open_table(config.sink_path)
+    if table is None:
+        return ledger.reconcile([], {})
+    commits = sink_commits(table, config.name)
+    tps = {(r["topic"], r["partition"]) for c in commits for r in c.entry.get("ranges", [])}
+    tps |= {(row["topic"], row["partition"]) for row in ledger.batches()}
+    ranges = [OffsetRange(t, p, 0, 0) for t, p in tps]
+    return ledger.reconcile(commits, _ends_by_tp(table, config, ranges))
+
+
+# ---- a run ----------------------------------------------------------------------------------
+def run_pipeline(
+    config: PipelineConfig,
+    run: RunContext,
+    spark_factory: Callable,
+    max_batches: int | None = None,
+    emit: Callable[[dict], None] = lambda summary: print(json.dumps(summary), flush=True),
+) -> list[BatchResult]:
+    """Run batches until caught up with the LSO seen at the start (or ``max_batches``).
+
+    Each batch's plan is in the ledger before it reads. A commit lost to a concurrent writer is
+    recorded as ``superseded`` and the run re-plans from the new committed ends.
+    """
+    ledger = Ledger(config.ledger_path, config.name)
+    started = time.monotonic()
+    reconcile_ledger(config, ledger)
+    limit = {p: o.last_stable for p, o in current_offsets(config).items()}
+    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
+    results: list[BatchResult] = []
+    conflicts = 0
+    while max_batches is None or len(results) < max_batches:
+        t = time.monotonic()
+        plan = plan_next_batch(config, run, ledger, limit)
+        if plan is None:
+            log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
+            break
+        ledger.record_plan(plan)
+        log_step("plan", plan, t, offsets=plan.offsets)
+        failpoints.failpoint("after_plan")
+        try:
+            result = execute_batch(config, plan, ledger, spark_factory)
+        except (CommitConflictError, StalePlanError) as err:
+            conflicts += 1
+            ledger.record_outcome(plan, SUPERSEDED, message=str(err))
+            log.warning("step=replan pipeline=%s batch=%s reason=\"%s\"", config.name, plan.batch_id, err)
+            if conflicts > MAX_CONFLICT_REPLANS:
+                raise
+            continue
+        except OffsetlakeError as err:
+            ledger.record_outcome(plan, FAILED, message=str(err))
+            raise
+        except Exception as err:
+            ledger.record_outcome(plan, FAILED, message=f"{type(err).__name__}: {err}"[:2000])
+            raise
+        results.append(result)
+        emit(result.summary())
+    reconcile_ledger(config, ledger)
+    return results

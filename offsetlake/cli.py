@@ -1,0 +1,201 @@
+"""``offsetlake`` command line: run, status, ledger, ledger rebuild, audit.
+
+Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
+summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
+the pipeline, topic, partition and offsets, and exit non-zero; Kafka secrets are never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from offsetlake.config import PipelineConfig, load_pipeline
+from offsetlake.errors import OffsetlakeError
+
+log = logging.getLogger("offsetlake.cli")
+
+DESCRIPTION = """\
+Move exact Kafka offset ranges into Delta Lake tables, exactly once.
+
+Each batch's data files, its Kafka offset advance (Delta txn per partition) and its ledger entry
+are one Delta commit on the sink table. PIPELINE is a name under the pipelines folder
+(--pipelines-dir, $OFFSETLAKE_PIPELINES_DIR, default ./pipelines) or a path to a .yaml file.
+"""
+
+
+def _add_pipeline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pipeline", metavar="PIPELINE", help="pipeline name (pipelines/<name>.yaml) or a .yaml path")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="offsetlake", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipelines-dir", type=Path, help="folder of pipeline YAML files (default: $OFFSETLAKE_PIPELINES_DIR or ./pipelines)")
+    parser.add_argument("--log-level", default=os.environ.get("OFFSETLAKE_LOG_LEVEL", "INFO"), help="logging level for stderr (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="ingest batches until caught up with the last stable offset seen at start",
+        description="Plan, read, transform and commit batches until every partition reaches the last stable "
+        "offset (LSO) seen when the run started. Prints one JSON summary line per batch on stdout. "
+        "A concurrent writer that wins a commit makes this run re-plan; nothing is committed twice.",
+    )
+    _add_pipeline(run)
+    run.add_argument("--max-batches", type=int, help="stop after this many committed batches")
+    run.add_argument("--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>)")
+    run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+
+    status = commands.add_parser(
+        "status", help="per partition: committed end, log start, last stable offset, lag",
+        description="Show, per partition, the sink's committed end (txn version), the log start offset, the "
+        "last stable offset and the lag (LSO minus committed end). Reads Kafka and Delta; starts no Spark.",
+    )
+    _add_pipeline(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    ledger = commands.add_parser(
+        "ledger", help="show the offset ledger of a pipeline, or `ledger rebuild PIPELINE`",
+        description="`offsetlake ledger PIPELINE` lists every batch (one line per partition) with its range, counts, "
+        "sink version and status. `offsetlake ledger rebuild PIPELINE` recreates the pipeline's ledger rows from "
+        "the sink table's commit history alone.",
+    )
+    ledger.add_argument("words", nargs="+", metavar="[rebuild] PIPELINE")
+    ledger.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    ledger.add_argument("--limit", type=int, default=50, help="show the last N rows (default 50, 0 = all)")
+
+    audit = commands.add_parser(
+        "audit", help="check the sink is exactly once and agrees with the ledger (exit 0/1)",
+        description="Exit 0 only if: no two sink rows share (topic, partition, offset); committed ranges per "
+        "partition are contiguous with no overlap; every sink row lies in a committed range; the sink's txn "
+        "versions equal the ledger's last committed ends. Otherwise print a report and exit 1.",
+    )
+    _add_pipeline(audit)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
+    return load_pipeline(name, args.pipelines_dir)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from offsetlake.batch import run_pipeline
+    from offsetlake.plan import RunContext
+    from offsetlake.spark import spark_session, stop_spark
+
+    config = _load(args, args.pipeline)
+    run_id = args.run_id or f"cli-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    try:
+        results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master), args.max_batches)
+    finally:
+        stop_spark()
+    log.info("step=done pipeline=%s run_id=%s batches=%d", config.name, run_id, len(results))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from offsetlake.batch import current_offsets
+    from offsetlake.sink import committed_ends, open_table
+
+    config = _load(args, args.pipeline)
+    offsets = current_offsets(config)
+    ends = committed_ends(open_table(config.sink_path), config, config.topic, sorted(offsets))
+    rows = []
+    for p, o in sorted(offsets.items()):
+        committed = ends[p]
+        lag = o.last_stable - (committed if committed is not None else o.log_start)
+        rows.append({"topic": o.topic, "partition": p, "committed_end": committed, "log_start": o.log_start,
+                     "last_stable": o.last_stable, "lag": max(lag, 0), "lost": committed is not None and committed < o.log_start})
+    if args.json:
+        print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows)}))
+        return 0
+    print(f"pipeline {config.name}  topic {config.topic}  sink {config.sink_path}")
+    _print_table(rows, ["topic", "partition", "committed_end", "log_start", "last_stable", "lag"])
+    print(f"total lag: {sum(r['lag'] for r in rows)}")
+    for r in rows:
+        if r["lost"]:
+            print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from offsetlake.batch import reconcile_ledger
+    from offsetlake.ledger import Ledger
+    from offsetlake.sink import open_table, sink_commits
+
+    words = args.words
+    if len(words) == 2 and words[0] == "rebuild":
+        config = _load(args, words[1])
+        ledger = Ledger(config.ledger_path, config.name)
+        count = ledger.rebuild(sink_commits(open_table(config.sink_path), config.name))
+        print(f"rebuilt ledger of pipeline {config.name} from sink history: {count} rows at {config.ledger_path}")
+        return 0
+    if len(words) != 1:
+        raise OffsetlakeError("usage: offsetlake ledger PIPELINE | offsetlake ledger rebuild PIPELINE")
+    config = _load(args, words[0])
+    ledger = Ledger(config.ledger_path, config.name)
+    reconcile_ledger(config, ledger)
+    rows = ledger.batches()
+    if args.limit:
+        rows = rows[-args.limit:]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, default=str))
+        return 0
+    print(f"ledger of pipeline {config.name} ({config.ledger_path})")
+    _print_table(rows, ["batch_id", "kind", "status", "topic", "partition", "start_offset", "end_offset",
+                        "records_read", "rows_written", "dead_letters", "sink_version", "run_id"])
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from offsetlake.audit import audit_pipeline
+
+    config = _load(args, args.pipeline)
+    report = audit_pipeline(config)
+    print(report.text())
+    return 0 if report.ok else 1
+
+
+def _print_table(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        print("(no rows)")
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+COMMANDS = {"run": cmd_run, "status": cmd_status, "ledger": cmd_ledger, "audit": cmd_audit}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.log_level)
+    try:
+        return COMMANDS[args.command](args)
+    except OffsetlakeError as err:
+        print(f"offsetlake {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Pipeline definitions: one YAML file per pipeline under ``pipelines/``.
+
+Loading validates every field and reports errors as ``<file>: <field>: <problem>`` so a typo is
+found before anything touches Kafka or Delta. ``${VAR}`` and ``${VAR:-default}`` are replaced
+from the environment. Kafka client options are passed to librdkafka unchanged and are never
+logged: ``PipelineConfig.redacted_kafka_options`` is the only view of them meant for humans.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from offsetlake.errors import ConfigError
+
+PIPELINE_NAME = re.compile(r"^[a-z0-9_]+$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SECRET_KEY = re.compile(r"(password|secret|jaas|token|key\.pem|keystore|truststore|credential)", re.I)
+_PRIMITIVE_TYPES = {
+    "string", "long", "bigint", "int", "integer", "short", "byte", "double", "float",
+    "boolean", "timestamp", "timestamp_ntz", "date", "binary",
+}
+_COMPLEX_TYPE = re.compile(r"^(decimal\(\s*\d+\s*,\s*\d+\s*\)|(array|map|struct)<.+>)$", re.I)
+PARTITION_COLUMN_TYPES = {"string", "date", "int", "integer", "long", "bigint", "boolean"}
+COORDINATE_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Strict):
+    bootstrap_servers: str = Field(min_length=1)
+    # librdkafka properties, e.g. security.protocol, sasl.mechanism, sasl.password, ssl.ca.location.
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_managed_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        managed = {"bootstrap.servers", "isolation.level", "enable.auto.commit", "group.id"}
+        clash = sorted(managed & value.keys())
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are set by offsetlake and may not be overridden")
+        return value
+
+
+class JsonFormat(_Strict):
+    type: Literal["json"] = "json"
+    # field name -> Spark SQL type (string, long, double, boolean, timestamp, date, decimal(p,s), ...)
+    schema_: dict[str, str] = Field(alias="schema", min_length=1)
+    required: list[str] = Field(default_factory=list)
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_types(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, type_name in value.items():
+            if name.startswith("_kafka_"):
+                raise ValueError(f"field '{name}': names starting with _kafka_ are reserved for coordinates")
+            normalized = str(type_name).strip().lower()
+            if normalized not in _PRIMITIVE_TYPES and not _COMPLEX_TYPE.match(normalized):
+                raise ValueError(f"field '{name}': unknown type '{type_name}'")
+        return value
+
+    @model_validator(mode="after")
+    def _required_declared(self) -> JsonFormat:
+        unknown = [name for name in self.required if name not in self.schema_]
+        if unknown:
+            raise ValueError(f"required names fields not in schema: {', '.join(unknown)}")
+        return self
+
+    def ddl(self) -> str:
+        """The schema as a Spark DDL string, e.g. ``order_id long, customer string``."""
+        return ", ".join(f"`{name}` {type_name}" for name, type_name in self.schema_.items())
+
+
+class SinkSettings(_Strict):
+    table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
+    partition_by: list[str] = Field(default_factory=list)
+
+
+class PipelineConfig(_Strict):
+    name: str
+    topic: str = Field(min_length=1)
+    kafka: KafkaSettings
+    lake: str = "lake"
+    start: Literal["earliest", "latest"] = "earliest"
+    max_records_per_batch: int = Field(default=500_000, gt=0)
+    read_timeout_seconds: float = Field(default=120.0, gt=0)
+    on_offsets_lost: Literal["fail", "skip"] = "fail"
+    format: JsonFormat
+    transform: str | None = None  # "module:function" found next to the YAML file
+    sink: SinkSettings = Field(default_factory=SinkSettings)
+    source_file: str = ""  # filled in by load_pipeline
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not PIPELINE_NAME.match(value):
+            raise ValueError(f"'{value}' is not allowed: pipeline names are [a-z0-9_]+")
+        return value
+
+    @field_validator("transform")
+    @classmethod
+    def _transform_ref(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", value):
+            raise ValueError(f"'{value}' must look like module:function")
+        return value
+
+    @property
+    def base_dir(self) -> Path:
+        """Relative paths in the file resolve against the folder above ``pipelines/``."""
+        return Path(self.source_file).resolve().parent.parent if self.source_file else Path.cwd()
+
+    @property
+    def lake_path(self) -> str:
+        return _resolve(self.lake, self.base_dir)
+
+    @property
+    def sink_path(self) -> str:
+        return _resolve(self.sink.table or self.name, Path(self.lake_path))
+
+    @property
+    def dead_letter_path(self) -> str:
+        return _resolve(f"_dead_letters/{self.name}", Path(self.lake_path))
+
+    @property
+    def ledger_path(self) -> str:
+        return _resolve("_offset_ledger", Path(self.lake_path))
+
+    @property
+    def transform_dir(self) -> Path:
+        return Path(self.source_file).resolve().parent if self.source_file else Path.cwd()
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """Full librdkafka config, secrets included: hand it to clients, never to a logger."""
+        return {"bootstrap.servers": self.kafka.bootstrap_servers, **self.kafka.options}
+
+    def redacted_kafka_options(self) -> dict[str, str]:
+        return {k: ("***" if _SECRET_KEY.search(k) else v) for k, v in self.kafka.options.items()}
+
+    def app_id(self, topic: str, partition: int) -> str:
+        """Delta txn appId for one topic-partition of this pipeline (invariant 2)."""
+        return f"{self.name}:{topic}:{partition}"
+
+    def __repr__(self) -> str:  # keep secrets out of tracebacks and debug logs
+        return f"PipelineConfig(name={self.name!r}, topic={self.topic!r}, file={self.source_file!r})"
+
+    __str__ = __repr__
+
+
+def _resolve(path: str, base: Path) -> str:
+    if "://" in path:
+        return path.rstrip("/")
+    candidate = Path(path)
+    return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+
+
+def _interpolate(value: Any, where: str, source: Path) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{where}.{k}" if where else str(k), source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{where}[{i}]", source) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{source}: {where}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+
+    return _ENV_REF.sub(replace, value)
+
+
+def pipelines_dir() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_PIPELINES_DIR", "pipelines"))
+
+
+def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.exists():
+            raise ConfigError(f"pipeline file {candidate} does not exist")
+        return candidate
+    if not PIPELINE_NAME.match(name_or_path):
+        raise ConfigError(f"pipeline name '{name_or_path}' is not allowed: pipeline names are [a-z0-9_]+")
+    folder = directory or pipelines_dir()
+    for suffix in (".yaml", ".yml"):
+        path = folder / f"{name_or_path}{suffix}"
+        if path.exists():
+            return path
+    known = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    raise ConfigError(
+        f"no pipeline '{name_or_path}' in {folder.resolve()} (known: {', '.join(known) or 'none'}); "
+        "set OFFSETLAKE_PIPELINES_DIR or pass a .yaml path"
+    )
+
+
+def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineConfig:
+    """Load and validate one pipeline file; raises ConfigError naming the file and field."""
+    path = find_pipeline_file(name_or_path, directory)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
+    raw = _interpolate(raw, "", path)
+    raw["source_file"] = str(path.resolve())
+    try:
+        config = PipelineConfig.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from None
+    if path.stem != config.name:
+        raise ConfigError(f"{path}: name: '{config.name}' must match the file name '{path.stem}'")
+    for column in config.sink.partition_by:
+        declared = config.format.schema_.get(column)
+        if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
+            raise ConfigError(
+                f"{path}: sink.partition_by: column '{column}' has type {declared}; "
+                f"partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}"
+            )
+    return config
+
+
+def all_pipeline_files(directory: Path | None = None) -> list[Path]:
+    folder = directory or pipelines_dir()
+    return sorted(p for p in folder.glob("*.y*ml") if not p.name.startswith("_"))

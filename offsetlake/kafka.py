@@ -1,0 +1,208 @@
+"""Kafka side: partition offsets for planning, and reading one exact offset range.
+
+Ranges are half-open ``[start, end)`` (invariant 5). ``end`` comes from the Last Stable Offset
+(ListOffsets with read_committed), never the high watermark, so an open transaction at the tail
+neither blocks a run nor leaks into it. A range is done when the consumer position reaches
+``end``; the last offsets may be transaction markers or aborted records, so we never wait for a
+message at ``end - 1``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from offsetlake.errors import KafkaUnavailableError, OffsetsLostError, ReadTimeoutError
+
+METADATA_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """What the broker says about one partition right now."""
+
+    topic: str
+    partition: int
+    log_start: int
+    last_stable: int  # LSO: exclusive end of what read_committed may see
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+def _admin(client_config: dict[str, str]) -> AdminClient:
+    return AdminClient(dict(client_config))
+
+
+def describe_topic(client_config: dict[str, str], topic: str, pipeline: str) -> list[int]:
+    """Partition ids of ``topic``; raises KafkaUnavailableError naming broker and topic."""
+    servers = client_config.get("bootstrap.servers", "?")
+    try:
+        metadata = _admin(client_config).list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
+    except KafkaException as err:
+        raise KafkaUnavailableError(
+            f"pipeline {pipeline}: cannot reach Kafka at {servers} to describe topic '{topic}': {err.args[0]}"
+        ) from None
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None or not described.partitions:
+        reason = described.error.str() if described is not None and described.error else "unknown topic"
+        raise KafkaUnavailableError(f"pipeline {pipeline}: topic '{topic}' is not available on {servers}: {reason}")
+    return sorted(described.partitions)
+
+
+def partition_offsets(
+    client_config: dict[str, str], topic: str, partitions: list[int], pipeline: str
+) -> dict[int, PartitionOffsets]:
+    """Log start offset and Last Stable Offset for each partition (two ListOffsets requests)."""
+    admin = _admin(client_config)
+    servers = client_config.get("bootstrap.servers", "?")
+
+    def list_offsets(spec: OffsetSpec) -> dict[int, int]:
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        try:
+            futures = admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S
+            )
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as err:
+            raise KafkaUnavailableError(
+                f"pipeline {pipeline}: ListOffsets for topic '{topic}' on {servers} failed: {err.args[0]}"
+            ) from None
+
+    starts = list_offsets(OffsetSpec.earliest())
+    stables = list_offsets(OffsetSpec.latest())
+    return {p: PartitionOffsets(topic, p, starts[p], stables[p]) for p in partitions}
+
+
+def offsets_for_time(
+    client_config: dict[str, str], topic: str, partitions: list[int], timestamp_ms: int, pipeline: str
+) -> dict[int, int]:
+    """Earliest offset whose timestamp is >= ``timestamp_ms`` per partition (-1 → none yet)."""
+    consumer = Consumer(_consumer_config(client_config, pipeline))
+    try:
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, p, timestamp_ms) for p in partitions], timeout=METADATA_TIMEOUT_S
+        )
+    except KafkaException as err:
+        raise KafkaUnavailableError(f"pipeline {pipeline}: offsets_for_times on '{topic}' failed: {err.args[0]}") from None
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def _consumer_config(client_config: dict[str, str], pipeline: str) -> dict[str, object]:
+    return {
+        **client_config,
+        "group.id": f"offsetlake-{pipeline}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        "receive.message.max.bytes": max(int(client_config.get("receive.message.max.bytes", 0) or 0), 200_000_000),
+    }
+
+
+def read_range(
+    client_config: dict[str, str],
+    pipeline: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    timeout_s: float,
+) -> Iterator[Message]:
+    """Yield every committed record of ``[start, end)`` of one partition, then stop.
+
+    Done when the position reaches ``end`` (by a record at or past ``end - 1``, by the
+    end-of-partition event, or by the consumer position), so trailing markers never hang.
+    Raises OffsetsLostError if ``start`` is below the log start offset, and ReadTimeoutError if
+    the range is not finished within ``timeout_s`` of the last progress.
+    """
+    if end <= start:
+        return
+    consumer = Consumer(_consumer_config(client_config, pipeline))
+    tp = TopicPartition(topic, partition, start)
+    where = f"pipeline {pipeline}: {topic}[{partition}] range [{start}, {end})"
+    try:
+        consumer.assign([tp])
+        position = start
+        last_progress = time.monotonic()
+        while position < end:
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            if not messages:
+                position = max(position, _consumer_position(consumer, tp))
+                if position >= end:
+                    break
+                if time.monotonic() - last_progress > timeout_s:
+                    raise ReadTimeoutError(
+                        f"{where}: no progress for {timeout_s:.0f}s at offset {position}; "
+                        "the broker is unreachable or the range is no longer readable"
+                    )
+                continue
+            last_progress = time.monotonic()
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        position = max(position, message.offset())
+                        continue
+                    if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                        raise OffsetsLostError(
+                            f"{where}: offsets from {position} are no longer in the log "
+                            f"(retention or delete_records removed them): {error.str()}"
+                        )
+                    if error.retriable() or error.code() == KafkaError._TRANSPORT:
+                        continue
+                    raise KafkaUnavailableError(f"{where}: read failed at offset {position}: {error.str()}")
+                offset = message.offset()
+                if offset >= end:
+                    position = end
+                    break
+                position = offset + 1
+                yield message
+    finally:
+        consumer.close()
+
+
+def _consumer_position(consumer: Consumer, tp: TopicPartition) -> int:
+    try:
+        current = consumer.position([TopicPartition(tp.topic, tp.partition)])[0].offset
+    except KafkaException:
+        return -1
+    return current if current >= 0 else -1
+
+
+def check_log_start(offsets: PartitionOffsets, start: int, pipeline: str) -> None:
+    """Invariant 7: refuse to plan from below the log start offset."""
+    if start < offsets.log_start:
+        raise OffsetsLostError(
+            f"pipeline {pipeline}: {offsets.topic}[{offsets.partition}] offsets [{start}, {offsets.log_start}) "
+            f"are gone from Kafka (log start offset is {offsets.log_start}, the pipeline's committed end is "
+            f"{start}); {offsets.log_start - start} offsets were removed by retention or delete_records "
+            "before they were ingested. Set on_offsets_lost: skip to record a gap and continue."
+        )
+
+
+def commit_group_offsets(client_config: dict[str, str], pipeline: str, ends: dict[tuple[str, int], int]) -> None:
+    """Publish committed ends as consumer-group offsets so standard lag tools see progress.
+
+    Informational only: the Delta txn versions stay the source of truth (invariant 2).
+    """
+    consumer = Consumer(_consumer_config(client_config, pipeline))
+    try:
+        consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
+    finally:
+        consumer.close()

@@ -1,0 +1,260 @@
+"""The offset ledger table ``<lake>/_offset_ledger``: a Delta projection of every batch.
+
+Invariant 4: the sink commits are the source of truth. Each sink commit carries its ledger
+entry in ``commitInfo.userMetadata``; this table only projects them (plus ``planned`` rows
+written before a batch reads anything, and outcomes of batches that never committed).
+``reconcile`` repairs the projection from sink history at the start and end of every run, and
+``rebuild`` recreates it from sink history alone. Rows are only ever appended (so concurrent
+writers never conflict), except by ``rebuild``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from offsetlake.plan import BatchPlan, OffsetRange
+
+log = logging.getLogger("offsetlake.ledger")
+
+PLANNED, COMMITTED, FAILED, SUPERSEDED, GAP = "planned", "committed", "failed", "superseded", "gap"
+_OUTCOME_RANK = {PLANNED: 0, FAILED: 1, SUPERSEDED: 2, COMMITTED: 3, GAP: 3}
+
+LEDGER_SCHEMA = pa.schema(
+    [
+        ("pipeline", pa.string()),
+        ("batch_id", pa.string()),
+        ("kind", pa.string()),
+        ("status", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("start_offset", pa.int64()),
+        ("end_offset", pa.int64()),
+        ("records_read", pa.int64()),
+        ("rows_written", pa.int64()),
+        ("dead_letters", pa.int64()),
+        ("sink_version", pa.int64()),
+        ("run_id", pa.string()),
+        ("dag_id", pa.string()),
+        ("try_number", pa.int32()),
+        ("planned_at", pa.timestamp("us", tz="UTC")),
+        ("recorded_at", pa.timestamp("us", tz="UTC")),
+        ("duration_ms", pa.int64()),
+        ("message", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class RangeOutcome:
+    """Per-range counts of a committed (or failed) batch."""
+
+    range: OffsetRange
+    records_read: int | None = None
+    rows_written: int | None = None
+    dead_letters: int | None = None
+
+
+@dataclass(frozen=True)
+class SinkCommit:
+    """One offsetlake commit found in the sink table's history."""
+
+    version: int
+    entry: dict  # the ledger entry stored as userMetadata
+
+    @property
+    def batch_id(self) -> str:
+        return self.entry["batch_id"]
+
+
+class Ledger:
+    def __init__(self, path: str, pipeline: str) -> None:
+        self.path = path
+        self.pipeline = pipeline
+
+    # ---- writing -------------------------------------------------------------------------
+    def _append(self, rows: list[dict]) -> None:
+        if not rows:
+            return
+        table = pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
+        write_deltalake(self.path, table, mode="append", partition_by=["pipeline"])
+
+    def _row(self, plan_fields: dict, r: OffsetRange, status: str, **extra: object) -> dict:
+        return {
+            **plan_fields,
+            "status": status,
+            "topic": r.topic,
+            "partition": r.partition,
+            "start_offset": r.start,
+            "end_offset": r.end,
+            "recorded_at": datetime.now(UTC),
+            **extra,
+        }
+
+    @staticmethod
+    def _plan_fields(plan: BatchPlan) -> dict:
+        return {
+            "pipeline": plan.pipeline,
+            "batch_id": plan.batch_id,
+            "kind": plan.kind,
+            "run_id": plan.run.run_id,
+            "dag_id": plan.run.dag_id,
+            "try_number": plan.run.try_number,
+            "planned_at": plan.planned_at,
+        }
+
+    def record_plan(self, plan: BatchPlan) -> None:
+        """Invariant 3: the plan is in the ledger before anything is read."""
+        fields = self._plan_fields(plan)
+        self._append([self._row(fields, r, PLANNED) for r in plan.ranges])
+
+    def record_outcome(
+        self, plan: BatchPlan, status: str, message: str | None = None, duration_ms: int | None = None
+    ) -> None:
+        fields = self._plan_fields(plan)
+        self._append(
+            [self._row(fields, r, status, message=message, duration_ms=duration_ms) for r in plan.ranges]
+        )
+
+    def record_commit(self, commit: SinkCommit) -> None:
+        self._append(rows_for_commit(commit))
+
+    # ---- reading -------------------------------------------------------------------------
+    def rows(self) -> pa.Table:
+        """Every ledger row of this pipeline (all events, oldest first)."""
+        try:
+            table = DeltaTable(self.path)
+        except TableNotFoundError:
+            return LEDGER_SCHEMA.empty_table()
+        data = table.to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == self.pipeline)
+        return data.sort_by([("recorded_at", "ascending")])
+
+    def batches(self) -> list[dict]:
+        """One row per (batch, topic, partition): the batch's most final outcome."""
+        best: dict[tuple, dict] = {}
+        for row in self.rows().to_pylist():
+            key = (row["batch_id"], row["topic"], row["partition"])
+            seen = best.get(key)
+            if seen is None or _OUTCOME_RANK[row["status"]] >= _OUTCOME_RANK[seen["status"]]:
+                merged = dict(row)
+                if seen is not None and row["status"] != COMMITTED:
+                    merged["planned_at"] = seen["planned_at"]
+                best[key] = merged
+        return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
+
+    def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
+        """The plan already recorded for this dag run, so a retry re-executes the same ranges."""
+        from offsetlake.plan import RunContext
+
+        rows = [
+            r for r in self.rows().to_pylist()
+            if r["status"] == PLANNED and r["run_id"] == run_id and r["dag_id"] == dag_id and r["kind"] == kind
+        ]
+        if not rows:
+            return None
+        first_batch = min(rows, key=lambda r: r["planned_at"])["batch_id"]
+        mine = [r for r in rows if r["batch_id"] == first_batch]
+        return BatchPlan(
+            pipeline=self.pipeline,
+            batch_id=first_batch,
+            kind=kind,
+            ranges=tuple(sorted(OffsetRange(r["topic"], r["partition"], r["start_offset"], r["end_offset"]) for r in mine)),
+            run=RunContext(run_id=run_id, dag_id=dag_id, try_number=mine[0]["try_number"]),
+            planned_at=mine[0]["planned_at"],
+        )
+
+    # ---- reconciliation ------------------------------------------------------------------
+    def reconcile(self, sink_commits: list[SinkCommit], committed_ends: dict[tuple[str, int], int]) -> int:
+        """Make the ledger agree with the sink; returns the number of rows appended.
+
+        Adds ``committed`` rows for sink commits the ledger lacks (a crash after the commit
+        but before the ledger write), and ``superseded`` rows for planned batches that can
+        no longer apply because a partition's committed end moved past their start.
+        """
+        latest = {}
+        for row in self.batches():
+            latest.setdefault(row["batch_id"], []).append(row)
+        rows: list[dict] = []
+        in_sink = {c.batch_id for c in sink_commits}
+        for commit in sink_commits:
+            mine = latest.get(commit.batch_id)
+            if not mine or any(r["status"] != COMMITTED for r in mine):
+                rows.extend(rows_for_commit(commit))
+        for batch_id, mine in latest.items():
+            if batch_id in in_sink or any(r["status"] != PLANNED for r in mine):
+                continue
+            moved = [r for r in mine if committed_ends.get((r["topic"], r["partition"]), -1) > r["start_offset"]]
+            if moved:
+                winner = covering_batch(sink_commits, moved[0]["topic"], moved[0]["partition"], moved[0]["start_offset"])
+                message = (
+                    f"superseded: {moved[0]['topic']}[{moved[0]['partition']}] was committed from "
+                    f"{moved[0]['start_offset']} by batch {winner or 'unknown'}; this plan never committed"
+                )
+                now = datetime.now(UTC)
+                rows.extend({**r, "status": SUPERSEDED, "message": message, "recorded_at": now} for r in mine)
+        self._append(rows)
+        if rows:
+            log.info("ledger reconciled pipeline=%s rows_added=%d", self.pipeline, len(rows))
+        return len(rows)
+
+    def rebuild(self, sink_commits: list[SinkCommit]) -> int:
+        """Recreate this pipeline's rows from sink history alone (invariant 4)."""
+        rows = [row for commit in sink_commits for row in rows_for_commit(commit)]
+        if DeltaTable.is_deltatable(self.path):
+            table = DeltaTable(self.path)
+            table.delete(f"pipeline = '{self.pipeline}'")
+        self._append(rows)
+        return len(rows)
+
+
+def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, offset: int) -> str | None:
+    for commit in commits:
+        for r in commit.entry.get("ranges", []):
+            if r["topic"] == topic and r["partition"] == partition and r["start"] <= offset < r["end"]:
+                return commit.batch_id
+    return None
+
+
+def _ts(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def rows_for_commit(commit: SinkCommit) -> list[dict]:
+    entry = commit.entry
+    status = GAP if entry.get("kind") == "gap" else COMMITTED
+    return [
+        {
+            "pipeline": entry["pipeline"],
+            "batch_id": entry["batch_id"],
+            "kind": entry.get("kind", "ingest"),
+            "status": status,
+            "topic": r["topic"],
+            "partition": r["partition"],
+            "start_offset": r["start"],
+            "end_offset": r["end"],
+            "records_read": r.get("records_read"),
+            "rows_written": r.get("rows_written"),
+            "dead_letters": r.get("dead_letters"),
+            "sink_version": commit.version,
+            "run_id": entry.get("run_id"),
+            "dag_id": entry.get("dag_id"),
+            "try_number": entry.get("try_number"),
+            "planned_at": _ts(entry.get("planned_at")),
+            "recorded_at": _ts(entry.get("committed_at")) or datetime.now(UTC),
+            "duration_ms": entry.get("duration_ms"),
+            "message": entry.get("message"),
+        }
+        for r in entry.get("ranges", [])
+    ]
+
+
+def ledger_entry_json(entry: dict) -> str:
+    return json.dumps(entry, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,96 @@
+"""The embedded Kafka-protocol broker (noida-db) for the demo, `make airflow` and the tests.
+
+Started on a free loopback port with its own data folder and stopped by its PID, never by name.
+A stop takes a few seconds while it saves; starting again on the same folder waits for the old
+PID to be gone first (noida-db refuses with "already running" otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _binary() -> str:
+    beside = Path(sys.executable).parent / "noida-db"
+    found = str(beside) if beside.exists() else shutil.which("noida-db")
+    if not found:
+        raise RuntimeError("noida-db is not installed; run `make setup`")
+    return found
+
+
+class LocalBroker:
+    def __init__(self, data_dir: Path, port: int | None = None, log_path: Path | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60) -> LocalBroker:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
+                   "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            log = open(self.log_path, "ab")
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+            log.close()
+            if self._wait_ready(deadline):
+                return self
+            if self.process.poll() is None:
+                self.stop()
+                raise RuntimeError(f"noida-db did not become ready on {self.bootstrap}; see {self.log_path}")
+            if time.monotonic() > deadline:  # exited early, e.g. "already running" right after a stop
+                raise RuntimeError(f"noida-db exited with {self.process.returncode}; see {self.log_path}")
+            time.sleep(0.5)
+
+    def _wait_ready(self, deadline: float) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    pass
+                AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.2)
+        return False
+
+    def stop(self, timeout_s: float = 60) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.kill(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def write_pid(self, path: Path) -> None:
+        if self.process is not None:
+            path.write_text(f"{self.process.pid}\n")

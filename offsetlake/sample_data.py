@@ -1,0 +1,94 @@
+"""Generated `orders` events for the demo, the tests and the benchmarks.
+
+Produces JSON orders (keyed by customer), optionally some malformed values and one aborted and
+one committed transaction, so every path of a batch is exercised on the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+CURRENCIES = ("EUR", "USD", "GBP", "INR")
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    existing = admin.list_topics(timeout=15).topics
+    if topic in existing:
+        have = len(existing[topic].partitions)
+        if have < partitions:
+            admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(15)
+        return
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(15)
+
+
+def order_event(order_id: int, rng: random.Random, base: datetime) -> bytes:
+    created = base + timedelta(seconds=order_id % 86_400 * 3)
+    return json.dumps(
+        {
+            "order_id": order_id,
+            "customer": f"c{rng.randrange(5000):05d}",
+            "amount": round(rng.uniform(1, 500), 2),
+            "currency": rng.choice(CURRENCIES),
+            "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "note": "x" * rng.randrange(40, 80),
+        }
+    ).encode()
+
+
+def produce_orders(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    first_id: int = 0,
+    malformed_every: int = 0,
+    partition: int | None = None,
+    seed: int = 7,
+    extra: dict[str, str] | None = None,
+) -> int:
+    """Produce ``count`` records (every ``malformed_every``-th one malformed); returns ids used."""
+    rng = random.Random(seed + first_id)
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000, **(extra or {})})
+    for i in range(count):
+        order_id = first_id + i
+        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed_every and i % malformed_every == malformed_every - 1 else order_event(order_id, rng, base)
+        key = f"c{order_id % 997}".encode()
+        kwargs = {"partition": partition} if partition is not None else {}
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, headers=[("source", b"sample")], **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.2)
+        if i % 20_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining:
+        raise RuntimeError(f"{remaining} records to {topic} were not acknowledged")
+    return first_id + count
+
+
+def produce_transaction(
+    bootstrap: str, topic: str, count: int, first_id: int, commit: bool, transactional_id: str, partition: int | None = None
+) -> int:
+    """Produce ``count`` orders in one transaction, committed or aborted."""
+    rng = random.Random(first_id)
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(count):
+        kwargs = {"partition": partition} if partition is not None else {}
+        producer.produce(topic, value=order_event(first_id + i, rng, base), key=f"c{(first_id + i) % 997}".encode(), **kwargs)
+    producer.flush(30)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+    return first_id + count

@@ -1,0 +1,249 @@
+"""The sink Delta table: committed ends, parquet files written by Spark, and the one commit.
+
+Invariant 2: a batch's data files, its offset advance (one ``txn`` per topic-partition, version =
+exclusive end offset) and its ledger entry (``commitInfo.userMetadata``) are ONE Delta commit.
+``commit_batch`` is the only place offsets advance. Invariant 10: the txn versions are checked
+on the same ``DeltaTable`` object the commit is made on, so a concurrent writer's commit of the
+same partitions makes delta-rs reject ours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import date, datetime
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction
+from pyarrow import fs as pafs
+
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import CommitConflictError, StalePlanError
+from offsetlake.ledger import SinkCommit, covering_batch, ledger_entry_json
+from offsetlake.plan import BatchPlan
+
+log = logging.getLogger("offsetlake.sink")
+_MARKER = "offsetlake"
+_STAT_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string)
+
+
+@dataclass(frozen=True)
+class WrittenFiles:
+    actions: list[AddAction]
+    rows: int
+    schema: pa.Schema
+
+
+def open_table(path: str) -> DeltaTable | None:
+    try:
+        return DeltaTable(path)
+    except TableNotFoundError:
+        return None
+
+
+def committed_ends(table: DeltaTable | None, config: PipelineConfig, topic: str, partitions: list[int]) -> dict[int, int | None]:
+    """The exclusive end committed per partition: the sink's txn version for its appId."""
+    if table is None:
+        return {p: None for p in partitions}
+    return {p: table.transaction_version(config.app_id(topic, p)) for p in partitions}
+
+
+def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
+    """offsetlake's commits on the sink (oldest first), each with its ledger entry."""
+    if table is None:
+        return []
+    commits = []
+    for info in table.history():
+        raw = info.get("userMetadata")
+        if not raw:
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get(_MARKER) == 1 and entry.get("pipeline") == pipeline:
+            commits.append(SinkCommit(version=int(info["version"]), entry=entry))
+    return sorted(commits, key=lambda c: c.version)
+
+
+def staging_dir(config: PipelineConfig, batch_id: str) -> str:
+    """A fresh folder inside the table for one attempt's files (uncommitted files are inert)."""
+    return f"{config.sink_path}/data/{batch_id}-{uuid.uuid4().hex[:8]}"
+
+
+def collect_written_files(table_root: str, folder: str) -> WrittenFiles:
+    """Add actions (with stats) for every non-empty parquet file Spark wrote under ``folder``."""
+    filesystem, root = pafs.FileSystem.from_uri(_uri(table_root))
+    _, base = pafs.FileSystem.from_uri(_uri(folder))
+    infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    actions: list[AddAction] = []
+    rows = 0
+    schema: pa.Schema | None = None
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+            continue
+        with filesystem.open_input_file(info.path) as handle:
+            metadata = pq.read_metadata(handle)
+        if metadata.num_rows == 0:
+            continue
+        schema = schema or metadata.schema.to_arrow_schema()
+        relative = info.path[len(root.rstrip("/")) + 1:]
+        partition_values = {
+            unquote(k): (None if v == "__HIVE_DEFAULT_PARTITION__" else unquote(v))
+            for k, _, v in (seg.partition("=") for seg in relative.split("/")[:-1] if "=" in seg)
+        }
+        actions.append(
+            AddAction(
+                path=relative,
+                size=info.size,
+                partition_values=partition_values,
+                modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
+                data_change=True,
+                stats=json.dumps(file_stats(metadata)),
+            )
+        )
+        rows += metadata.num_rows
+    return WrittenFiles(actions=actions, rows=rows, schema=schema or pa.schema([]))
+
+
+def file_stats(metadata: pq.FileMetaData) -> dict:
+    """Delta file statistics from the parquet footer: numRecords, nullCount, min/max."""
+    arrow_schema = metadata.schema.to_arrow_schema()
+    mins: dict = {}
+    maxs: dict = {}
+    nulls: dict = {}
+    for index, field in enumerate(arrow_schema):
+        if not any(check(field.type) for check in _STAT_TYPES):
+            continue
+        null_count = 0
+        low = high = None
+        complete = True
+        for rg in range(metadata.num_row_groups):
+            stats = metadata.row_group(rg).column(index).statistics
+            if stats is None or not stats.has_null_count:
+                complete = False
+                break
+            null_count += stats.null_count
+            if stats.has_min_max:
+                low = stats.min if low is None else min(low, stats.min)
+                high = stats.max if high is None else max(high, stats.max)
+        if not complete:
+            continue
+        nulls[field.name] = null_count
+        if low is not None and not pa.types.is_string(field.type):
+            mins[field.name], maxs[field.name] = _stat_value(low), _stat_value(high)
+    return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _stat_value(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def _uri(path: str) -> str:
+    return path if "://" in path else f"file://{os.path.abspath(path)}"
+
+
+def create_table_once(path: str, schema: pa.Schema, partition_by: list[str], description: str) -> DeltaTable:
+    """Open ``path``, creating an empty table (protocol 1/2) first if there is none.
+
+    Two processes may race to create it; the loser's error is ignored and it opens the winner's.
+    """
+    table = open_table(path)
+    if table is not None:
+        return table
+    try:
+        DeltaTable.create(path, schema, partition_by=partition_by or None, mode="ignore", description=description)
+    except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
+        if open_table(path) is None:
+            raise
+    return DeltaTable(path)
+
+
+def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
+    """Open the sink, creating it from the first batch's schema if needed."""
+    return create_table_once(
+        config.sink_path, schema, config.sink.partition_by,
+        f"offsetlake sink of pipeline {config.name} (topic {config.topic})",
+    )
+
+
+def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: BatchPlan) -> bool:
+    """Invariant 3: True if the plan still applies, False if the sink already holds it.
+
+    Raises StalePlanError when another batch moved a partition's committed end part-way,
+    naming that batch.
+    """
+    done = 0
+    for r in plan.ranges:
+        committed = table.transaction_version(config.app_id(r.topic, r.partition)) if table else None
+        if committed is None or committed == r.start:
+            continue
+        if committed >= r.end and r.size > 0:
+            done += 1
+            continue
+        winner = covering_batch(sink_commits(table, config.name), r.topic, r.partition, r.start)
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} planned {r} but the committed end is now "
+            f"{committed} (moved by batch {winner or 'unknown'}); the plan is stale and was not applied"
+        )
+    sized = [r for r in plan.ranges if r.size > 0]
+    return not (sized and done == len(sized))
+
+
+def commit_batch(
+    table: DeltaTable,
+    config: PipelineConfig,
+    plan: BatchPlan,
+    files: WrittenFiles,
+    entry: dict,
+) -> int:
+    """Commit data files + one txn per partition + the ledger entry as ONE Delta commit.
+
+    The only place offsets advance (invariant 2). ``table`` must be the object whose txn
+    versions ``check_plan_applies`` just read: delta-rs then rejects this commit if another
+    writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
+    Returns the new table version.
+    """
+    entry = {**entry, _MARKER: 1}
+    transactions = [Transaction(config.app_id(r.topic, r.partition), r.end) for r in plan.ranges]
+    try:
+        table.create_write_transaction(
+            files.actions,
+            mode="append",
+            schema=table.schema(),
+            partition_by=config.sink.partition_by or None,
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": ledger_entry_json(entry)},
+                app_transactions=transactions,
+                max_commit_retries=5,
+            ),
+            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
+        )
+    except CommitFailedError as err:
+        raise CommitConflictError(
+            f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
+        ) from None
+    return committed_version(config.sink_path, plan.batch_id)
+
+
+def committed_version(path: str, batch_id: str) -> int:
+    """The table version holding ``batch_id``'s commit (the DeltaTable object does not tell)."""
+    fresh = DeltaTable(path)
+    for limit in (20, None):
+        for info in fresh.history(limit):
+            raw = info.get("userMetadata") or ""
+            if f'"batch_id":"{batch_id}"' in raw:
+                return int(info["version"])
+    raise RuntimeError(f"commit of batch {batch_id} not found in the history of {path}")

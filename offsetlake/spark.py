@@ -1,0 +1,54 @@
+"""The one Spark session of a process, configured for files delta-rs will commit."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+_SESSION: SparkSession | None = None
+
+
+def spark_session(master: str | None = None, app_name: str = "offsetlake") -> SparkSession:
+    """Create (once) or return the process's Spark session.
+
+    ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under spark-submit the
+    master given there wins. Timestamps are UTC and written as TIMESTAMP_MICROS because delta-rs
+    commits these files; RawLocalFileSystem avoids ``.crc`` side files in table folders.
+    """
+    global _SESSION
+    if _SESSION is not None:
+        return _SESSION
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode stays on loopback
+    builder = SparkSession.builder.appName(app_name)
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit its --master wins
+        builder = builder.master(master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[2]"))
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.shuffle.partitions": os.environ.get("OFFSETLAKE_SHUFFLE_PARTITIONS", "4"),
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+        "spark.hadoop.fs.file.impl.disable.cache": "true",
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.sql.sources.partitionOverwriteMode": "static",
+        "spark.ui.enabled": os.environ.get("OFFSETLAKE_SPARK_UI", "false"),
+        "spark.driver.memory": os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+    }
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    _SESSION = builder.getOrCreate()
+    _SESSION.sparkContext.setLogLevel(os.environ.get("OFFSETLAKE_SPARK_LOG_LEVEL", "WARN"))
+    return _SESSION
+
+
+def stop_spark() -> None:
+    global _SESSION
+    if _SESSION is not None:
+        _SESSION.stop()
+        _SESSION = None

@@ -1,0 +1,98 @@
+"""Independent views of both sides, for assertions: a plain consumer and plain delta-rs.
+
+Neither uses offsetlake's reader, planner or audit, so a bug there cannot hide itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from deltalake import DeltaTable
+
+
+@dataclass(frozen=True)
+class TopicTruth:
+    good: dict[tuple[int, int], int]  # (partition, offset) -> order_id, for parseable records
+    bad: set[tuple[int, int]]  # (partition, offset) of values that are not parseable orders
+    lso: dict[int, int]
+
+
+def last_stable_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    parts = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in parts},
+                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+
+def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, timeout_s: float = 60) -> TopicTruth:
+    """Every committed record up to the LSO (or ``until``), read with a plain consumer."""
+    lso = until or last_stable_offsets(bootstrap, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.time_ns()}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "receive.message.max.bytes": 200_000_000})
+    consumer.assign([TopicPartition(topic, p, 0) for p in lso])
+    good: dict[tuple[int, int], int] = {}
+    bad: set[tuple[int, int]] = set()
+    done = {p for p, end in lso.items() if end == 0}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < len(lso):
+        assert time.monotonic() < deadline, f"independent read of {topic} did not finish: done {done} of {lso}"
+        for m in consumer.consume(1000, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= lso[m.partition()]:
+                    done.add(m.partition())
+                continue
+            p, o = m.partition(), m.offset()
+            if o >= lso[p]:
+                done.add(p)
+                continue
+            try:
+                good[(p, o)] = int(json.loads(m.value())["order_id"])
+            except (ValueError, TypeError, KeyError):
+                bad.add((p, o))
+            if o + 1 >= lso[p]:
+                done.add(p)
+    consumer.close()
+    return TopicTruth(good, bad, lso)
+
+
+def sink_coordinates(path: str) -> list[tuple[int, int, int]]:
+    """(partition, offset, order_id) of every live sink row, duplicates kept."""
+    data = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
+    return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), data["order_id"].to_pylist(),
+                    strict=True))
+
+
+def dead_letter_coordinates(path: str) -> list[tuple[int, int]]:
+    if not DeltaTable.is_deltatable(path):
+        return []
+    data = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
+    return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), strict=True))
+
+
+def assert_exactly_once(config, truth: TopicTruth) -> None:
+    """Every good record of the topic (up to ``truth.lso``) in the sink once; bad ones as dead letters once."""
+    rows = sink_coordinates(config.sink_path)
+    coords = [(p, o) for p, o, _ in rows]
+    assert len(coords) == len(set(coords)), f"duplicate sink rows: {len(coords) - len(set(coords))}"
+    in_scope = {(p, o): oid for (p, o), oid in truth.good.items() if o < truth.lso[p]}
+    got = {(p, o): oid for p, o, oid in rows}
+    missing = sorted(set(in_scope) - set(got))[:10]
+    extra = sorted(set(got) - set(in_scope))[:10]
+    assert not missing, f"{len(set(in_scope) - set(got))} records missing from the sink, e.g. {missing}"
+    assert not extra, f"{len(set(got) - set(in_scope))} sink rows not among the topic's committed records, e.g. {extra}"
+    assert got == in_scope, "sink rows carry different order ids than the topic records at their coordinates"
+    dead = dead_letter_coordinates(config.dead_letter_path)
+    assert len(dead) == len(set(dead)), "duplicate dead letters"
+    assert set(dead) == {c for c in truth.bad if c[1] < truth.lso[c[0]]}
+
+
+def ledger_rows(config) -> list[dict]:
+    table = DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
+    return table.to_pylist()

@@ -1,0 +1,32 @@
+"""Planning arithmetic: fair shares of max_records_per_batch, splits that use both cores."""
+
+from __future__ import annotations
+
+from offsetlake.kafka import PartitionOffsets
+from offsetlake.plan import OffsetRange, plan_ranges, share_fairly
+from offsetlake.reader import split_ranges
+
+
+def test_share_fairly_gives_unused_shares_to_lagging_partitions():
+    assert share_fairly({0: 10, 1: 1_000, 2: 1_000}, 900) == {0: 10, 1: 445, 2: 445}
+    assert share_fairly({0: 0, 1: 5}, 100) == {0: 0, 1: 5}
+    grant = share_fairly({0: 7, 1: 7, 2: 7}, 10)
+    assert sum(grant.values()) == 10 and max(grant.values()) - min(grant.values()) <= 1
+
+
+def test_plan_starts_at_committed_end_and_stops_at_lso():
+    offsets = {0: PartitionOffsets("t", 0, 0, 500), 1: PartitionOffsets("t", 1, 100, 300)}
+    ranges = plan_ranges("t", {0: 200, 1: None}, offsets, "earliest", 10_000)
+    assert ranges == [OffsetRange("t", 0, 200, 500), OffsetRange("t", 1, 100, 300)]
+    latest = plan_ranges("t", {0: 200, 1: None}, offsets, "latest", 10_000)
+    assert latest[1] == OffsetRange("t", 1, 300, 300)
+
+
+def test_split_ranges_covers_every_offset_once():
+    ranges = [OffsetRange("t", 0, 0, 1_000_000), OffsetRange("t", 1, 5, 30)]
+    splits = split_ranges(ranges, parallelism=2)
+    assert len(splits) >= 4
+    for r in ranges:
+        mine = sorted((s.start, s.end) for s in splits if s.partition == r.partition)
+        assert mine[0][0] == r.start and mine[-1][1] == r.end
+        assert all(a[1] == b[0] for a, b in zip(mine, mine[1:], strict=False))
