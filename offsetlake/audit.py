@@ -39,7 +39,10 @@ class AuditReport:
         )
         ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
         if self.ok:
-            return f"{head}\nOK: no duplicates, ranges contiguous, every row inside a committed range, txn versions match the ledger\ncommitted ends: {ends}"
+            return (
+                f"{head}\nOK: no duplicates, ranges contiguous, every row inside a committed range, "
+                f"txn versions match the ledger\ncommitted ends: {ends}"
+            )
         return f"{head}\nFAILED ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
@@ -105,7 +108,7 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
             stray = _outside(group, covered.get((topic, partition), []))
             if stray:
                 report.problems.append(
-                    f"{len(stray)}{'+' if len(stray) >= _SHOW and not covered.get((topic, partition)) else ''} {label}(s) of {topic}[{partition}] outside every committed range, "
+                    f"{len(stray)} {label}(s) of {topic}[{partition}] outside every committed range, "
                     f"e.g. offsets {', '.join(map(str, stray[:5]))}"
                 )
 
@@ -129,7 +132,7 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
 
 def _outside(offsets: np.ndarray, spans: list[tuple[int, int]]) -> list[int]:
     if not spans:
-        return offsets[:_SHOW].tolist() if len(offsets) else []
+        return offsets.tolist()
     spans = sorted(spans)
     starts = np.array([s for s, _ in spans])
     ends = np.array([e for _, e in spans])
@@ -144,6 +147,8 @@ def _group_offsets(table: pa.Table) -> dict[tuple[str, int], np.ndarray]:
     out: dict[tuple[str, int], np.ndarray] = {}
     keys = table.group_by(["_kafka_topic", "_kafka_partition"]).aggregate([]).to_pylist()
     for key in keys:
-        mask = pc.and_(pc.equal(table["_kafka_topic"], key["_kafka_topic"]), pc.equal(table["_kafka_partition"], key["_kafka_partition"]))
+        mask = pc.and_(
+            pc.equal(table["_kafka_topic"], key["_kafka_topic"]), pc.equal(table["_kafka_partition"], key["_kafka_partition"])
+        )
         out[(key["_kafka_topic"], key["_kafka_partition"])] = table.filter(mask)["_kafka_offset"].to_numpy()
     return out

@@ -36,8 +36,12 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="offsetlake", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pipelines-dir", type=Path, help="folder of pipeline YAML files (default: $OFFSETLAKE_PIPELINES_DIR or ./pipelines)")
-    parser.add_argument("--log-level", default=os.environ.get("OFFSETLAKE_LOG_LEVEL", "INFO"), help="logging level for stderr (default INFO)")
+    parser.add_argument(
+        "--pipelines-dir", type=Path, help="folder of pipeline YAML files (default: $OFFSETLAKE_PIPELINES_DIR or ./pipelines)"
+    )
+    parser.add_argument(
+        "--log-level", default=os.environ.get("OFFSETLAKE_LOG_LEVEL", "INFO"), help="logging level for stderr (default INFO)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
@@ -179,9 +183,9 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
         return
     cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
 COMMANDS = {"run": cmd_run, "status": cmd_status, "ledger": cmd_ledger, "audit": cmd_audit}

@@ -186,7 +186,7 @@ class Ledger:
         in_sink = {c.batch_id for c in sink_commits}
         for commit in sink_commits:
             mine = latest.get(commit.batch_id)
-            if not mine or any(r["status"] != COMMITTED for r in mine):
+            if not mine or any(r["status"] not in (COMMITTED, GAP) for r in mine):
                 rows.extend(rows_for_commit(commit))
         for batch_id, mine in latest.items():
             if batch_id in in_sink or any(r["status"] != PLANNED for r in mine):

@@ -31,6 +31,14 @@ def _binary() -> str:
     return found
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 class LocalBroker:
     def __init__(self, data_dir: Path, port: int | None = None, log_path: Path | None = None) -> None:
         self.data_dir = Path(data_dir)
@@ -80,12 +88,17 @@ class LocalBroker:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        os.kill(process.pid, signal.SIGINT)
+        # The launcher runs the server binary as its child, in the session we gave it: signal
+        # that process group (its id is the launcher's PID) and wait for the launcher to exit.
+        os.killpg(process.pid, signal.SIGINT)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+        deadline = time.monotonic() + timeout_s
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def restart(self) -> None:
         self.stop()

@@ -57,7 +57,8 @@ def produce_orders(
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000, **(extra or {})})
     for i in range(count):
         order_id = first_id + i
-        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed_every and i % malformed_every == malformed_every - 1 else order_event(order_id, rng, base)
+        malformed = malformed_every and i % malformed_every == malformed_every - 1
+        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed else order_event(order_id, rng, base)
         key = f"c{order_id % 997}".encode()
         kwargs = {"partition": partition} if partition is not None else {}
         while True:

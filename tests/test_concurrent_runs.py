@@ -16,7 +16,7 @@ def test_two_runs_started_together_end_exactly_once(pipeline):
 
     first, second = pipeline.cli_start("run"), pipeline.cli_start("run")
     outputs = [p.communicate(timeout=600) for p in (first, second)]
-    for process, (out, err) in zip((first, second), outputs, strict=True):
+    for process, (_, err) in zip((first, second), outputs, strict=True):
         assert process.returncode == 0, err[-3000:]
     committed = [json.loads(line) for out, _ in outputs for line in out.splitlines() if line.startswith("{")]
     batch_ids = [c["batch_id"] for c in committed if c["status"] == "committed"]
