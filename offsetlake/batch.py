@@ -311,3 +311,43 @@ def run_pipeline(
         emit(result.summary())
     reconcile_ledger(config, ledger)
     return results
+
+
+# ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----
+def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | None:
+    """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
+
+    Invariant 3: a retry or a UI rerun of the same dag run gets exactly the same ranges. Returns
+    None when nothing is new (the caller short-circuits, so no Spark starts).
+    """
+    ledger = Ledger(config.ledger_path, config.name)
+    started = time.monotonic()
+    reconcile_ledger(config, ledger)
+    existing = ledger.plan_for_run(run.dag_id, run.run_id, "ingest")
+    if existing is not None:
+        log_step("plan", existing, started, reused="true", offsets=existing.offsets)
+        return existing
+    plan = plan_next_batch(config, run, ledger)
+    if plan is None:
+        log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
+        return None
+    ledger.record_plan(plan)
+    log_step("plan", plan, started, offsets=plan.offsets)
+    failpoints.failpoint("after_plan")
+    return plan
+
+
+def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
+    """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised."""
+    ledger = Ledger(config.ledger_path, config.name)
+    plan = ledger.plan_by_batch_id(batch_id)
+    if plan is None:
+        raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
+    try:
+        return execute_batch(config, plan, ledger, spark_factory)
+    except OffsetlakeError as err:
+        ledger.record_outcome(plan, FAILED, message=str(err))
+        raise
+    except Exception as err:
+        ledger.record_outcome(plan, FAILED, message=f"{type(err).__name__}: {err}"[:2000])
+        raise

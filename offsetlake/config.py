@@ -99,6 +99,7 @@ class PipelineConfig(_Strict):
     max_records_per_batch: int = Field(default=500_000, gt=0)
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     on_offsets_lost: Literal["fail", "skip"] = "fail"
+    schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
     format: JsonFormat
     transform: str | None = None  # "module:function" found next to the YAML file
     sink: SinkSettings = Field(default_factory=SinkSettings)

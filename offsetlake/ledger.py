@@ -152,14 +152,22 @@ class Ledger:
 
     def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
         """The plan already recorded for this dag run, so a retry re-executes the same ranges."""
-        from offsetlake.plan import RunContext
-
         rows = [
             r for r in self.rows().to_pylist()
             if r["status"] == PLANNED and r["run_id"] == run_id and r["dag_id"] == dag_id and r["kind"] == kind
         ]
         if not rows:
             return None
+        return self._plan_from_rows(rows, kind)
+
+    def plan_by_batch_id(self, batch_id: str) -> BatchPlan | None:
+        """The recorded plan of ``batch_id`` (what a spark-submit job is asked to execute)."""
+        rows = [r for r in self.rows().to_pylist() if r["status"] == PLANNED and r["batch_id"] == batch_id]
+        return self._plan_from_rows(rows, rows[0]["kind"]) if rows else None
+
+    def _plan_from_rows(self, rows: list[dict], kind: str) -> BatchPlan:
+        from offsetlake.plan import RunContext
+
         first_batch = min(rows, key=lambda r: r["planned_at"])["batch_id"]
         mine = [r for r in rows if r["batch_id"] == first_batch]
         return BatchPlan(
@@ -167,7 +175,7 @@ class Ledger:
             batch_id=first_batch,
             kind=kind,
             ranges=tuple(sorted(OffsetRange(r["topic"], r["partition"], r["start_offset"], r["end_offset"]) for r in mine)),
-            run=RunContext(run_id=run_id, dag_id=dag_id, try_number=mine[0]["try_number"]),
+            run=RunContext(run_id=mine[0]["run_id"], dag_id=mine[0]["dag_id"], try_number=mine[0]["try_number"]),
             planned_at=mine[0]["planned_at"],
         )
 

@@ -1,0 +1,95 @@
+"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest`.
+
+Parsing reads the YAML files and nothing else: no Kafka, no Delta, no Spark. A run's ranges
+come from its plan task, recorded in the ledger, never from "the latest data" inside a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
+from airflow.sdk import DAG
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+if str(PROJECT_DIR / "plugins") not in sys.path:
+    sys.path.insert(0, str(PROJECT_DIR / "plugins"))
+
+from offsetlake_airflow import pipelines_folder, plan_ingest, publish_batch  # noqa: E402
+
+from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline  # noqa: E402
+from offsetlake.errors import ConfigError  # noqa: E402
+
+log = logging.getLogger(__name__)
+INGEST_JOB = str(PROJECT_DIR / "jobs" / "ingest_job.py")
+
+
+def _default_args() -> dict:
+    return {
+        "owner": "offsetlake",
+        "retries": int(os.environ.get("OFFSETLAKE_TASK_RETRIES", "2")),
+        "retry_delay": timedelta(seconds=int(os.environ.get("OFFSETLAKE_RETRY_DELAY_SECONDS", "30"))),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    }
+
+
+def ingest_dag(config: PipelineConfig) -> DAG:
+    with DAG(
+        dag_id=f"{config.name}_ingest",
+        description=f"Kafka topic {config.topic} → Delta {config.sink_path}, exactly once",
+        schedule=config.schedule,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(),
+        tags=["offsetlake", config.name],
+        doc_md=f"""### {config.name}_ingest
+**plan** records this run's offset ranges in the ledger (a retry reuses them; nothing new → skip),
+**ingest** runs `jobs/ingest_job.py` on `spark_default` for exactly that plan,
+**publish** commits the consumer-group offsets after the Delta commit. Pipeline file: `{config.source_file}`.""",
+    ) as dag:
+        plan = ShortCircuitOperator(
+            task_id="plan",
+            python_callable=plan_ingest,
+            op_kwargs={"pipeline": config.name},
+            ignore_downstream_trigger_rules=True,
+        )
+        ingest = SparkSubmitOperator(
+            task_id="ingest",
+            application=INGEST_JOB,
+            conn_id="spark_default",
+            name=f"offsetlake-{config.name}",
+            application_args=[
+                "--pipeline", config.name,
+                "--pipelines-dir", str(pipelines_folder()),
+                "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}",
+            ],
+            conf={
+                "spark.sql.session.timeZone": "UTC",
+                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            },
+            driver_memory=os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
+        )
+        publish = PythonOperator(
+            task_id="publish",
+            python_callable=publish_batch,
+            op_kwargs={"pipeline": config.name, "batch_id": "{{ ti.xcom_pull(task_ids='plan') }}"},
+        )
+        plan >> ingest >> publish
+    return dag
+
+
+for _path in all_pipeline_files(pipelines_folder()):
+    try:
+        _config = load_pipeline(str(_path))
+    except ConfigError as _err:  # one broken file must not hide the other pipelines
+        log.error("skipping %s: %s", _path, _err)
+        continue
+    _dag = ingest_dag(_config)
+    globals()[_dag.dag_id] = _dag

@@ -1,0 +1,108 @@
+"""What offsetlake's DAGs share that belongs to Airflow: task callables and Kafka secrets.
+
+Kafka credentials can live in an Airflow connection instead of the pipeline YAML: a connection
+``kafka_<pipeline>`` (or ``kafka_default``) whose extra JSON holds librdkafka options such as
+``{"security.protocol": "SASL_SSL", "sasl.username": "...", "sasl.password": "..."}`` and whose
+host (``host:port``) overrides ``bootstrap_servers``. Nothing here logs those values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from airflow.plugins_manager import AirflowPlugin
+
+log = logging.getLogger("offsetlake.airflow")
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def pipelines_folder() -> Path:
+    return Path(os.environ.get("OFFSETLAKE_PIPELINES_DIR", PROJECT_DIR / "pipelines"))
+
+
+def _connection_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
+    from airflow.sdk import BaseHook
+
+    for conn_id in (f"kafka_{pipeline}", "kafka_default"):
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception:  # noqa: BLE001 - not defined: the YAML alone configures Kafka
+            continue
+        extra = conn.extra_dejson or {}
+        servers = f"{conn.host}:{conn.port}" if conn.host and conn.port else (conn.host or None)
+        log.info("kafka settings of pipeline %s come from connection %s (options: %s)", pipeline, conn_id, sorted(extra))
+        return servers, {str(k): str(v) for k, v in extra.items()}
+    return None, {}
+
+
+def load_config(pipeline: str):
+    """The pipeline's config with Kafka settings from an Airflow connection, if one exists."""
+    from offsetlake.config import load_pipeline
+
+    config = load_pipeline(pipeline, pipelines_folder())
+    servers, options = _connection_overrides(config.name)
+    if not servers and not options:
+        return config
+    kafka = config.kafka.model_copy(update={
+        "bootstrap_servers": servers or config.kafka.bootstrap_servers,
+        "options": {**config.kafka.options, **options},
+    })
+    return config.model_copy(update={"kafka": kafka})
+
+
+def plan_ingest(pipeline: str, **context) -> str | None:
+    """Plan task: the dag run's ranges, recorded in the ledger; None (skip downstream) if caught up.
+
+    A retry or a cleared rerun of this task returns the plan already recorded for the dag run.
+    """
+    from offsetlake.batch import plan_for_dag_run
+    from offsetlake.plan import RunContext
+
+    dag_run, ti = context["dag_run"], context["ti"]
+    config = load_config(pipeline)
+    plan = plan_for_dag_run(config, RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number))
+    if plan is None:
+        log.info("pipeline %s is caught up with the last stable offsets: nothing to ingest, Spark not started", pipeline)
+        return None
+    log.info("pipeline %s batch %s plan: %s", pipeline, plan.batch_id, plan.describe())
+    return plan.batch_id
+
+
+def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
+    """After the Delta commit only: publish committed ends as consumer-group offsets, log the summary."""
+    from offsetlake.batch import reconcile_ledger
+    from offsetlake.kafka import commit_group_offsets
+    from offsetlake.ledger import COMMITTED, Ledger
+    from offsetlake.sink import open_table
+
+    config = load_config(pipeline)
+    ledger = Ledger(config.ledger_path, config.name)
+    reconcile_ledger(config, ledger)
+    rows = [r for r in ledger.batches() if r["batch_id"] == batch_id]
+    if not rows or any(r["status"] != COMMITTED for r in rows):
+        states = sorted({r["status"] for r in rows}) or ["unknown"]
+        raise RuntimeError(f"pipeline {pipeline}: batch {batch_id} is {', '.join(states)}, not committed; nothing published")
+    table = open_table(config.sink_path)
+    ends = {
+        (r["topic"], r["partition"]): table.transaction_version(config.app_id(r["topic"], r["partition"]))
+        for r in rows
+    }
+    commit_group_offsets(config.kafka_client_config(), config.name, {k: v for k, v in ends.items() if v is not None})
+    summary = {
+        "pipeline": pipeline, "batch_id": batch_id, "sink_version": rows[0]["sink_version"],
+        "records_read": sum(r["records_read"] or 0 for r in rows),
+        "rows_written": sum(r["rows_written"] or 0 for r in rows),
+        "dead_letters": sum(r["dead_letters"] or 0 for r in rows),
+        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start_offset']}, {r['end_offset']})" for r in rows],
+        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()},
+    }
+    log.info("batch summary %s", json.dumps(summary))
+    return summary
+
+
+class OffsetlakePlugin(AirflowPlugin):
+    name = "offsetlake"

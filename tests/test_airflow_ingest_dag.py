@@ -1,0 +1,80 @@
+"""Real Airflow (SQLite home, `airflow dags test`): the factory's DAGs and an ingest run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    pipelines = tmp_path_factory.mktemp("airflow_pipelines")
+    venv_bin = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "2",
+        "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+        "OFFSETLAKE_PIPELINES_DIR": str(pipelines),
+        "OFFSETLAKE_TASK_RETRIES": "0",
+        "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
+    }
+    migrate = subprocess.run([f"{venv_bin}/airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env
+
+
+def airflow(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_every_pipeline_file_becomes_an_ingest_dag_without_import_errors(airflow_env, pipeline):
+    import shutil
+
+    folder = Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"])
+    shutil.copy(pipeline.file, folder / pipeline.file.name)
+    shutil.copy(ROOT / "pipelines" / "orders.yaml", folder / "orders.yaml")
+    shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+    listed = airflow(airflow_env, "dags", "list", "-o", "plain")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "orders_ingest" in listed.stdout and f"{pipeline.name}_ingest" in listed.stdout
+    errors = airflow(airflow_env, "dags", "list-import-errors", "-o", "plain")
+    assert "offsetlake_dags.py" not in errors.stdout, errors.stdout
+
+
+def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(airflow_env, pipeline):
+    import shutil
+
+    config = pipeline.write(schedule=None)
+    shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, malformed_every=301)
+    dag_id = f"{pipeline.name}_ingest"
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+
+    run = airflow(airflow_env, "dags", "test", dag_id)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    committed = [r for r in ledger_rows(config) if r["status"] == "committed"]
+    assert committed and all(r["dag_id"] == dag_id and r["run_id"].startswith("manual__") for r in committed)
+
+    again = airflow(airflow_env, "dags", "test", dag_id)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-4000:]
+    assert "caught up with the last stable offsets" in output
+    assert "spark-submit" not in output.replace("Spark not started", "")
