@@ -42,4 +42,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from offsetlake.cli import exit_now
+
+    exit_now(main())

@@ -1,5 +1,3 @@
-import sys
+from offsetlake.cli import entrypoint
 
-from offsetlake.cli import main
-
-sys.exit(main())
+entrypoint()

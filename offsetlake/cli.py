@@ -201,5 +201,24 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
 
 
+def entrypoint() -> None:
+    """Console-script entry: run, flush, and leave without interpreter teardown.
+
+    Seen here: at interpreter exit the native runtimes (delta-rs, Arrow, librdkafka threads)
+    occasionally abort ("terminate called without an active exception", exit -6) after the
+    command had finished and printed its result. Everything we write is synchronous and done
+    by now, so skipping teardown loses nothing and keeps exit codes truthful.
+    """
+    code = main()
+    exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entrypoint()
