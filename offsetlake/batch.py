@@ -301,11 +301,8 @@ def run_pipeline(
             if conflicts > MAX_CONFLICT_REPLANS:
                 raise
             continue
-        except OffsetlakeError as err:
-            ledger.record_outcome(plan, FAILED, message=str(err))
-            raise
         except Exception as err:
-            ledger.record_outcome(plan, FAILED, message=f"{type(err).__name__}: {err}"[:2000])
+            record_failure(ledger, plan, err)
             raise
         results.append(result)
         emit(result.summary())
@@ -345,9 +342,12 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
         raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
     try:
         return execute_batch(config, plan, ledger, spark_factory)
-    except OffsetlakeError as err:
-        ledger.record_outcome(plan, FAILED, message=str(err))
-        raise
     except Exception as err:
-        ledger.record_outcome(plan, FAILED, message=f"{type(err).__name__}: {err}"[:2000])
+        record_failure(ledger, plan, err)
         raise
+
+
+def record_failure(ledger: Ledger, plan: BatchPlan, err: Exception) -> None:
+    """A batch that raised gets a ``failed`` ledger row saying why (our errors verbatim)."""
+    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    ledger.record_outcome(plan, FAILED, message=message[:2000])
