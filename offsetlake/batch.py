@@ -24,6 +24,7 @@ from offsetlake.kafka import check_log_start, describe_topic, partition_offsets
 from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id, plan_ranges
 from offsetlake.sink import (
+    WrittenFiles,
     check_plan_applies,
     collect_written_files,
     commit_batch,
@@ -131,9 +132,7 @@ def record_gap(config: PipelineConfig, run: RunContext, ledger: Ledger, lost: Of
     log.warning("step=gap pipeline=%s batch=%s lost=\"%s\" sink_version=%d", config.name, plan.batch_id, lost, version)
 
 
-def _no_files():
-    from offsetlake.sink import WrittenFiles
-
+def _no_files() -> WrittenFiles:
     return WrittenFiles(actions=[], rows=0, schema=pa.schema([]))
 
 

@@ -76,10 +76,10 @@ def replace_dead_letters(config: PipelineConfig, ranges: list[OffsetRange], rows
             elif _has_rows(table, ranges):
                 table.delete(predicate)
             return rows.num_rows
-        except CommitFailedError:
+        except CommitFailedError:  # a racing writer replaced the same range: re-read and retry
             if attempt == attempts - 1:
                 raise
-    return rows.num_rows
+    raise AssertionError("unreachable")
 
 
 def _has_rows(table: DeltaTable, ranges: list[OffsetRange]) -> bool:

@@ -50,7 +50,9 @@ def describe_topic(client_config: dict[str, str], topic: str, pipeline: str) -> 
     """Partition ids of ``topic``; raises KafkaUnavailableError naming broker and topic."""
     servers = client_config.get("bootstrap.servers", "?")
     try:
-        metadata = _admin(client_config).list_topics(topic=topic, timeout=METADATA_TIMEOUT_S)
+        # Ask for all topics, not this one: a metadata request naming a topic makes brokers with
+        # auto.create.topics.enable create it, and a typo in a YAML must not create topics.
+        metadata = _admin(client_config).list_topics(timeout=METADATA_TIMEOUT_S)
     except KafkaException as err:
         raise KafkaUnavailableError(
             f"pipeline {pipeline}: cannot reach Kafka at {servers} to describe topic '{topic}': {err.args[0]}"

@@ -103,7 +103,3 @@ class LocalBroker:
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def write_pid(self, path: Path) -> None:
-        if self.process is not None:
-            path.write_text(f"{self.process.pid}\n")

@@ -235,7 +235,16 @@ def commit_batch(
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
         ) from None
-    return committed_version(config.sink_path, plan.batch_id)
+    version = committed_version(config.sink_path, plan.batch_id)
+    after = DeltaTable(config.sink_path, version=version)
+    behind = [r for r in plan.ranges if after.transaction_version(config.app_id(r.topic, r.partition)) != r.end]
+    if behind:
+        # Never expected; without this a run would re-plan the same ranges forever.
+        raise CommitConflictError(
+            f"pipeline {config.name}: commit {version} of batch {plan.batch_id} did not record committed ends for "
+            f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them"
+        )
+    return version
 
 
 def committed_version(path: str, batch_id: str) -> int:

@@ -34,11 +34,9 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake") -> Sp
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
         "spark.hadoop.fs.file.impl.disable.cache": "true",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-        "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.ui.enabled": os.environ.get("OFFSETLAKE_SPARK_UI", "false"),
         "spark.driver.memory": os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
         "spark.ui.showConsoleProgress": "false",
-        "spark.python.worker.reuse": "true",
     }
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -1,0 +1,42 @@
+"""Errors a user can cause: one readable line naming what is wrong, no traceback, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from offsetlake.local_broker import free_port
+
+
+def _no_lake_written(lake: Path) -> None:
+    assert not (lake / "_offset_ledger").exists() and not any(lake.glob("p_*")), "a failed start must write nothing"
+
+
+def test_unreachable_broker_is_named(pipeline):
+    dead = f"127.0.0.1:{free_port()}"
+    pipeline.write(kafka={"bootstrap_servers": dead})
+    for command in ("run", "status"):
+        result = pipeline.cli(command, timeout=120)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert f"cannot reach Kafka at {dead}" in result.stderr and pipeline.name in result.stderr
+        assert "Traceback" not in result.stderr
+    _no_lake_written(pipeline.lake)
+
+
+def test_missing_topic_is_named(pipeline):
+    pipeline.write(topic=f"{pipeline.topic}_missing")
+    result = pipeline.cli("run", timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"topic '{pipeline.topic}_missing' is not available" in result.stderr
+    assert "Traceback" not in result.stderr
+    _no_lake_written(pipeline.lake)
+
+
+def test_bad_yaml_names_file_and_field(pipeline):
+    pipeline.file.write_text(pipeline.file.read_text().replace("max_records_per_batch", "max_records_per_bacth"))
+    result = pipeline.cli("run")
+    assert result.returncode == 2
+    assert str(pipeline.file.resolve()) in result.stderr and "max_records_per_bacth" in result.stderr
+    assert "Traceback" not in result.stderr
+    pipeline.file.write_text("name: [unclosed\n")
+    result = pipeline.cli("status")
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
