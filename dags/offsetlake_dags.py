@@ -1,4 +1,4 @@
-"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest`.
+"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest` and `<name>_backfill`.
 
 Parsing reads the YAML files and nothing else: no Kafka, no Delta, no Spark. A run's ranges
 come from its plan task, recorded in the ledger, never from "the latest data" inside a task.
@@ -14,13 +14,13 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 if str(PROJECT_DIR / "plugins") not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR / "plugins"))
 
-from offsetlake_airflow import pipelines_folder, plan_ingest, publish_batch  # noqa: E402
+from offsetlake_airflow import pipelines_folder, plan_backfill_run, plan_ingest, publish_batch  # noqa: E402
 
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline  # noqa: E402
 from offsetlake.errors import ConfigError  # noqa: E402
@@ -60,28 +60,82 @@ def ingest_dag(config: PipelineConfig) -> DAG:
             op_kwargs={"pipeline": config.name},
             ignore_downstream_trigger_rules=True,
         )
-        ingest = SparkSubmitOperator(
-            task_id="ingest",
-            application=INGEST_JOB,
-            conn_id="spark_default",
-            name=f"offsetlake-{config.name}",
-            application_args=[
-                "--pipeline", config.name,
-                "--pipelines-dir", str(pipelines_folder()),
-                "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}",
-            ],
-            conf={
-                "spark.sql.session.timeZone": "UTC",
-                "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-            },
-            driver_memory=os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
+        plan >> _ingest_task(config) >> _publish_task(config)
+    return dag
+
+
+def _ingest_task(config: PipelineConfig) -> SparkSubmitOperator:
+    """spark-submit of jobs/ingest_job.py for exactly the batch the plan task recorded."""
+    return SparkSubmitOperator(
+        task_id="ingest",
+        application=INGEST_JOB,
+        conn_id="spark_default",
+        name=f"offsetlake-{config.name}",
+        application_args=[
+            "--pipeline", config.name,
+            "--pipelines-dir", str(pipelines_folder()),
+            "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}",
+        ],
+        conf={
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        },
+        driver_memory=os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
+    )
+
+
+def _publish_task(config: PipelineConfig) -> PythonOperator:
+    return PythonOperator(
+        task_id="publish",
+        python_callable=publish_batch,
+        op_kwargs={"pipeline": config.name, "batch_id": "{{ ti.xcom_pull(task_ids='plan') }}"},
+    )
+
+
+BACKFILL_PARAMS = {
+    "partitions": Param(
+        [], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
+        description="Partition ids to backfill; leave empty for all partitions.",
+    ),
+    "from_offset": Param(
+        None, type=["null", "integer"], minimum=0, title="From offset",
+        description="First offset to reprocess (inclusive). Use with To offset, or use the times instead.",
+    ),
+    "to_offset": Param(
+        None, type=["null", "integer"], minimum=1, title="To offset",
+        description="End offset (exclusive); at most the pipeline's committed end for each partition.",
+    ),
+    "from_time": Param(
+        None, type=["null", "string"], title="From time (ISO-8601)",
+        description="Start of a record-time range, e.g. 2026-11-01T00:00:00Z; resolved with offsets_for_times.",
+    ),
+    "to_time": Param(
+        None, type=["null", "string"], title="To time (ISO-8601)",
+        description="End of the record-time range (exclusive).",
+    ),
+}
+
+
+def backfill_dag(config: PipelineConfig) -> DAG:
+    with DAG(
+        dag_id=f"{config.name}_backfill",
+        description=f"Reprocess an offset or time range of {config.topic}, replacing its rows in {config.sink_path}",
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(),
+        params=BACKFILL_PARAMS,
+        tags=["offsetlake", config.name, "backfill"],
+        doc_md=f"""### {config.name}_backfill
+Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
+Kafka coordinates are replaced in one Delta commit (so repeating a backfill changes nothing);
+only offsets the pipeline has already committed can be backfilled, and txn versions never move.""",
+    ) as dag:
+        plan = PythonOperator(
+            task_id="plan", python_callable=plan_backfill_run, op_kwargs={"pipeline": config.name}, retries=0,
         )
-        publish = PythonOperator(
-            task_id="publish",
-            python_callable=publish_batch,
-            op_kwargs={"pipeline": config.name, "batch_id": "{{ ti.xcom_pull(task_ids='plan') }}"},
-        )
-        plan >> ingest >> publish
+        plan >> _ingest_task(config) >> _publish_task(config)
     return dag
 
 
@@ -91,5 +145,5 @@ for _path in all_pipeline_files(pipelines_folder()):
     except ConfigError as _err:  # one broken file must not hide the other pipelines
         log.error("skipping %s: %s", _path, _err)
         continue
-    _dag = ingest_dag(_config)
-    globals()[_dag.dag_id] = _dag
+    for _dag in (ingest_dag(_config), backfill_dag(_config)):
+        globals()[_dag.dag_id] = _dag

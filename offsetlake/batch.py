@@ -156,27 +156,28 @@ def _entry(plan: BatchPlan, per_range: dict, started: float) -> dict:
 
 
 # ---- executing ------------------------------------------------------------------------------
-def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
-    """Read, transform and commit exactly ``plan``'s ranges; never anything else.
+@dataclass
+class ProcessedRanges:
+    """A batch after read → parse → dead letters → transform: rows ready to be written."""
 
-    If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
-    Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
-    if another writer won the commit race (invariant 10); nothing is committed then.
-    """
+    rows: object  # pyspark DataFrame of sink rows
+    parsed: object  # the persisted parsed DataFrame; unpersist when done
+    per_range: dict[tuple[str, int], dict[str, int]]
+    timings_ms: dict[str, int]
+
+
+def process_ranges(config: PipelineConfig, plan: BatchPlan, spark) -> ProcessedRanges:
+    """Read the plan's ranges once, count them, replace their dead letters, transform the rest."""
     from pyspark.sql import functions as F
 
     from offsetlake.reader import read_ranges
     from offsetlake.transform import REASON, apply_transform, dead_letter_rows, good_rows, parse_json
 
-    started = time.monotonic()
-    if not check_plan_applies(open_table(config.sink_path), config, plan):
-        _record_existing_commit(config, plan, ledger)
-        log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, "already_committed", timings_ms={"total": 0})
     timings: dict[str, int] = {}
-    per_range: dict[tuple[str, int], dict[str, int]] = {}
+    per_range: dict[tuple[str, int], dict[str, int]] = {
+        (r.topic, r.partition): {"records_read": 0, "dead_letters": 0, "rows_written": 0} for r in plan.ranges
+    }
     sized = [r for r in plan.ranges if r.size > 0]
-    spark = spark_factory()
     if config.transform:
         spark.sparkContext.addPyFile(str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
 
@@ -189,11 +190,9 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
         .collect()
     )
     for row in counts:
-        per_range[(row["topic"], row["partition"])] = {
-            "records_read": int(row["records_read"]), "dead_letters": int(row["dead_letters"] or 0), "rows_written": 0,
-        }
-    for r in plan.ranges:
-        per_range.setdefault((r.topic, r.partition), {"records_read": 0, "dead_letters": 0, "rows_written": 0})
+        per_range[(row["topic"], row["partition"])].update(
+            records_read=int(row["records_read"]), dead_letters=int(row["dead_letters"] or 0)
+        )
     timings["read"] = log_step("read", plan, t, records=sum(v["records_read"] for v in per_range.values()))
     failpoints.failpoint("after_read")
 
@@ -202,36 +201,89 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
     dead = dead_letter_rows(parsed, config, plan.batch_id).toArrow() if dead_count else DEAD_LETTER_SCHEMA.empty_table()
     replace_dead_letters(config, sized, dead)
     timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=dead.num_rows)
+    rows = apply_transform(good_rows(parsed, config), config)
+    return ProcessedRanges(rows, parsed, per_range, timings)
+
+
+def write_rows(config: PipelineConfig, plan: BatchPlan, processed: ProcessedRanges, rows, spark) -> WrittenFiles:
+    """Spark writes ``rows`` as parquet into a fresh folder inside the table; counts rows per range."""
+    from pyspark.sql import functions as F
 
     t = time.monotonic()
-    rows = apply_transform(good_rows(parsed, config), config)
     folder = staging_dir(config, plan.batch_id)
     rows.write.mode("errorifexists").partitionBy(*config.sink.partition_by).parquet(folder)
     files = collect_written_files(config.sink_path, folder)
     if files.rows:
-        for row in spark.read.parquet(folder).groupBy("_kafka_topic", "_kafka_partition").count().collect():
-            per_range[(row["_kafka_topic"], row["_kafka_partition"])]["rows_written"] = int(row["count"])
-    timings["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
+        written = spark.read.parquet(folder)
+        in_plan = None
+        for r in plan.ranges:
+            term = (
+                (F.col("_kafka_topic") == r.topic) & (F.col("_kafka_partition") == r.partition)
+                & (F.col("_kafka_offset") >= r.start) & (F.col("_kafka_offset") < r.end)
+            )
+            in_plan = term if in_plan is None else in_plan | term
+        for row in written.where(in_plan).groupBy("_kafka_topic", "_kafka_partition").count().collect():
+            processed.per_range[(row["_kafka_topic"], row["_kafka_partition"])]["rows_written"] = int(row["count"])
+    processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")
+    return files
+
+
+def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+    """Read, transform and commit exactly ``plan``'s ranges; never anything else.
+
+    If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
+    Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
+    if another writer won the commit race (invariant 10); nothing is committed then.
+    Backfill plans go to ``offsetlake.backfill`` (replace, no txn change).
+    """
+    if plan.kind == "backfill":
+        return execute_backfill_batch(config, plan, ledger, spark_factory)
+    started = time.monotonic()
+    if not check_plan_applies(open_table(config.sink_path), config, plan):
+        _record_existing_commit(config, plan, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, "already_committed", timings_ms={"total": 0})
+    spark = spark_factory()
+    processed = process_ranges(config, plan, spark)
+    files = write_rows(config, plan, processed, processed.rows, spark)
 
     t = time.monotonic()
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    table = ensure_table(config, to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False))
+    table = ensure_table(config, to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False))
     if not check_plan_applies(table, config, plan):
-        parsed.unpersist()
+        processed.parsed.unpersist()
         _record_existing_commit(config, plan, ledger)
-        return BatchResult(plan, "already_committed", timings_ms=timings)
-    entry = _entry(plan, per_range, started)
+        return BatchResult(plan, "already_committed", timings_ms=processed.timings_ms)
+    entry = _entry(plan, processed.per_range, started)
     version = commit_batch(table, config, plan, files, entry)
-    timings["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
-    parsed.unpersist()
+    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
+    processed.parsed.unpersist()
     failpoints.failpoint("after_commit")
 
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
-    timings["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, COMMITTED, version, per_range, timings)
+    processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
+    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+
+
+def execute_backfill_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+    """Run a recorded backfill plan; a rerun after its commit writes nothing and succeeds."""
+    from offsetlake.backfill import execute_backfill
+
+    started = time.monotonic()
+    done = {c.batch_id: c for c in sink_commits(open_table(config.sink_path), config.name)}
+    if plan.batch_id in done:
+        _record_existing_commit(config, plan, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, "already_committed", done[plan.batch_id].version, timings_ms={"total": 0})
+    version, entry, processed = execute_backfill(config, plan, spark_factory)
+    failpoints.failpoint("after_commit")
+    ledger.record_commit(SinkCommit(version, entry))
+    failpoints.failpoint("after_ledger")
+    processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
+    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
 def _record_existing_commit(config: PipelineConfig, plan: BatchPlan, ledger: Ledger) -> None:

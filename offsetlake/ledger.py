@@ -197,8 +197,8 @@ class Ledger:
             if not mine or any(r["status"] not in (COMMITTED, GAP) for r in mine):
                 rows.extend(rows_for_commit(commit))
         for batch_id, mine in latest.items():
-            if batch_id in in_sink or any(r["status"] != PLANNED for r in mine):
-                continue
+            if batch_id in in_sink or any(r["status"] != PLANNED for r in mine) or mine[0]["kind"] != "ingest":
+                continue  # backfills start below the committed end by design: never "moved past"
             moved = [r for r in mine if committed_ends.get((r["topic"], r["partition"]), -1) > r["start_offset"]]
             if moved:
                 winner = covering_batch(sink_commits, moved[0]["topic"], moved[0]["partition"], moved[0]["start_offset"])

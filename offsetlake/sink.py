@@ -32,7 +32,9 @@ from offsetlake.plan import BatchPlan
 
 log = logging.getLogger("offsetlake.sink")
 _MARKER = "offsetlake"
-_STAT_TYPES = (pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string)
+_STAT_TYPES = (
+    pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string, pa.types.is_boolean,
+)
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,10 @@ def file_stats(metadata: pq.FileMetaData) -> dict:
         if not complete:
             continue
         nulls[field.name] = null_count
-        if low is not None and not pa.types.is_string(field.type):
+        # Every column with values needs min and max: delta-rs turns a missing bound into a null
+        # guarantee and its pyarrow dataset then prunes the file for any filter on that column
+        # (seen here: a filter on _kafka_topic matched no rows).
+        if low is not None:
             mins[field.name], maxs[field.name] = _stat_value(low), _stat_value(high)
     return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 

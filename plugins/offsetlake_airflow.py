@@ -72,8 +72,41 @@ def plan_ingest(pipeline: str, **context) -> str | None:
     return plan.batch_id
 
 
+def plan_backfill_run(pipeline: str, **context) -> str:
+    """Backfill plan task: validate the trigger Params and record the ranges (reused on rerun).
+
+    Bad Params fail here with a message that says what to fix; nothing is committed.
+    """
+    from offsetlake.backfill import plan_backfill
+    from offsetlake.ledger import Ledger
+    from offsetlake.plan import RunContext
+
+    dag_run, ti, params = context["dag_run"], context["ti"], context["params"]
+    config = load_config(pipeline)
+    ledger = Ledger(config.ledger_path, config.name)
+    existing = ledger.plan_for_run(dag_run.dag_id, dag_run.run_id, "backfill")
+    if existing is not None:
+        log.info("pipeline %s backfill %s: reusing the recorded plan %s", pipeline, existing.batch_id, existing.describe())
+        return existing.batch_id
+    plan = plan_backfill(
+        config,
+        RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number),
+        partitions=list(params.get("partitions") or []) or None,
+        from_offset=params.get("from_offset"),
+        to_offset=params.get("to_offset"),
+        from_time=params.get("from_time") or None,
+        to_time=params.get("to_time") or None,
+    )
+    ledger.record_plan(plan)
+    log.info("pipeline %s backfill %s plan: %s", pipeline, plan.batch_id, plan.describe())
+    return plan.batch_id
+
+
 def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
-    """After the Delta commit only: publish committed ends as consumer-group offsets, log the summary."""
+    """After the Delta commit only: publish committed ends as consumer-group offsets, log the summary.
+
+    Backfills never move committed ends, so for them only the summary is logged.
+    """
     from offsetlake.batch import reconcile_ledger
     from offsetlake.kafka import commit_group_offsets
     from offsetlake.ledger import COMMITTED, Ledger
@@ -91,14 +124,16 @@ def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
         (r["topic"], r["partition"]): table.transaction_version(config.app_id(r["topic"], r["partition"]))
         for r in rows
     }
-    commit_group_offsets(config.kafka_client_config(), config.name, {k: v for k, v in ends.items() if v is not None})
+    if rows[0]["kind"] == "ingest":
+        commit_group_offsets(config.kafka_client_config(), config.name, {k: v for k, v in ends.items() if v is not None})
     summary = {
         "pipeline": pipeline, "batch_id": batch_id, "sink_version": rows[0]["sink_version"],
         "records_read": sum(r["records_read"] or 0 for r in rows),
         "rows_written": sum(r["rows_written"] or 0 for r in rows),
         "dead_letters": sum(r["dead_letters"] or 0 for r in rows),
         "ranges": [f"{r['topic']}[{r['partition']}] [{r['start_offset']}, {r['end_offset']})" for r in rows],
-        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()},
+        "kind": rows[0]["kind"],
+        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if rows[0]["kind"] == "ingest" else {},
     }
     log.info("batch summary %s", json.dumps(summary))
     return summary

@@ -126,3 +126,22 @@ def pipeline(broker: Broker, tmp_path: Path) -> Pipeline:
     p = Pipeline(name=f"p_{suffix}", topic=f"t_{suffix}", folder=folder, lake=tmp_path / "lake", bootstrap=broker.bootstrap)
     p.write()
     return p
+
+
+# Seen here: a Python process that used delta-rs datasets can abort during interpreter teardown
+# ("terminate called without an active exception") after all its work is done. The session's
+# fixtures have finished (broker stopped, Spark stopped) by pytest_unconfigure, so leave with
+# pytest's own exit status instead of letting teardown turn a green run into exit 134.
+_SESSION_EXIT: dict[str, int] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _SESSION_EXIT["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "status" in _SESSION_EXIT:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_SESSION_EXIT["status"])

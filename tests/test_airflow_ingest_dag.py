@@ -52,7 +52,8 @@ def test_every_pipeline_file_becomes_an_ingest_dag_without_import_errors(airflow
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
     listed = airflow(airflow_env, "dags", "list", "-o", "plain")
     assert listed.returncode == 0, listed.stderr[-2000:]
-    assert "orders_ingest" in listed.stdout and f"{pipeline.name}_ingest" in listed.stdout
+    for name in ("orders", pipeline.name):
+        assert f"{name}_ingest" in listed.stdout and f"{name}_backfill" in listed.stdout, listed.stdout
     errors = airflow(airflow_env, "dags", "list-import-errors", "-o", "plain")
     assert "offsetlake_dags.py" not in errors.stdout, errors.stdout
 
@@ -78,3 +79,33 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
     assert again.returncode == 0, output[-4000:]
     assert "caught up with the last stable offsets" in output
     assert "spark-submit" not in output.replace("Spark not started", "")
+
+
+def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, pipeline):
+    import json
+    import shutil
+
+    from deltalake import DeltaTable
+
+    config = pipeline.write(schedule=None)
+    shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+    assert airflow(airflow_env, "dags", "test", f"{pipeline.name}_ingest").returncode == 0
+    rows_before = DeltaTable(config.sink_path).count()
+    dag_id = f"{pipeline.name}_backfill"
+    version = DeltaTable(config.sink_path).version()
+
+    bad = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 50, "to_offset": 10}))
+    bad_output = bad.stdout + bad.stderr
+    assert "to_offset 10 must be greater than from_offset 50" in bad_output, bad_output[-3000:]
+    assert DeltaTable(config.sink_path).version() == version, "bad params must commit nothing"
+
+    good = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 10, "to_offset": 60}))
+    assert good.returncode == 0, (good.stdout + good.stderr)[-4000:]
+    assert DeltaTable(config.sink_path).version() == version + 1
+    assert DeltaTable(config.sink_path).count() == rows_before
+    backfills = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
+    assert [(r["partition"], r["start_offset"], r["end_offset"], r["dag_id"]) for r in backfills] == [(0, 10, 60, dag_id)]
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))

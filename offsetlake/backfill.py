@@ -1,0 +1,210 @@
+"""Backfill: reprocess offsets the pipeline has already passed, replacing their sink rows.
+
+Invariant 6: every sink row carries its Kafka coordinates, so reprocessing ``[a, b)`` of a
+partition removes the rows with those coordinates and adds the new ones in ONE commit; repeating
+a backfill changes nothing. A backfill works only below the pipeline's committed end and never
+moves the txn versions (new offsets belong to the ingest path). By-time backfills resolve to
+offsets with offsets_for_times first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import RemoveAction
+
+from offsetlake.config import PipelineConfig
+from offsetlake.dead_letters import range_filter
+from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.kafka import check_log_start, offsets_for_time
+from offsetlake.ledger import ledger_entry_json
+from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
+from offsetlake.sink import WrittenFiles, committed_ends, committed_version, open_table
+
+
+class BackfillParamsError(OffsetlakeError):
+    """The requested backfill range cannot be run as asked; the message says what to change."""
+
+
+def _parse_time(value: str, name: str, where: str) -> int:
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise BackfillParamsError(f"{where}: {name} '{value}' is not an ISO-8601 time such as 2026-11-01T00:00:00Z") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return int(stamp.timestamp() * 1000)
+
+
+def plan_backfill(
+    config: PipelineConfig,
+    run: RunContext,
+    partitions: list[int] | None = None,
+    from_offset: int | None = None,
+    to_offset: int | None = None,
+    from_time: str | None = None,
+    to_time: str | None = None,
+) -> BatchPlan:
+    """Validate the request and turn it into per-partition ranges below the committed end.
+
+    Offsets are half-open ``[from_offset, to_offset)``; times select the offsets whose record
+    timestamps fall in ``[from_time, to_time)`` (offsets_for_times). Raises BackfillParamsError
+    naming the pipeline and what to fix.
+    """
+    from offsetlake.batch import current_offsets
+
+    where = f"pipeline {config.name} backfill"
+    by_offset = from_offset is not None or to_offset is not None
+    by_time = bool(from_time) or bool(to_time)
+    if by_offset and by_time:
+        raise BackfillParamsError(f"{where}: give from_offset/to_offset or from_time/to_time, not both")
+    if not by_offset and not by_time:
+        raise BackfillParamsError(f"{where}: give from_offset and to_offset, or from_time and to_time")
+    if by_offset and (from_offset is None or to_offset is None):
+        raise BackfillParamsError(f"{where}: from_offset and to_offset are both required")
+    if by_time and not (from_time and to_time):
+        raise BackfillParamsError(f"{where}: from_time and to_time are both required")
+
+    offsets = current_offsets(config)
+    known = sorted(offsets)
+    chosen = sorted(set(partitions)) if partitions else known
+    unknown = [p for p in chosen if p not in offsets]
+    if unknown:
+        raise BackfillParamsError(
+            f"{where}: topic {config.topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
+        )
+    ends = committed_ends(open_table(config.sink_path), config, config.topic, chosen)
+
+    starts: dict[int, int]
+    stops: dict[int, int]
+    if by_time:
+        start_ms, stop_ms = _parse_time(from_time, "from_time", where), _parse_time(to_time, "to_time", where)
+        if stop_ms <= start_ms:
+            raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
+        client = config.kafka_client_config()
+        found_start = offsets_for_time(client, config.topic, chosen, start_ms, config.name)
+        found_stop = offsets_for_time(client, config.topic, chosen, stop_ms, config.name)
+        starts = {p: found_start[p] if found_start[p] >= 0 else offsets[p].last_stable for p in chosen}
+        stops = {p: found_stop[p] if found_stop[p] >= 0 else offsets[p].last_stable for p in chosen}
+    else:
+        if to_offset <= from_offset:
+            raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
+        starts = {p: from_offset for p in chosen}
+        stops = {p: to_offset for p in chosen}
+
+    ranges = []
+    for p in chosen:
+        lso, committed = offsets[p].last_stable, ends[p]
+        if by_offset and stops[p] > lso:
+            raise BackfillParamsError(
+                f"{where}: to_offset {stops[p]} is beyond the last stable offset {lso} of {config.topic}[{p}]"
+            )
+        limit = committed if committed is not None else 0
+        if by_time:
+            stops[p] = min(stops[p], limit)
+            starts[p] = min(starts[p], stops[p])
+        elif stops[p] > limit:
+            raise BackfillParamsError(
+                f"{where}: {config.topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
+                f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
+            )
+        if stops[p] > starts[p]:
+            check_log_start(offsets[p], starts[p], config.name)
+        ranges.append(OffsetRange(config.topic, p, starts[p], stops[p]))
+    if all(r.size == 0 for r in ranges):
+        raise BackfillParamsError(f"{where}: the requested range selects no committed offsets ({', '.join(map(str, ranges))})")
+    return BatchPlan(config.name, new_batch_id(config.name), "backfill", tuple(r for r in ranges if r.size), run)
+
+
+def touched_files(table: DeltaTable, ranges: list[OffsetRange]) -> list[dict]:
+    """Live files whose coordinate statistics overlap any range (those may hold rows to replace)."""
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    hits = []
+    for action in actions:
+        low_p, high_p = action.get("min._kafka_partition"), action.get("max._kafka_partition")
+        low_o, high_o = action.get("min._kafka_offset"), action.get("max._kafka_offset")
+        for r in ranges:
+            if None in (low_p, high_p, low_o, high_o) or (low_p <= r.partition <= high_p and low_o < r.end and high_o >= r.start):
+                hits.append(action)
+                break
+    return hits
+
+
+def kept_rows(table: DeltaTable, files: list[dict], ranges: list[OffsetRange]) -> pa.Table:
+    """Rows of ``files`` outside ``ranges`` (with partition columns), to be rewritten."""
+    dataset = table.to_pyarrow_dataset()
+    wanted = {f["path"] for f in files}
+    fragments = [f for f in dataset.get_fragments() if f.path in wanted]
+    subset = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+    return subset.to_table(filter=~range_filter(ranges))
+
+
+def commit_replace(
+    table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: dict
+) -> int:
+    """ONE commit: remove the touched files, add the rewritten + new ones, no txn change."""
+    now = int(time.time() * 1000)
+    removes = [
+        RemoveAction(
+            path=f["path"], data_change=True, deletion_timestamp=now, size=f["size_bytes"],
+            partition_values={c: _partition_text(f.get(f"partition.{c}")) for c in config.sink.partition_by} or None,
+        )
+        for f in removed
+    ]
+    try:
+        table.create_write_transaction(
+            [*removes, *new_files.actions],
+            mode="append",
+            schema=table.schema(),
+            partition_by=config.sink.partition_by or None,
+            commit_properties=CommitProperties(custom_metadata={"userMetadata": ledger_entry_json({**entry, "offsetlake": 1})}),
+            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
+        )
+    except CommitFailedError as err:
+        raise CommitConflictError(
+            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
+            f"that changed the same files; nothing was committed, run the backfill again: {err}"
+        ) from None
+    return committed_version(config.sink_path, plan.batch_id)
+
+
+def _partition_text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable):
+    """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
+
+    Returns (sink version, ledger entry, processed ranges). Raises CommitConflictError on a
+    conflict; running the same backfill again is always safe because it replaces, never appends.
+    """
+    from offsetlake.batch import _entry, log_step, process_ranges, write_rows
+
+    started = time.monotonic()
+    table = open_table(config.sink_path)
+    if table is None:
+        raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
+    spark = spark_factory()
+    processed = process_ranges(config, plan, spark)
+    removed = touched_files(table, list(plan.ranges))
+    rows = processed.rows
+    if removed:
+        kept = kept_rows(table, removed, list(plan.ranges))
+        if kept.num_rows:
+            rows = rows.unionByName(spark.createDataFrame(kept).select(*rows.columns))
+    files = write_rows(config, plan, processed, rows, spark)
+    t = time.monotonic()
+    entry = _entry(plan, processed.per_range, started)
+    entry["message"] = f"replaced rows of {plan.describe()}; rewrote {len(removed)} files"
+    version = commit_replace(table, config, plan, files, removed, entry)
+    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(removed))
+    processed.parsed.unpersist()
+    return version, entry, processed

@@ -1,0 +1,121 @@
+"""Invariant 6: a backfill replaces exactly its range, repeats identically, never moves txn versions."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+from confluent_kafka import Consumer, TopicPartition
+from deltalake import DeltaTable
+from kafka_truth import ledger_rows
+
+from offsetlake.batch import run_pipeline
+from offsetlake.plan import RunContext
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+TRANSFORM = '''
+from pyspark.sql import functions as F
+
+
+def cents(rows):
+    return rows.withColumn("amount", F.round(F.col("amount") * 100, 2))
+'''
+
+
+def _rows(config) -> list[tuple]:
+    table = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(
+        columns=["_kafka_partition", "_kafka_offset", "order_id", "amount"])
+    return sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
+
+
+def _txns(config, partitions) -> dict[int, int | None]:
+    table = DeltaTable(config.sink_path)
+    return {p: table.transaction_version(config.app_id(config.topic, p)) for p in partitions}
+
+
+def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(pipeline, spark):
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0, malformed_every=97)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 800, first_id=5_000, partition=1)
+    run_pipeline(config, RunContext("ingest"), lambda: spark)
+    before = _rows(config)
+    txns = _txns(config, [0, 1])
+    dead_before = DeltaTable(config.dead_letter_path).count()
+
+    (pipeline.folder / "cents.py").write_text(TRANSFORM)
+    config = pipeline.write(transform="cents:cents")
+    done = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "100", "--to-offset", "600")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["kind"] == "backfill" and summary["ranges"][0]["start"] == 100 and summary["ranges"][0]["end"] == 600
+
+    after = _rows(config)
+    assert len(after) == len(before), "a backfill must not change the row count"
+    old = {(p, o): (oid, amount) for p, o, oid, amount in before}
+    for p, o, _oid, amount in after:
+        if p == 0 and 100 <= o < 600:
+            assert amount == round(old[(p, o)][1] * 100, 2), f"row {p}/{o} was not reprocessed"
+        else:
+            assert amount == old[(p, o)][1], f"row {p}/{o} outside the range changed"
+    assert _txns(config, [0, 1]) == txns, "a backfill must never move txn versions"
+    assert DeltaTable(config.dead_letter_path).count() == dead_before
+    kinds = {(r["kind"], r["status"]) for r in ledger_rows(config)}
+    assert ("backfill", "committed") in kinds
+
+    again = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "100", "--to-offset", "600")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _rows(config) == after, "repeating a backfill must leave the content identical"
+    assert pipeline.cli("audit").returncode == 0
+
+
+def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, spark):
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 300)
+    run_pipeline(config, RunContext("ingest"), lambda: spark)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100, first_id=10_000, partition=0)
+    version = DeltaTable(config.sink_path).version()
+    committed = _txns(config, [0])[0]
+    cases = [
+        (["--from-offset", "50", "--to-offset", "50"], "must be greater than from_offset"),
+        (["--from-offset", "0", "--to-offset", str(committed + 50)], f"use to_offset <= {committed}"),
+        (["--from-offset", "0", "--to-offset", "10000000"], "beyond the last stable offset"),
+        (["--partitions", "7", "--from-offset", "0", "--to-offset", "10"], "has no partition 7"),
+        (["--from-offset", "0", "--to-offset", "10", "--from-time", "2026-01-01T00:00:00Z"], "not both"),
+        (["--from-time", "yesterday", "--to-time", "2026-01-01T00:00:00Z"], "not an ISO-8601 time"),
+    ]
+    for args, expected in cases:
+        result = pipeline.cli("backfill", *args)
+        assert result.returncode == 2, (args, result.stderr[-1500:])
+        assert expected in result.stderr and pipeline.name in result.stderr, (args, result.stderr[-1500:])
+        assert "Traceback" not in result.stderr
+    assert DeltaTable(config.sink_path).version() == version
+
+
+def test_backfill_by_time_selects_the_offsets_offsets_for_times_gives(pipeline, spark):
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 200, partition=0)
+    time.sleep(1.5)
+    t1 = datetime.now(UTC)
+    time.sleep(0.2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 150, first_id=1_000, partition=0)
+    time.sleep(0.2)
+    t2 = datetime.now(UTC)
+    time.sleep(1.5)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100, first_id=2_000, partition=0)
+    run_pipeline(config, RunContext("ingest"), lambda: spark)
+
+    consumer = Consumer({"bootstrap.servers": pipeline.bootstrap, "group.id": "truth-times"})
+    expected = [consumer.offsets_for_times([TopicPartition(pipeline.topic, 0, int(t.timestamp() * 1000))], 10)[0].offset
+                for t in (t1, t2)]
+    consumer.close()
+    assert expected[1] - expected[0] == 150, f"test setup: the middle batch should be 150 records, got {expected}"
+
+    done = pipeline.cli("backfill", "--from-time", t1.isoformat(), "--to-time", t2.isoformat())
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(r["start"], r["end"]) for r in summary["ranges"]] == [tuple(expected)]
+    assert summary["records_read"] == 150
