@@ -1,0 +1,90 @@
+"""A failed ingest cleared through the REST API (as the UI does) reruns exactly the same ranges.
+
+Real Airflow: api-server, scheduler and dag-processor on a SQLite home, LocalExecutor, the DAG
+run triggered, failed by a one-shot failpoint in the spark-submit job, cleared, rerun.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+
+from offsetlake.local_broker import free_port
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from local_airflow import LocalAirflow  # noqa: E402
+
+
+@pytest.fixture
+def running_airflow(tmp_path: Path, pipeline):
+    folder = tmp_path / "airflow_pipelines"
+    folder.mkdir()
+    airflow = LocalAirflow(
+        tmp_path / "airflow_home", free_port(),
+        extra_env={
+            "OFFSETLAKE_PIPELINES_DIR": str(folder),
+            "OFFSETLAKE_TASK_RETRIES": "0",
+            "OFFSETLAKE_FAILPOINT_FILE": str(tmp_path / "failpoint"),
+        },
+    )
+    airflow.pipelines = folder
+    airflow.failpoint_file = tmp_path / "failpoint"
+    airflow.start()
+    try:
+        yield airflow
+    finally:
+        airflow.stop()
+
+
+
+def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow, pipeline):
+    airflow = running_airflow
+    config = pipeline.write(schedule=None)
+    shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 3_000, malformed_every=101)
+    dag_id = f"{pipeline.name}_ingest"
+    airflow.wait_for_dag(dag_id)
+
+    # 1. the first try of ingest dies after reading; the run fails; a clear reruns the same plan
+    airflow.failpoint_file.write_text("after_read")
+    run_id = airflow.trigger(dag_id)
+    assert airflow.wait_for_run(dag_id, run_id) == "failed"
+    assert airflow.task_states(dag_id, run_id)["ingest"][0] == "failed"
+    assert not airflow.failpoint_file.exists(), "the failpoint did not fire"
+    planned = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+               for r in ledger_rows(config) if r["status"] == "planned" and r["run_id"] == run_id}
+    assert planned, "the plan task must have recorded the run's ranges"
+    assert not DeltaTable.is_deltatable(config.sink_path), "nothing may be committed by a try that died after reading"
+
+    airflow.clear(dag_id, run_id, only_failed=False)  # the whole run, plan included
+    assert airflow.wait_for_run(dag_id, run_id) == "success"
+    states = airflow.task_states(dag_id, run_id)
+    assert states["plan"] == ("success", 2) and states["ingest"] == ("success", 2), states
+    committed = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+                 for r in ledger_rows(config) if r["status"] == "committed"}
+    assert committed == planned, "the rerun must commit exactly the ranges planned by the failed try"
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+
+    # 2. the first try dies right after its commit; the rerun writes nothing and succeeds
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=50_000)
+    airflow.failpoint_file.write_text("after_commit")
+    run_id = airflow.trigger(dag_id)
+    assert airflow.wait_for_run(dag_id, run_id) == "failed"
+    version_after_commit = DeltaTable(config.sink_path).version()
+    airflow.clear(dag_id, run_id)
+    assert airflow.wait_for_run(dag_id, run_id) == "success"
+    assert airflow.task_states(dag_id, run_id)["ingest"] == ("success", 2)
+    assert DeltaTable(config.sink_path).version() == version_after_commit, "the rerun must not write again"
+    mine = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "committed"]
+    assert mine and {r["sink_version"] for r in mine} == {version_after_commit}
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    assert pipeline.cli("audit").returncode == 0
