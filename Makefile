@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup test demo lint lock clean
+.PHONY: setup test demo airflow lint lock clean
 
 setup: $(STAMP) ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -21,8 +21,11 @@ $(STAMP): requirements.lock pyproject.toml
 test: setup ## the whole suite: starts its own broker, one Spark session, temp lakes
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-demo: setup ## embedded default: local broker + generated orders + offsetlake run + ledger + audit
+demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py
+
+airflow: setup ## Airflow UI and services on 127.0.0.1 (AIRFLOW_PORT, default 8080); prints the login
+	$(PY) scripts/airflow_ui.py
 
 lint: setup
 	$(VENV)/bin/ruff check offsetlake jobs dags plugins pipelines tests scripts bench
@@ -33,4 +36,4 @@ lock: ## re-resolve requirements.txt into requirements.lock
 	 .lockvenv/bin/pip freeze --exclude-editable) > requirements.lock && rm -rf .lockvenv
 
 clean:
-	rm -rf lake .noida .pytest_cache
+	rm -rf lake .noida .airflow .pytest_cache

@@ -43,7 +43,8 @@ def ingest_dag(config: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"{config.name}_ingest",
         description=f"Kafka topic {config.topic} → Delta {config.sink_path}, exactly once",
-        schedule=config.schedule,
+        # OFFSETLAKE_DISABLE_SCHEDULES=1 (demo, tests) keeps runs to the ones triggered on purpose.
+        schedule=None if os.environ.get("OFFSETLAKE_DISABLE_SCHEDULES") == "1" else config.schedule,
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,

@@ -1,22 +1,31 @@
-"""`make demo`: the CLI path on the embedded default, unattended.
+"""`make demo`: the embedded default end to end, unattended.
 
-Starts the noida-db broker (data in .noida/, or uses $KAFKA_BOOTSTRAP_SERVERS), creates the
-`orders` topic with ~100k events including malformed ones, an aborted and a committed
-transaction, runs `offsetlake run orders` twice with new events in between, then prints the
-status, the ledger, the row counts and the audit result.
+1. the noida-db broker (data in .noida/) with an `orders` topic: 3 partitions, ~100k events
+   including malformed ones, an aborted and a committed transaction;
+2. Airflow on a SQLite home in .airflow/ (api-server, scheduler, dag-processor on 127.0.0.1);
+3. an `orders_ingest` run; then new events and a run whose ingest dies on its first try (a
+   one-shot failpoint), is cleared through the REST API like the UI's Clear button, and reruns
+   the same ranges; then an `orders_backfill` run over one partition range;
+4. the ledger, row counts, the audit and where the tables and logs are.
+
+With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of noida-db.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-from offsetlake.local_broker import LocalBroker  # noqa: E402
+from local_airflow import LocalAirflow  # noqa: E402
+
+from offsetlake.local_broker import LocalBroker, free_port  # noqa: E402
 from offsetlake.sample_data import ensure_topic, produce_orders, produce_transaction  # noqa: E402
 
 
@@ -28,21 +37,38 @@ def offsetlake(*args: str, check: bool = True) -> int:
     return done.returncode
 
 
+def say(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def run_dag(airflow: LocalAirflow, dag_id: str, conf: dict | None = None, expect: str = "success") -> str:
+    run_id = airflow.trigger(dag_id, conf)
+    state = airflow.wait_for_run(dag_id, run_id)
+    tasks = ", ".join(f"{task}={state}/try {tries}" for task, (state, tries) in sorted(airflow.task_states(dag_id, run_id).items()))
+    print(f"{dag_id} run {run_id}: {state} ({tasks})", flush=True)
+    if state != expect:
+        raise SystemExit(f"{dag_id} run {run_id} ended {state}, expected {expect}; logs under {airflow.home / 'logs'}")
+    return run_id
+
+
 def main() -> int:
     lake = ROOT / "lake"
-    os.environ.setdefault("OFFSETLAKE_LAKE", str(lake))
-    os.environ.setdefault("OFFSETLAKE_PIPELINES_DIR", str(ROOT / "pipelines"))
+    os.environ["OFFSETLAKE_LAKE"] = str(lake)
+    os.environ["OFFSETLAKE_PIPELINES_DIR"] = str(ROOT / "pipelines")
+    shutil.rmtree(lake, ignore_errors=True)
+    shutil.rmtree(ROOT / ".airflow", ignore_errors=True)
     broker = None
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        import shutil
-
         shutil.rmtree(ROOT / ".noida", ignore_errors=True)
-        shutil.rmtree(lake, ignore_errors=True)
         broker = LocalBroker(ROOT / ".noida" / "data", log_path=ROOT / ".noida" / "broker.log").start()
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
         print(f"started noida-db broker on {broker.bootstrap} (pid {broker.process.pid})")
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     topic = os.environ.setdefault("ORDERS_TOPIC", "orders")
+    failpoint = ROOT / ".airflow" / "failpoint"
+    airflow = LocalAirflow(ROOT / ".airflow", int(os.environ.get("AIRFLOW_PORT", free_port())), extra_env={
+        "OFFSETLAKE_DISABLE_SCHEDULES": "1", "OFFSETLAKE_TASK_RETRIES": "0", "OFFSETLAKE_FAILPOINT_FILE": str(failpoint),
+    })
     try:
         ensure_topic(bootstrap, topic, 3)
         next_id = produce_orders(bootstrap, topic, 60_000, malformed_every=500)
@@ -50,21 +76,47 @@ def main() -> int:
         next_id = produce_transaction(bootstrap, topic, 500, next_id, commit=True, transactional_id="demo-committed")
         print(f"produced 60,000 events (every 500th malformed), 500 aborted and 500 committed transactional events to '{topic}'")
         offsetlake("status", "orders")
-        offsetlake("run", "orders")
+
+        say(f"starting Airflow on {airflow.url} (SQLite home {airflow.home})")
+        airflow.start()
+        airflow.wait_for_dag("orders_ingest")
+        airflow.wait_for_dag("orders_backfill")
+
+        say("orders_ingest: a normal run")
+        run_dag(airflow, "orders_ingest")
+
         produce_orders(bootstrap, topic, 40_000, first_id=next_id, malformed_every=1000)
-        print("\nproduced 40,000 more events")
-        offsetlake("run", "orders")
-        offsetlake("status", "orders")
+        say("produced 40,000 more events; orders_ingest again, its ingest killed on the first try (failpoint after_read)")
+        failpoint.write_text("after_read")
+        failed_run = run_dag(airflow, "orders_ingest", expect="failed")
+        say("clearing the failed run through the REST API, as the UI's Clear button does")
+        airflow.clear("orders_ingest", failed_run)
+        state = airflow.wait_for_run("orders_ingest", failed_run)
+        print(f"orders_ingest run {failed_run} after clear: {state} "
+              f"(ingest try {airflow.task_states('orders_ingest', failed_run)['ingest'][1]})")
+
+        say("orders_backfill: reprocess orders[0] offsets [1000, 3000), replacing those rows")
+        run_dag(airflow, "orders_backfill", {"partitions": [0], "from_offset": 1000, "to_offset": 3000})
+    except BaseException:
+        airflow.stop()
+        if broker is not None:
+            broker.stop()
+        raise
+    airflow.stop()
+    try:
         offsetlake("ledger", "orders")
         from deltalake import DeltaTable
 
         sink = DeltaTable(str(lake / "orders"))
         dead = DeltaTable(str(lake / "_dead_letters" / "orders"))
         print(f"\nsink rows: {sink.count()}  dead letters: {dead.count()}  sink version: {sink.version()}")
+        offsetlake("status", "orders")
         code = offsetlake("audit", "orders", check=False)
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
+        print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
         if broker is not None:
             print(f"broker log: {broker.log_path}")
+        print("browse the same DAGs in the UI with `make airflow`")
         return code
     finally:
         if broker is not None:
