@@ -12,7 +12,6 @@ import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, Param
 
@@ -20,7 +19,13 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 if str(PROJECT_DIR / "plugins") not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR / "plugins"))
 
-from offsetlake_airflow import pipelines_folder, plan_backfill_run, plan_ingest, publish_batch  # noqa: E402
+from offsetlake_airflow import (  # noqa: E402
+    ingest_operator_class,
+    pipelines_folder,
+    plan_backfill_run,
+    plan_ingest,
+    publish_batch,
+)
 
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline  # noqa: E402
 from offsetlake.errors import ConfigError  # noqa: E402
@@ -65,9 +70,10 @@ def ingest_dag(config: PipelineConfig) -> DAG:
     return dag
 
 
-def _ingest_task(config: PipelineConfig) -> SparkSubmitOperator:
+def _ingest_task(config: PipelineConfig):
     """spark-submit of jobs/ingest_job.py for exactly the batch the plan task recorded."""
-    return SparkSubmitOperator(
+    return ingest_operator_class()(
+        pipeline=config.name,
         task_id="ingest",
         application=INGEST_JOB,
         conn_id="spark_default",

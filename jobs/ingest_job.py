@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     from offsetlake.batch import execute_recorded_batch
-    from offsetlake.config import load_pipeline
+    from offsetlake.config import kafka_overrides_from_env, load_pipeline
     from offsetlake.errors import OffsetlakeError
     from offsetlake.spark import spark_session, stop_spark
 
     try:
-        config = load_pipeline(args.pipeline, args.pipelines_dir)
+        config = load_pipeline(args.pipeline, args.pipelines_dir).with_kafka_overrides(*kafka_overrides_from_env())
         result = execute_recorded_batch(config, args.batch_id, spark_session)
     except OffsetlakeError as err:
         print(f"ingest_job: error: {err}", file=sys.stderr)

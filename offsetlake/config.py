@@ -8,6 +8,7 @@ logged: ``PipelineConfig.redacted_kafka_options`` is the only view of them meant
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -155,6 +156,16 @@ class PipelineConfig(_Strict):
         """Delta txn appId for one topic-partition of this pipeline (invariant 2)."""
         return f"{self.name}:{topic}:{partition}"
 
+    def with_kafka_overrides(self, bootstrap_servers: str | None, options: dict[str, str]) -> PipelineConfig:
+        """This config with Kafka settings from elsewhere (e.g. an Airflow connection) on top."""
+        if not bootstrap_servers and not options:
+            return self
+        kafka = KafkaSettings.model_validate({
+            "bootstrap_servers": bootstrap_servers or self.kafka.bootstrap_servers,
+            "options": {**self.kafka.options, **options},
+        })
+        return self.model_copy(update={"kafka": kafka})
+
     def __repr__(self) -> str:  # keep secrets out of tracebacks and debug logs
         return f"PipelineConfig(name={self.name!r}, topic={self.topic!r}, file={self.source_file!r})"
 
@@ -240,6 +251,22 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
                 f"partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}"
             )
     return config
+
+
+KAFKA_OVERRIDES_ENV = "OFFSETLAKE_KAFKA_OVERRIDES"
+
+
+def kafka_overrides_from_env() -> tuple[str | None, dict[str, str]]:
+    """``$OFFSETLAKE_KAFKA_OVERRIDES`` = {"bootstrap_servers": ..., "options": {...}}, as an
+    orchestrator hands a job the Kafka settings it keeps as secrets (never on a command line)."""
+    raw = os.environ.get(KAFKA_OVERRIDES_ENV)
+    if not raw:
+        return None, {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"${KAFKA_OVERRIDES_ENV} is not JSON") from None
+    return data.get("bootstrap_servers"), {str(k): str(v) for k, v in (data.get("options") or {}).items()}
 
 
 def all_pipeline_files(directory: Path | None = None) -> list[Path]:

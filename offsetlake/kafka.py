@@ -31,17 +31,6 @@ class PartitionOffsets:
     last_stable: int  # LSO: exclusive end of what read_committed may see
 
 
-@dataclass(frozen=True)
-class KafkaRecord:
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-
-
 def _admin(client_config: dict[str, str]) -> AdminClient:
     return AdminClient(dict(client_config))
 

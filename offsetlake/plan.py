@@ -8,7 +8,7 @@ version); ``end`` is at most the Last Stable Offset seen when planning.
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from offsetlake.kafka import PartitionOffsets
@@ -59,18 +59,6 @@ class BatchPlan:
 
     def describe(self) -> str:
         return ", ".join(str(r) for r in self.ranges if r.size) or "nothing"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "pipeline": self.pipeline,
-            "batch_id": self.batch_id,
-            "kind": self.kind,
-            "run_id": self.run.run_id,
-            "dag_id": self.run.dag_id,
-            "try_number": self.run.try_number,
-            "planned_at": self.planned_at.isoformat(),
-            "ranges": [asdict(r) for r in self.ranges],
-        }
 
 
 def new_batch_id(pipeline: str) -> str:

@@ -44,14 +44,29 @@ def load_config(pipeline: str):
     from offsetlake.config import load_pipeline
 
     config = load_pipeline(pipeline, pipelines_folder())
-    servers, options = _connection_overrides(config.name)
-    if not servers and not options:
-        return config
-    kafka = config.kafka.model_copy(update={
-        "bootstrap_servers": servers or config.kafka.bootstrap_servers,
-        "options": {**config.kafka.options, **options},
-    })
-    return config.model_copy(update={"kafka": kafka})
+    return config.with_kafka_overrides(*_connection_overrides(config.name))
+
+
+def ingest_operator_class():
+    """SparkSubmitOperator that hands the job the pipeline's Kafka connection through the
+    environment ($OFFSETLAKE_KAFKA_OVERRIDES), resolved at run time inside the task."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
+        def __init__(self, *, pipeline: str, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.pipeline = pipeline
+
+        def execute(self, context):
+            from offsetlake.config import KAFKA_OVERRIDES_ENV
+
+            servers, options = _connection_overrides(self.pipeline)
+            if servers or options:  # never on the command line, which the hook logs
+                self.env_vars = {**(self.env_vars or {}), KAFKA_OVERRIDES_ENV: json.dumps(
+                    {"bootstrap_servers": servers, "options": options})}
+            return super().execute(context)
+
+    return OffsetlakeSparkSubmitOperator
 
 
 def plan_ingest(pipeline: str, **context) -> str | None:

@@ -59,10 +59,17 @@ def test_every_pipeline_file_becomes_an_ingest_dag_without_import_errors(airflow
 
 
 def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(airflow_env, pipeline):
+    import json
     import shutil
 
-    config = pipeline.write(schedule=None)
+    # The YAML names a dead broker; the Airflow connection kafka_<pipeline> holds the real one,
+    # so the run only works if plan, the spark-submit job and publish all take Kafka from it.
+    host, port = pipeline.bootstrap.rsplit(":", 1)
+    airflow_env = {**airflow_env, f"AIRFLOW_CONN_KAFKA_{pipeline.name.upper()}": json.dumps(
+        {"conn_type": "generic", "host": host, "port": int(port), "extra": {"client.id": "from-airflow-connection"}})}
+    pipeline.write(schedule=None, kafka={"bootstrap_servers": "127.0.0.1:1"})
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    config = pipeline.config().with_kafka_overrides(pipeline.bootstrap, {})
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
     produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, malformed_every=301)
     dag_id = f"{pipeline.name}_ingest"
