@@ -187,13 +187,15 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     conflict; running the same backfill again is always safe because it replaces, never appends.
     """
     from offsetlake.batch import _entry, log_step, process_ranges, write_rows
+    from offsetlake.validation import load_suite
 
     started = time.monotonic()
     table = open_table(config.sink_path)
     if table is None:
         raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
+    suite = load_suite(config)
     spark = spark_factory()
-    processed = process_ranges(config, plan, spark)
+    processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
     removed = touched_files(table, list(plan.ranges))
     rows = processed.rows
     if removed:
@@ -202,9 +204,9 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
             rows = rows.unionByName(spark.createDataFrame(kept).select(*rows.columns))
     files = write_rows(config, plan, processed, rows, spark)
     t = time.monotonic()
-    entry = _entry(plan, processed.per_range, started)
+    entry = _entry(plan, processed.per_range, started, processed.validation)
     entry["message"] = f"replaced rows of {plan.describe()}; rewrote {len(removed)} files"
     version = commit_replace(table, config, plan, files, removed, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(removed))
-    processed.parsed.unpersist()
+    processed.release()
     return version, entry, processed

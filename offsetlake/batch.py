@@ -34,6 +34,7 @@ from offsetlake.sink import (
     sink_commits,
     staging_dir,
 )
+from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.batch")
 MAX_CONFLICT_REPLANS = 5
@@ -136,8 +137,8 @@ def _no_files() -> WrittenFiles:
     return WrittenFiles(actions=[], rows=0, schema=pa.schema([]))
 
 
-def _entry(plan: BatchPlan, per_range: dict, started: float) -> dict:
-    return {
+def _entry(plan: BatchPlan, per_range: dict, started: float, validation: dict | None = None) -> dict:
+    entry = {
         "pipeline": plan.pipeline,
         "batch_id": plan.batch_id,
         "kind": plan.kind,
@@ -153,21 +154,34 @@ def _entry(plan: BatchPlan, per_range: dict, started: float) -> dict:
             for r in plan.ranges
         ],
     }
+    if validation is not None:
+        entry["validation"] = validation
+    return entry
 
 
 # ---- executing ------------------------------------------------------------------------------
 @dataclass
 class ProcessedRanges:
-    """A batch after read → parse → dead letters → transform: rows ready to be written."""
+    """A batch after read → parse → transform → validate → dead letters: rows ready to be written."""
 
     rows: object  # pyspark DataFrame of sink rows
-    parsed: object  # the persisted parsed DataFrame; unpersist when done
+    cached: list  # persisted DataFrames; ``release`` when the batch is done
     per_range: dict[tuple[str, int], dict[str, int]]
     timings_ms: dict[str, int]
+    validation: dict | None = None  # the Great Expectations summary, None without a suite
+
+    def release(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
+        self.cached.clear()
 
 
-def process_ranges(config: PipelineConfig, plan: BatchPlan, spark) -> ProcessedRanges:
-    """Read the plan's ranges once, count them, replace their dead letters, transform the rest."""
+def process_ranges(config: PipelineConfig, plan: BatchPlan, spark, suite=None) -> ProcessedRanges:
+    """Read the plan's ranges once, count them, transform, validate (invariant 9), then replace
+    their dead letters (parse failures and quarantined records) in one write.
+
+    Raises ValidationFailedError when the batch must not commit; nothing was written then.
+    """
     from pyspark.sql import functions as F
 
     from offsetlake.reader import read_ranges
@@ -184,6 +198,7 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark) -> ProcessedR
     t = time.monotonic()
     raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds)
     parsed = parse_json(raw, config).persist()
+    processed = ProcessedRanges(None, [parsed], per_range, timings)
     counts = (
         parsed.groupBy("topic", "partition")
         .agg(F.count("*").alias("records_read"), F.sum(F.col(REASON).isNotNull().cast("long")).alias("dead_letters"))
@@ -193,16 +208,56 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark) -> ProcessedR
         per_range[(row["topic"], row["partition"])].update(
             records_read=int(row["records_read"]), dead_letters=int(row["dead_letters"] or 0)
         )
-    timings["read"] = log_step("read", plan, t, records=sum(v["records_read"] for v in per_range.values()))
+    records = sum(v["records_read"] for v in per_range.values())
+    timings["read"] = log_step("read", plan, t, records=records)
     failpoints.failpoint("after_read")
 
-    t = time.monotonic()
-    dead_count = sum(v["dead_letters"] for v in per_range.values())
-    dead = dead_letter_rows(parsed, config, plan.batch_id).toArrow() if dead_count else DEAD_LETTER_SCHEMA.empty_table()
-    replace_dead_letters(config, sized, dead)
-    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=dead.num_rows)
     rows = apply_transform(good_rows(parsed, config), config)
-    return ProcessedRanges(rows, parsed, per_range, timings)
+    dead = dead_letter_rows(parsed, config, plan.batch_id) if any(v["dead_letters"] for v in per_range.values()) else None
+    try:
+        if suite is not None and records:
+            rows, quarantined = _validate(config, plan, suite, rows, parsed, processed)
+            dead = quarantined if dead is None else (dead if quarantined is None else dead.unionByName(quarantined))
+    except Exception:
+        processed.release()
+        raise
+
+    t = time.monotonic()
+    table = dead.toArrow() if dead is not None else DEAD_LETTER_SCHEMA.empty_table()
+    replace_dead_letters(config, sized, table)
+    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows)
+    processed.rows = rows
+    return processed
+
+
+def _validate(config: PipelineConfig, plan: BatchPlan, suite, rows, parsed, processed: ProcessedRanges):
+    """Gate the batch with its suite; returns (rows to write, quarantined dead letters or None)."""
+    from offsetlake.validation import apply_quarantine, validate_rows, write_report
+
+    t = time.monotonic()
+    rows = rows.persist()
+    processed.cached.append(rows)
+    try:
+        validation = validate_rows(rows, suite, config, plan)
+    except Exception as err:
+        summary = getattr(err, "summary", None)
+        log_step("validate", plan, t, outcome="failed", failed=len(summary["failed"]) if summary else "error",
+                 report=summary.get("report") if summary else None)
+        raise
+    quarantined = None
+    if validation.quarantine:
+        rows, quarantined, per_partition, bad = apply_quarantine(rows, parsed, validation, config, plan.batch_id)
+        processed.cached.append(bad)
+        for key, count in per_partition.items():
+            processed.per_range[key]["dead_letters"] += count
+            processed.per_range[key]["quarantined"] = count
+    validation.summary["report"] = write_report(config, plan, validation.summary)
+    processed.validation = validation.summary
+    processed.timings_ms["validate"] = log_step(
+        "validate", plan, t, outcome=validation.summary["outcome"], failed=len(validation.summary["failed"]),
+        quarantined=validation.summary.get("quarantined_records", 0), report=validation.summary["report"],
+    )
+    return rows, quarantined
 
 
 def write_rows(config: PipelineConfig, plan: BatchPlan, processed: ProcessedRanges, rows, spark) -> WrittenFiles:
@@ -244,8 +299,9 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
         _record_existing_commit(config, plan, ledger)
         log_step("skip", plan, started, reason="already_committed")
         return BatchResult(plan, "already_committed", timings_ms={"total": 0})
+    suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
     spark = spark_factory()
-    processed = process_ranges(config, plan, spark)
+    processed = process_ranges(config, plan, spark, suite)
     files = write_rows(config, plan, processed, processed.rows, spark)
 
     t = time.monotonic()
@@ -253,13 +309,13 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
 
     table = ensure_table(config, to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False))
     if not check_plan_applies(table, config, plan):
-        processed.parsed.unpersist()
+        processed.release()
         _record_existing_commit(config, plan, ledger)
         return BatchResult(plan, "already_committed", timings_ms=processed.timings_ms)
-    entry = _entry(plan, processed.per_range, started)
+    entry = _entry(plan, processed.per_range, started, processed.validation)
     version = commit_batch(table, config, plan, files, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
-    processed.parsed.unpersist()
+    processed.release()
     failpoints.failpoint("after_commit")
 
     ledger.record_commit(SinkCommit(version, entry))
@@ -325,7 +381,8 @@ def run_pipeline(
     """Run batches until caught up with the LSO seen at the start (or ``max_batches``).
 
     Each batch's plan is in the ledger before it reads. A commit lost to a concurrent writer is
-    recorded as ``superseded`` and the run re-plans from the new committed ends.
+    recorded as ``superseded`` and the run re-plans from the new committed ends. A run id that
+    left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan first.
     """
     ledger = Ledger(config.ledger_path, config.name)
     started = time.monotonic()
@@ -334,14 +391,21 @@ def run_pipeline(
     log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
     results: list[BatchResult] = []
     conflicts = 0
+    # Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one that
+    # failed validation, with exactly its recorded ranges (invariant 3).
+    resume = ledger.unfinished_plan(run.run_id, run.dag_id)
     while max_batches is None or len(results) < max_batches:
         t = time.monotonic()
-        plan = plan_next_batch(config, run, ledger, limit)
-        if plan is None:
-            log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
-            break
-        ledger.record_plan(plan)
-        log_step("plan", plan, t, offsets=plan.offsets)
+        if resume is not None:
+            plan, resume = resume, None
+            log_step("plan", plan, t, reused="true", offsets=plan.offsets)
+        else:
+            plan = plan_next_batch(config, run, ledger, limit)
+            if plan is None:
+                log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
+                break
+            ledger.record_plan(plan)
+            log_step("plan", plan, t, offsets=plan.offsets)
         failpoints.failpoint("after_plan")
         try:
             result = execute_batch(config, plan, ledger, spark_factory)
@@ -399,6 +463,7 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
 
 
 def record_failure(ledger: Ledger, plan: BatchPlan, err: Exception) -> None:
-    """A batch that raised gets a ``failed`` ledger row saying why (our errors verbatim)."""
+    """A batch that raised gets a ``failed`` ledger row saying why (our errors verbatim), with the
+    validation summary and report when its expectations failed."""
     message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
-    ledger.record_outcome(plan, FAILED, message=message[:2000])
+    ledger.record_outcome(plan, FAILED, message=message[:4000], validation=getattr(err, "summary", None))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import OffsetlakeError
+from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.cli")
 
@@ -26,8 +27,13 @@ DESCRIPTION = """\
 Move exact Kafka offset ranges into Delta Lake tables, exactly once.
 
 Each batch's data files, its Kafka offset advance (Delta txn per partition) and its ledger entry
-are one Delta commit on the sink table. PIPELINE is a name under the pipelines folder
-(--pipelines-dir, $OFFSETLAKE_PIPELINES_DIR, default ./pipelines) or a path to a .yaml file.
+are one Delta commit on the sink table, made only after the batch passed the pipeline's Great
+Expectations suite (pipelines/<name>.expectations.yaml, if present). PIPELINE is a name under
+the pipelines folder (--pipelines-dir, $OFFSETLAKE_PIPELINES_DIR, default ./pipelines) or a path
+to a .yaml file.
+
+exit status: 0 ok, 1 audit found problems, 2 error (message on stderr), 3 a batch failed
+validation and nothing was committed (message lists the failed expectations and the report).
 """
 
 
@@ -50,11 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="ingest batches until caught up with the last stable offset seen at start",
         description="Plan, read, transform and commit batches until every partition reaches the last stable "
         "offset (LSO) seen when the run started. Prints one JSON summary line per batch on stdout. "
-        "A concurrent writer that wins a commit makes this run re-plan; nothing is committed twice.",
+        "A concurrent writer that wins a commit makes this run re-plan; nothing is committed twice. "
+        "Giving the --run-id of an earlier run re-executes the batch it left unfinished (for example one that "
+        "failed validation) with exactly the same offset ranges, then goes on.",
     )
     _add_pipeline(run)
     run.add_argument("--max-batches", type=int, help="stop after this many committed batches")
-    run.add_argument("--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>)")
+    run.add_argument(
+        "--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it"
+    )
     run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
 
     backfill = commands.add_parser(
@@ -122,6 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from offsetlake.spark import spark_session, stop_spark
 
     config = _load(args, args.pipeline)
+    load_suite(config)  # a broken suite fails before anything is planned or read
     run_id = args.run_id or f"cli-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     try:
         results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master), args.max_batches)
@@ -139,6 +150,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from offsetlake.spark import spark_session, stop_spark
 
     config = _load(args, args.pipeline)
+    load_suite(config)
     try:
         partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
     except ValueError:

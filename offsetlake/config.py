@@ -91,6 +91,17 @@ class SinkSettings(_Strict):
     partition_by: list[str] = Field(default_factory=list)
 
 
+class ValidationSettings(_Strict):
+    # Great Expectations suite next to the YAML (a YAML list or a GX 1.x suite JSON); default
+    # <name>.expectations.yaml in the pipeline's folder, used when that file exists.
+    suite: str | None = None
+    # fail: nothing is committed when any expectation fails. quarantine: records whose rows fail
+    # a row-level expectation go to the dead-letter table, the rest commits; a failing
+    # table-level expectation still fails the batch.
+    on_failure: Literal["fail", "quarantine"] = "fail"
+    examples: int = Field(default=5, ge=0, le=50)  # unexpected values shown per expectation
+
+
 class PipelineConfig(_Strict):
     name: str
     topic: str = Field(min_length=1)
@@ -104,6 +115,7 @@ class PipelineConfig(_Strict):
     format: JsonFormat
     transform: str | None = None  # "module:function" found next to the YAML file
     sink: SinkSettings = Field(default_factory=SinkSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
     source_file: str = ""  # filled in by load_pipeline
 
     @field_validator("name")
@@ -142,8 +154,21 @@ class PipelineConfig(_Strict):
         return _resolve("_offset_ledger", Path(self.lake_path))
 
     @property
+    def validation_path(self) -> str:
+        """Where each validation's HTML report and JSON summary go."""
+        return _resolve(f"_validation/{self.name}", Path(self.lake_path))
+
+    @property
     def transform_dir(self) -> Path:
         return Path(self.source_file).resolve().parent if self.source_file else Path.cwd()
+
+    @property
+    def suite_file(self) -> Path | None:
+        """The expectation suite file, or None when the pipeline has none (no validation)."""
+        if self.validation.suite:
+            return self.transform_dir / self.validation.suite
+        default = self.transform_dir / f"{self.name}.expectations.yaml"
+        return default if default.exists() else None
 
     def kafka_client_config(self) -> dict[str, str]:
         """Full librdkafka config, secrets included: hand it to clients, never to a logger."""
@@ -215,7 +240,7 @@ def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path
         path = folder / f"{name_or_path}{suffix}"
         if path.exists():
             return path
-    known = sorted(p.stem for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    known = [p.stem for p in all_pipeline_files(folder)] if folder.is_dir() else []
     raise ConfigError(
         f"no pipeline '{name_or_path}' in {folder.resolve()} (known: {', '.join(known) or 'none'}); "
         "set OFFSETLAKE_PIPELINES_DIR or pass a .yaml path"
@@ -243,6 +268,8 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         raise ConfigError(f"{path}: {problems}") from None
     if path.stem != config.name:
         raise ConfigError(f"{path}: name: '{config.name}' must match the file name '{path.stem}'")
+    if config.validation.suite and not (config.transform_dir / config.validation.suite).is_file():
+        raise ConfigError(f"{path}: validation.suite: {config.transform_dir / config.validation.suite} does not exist")
     for column in config.sink.partition_by:
         declared = config.format.schema_.get(column)
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
@@ -271,4 +298,5 @@ def kafka_overrides_from_env() -> tuple[str | None, dict[str, str]]:
 
 def all_pipeline_files(directory: Path | None = None) -> list[Path]:
     folder = directory or pipelines_dir()
-    return sorted(p for p in folder.glob("*.y*ml") if not p.name.startswith("_"))
+    # orders.expectations.yaml (a suite) sits beside orders.yaml; only [a-z0-9_]+ stems are pipelines
+    return sorted(p for p in folder.glob("*.y*ml") if PIPELINE_NAME.match(p.stem))

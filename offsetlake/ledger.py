@@ -49,6 +49,9 @@ LEDGER_SCHEMA = pa.schema(
         ("recorded_at", pa.timestamp("us", tz="UTC")),
         ("duration_ms", pa.int64()),
         ("message", pa.string()),
+        # the Great Expectations summary (JSON) of the batch's last validation, and its report
+        ("validation", pa.string()),
+        ("validation_report", pa.string()),
     ]
 )
 
@@ -79,13 +82,24 @@ class Ledger:
     def __init__(self, path: str, pipeline: str) -> None:
         self.path = path
         self.pipeline = pipeline
+        self._schema_current = False
 
     # ---- writing -------------------------------------------------------------------------
     def _append(self, rows: list[dict]) -> None:
         if not rows:
             return
         table = pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
-        write_deltalake(self.path, table, mode="append", partition_by=["pipeline"])
+        # Ledgers written before a column existed gain it once (a metadata change); every other
+        # append stays a plain append so concurrent writers never conflict on metadata.
+        merge = None
+        if not self._schema_current:
+            try:
+                have = set(DeltaTable(self.path).schema().to_arrow().names)
+            except TableNotFoundError:
+                have = set(LEDGER_SCHEMA.names)
+            merge = "merge" if set(LEDGER_SCHEMA.names) - have else None
+        write_deltalake(self.path, table, mode="append", partition_by=["pipeline"], schema_mode=merge)
+        self._schema_current = True
 
     def _row(self, plan_fields: dict, r: OffsetRange, status: str, **extra: object) -> dict:
         return {
@@ -117,11 +131,13 @@ class Ledger:
         self._append([self._row(fields, r, PLANNED) for r in plan.ranges])
 
     def record_outcome(
-        self, plan: BatchPlan, status: str, message: str | None = None, duration_ms: int | None = None
+        self, plan: BatchPlan, status: str, message: str | None = None, duration_ms: int | None = None,
+        validation: dict | None = None,
     ) -> None:
         fields = self._plan_fields(plan)
+        extra = _validation_columns(validation)
         self._append(
-            [self._row(fields, r, status, message=message, duration_ms=duration_ms) for r in plan.ranges]
+            [self._row(fields, r, status, message=message, duration_ms=duration_ms, **extra) for r in plan.ranges]
         )
 
     def record_commit(self, commit: SinkCommit) -> None:
@@ -159,6 +175,20 @@ class Ledger:
         if not rows:
             return None
         return self._plan_from_rows(rows, kind)
+
+    def unfinished_plan(self, run_id: str, dag_id: str | None = None, kind: str = "ingest") -> BatchPlan | None:
+        """The run's latest batch that was planned but neither committed nor superseded (e.g. it
+        failed validation), so rerunning the run re-executes exactly those ranges first."""
+        batches: dict[str, list[dict]] = {}
+        for row in self.batches():
+            if row["run_id"] == run_id and row["dag_id"] == dag_id and row["kind"] == kind:
+                batches.setdefault(row["batch_id"], []).append(row)
+        open_ids = [b for b, rows in batches.items() if all(r["status"] in (PLANNED, FAILED) for r in rows)]
+        if not open_ids:
+            return None
+        planned = [r for r in self.rows().to_pylist() if r["status"] == PLANNED and r["batch_id"] in open_ids]
+        latest = max(planned, key=lambda r: r["planned_at"])["batch_id"]
+        return self._plan_from_rows([r for r in planned if r["batch_id"] == latest], kind)
 
     def plan_by_batch_id(self, batch_id: str) -> BatchPlan | None:
         """The recorded plan of ``batch_id`` (what a spark-submit job is asked to execute)."""
@@ -259,9 +289,16 @@ def rows_for_commit(commit: SinkCommit) -> list[dict]:
             "recorded_at": _ts(entry.get("committed_at")) or datetime.now(UTC),
             "duration_ms": entry.get("duration_ms"),
             "message": entry.get("message"),
+            **_validation_columns(entry.get("validation")),
         }
         for r in entry.get("ranges", [])
     ]
+
+
+def _validation_columns(summary: dict | None) -> dict:
+    if not summary:
+        return {}
+    return {"validation": json.dumps(summary, separators=(",", ":"), default=str), "validation_report": summary.get("report")}
 
 
 def ledger_entry_json(entry: dict) -> str:

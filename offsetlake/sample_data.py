@@ -27,12 +27,13 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, s
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(15)
 
 
-def order_event(order_id: int, rng: random.Random, base: datetime) -> bytes:
+def order_event(order_id: int, rng: random.Random, base: datetime, customer: bool = True) -> bytes:
     created = base + timedelta(seconds=order_id % 86_400 * 3)
+    name = f"c{rng.randrange(5000):05d}"
     return json.dumps(
         {
             "order_id": order_id,
-            "customer": f"c{rng.randrange(5000):05d}",
+            "customer": name if customer else None,
             "amount": round(rng.uniform(1, 500), 2),
             "currency": rng.choice(CURRENCIES),
             "created_at": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -50,15 +51,23 @@ def produce_orders(
     partition: int | None = None,
     seed: int = 7,
     extra: dict[str, str] | None = None,
+    null_customer_every: int = 0,
 ) -> int:
-    """Produce ``count`` records (every ``malformed_every``-th one malformed); returns ids used."""
+    """Produce ``count`` records; returns the next order id.
+
+    Every ``malformed_every``-th value (i % n == n - 1) is truncated JSON, and every
+    ``null_customer_every``-th order (i % n == 0) has ``"customer": null``, which parses but
+    fails a not-null expectation.
+    """
     rng = random.Random(seed + first_id)
     base = datetime(2026, 11, 1, tzinfo=UTC)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000, **(extra or {})})
     for i in range(count):
         order_id = first_id + i
         malformed = malformed_every and i % malformed_every == malformed_every - 1
-        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed else order_event(order_id, rng, base)
+        no_customer = bool(null_customer_every) and i % null_customer_every == 0
+        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed else order_event(
+            order_id, rng, base, customer=not no_customer)
         key = f"c{order_id % 997}".encode()
         kwargs = {"partition": partition} if partition is not None else {}
         while True:

@@ -76,9 +76,11 @@ def plan_ingest(pipeline: str, **context) -> str | None:
     """
     from offsetlake.batch import plan_for_dag_run
     from offsetlake.plan import RunContext
+    from offsetlake.validation import load_suite
 
     dag_run, ti = context["dag_run"], context["ti"]
     config = load_config(pipeline)
+    load_suite(config)  # a broken expectation suite fails the plan task, before anything is read
     plan = plan_for_dag_run(config, RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number))
     if plan is None:
         log.info("pipeline %s is caught up with the last stable offsets: nothing to ingest, Spark not started", pipeline)
@@ -95,9 +97,11 @@ def plan_backfill_run(pipeline: str, **context) -> str:
     from offsetlake.backfill import plan_backfill
     from offsetlake.ledger import Ledger
     from offsetlake.plan import RunContext
+    from offsetlake.validation import load_suite
 
     dag_run, ti, params = context["dag_run"], context["ti"], context["params"]
     config = load_config(pipeline)
+    load_suite(config)
     ledger = Ledger(config.ledger_path, config.name)
     existing = ledger.plan_for_run(dag_run.dag_id, dag_run.run_id, "backfill")
     if existing is not None:
@@ -149,6 +153,8 @@ def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
         "ranges": [f"{r['topic']}[{r['partition']}] [{r['start_offset']}, {r['end_offset']})" for r in rows],
         "kind": rows[0]["kind"],
         "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if rows[0]["kind"] == "ingest" else {},
+        "validation": json.loads(rows[0]["validation"])["outcome"] if rows[0].get("validation") else "no suite",
+        "validation_report": rows[0].get("validation_report"),
     }
     log.info("batch summary %s", json.dumps(summary))
     return summary

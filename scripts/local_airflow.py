@@ -149,6 +149,20 @@ class LocalAirflow:
         """What the UI's Clear on a dag run does: POST .../dagRuns/{run}/clear."""
         self.api("POST", f"/dags/{dag_id}/dagRuns/{run_id}/clear", {"dry_run": False, "only_failed": only_failed})
 
+    def clear_task(self, dag_id: str, run_id: str, task_id: str) -> None:
+        """What the UI's Clear on one task instance does (downstream included)."""
+        self.api("POST", f"/dags/{dag_id}/clearTaskInstances", {
+            "dry_run": False, "dag_run_id": run_id, "task_ids": [task_id], "only_failed": False, "include_downstream": True,
+        })
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """The task's log as the UI shows it: one line per event."""
+        body = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true")
+        lines = []
+        for item in body.get("content") or []:
+            lines.append(str(item.get("event", "")) if isinstance(item, dict) else str(item))
+        return "\n".join(lines)
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
         items = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in items}

@@ -14,13 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from headless_chromium import launch  # noqa: E402
 from local_airflow import LocalAirflow  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 from offsetlake.local_broker import free_port  # noqa: E402
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def main(out: str = "docs/backfill-trigger-form.png") -> int:
@@ -32,7 +30,7 @@ def main(out: str = "docs/backfill-trigger-form.png") -> int:
     try:
         airflow.wait_for_dag("orders_backfill")
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            browser = launch(p)
             page = browser.new_page(viewport={"width": 1400, "height": 1500})
             page.goto(f"{airflow.url}/dags/orders_backfill", wait_until="domcontentloaded")
             trigger = page.get_by_role("button", name="Trigger").first

@@ -1,4 +1,5 @@
-"""A failed ingest cleared through the REST API (as the UI does) reruns exactly the same ranges.
+"""A failed ingest cleared through the REST API (as the UI does) reruns exactly the same ranges,
+whether it died in the job or failed its Great Expectations suite.
 
 Real Airflow: api-server, scheduler and dag-processor on a SQLite home, LocalExecutor, the DAG
 run triggered, failed by a one-shot failpoint in the spark-submit job, cleared, rerun.
@@ -6,13 +7,15 @@ run triggered, failed by a one-shot failpoint in the spark-submit job, cleared, 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from deltalake import DeltaTable
-from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from kafka_truth import assert_exactly_once, dead_letter_coordinates, ledger_rows, read_topic, sink_coordinates
 
 from offsetlake.local_broker import free_port
 from offsetlake.sample_data import ensure_topic, produce_orders
@@ -87,4 +90,40 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     mine = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "committed"]
     assert mine and {r["sink_version"] for r in mine} == {version_after_commit}
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    assert pipeline.cli("audit").returncode == 0
+
+    # 3. nulls in a not-null column fail validation: the ingest task fails with the summary in its
+    #    log, nothing moves; switched to quarantine, clearing the task commits the same ranges
+    suite = {"expectations": [{"expect_column_values_to_not_be_null": {"column": "customer"}}]}
+    (airflow.pipelines / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(suite))
+    pipeline.write(schedule=None, validation={"on_failure": "fail"})
+    shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 500, first_id=60_000, null_customer_every=20)
+    version_before = DeltaTable(config.sink_path).version()
+    run_id = airflow.trigger(dag_id)
+    assert airflow.wait_for_run(dag_id, run_id) == "failed"
+    assert airflow.task_states(dag_id, run_id)["ingest"] == ("failed", 1)
+    log = airflow.task_log(dag_id, run_id, "ingest", 1)
+    assert "failed validation" in log and "expect_column_values_to_not_be_null(column=customer): 25 unexpected of 500 rows" in log
+    assert "report: file://" in log
+    assert DeltaTable(config.sink_path).version() == version_before
+    failed = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "failed"]
+    assert failed and all("expect_column_values_to_not_be_null" in r["message"] for r in failed)
+    assert json.loads(failed[0]["validation"])["failed"] == ["expect_column_values_to_not_be_null(column=customer)"]
+    planned = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+               for r in ledger_rows(config) if r["status"] == "planned" and r["run_id"] == run_id}
+
+    pipeline.write(schedule=None, validation={"on_failure": "quarantine"})
+    shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
+    airflow.clear_task(dag_id, run_id, "ingest")
+    assert airflow.wait_for_run(dag_id, run_id) == "success"
+    assert airflow.task_states(dag_id, run_id)["ingest"] == ("success", 2)
+    committed = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+                 for r in ledger_rows(config) if r["status"] == "committed" and r["run_id"] == run_id}
+    assert committed == planned, "the cleared task must commit exactly the ranges the failed try planned"
+    truth = read_topic(pipeline.bootstrap, pipeline.topic)
+    every = [(p, o) for p, o, _ in sink_coordinates(config.sink_path)] + dead_letter_coordinates(config.dead_letter_path)
+    assert len(every) == len(set(every)) and set(every) == set(truth.good) | truth.bad
+    reasons = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
+    assert reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 25
     assert pipeline.cli("audit").returncode == 0

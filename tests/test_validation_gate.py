@@ -1,0 +1,169 @@
+"""Invariant 9: the pipeline's Great Expectations suite gates every commit.
+
+Through the CLI, as a user runs it: a batch with nulls in a not-null column commits nothing and
+records why; the same run, rerun under `on_failure: quarantine`, commits, and sink rows plus
+dead letters hold every record of the range exactly once. The HTML report opens in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import yaml
+from deltalake import DeltaTable
+from kafka_truth import dead_letter_coordinates, read_topic, sink_coordinates
+
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+SUITE = {
+    "expectations": [
+        {"expect_column_values_to_not_be_null": {"column": "customer"}},
+        {"expect_column_values_to_be_in_set": {"column": "currency", "value_set": ["EUR", "USD", "GBP", "INR"]}},
+        {"expect_column_values_to_be_between": {"column": "amount", "min_value": 0, "max_value": 500}},
+        {"expect_table_row_count_to_be_between": {"min_value": 1}},
+    ]
+}
+
+
+def ledger_rows(config, batch_id: str) -> list[dict]:
+    data = DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+    return [r for r in data if r["batch_id"] == batch_id]
+
+
+def last_json_line(stdout: str) -> dict:
+    return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+
+
+def with_policy(pipeline, policy: str):
+    body = yaml.safe_load(pipeline.file.read_text())
+    body["validation"] = {"on_failure": policy}
+    pipeline.file.write_text(yaml.safe_dump(body, sort_keys=False))
+    return pipeline.config()
+
+
+def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_record_once(pipeline):
+    (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(SUITE, sort_keys=False))
+    config = pipeline.write(validation={"on_failure": "fail"})
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+
+    # 1. a clean batch passes: its ledger rows and commit metadata carry the summary and the report
+    produce_orders(pipeline.bootstrap, pipeline.topic, 400)
+    first = pipeline.cli("run", "--run-id", "clean-run")
+    assert first.returncode == 0, first.stderr[-3000:]
+    passed = last_json_line(first.stdout)
+    rows = ledger_rows(config, passed["batch_id"])
+    committed = [r for r in rows if r["status"] == "committed"]
+    assert committed and all(r["validation_report"] for r in committed)
+    summary = json.loads(committed[0]["validation"])
+    assert summary["outcome"] == "passed" and summary["rows_validated"] == 400 and summary["failed"] == []
+    assert {e["type"] for e in summary["expectations"]} == {next(iter(e)) for e in SUITE["expectations"]}
+    assert Path(urlparse(summary["report"]).path).is_file()
+    sink = DeltaTable(config.sink_path)
+    metadata = json.loads(sink.history(1)[0]["userMetadata"])
+    assert metadata["validation"]["outcome"] == "passed"
+    version_before = sink.version()
+    txns_before = {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)}
+
+    # 2. nulls in a not-null column under `fail`: nothing moves, the ledger row says why
+    produce_orders(pipeline.bootstrap, pipeline.topic, 600, first_id=400, null_customer_every=25, malformed_every=50)
+    failed = pipeline.cli("run", "--run-id", "bad-run")
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    assert "expect_column_values_to_not_be_null(column=customer): 24 unexpected of 588 rows" in failed.stderr
+    assert "nothing was committed" in failed.stderr and "report: file://" in failed.stderr
+    assert DeltaTable(config.sink_path).version() == version_before
+    after = DeltaTable(config.sink_path)
+    assert {p: after.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
+    bad_rows = [r for r in DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+                if r["run_id"] == "bad-run" and r["status"] == "failed"]
+    assert bad_rows, "the failed batch must have failed ledger rows"
+    bad_batch = bad_rows[0]["batch_id"]
+    assert "expect_column_values_to_not_be_null(column=customer)" in bad_rows[0]["message"]
+    failed_summary = json.loads(bad_rows[0]["validation"])
+    assert failed_summary["failed"] == ["expect_column_values_to_not_be_null(column=customer)"]
+    null_check = next(e for e in failed_summary["expectations"] if e["type"] == "expect_column_values_to_not_be_null")
+    assert null_check["unexpected_count"] == 24 and null_check["examples"] == [None] * 5
+    assert Path(urlparse(bad_rows[0]["validation_report"]).path).is_file()
+    planned = {(r["partition"], r["start_offset"], r["end_offset"]) for r in bad_rows}
+
+    # 3. switch to quarantine, rerun the SAME run: same batch, same ranges, and it commits
+    config = with_policy(pipeline, "quarantine")
+    rerun = pipeline.cli("run", "--run-id", "bad-run")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    result = last_json_line(rerun.stdout)
+    assert result["batch_id"] == bad_batch
+    assert {(r["partition"], r["start"], r["end"]) for r in result["ranges"]} == planned
+    assert result["rows_written"] == 600 - 12 - 24 and result["dead_letters"] == 12 + 24
+
+    truth = read_topic(pipeline.bootstrap, pipeline.topic)
+    sink_rows = sink_coordinates(config.sink_path)
+    dead = dead_letter_coordinates(config.dead_letter_path)
+    every = [(p, o) for p, o, _ in sink_rows] + dead
+    assert len(every) == len(set(every)), "a record is both in the sink and a dead letter, or twice in one"
+    assert set(every) == set(truth.good) | truth.bad
+    dead_reasons = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
+    assert dead_reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 24
+    customers = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["customer"])["customer"]
+    assert customers.null_count == 0
+    final = [r for r in ledger_rows(config, bad_batch) if r["status"] == "committed"]
+    assert len(final) == 2, "one committed ledger row per partition of the rerun batch"
+    quarantined = json.loads(final[0]["validation"])
+    assert quarantined["outcome"] == "quarantined" and quarantined["quarantined_records"] == 24
+    audit = pipeline.cli("audit")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_suite_typos_fail_at_load_naming_file_and_entry_before_any_read(pipeline):
+    suite_file = pipeline.folder / f"{pipeline.name}.expectations.yaml"
+    pipeline.write()
+    cases = [
+        ({"expectations": [{"expect_column_values_to_not_be_null": {"column": "customer"}},
+                           {"expect_column_values_to_not_be_nul": {"column": "customer"}}]},
+         "expectations[1] expect_column_values_to_not_be_nul: unknown expectation (did you mean expect_column_values_to_not_be_null"),
+        ({"expectations": [{"expect_column_values_to_be_between": {"column": "amount", "min_vale": 0}}]},
+         "expectations[0] expect_column_values_to_be_between: bad kwargs: min_vale: extra fields not permitted"),
+        ({"expectations": [{"expect_column_values_to_be_in_set": {"value_set": ["EUR"]}}]},
+         "expectations[0] expect_column_values_to_be_in_set: bad kwargs: column: field required"),
+        ({"expectations": []}, "expected a non-empty list under 'expectations'"),
+    ]
+    for suite, message in cases:
+        suite_file.write_text(yaml.safe_dump(suite))
+        # the topic does not even exist: the error must come from the suite, before any Kafka read
+        result = pipeline.cli("run", timeout=120)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert str(suite_file) in result.stderr and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+    assert not Path(pipeline.config().sink_path).exists()
+
+
+def test_validation_report_opens_in_headless_chromium(pipeline, tmp_path):
+    from headless_chromium import launch
+    from playwright.sync_api import sync_playwright
+
+    (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(SUITE, sort_keys=False))
+    config = pipeline.write(validation={"on_failure": "quarantine"})
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 300, null_customer_every=30)
+    result = pipeline.cli("run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    batch = last_json_line(result.stdout)["batch_id"]
+    report = next(r for r in ledger_rows(config, batch) if r["status"] == "committed")["validation_report"]
+    assert report.startswith("file://") and f"step=validate pipeline={pipeline.name} batch={batch}" in result.stderr
+    assert f"report={report}" in result.stderr
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1300, "height": 800})
+        page.goto(report)
+        assert page.title() == f"offsetlake validation: {pipeline.name} {batch}"
+        assert page.locator(".verdict").inner_text() == "QUARANTINED"
+        failing = page.locator("tr.bad")
+        assert failing.count() == 1 and "expect_column_values_to_not_be_null" in failing.inner_text()
+        assert "10 (3.3333%)" in failing.inner_text()
+        page.screenshot(path=str(tmp_path / "report.png"))
+        browser.close()
+    assert (tmp_path / "report.png").stat().st_size > 10_000
