@@ -7,9 +7,12 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup test demo airflow lint lock clean
+.PHONY: setup debian test demo airflow lint lock clean
 
-setup: $(STAMP) ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
+setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
+
+debian: ## Debian's chromium (pinned in debian-packages.txt) for the browser tests, if missing
+	scripts/install_debian_packages.sh
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

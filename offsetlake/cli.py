@@ -218,8 +218,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             print(json.dumps(row, default=str))
         return 0
     print(f"ledger of pipeline {config.name} ({config.ledger_path})")
+    for row in rows:  # the validation summary is JSON; the table shows its outcome
+        row["validation"] = json.loads(row["validation"])["outcome"] if row.get("validation") else None
     _print_table(rows, ["batch_id", "kind", "status", "topic", "partition", "start_offset", "end_offset",
-                        "records_read", "rows_written", "dead_letters", "sink_version", "run_id"])
+                        "records_read", "rows_written", "dead_letters", "validation", "sink_version", "run_id"])
+    reports = {r["batch_id"]: r["validation_report"] for r in rows if r.get("validation_report") and r["status"] == "failed"}
+    for batch_id, report in reports.items():
+        print(f"failed validation: {batch_id}: {report}")
     return 0
 
 

@@ -6,7 +6,14 @@
 3. an `orders_ingest` run; then new events and a run whose ingest dies on its first try (a
    one-shot failpoint), is cleared through the REST API like the UI's Clear button, and reruns
    the same ranges; then an `orders_backfill` run over one partition range;
-4. the ledger, row counts, the audit and where the tables and logs are.
+4. events with null customers: the run fails its Great Expectations suite (the task log says
+   which expectation, how many rows, where the report is) and commits nothing; the pipeline is
+   switched to `on_failure: quarantine` and the failed task cleared: the same ranges commit,
+   the failing records become dead letters;
+5. the ledger, row counts, the audit and where the tables and logs are.
+
+The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
+touching pipelines/orders.yaml.
 
 With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of noida-db.
 """
@@ -54,9 +61,11 @@ def run_dag(airflow: LocalAirflow, dag_id: str, conf: dict | None = None, expect
 def main() -> int:
     lake = ROOT / "lake"
     os.environ["OFFSETLAKE_LAKE"] = str(lake)
-    os.environ["OFFSETLAKE_PIPELINES_DIR"] = str(ROOT / "pipelines")
     shutil.rmtree(lake, ignore_errors=True)
     shutil.rmtree(ROOT / ".airflow", ignore_errors=True)
+    pipelines = ROOT / ".airflow" / "pipelines"
+    shutil.copytree(ROOT / "pipelines", pipelines, ignore=shutil.ignore_patterns("__pycache__"))
+    os.environ["OFFSETLAKE_PIPELINES_DIR"] = str(pipelines)
     broker = None
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         shutil.rmtree(ROOT / ".noida", ignore_errors=True)
@@ -97,6 +106,25 @@ def main() -> int:
 
         say("orders_backfill: reprocess orders[0] offsets [1000, 3000), replacing those rows")
         run_dag(airflow, "orders_backfill", {"partitions": [0], "from_offset": 1000, "to_offset": 3000})
+
+        produce_orders(bootstrap, topic, 5_000, first_id=next_id + 40_000, null_customer_every=100)
+        say("produced 5,000 events, every 100th with customer null; orders_ingest validates them with "
+            "orders.expectations.yaml (on_failure: fail)")
+        bad_run = run_dag(airflow, "orders_ingest", expect="failed")
+        log = airflow.task_log("orders_ingest", bad_run, "ingest", 1)
+        print("from the ingest task's log:")
+        for line in log.splitlines():  # the job's error message, one log event per line
+            if "failed validation" in line or line.strip().startswith(("- expect", "report:", "next:")):
+                print(f"  {line.strip()}")
+        say("switching orders to on_failure: quarantine and clearing the failed ingest task, as the UI's Clear does")
+        yaml_file = pipelines / "orders.yaml"
+        yaml_file.write_text(yaml_file.read_text().replace("${ORDERS_ON_FAILURE:-fail}", "quarantine"))
+        airflow.clear_task("orders_ingest", bad_run, "ingest")
+        state = airflow.wait_for_run("orders_ingest", bad_run)
+        print(f"orders_ingest run {bad_run} after clearing ingest: {state} "
+              f"(ingest try {airflow.task_states('orders_ingest', bad_run)['ingest'][1]})")
+        if state != "success":
+            raise SystemExit(f"the quarantine rerun ended {state}; logs under {airflow.home / 'logs'}")
     except BaseException:
         airflow.stop()
         if broker is not None:
@@ -110,6 +138,8 @@ def main() -> int:
         sink = DeltaTable(str(lake / "orders"))
         dead = DeltaTable(str(lake / "_dead_letters" / "orders"))
         print(f"\nsink rows: {sink.count()}  dead letters: {dead.count()}  sink version: {sink.version()}")
+        reports = sorted((lake / "_validation" / "orders").glob("*/*.html"), key=lambda p: p.stat().st_mtime)
+        print(f"validation reports: {len(reports)} under {lake / '_validation' / 'orders'}; latest: {reports[-1].as_uri()}")
         offsetlake("status", "orders")
         code = offsetlake("audit", "orders", check=False)
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")

@@ -8,6 +8,7 @@ dead letters hold every record of the range exactly once. The HTML report opens 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -164,6 +165,82 @@ def test_validation_report_opens_in_headless_chromium(pipeline, tmp_path):
         failing = page.locator("tr.bad")
         assert failing.count() == 1 and "expect_column_values_to_not_be_null" in failing.inner_text()
         assert "10 (3.3333%)" in failing.inner_text()
-        page.screenshot(path=str(tmp_path / "report.png"))
+        shot = ROOT / "docs" / "validation-report.png" if os.environ.get("OFFSETLAKE_UPDATE_DOCS") == "1" else tmp_path / "r.png"
+        page.screenshot(path=str(shot), full_page=True)
         browser.close()
-    assert (tmp_path / "report.png").stat().st_size > 10_000
+    assert shot.stat().st_size > 10_000
+
+
+def test_quarantine_flags_exactly_the_rows_great_expectations_counts(pipeline, spark):
+    """Each quarantinable expectation's row filter agrees with GX on nulls, bounds, sets, regexes,
+    duplicates and `mostly`; a row failing two expectations names both."""
+    from offsetlake.plan import BatchPlan, OffsetRange, RunContext
+    from offsetlake.validation import load_suite, quarantine_reasons, validate_rows
+
+    suite = {"expectations": [
+        {"expect_column_values_to_be_unique": {"column": "order_id"}},
+        {"expect_column_values_to_be_between": {"column": "amount", "min_value": 0, "max_value": 100, "strict_max": True}},
+        {"expect_column_values_to_match_regex": {"column": "customer", "regex": "^c[0-9]+$"}},
+        {"expect_column_values_to_not_match_regex": {"column": "customer", "regex": "^test"}},
+        {"expect_column_values_to_be_in_set": {"column": "currency", "value_set": ["EUR", "USD", "BTC"]}},
+        {"expect_column_values_to_not_be_in_set": {"column": "currency", "value_set": ["BTC"]}},
+        {"expect_column_values_to_not_be_null": {"column": "customer"}},
+        {"expect_column_values_to_not_be_null": {"column": "note", "mostly": 0.5}},  # fails on 1 of 14: passes
+    ]}
+    (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    config = pipeline.write(validation={"on_failure": "quarantine"})
+    good = (1, "c1", 10.0, "EUR", "n")
+    data = {0: good, 1: (2, "c2", 0.0, "USD", "n"), 2: (3, "c3", 99.5, "EUR", None),
+            3: (7, "c4", 1.0, "EUR", "n"), 4: (7, "c5", 1.0, "EUR", "n"),  # duplicate order_id: both
+            5: (None, "c6", 1.0, "EUR", "n"), 6: (8, "c7", 100.0, "EUR", "n"),  # strict max: 100 fails
+            7: (9, "c8", None, "EUR", "n"), 8: (10, "bad", 1.0, "EUR", "n"), 9: (11, None, 1.0, "EUR", "n"),
+            10: (12, "c9", 1.0, "XXX", "n"), 11: (13, "c10", 1.0, "BTC", "n"), 12: (14, "test1", 1.0, "EUR", "n"),
+            13: (15, "c11", 1.0, None, "n")}
+    rows = spark.createDataFrame(
+        [(pipeline.topic, 0, offset, *values) for offset, values in data.items()],
+        "_kafka_topic string, _kafka_partition int, _kafka_offset long, order_id long, customer string, amount double, "
+        "currency string, note string",
+    ).persist()
+    plan = BatchPlan(config.name, "b-1", "ingest", (OffsetRange(pipeline.topic, 0, 0, 14),), RunContext("r-1"))
+    validation = validate_rows(rows, load_suite(config), config, plan)
+    assert validation.summary["outcome"] == "quarantined"
+    by_label = {e["expectation"]: e for e in validation.summary["expectations"]}
+    assert by_label["expect_column_values_to_not_be_null(column=note, mostly=0.5)"]["success"] is True
+    flagged = {r["_kafka_offset"]: r["_offsetlake_failed_expectations"]
+               for r in quarantine_reasons(rows, validation.quarantine, validation.summary).collect()}
+    assert flagged == {
+        3: "expect_column_values_to_be_unique(column=order_id)",
+        4: "expect_column_values_to_be_unique(column=order_id)",
+        6: "expect_column_values_to_be_between(column=amount, min_value=0, max_value=100, strict_max=true)",
+        8: "expect_column_values_to_match_regex(column=customer, regex=^c[0-9]+$)",
+        9: "expect_column_values_to_not_be_null(column=customer)",
+        10: "expect_column_values_to_be_in_set(column=currency, value_set=[\"EUR\", \"USD\", \"BTC\"])",
+        11: "expect_column_values_to_not_be_in_set(column=currency, value_set=[\"BTC\"])",
+        12: "expect_column_values_to_match_regex(column=customer, regex=^c[0-9]+$); "
+            "expect_column_values_to_not_match_regex(column=customer, regex=^test)",
+    }
+    rows.unpersist()
+
+
+def test_a_gx_json_suite_loads_and_its_errors_name_the_entry(pipeline):
+    from offsetlake.validation import SuiteError, load_suite
+
+    suite_file = pipeline.folder / "orders_suite.json"
+    suite_file.write_text(json.dumps({"name": "orders_suite", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "customer"}, "meta": {}},
+        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}},
+    ]}))
+    config = pipeline.write(validation={"suite": "orders_suite.json"})
+    suite = load_suite(config)
+    assert suite.name == "orders_suite"
+    assert [(e.type, e.row_level) for e in suite.expectations] == [
+        ("expect_column_values_to_not_be_null", True), ("expect_table_row_count_to_be_between", False)]
+    suite_file.write_text(json.dumps({"expectations": [{"type": "expect_table_row_count_to_be_between",
+                                                         "kwargs": {"min_value": 1, "maximum": 3}}]}))
+    try:
+        load_suite(pipeline.config())
+    except SuiteError as err:
+        assert str(err) == (f"{suite_file}: expectations[0] expect_table_row_count_to_be_between: "
+                            "bad kwargs: maximum: extra fields not permitted")
+    else:
+        raise AssertionError("a suite entry with an unknown kwarg must not load")
