@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test demo airflow lint lock clean
+.PHONY: setup debian test torture demo airflow lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -23,6 +23,11 @@ $(STAMP): requirements.lock pyproject.toml
 
 test: setup ## the whole suite: starts its own broker, one Spark session, temp lakes
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+SEED ?= 1
+STEPS ?= 200
+torture: setup ## long randomized fault campaign: make torture SEED=7 STEPS=2000 (figures appended to torture-figures.jsonl)
+	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --figures torture-figures.jsonl
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py

@@ -50,9 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default=os.environ.get("OFFSETLAKE_LOG_LEVEL", "INFO"), help="logging level for stderr (default INFO)"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --log-level also works after the command (`offsetlake run --log-level DEBUG orders`)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, help="logging level for stderr (default INFO)")
 
     run = commands.add_parser(
-        "run",
+        "run", parents=[common],
         help="ingest batches until caught up with the last stable offset seen at start",
         description="Plan, read, transform and commit batches until every partition reaches the last stable "
         "offset (LSO) seen when the run started. Prints one JSON summary line per batch on stdout. "
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
 
     backfill = commands.add_parser(
-        "backfill",
+        "backfill", parents=[common],
         help="reprocess already-ingested offsets (or a time range), replacing their sink rows",
         description="Re-read [FROM, TO) of the chosen partitions (offsets, or record times resolved with "
         "offsets_for_times) and replace the sink rows and dead letters with those coordinates in one commit. "
@@ -85,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
 
     status = commands.add_parser(
-        "status", help="per partition: committed end, log start, last stable offset, lag",
+        "status", parents=[common], help="per partition: committed end, log start, last stable offset, lag",
         description="Show, per partition, the sink's committed end (txn version), the log start offset, the "
         "last stable offset and the lag (LSO minus committed end). Reads Kafka and Delta; starts no Spark.",
     )
@@ -93,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     ledger = commands.add_parser(
-        "ledger", help="show the offset ledger of a pipeline, or `ledger rebuild PIPELINE`",
+        "ledger", parents=[common], help="show the offset ledger of a pipeline, or `ledger rebuild PIPELINE`",
         description="`offsetlake ledger PIPELINE` lists every batch (one line per partition) with its range, counts, "
         "sink version and status. `offsetlake ledger rebuild PIPELINE` recreates the pipeline's ledger rows from "
         "the sink table's commit history alone.",
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("--limit", type=int, default=50, help="show the last N rows (default 50, 0 = all)")
 
     audit = commands.add_parser(
-        "audit", help="check the sink is exactly once and agrees with the ledger (exit 0/1)",
+        "audit", parents=[common], help="check the sink is exactly once and agrees with the ledger (exit 0/1)",
         description="Exit 0 only if: no two sink rows share (topic, partition, offset); committed ranges per "
         "partition are contiguous with no overlap; every sink row lies in a committed range; the sink's txn "
         "versions equal the ledger's last committed ends. Otherwise print a report and exit 1.",

@@ -40,7 +40,8 @@ def parse_json(raw: DataFrame, config: PipelineConfig) -> DataFrame:
     reason: Column = (
         F.when(F.col("value").isNull(), F.lit("tombstone: record has a null value"))
         .when(~utf8_ok, F.lit("value is not valid UTF-8"))
-        .when(F.col("_parsed").isNull(), F.lit("value is not a JSON object"))
+        # from_json turns an array or plain text into a "corrupt" object, not a null: say what it is
+        .when(F.col("_parsed").isNull() | ~text.rlike(r"^\s*\{"), F.lit("value is not a JSON object"))
         .when(
             F.col(f"_parsed.{_CORRUPT}").isNotNull(),
             F.lit("value does not parse as JSON matching the declared schema"),

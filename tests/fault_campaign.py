@@ -1,0 +1,478 @@
+"""Randomized fault campaign: hunt for the interleaving that breaks exactly-once.
+
+A seeded sequence of steps over a real broker, real Spark and real Delta tables: produce
+records (plain with some malformed, transactional committed, aborted, or left open), run
+batches, run a CLI batch that dies at a random failpoint, SIGKILL a running ``offsetlake run``
+at a random moment, backfill a random range, add partitions, delete records (with
+``on_offsets_lost: skip``) and restart the broker. After EVERY step the invariants are checked
+against an independent model — what the campaign itself produced, with offsets from the
+producer's delivery reports — and plain deltalake reads of the sink, dead letters and ledger
+(never offsetlake's own audit):
+
+* every sink row is a committed record, at most once, with its own order id; none is aborted
+  or still in an open transaction;
+* every committed record below a partition's committed end is in the sink exactly once (or,
+  if malformed, in the dead letters exactly once), unless it lies in a recorded gap;
+* gaps are recorded only over offsets the campaign deleted before they were ingested;
+* the sink's committed ranges per partition are contiguous, and after every clean run the
+  ledger's committed ranges equal them.
+
+    .venv/bin/python tests/fault_campaign.py --seed 7 --steps 2000      (or: make torture SEED=7 STEPS=2000)
+
+The CI version (tests/test_fault_campaign.py) runs a fixed seed for a few dozen steps; the
+first steps are one of each kind, in a seeded order, so every kind of fault is exercised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parent.parent
+FAILPOINTS = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
+MAX_PARTITIONS = 4
+
+
+class InvariantBroken(AssertionError):
+    pass
+
+
+@dataclass
+class Record:
+    partition: int
+    offset: int
+    order_id: int | None  # None: a malformed value (a dead letter)
+    state: str  # visible | aborted | open
+
+
+@dataclass
+class Model:
+    """What the campaign produced and deleted: the truth the tables are checked against."""
+
+    records: dict[tuple[int, int], Record] = field(default_factory=dict)
+    deleted_below: dict[int, int] = field(default_factory=dict)  # partition -> log start we set
+    next_id: int = 0
+
+
+class Campaign:
+    def __init__(self, seed: int, steps: int, bootstrap: str, work: Path, restart_broker=None, log=print) -> None:
+        self.rng = random.Random(seed)
+        self.seed, self.steps = seed, steps
+        self.bootstrap = bootstrap
+        self.work = work
+        self.restart_broker = restart_broker
+        self.log = log
+        self.model = Model()
+        self.stats: Counter = Counter()
+        self.open_txn: tuple[Producer, list[Record]] | None = None
+        suffix = uuid.uuid4().hex[:8]
+        self.name, self.topic = f"torture_{suffix}", f"torture_{suffix}"
+        self.folder = work / "pipelines"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.file = self.folder / f"{self.name}.yaml"
+        self.file.write_text(yaml.safe_dump({
+            "name": self.name, "topic": self.topic, "lake": str(work / "lake"), "start": "earliest",
+            "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "campaign"}},
+            "max_records_per_batch": 400, "read_timeout_seconds": 60, "on_offsets_lost": "skip",
+            "format": {"type": "json", "schema": {"order_id": "long", "customer": "string", "amount": "double"},
+                       "required": ["order_id"]},
+        }, sort_keys=False))
+        from offsetlake.config import load_pipeline
+
+        self.config = load_pipeline(str(self.file))
+        AdminClient({"bootstrap.servers": bootstrap}).create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
+        self.partitions = 2
+
+    # ---- the campaign ---------------------------------------------------------------------
+    def kinds(self) -> dict[str, tuple[int, object]]:
+        kinds = {
+            "produce": (6, self.produce),
+            "produce_txn_committed": (2, lambda: self.produce_txn(commit=True)),
+            "produce_txn_aborted": (2, lambda: self.produce_txn(commit=False)),
+            "open_txn": (1, self.begin_open_txn),
+            "finish_open_txn": (2, self.finish_open_txn),
+            "run": (6, self.run_in_process),
+            "crash_at_failpoint": (2, self.crash_at_failpoint),
+            "kill_cli_run": (2, self.kill_cli_run),
+            "backfill": (2, self.backfill),
+            "add_partition": (1, self.add_partition),
+            "delete_records": (1, self.delete_records),
+        }
+        if self.restart_broker is not None:
+            kinds["restart_broker"] = (1, self.restart)
+        return kinds
+
+    def run(self) -> dict:
+        kinds = self.kinds()
+        first = list(kinds)
+        self.rng.shuffle(first)  # one of each kind first, so short campaigns cover every fault
+        names, weights = zip(*[(k, w) for k, (w, _) in kinds.items()], strict=True)
+        started = time.monotonic()
+        for step in range(self.steps):
+            kind = first[step] if step < len(first) else self.rng.choices(names, weights)[0]
+            t = time.monotonic()
+            kinds[kind][1]()
+            self.stats["steps"] += 1
+            self.stats[f"step:{kind}"] += 1
+            clean = kind == "run"
+            self.check(clean_run=clean)
+            self.log(f"campaign seed={self.seed} step={step + 1}/{self.steps} kind={kind} "
+                     f"took_ms={int((time.monotonic() - t) * 1000)} ok")
+        self.finish_open_txn()
+        self.run_in_process(to_the_end=True)
+        self.check(clean_run=True, final=True)
+        figures = self.figures(time.monotonic() - started)
+        self.log("campaign figures " + json.dumps(figures))
+        return figures
+
+    def figures(self, seconds: float) -> dict:
+        visible = [r for r in self.model.records.values() if r.state == "visible"]
+        return {
+            "seed": self.seed, "steps": self.stats["steps"], "seconds": round(seconds, 1),
+            "records_produced": len(self.model.records), "records_committed_in_kafka": len(visible),
+            "records_in_sink": self.stats["last_sink_rows"], "dead_letters": self.stats["last_dead_letters"],
+            "records_in_recorded_gaps": self.stats["last_in_gaps"],
+            "batches_committed": self.stats["batches"], "runs": self.stats["runs"],
+            "failpoint_crashes": self.stats["failpoint_crashes"], "sigkills": self.stats["sigkills"],
+            "backfills": self.stats["backfills"], "broker_restarts": self.stats["step:restart_broker"],
+            "partitions": self.partitions, "duplicates_found": self.stats["duplicates_found"],
+            "records_lost": self.stats["records_lost"], "checks": self.stats["checks"],
+            "steps_by_kind": {k.removeprefix("step:"): v for k, v in sorted(self.stats.items()) if k.startswith("step:")},
+        }
+
+    # ---- steps: producing -----------------------------------------------------------------
+    def _values(self, count: int, malformed_share: float) -> list[tuple[int | None, bytes]]:
+        values = []
+        for _ in range(count):
+            order_id = self.model.next_id
+            self.model.next_id += 1
+            if self.rng.random() < malformed_share:
+                values.append((None, b'{"order_id": ' + str(order_id).encode() + b', "cut'))
+            else:
+                values.append((order_id, json.dumps({"order_id": order_id, "customer": f"c{order_id % 97}",
+                                                     "amount": order_id % 1000 / 10}).encode()))
+        return values
+
+    def _send(self, producer: Producer, count: int, state: str, malformed_share: float = 0.0) -> list[Record]:
+        sent: list[Record] = []
+        failures: list[str] = []
+        for order_id, value in self._values(count, malformed_share):
+            partition = self.rng.randrange(self.partitions)
+
+            def delivered(err, msg, order_id=order_id):
+                if err is not None:
+                    failures.append(str(err))
+                else:
+                    sent.append(Record(msg.partition(), msg.offset(), order_id, state))
+
+            producer.produce(self.topic, value=value, partition=partition, on_delivery=delivered)
+        producer.flush(60)
+        if failures or len(sent) != count:
+            raise InvariantBroken(f"produce: {len(sent)} of {count} delivered: {failures[:3]}")
+        for record in sent:
+            self.model.records[(record.partition, record.offset)] = record
+        return sent
+
+    def produce(self) -> None:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
+        self._send(producer, self.rng.randint(1, 300), "visible", malformed_share=0.03)
+        self.stats["produced_plain"] += 1
+
+    def _txn_producer(self) -> Producer:
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"campaign-{uuid.uuid4().hex[:8]}"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        return producer
+
+    def produce_txn(self, commit: bool) -> None:
+        producer = self._txn_producer()
+        sent = self._send(producer, self.rng.randint(1, 120), "open")
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+        for record in sent:
+            record.state = "visible" if commit else "aborted"
+
+    def begin_open_txn(self) -> None:
+        if self.open_txn is not None:
+            return self.finish_open_txn()
+        producer = self._txn_producer()
+        self.open_txn = (producer, self._send(producer, self.rng.randint(1, 80), "open"))
+
+    def finish_open_txn(self) -> None:
+        if self.open_txn is None:
+            return
+        producer, sent = self.open_txn
+        self.open_txn = None
+        commit = self.rng.random() < 0.5
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+        for record in sent:
+            record.state = "visible" if commit else "aborted"
+
+    # ---- steps: running -------------------------------------------------------------------
+    def run_in_process(self, to_the_end: bool = False) -> None:
+        from offsetlake.batch import run_pipeline
+        from offsetlake.plan import RunContext
+        from offsetlake.spark import spark_session
+
+        results = run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
+                               max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
+        self.stats["runs"] += 1
+        self.stats["batches"] += sum(1 for r in results if r.status == "committed")
+
+    def _cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_FAILPOINT")}
+        full.update(env or {})
+        return subprocess.Popen([sys.executable, "-m", "offsetlake", *args, str(self.file)], cwd=ROOT, env=full,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def crash_at_failpoint(self) -> None:
+        name = self.rng.choice(FAILPOINTS)
+        process = self._cli("run", "--max-batches", "1", env={"OFFSETLAKE_FAILPOINT": name})
+        out, err = process.communicate(timeout=600)
+        _kill_group(process.pid)
+        if process.returncode == -signal.SIGKILL:
+            self.stats["failpoint_crashes"] += 1
+        elif process.returncode != 0:
+            raise InvariantBroken(f"run with failpoint {name} exited {process.returncode}: {err[-2000:]}")
+
+    def kill_cli_run(self) -> None:
+        process = self._cli("run")
+        time.sleep(self.rng.uniform(2, 20))
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            self.stats["sigkills"] += 1
+        process.communicate(timeout=120)
+        _kill_group(process.pid)
+        if process.returncode not in (0, -signal.SIGKILL):
+            raise InvariantBroken(f"offsetlake run exited {process.returncode}: {process.stderr}")
+
+    def backfill(self) -> None:
+        from offsetlake.backfill import plan_backfill
+        from offsetlake.batch import execute_recorded_batch
+        from offsetlake.ledger import Ledger
+        from offsetlake.plan import RunContext
+        from offsetlake.spark import spark_session
+
+        ends = self._committed_ends()
+        candidates = [(p, e) for p, e in ends.items() if e and e > self.model.deleted_below.get(p, 0) + 1]
+        if not candidates:
+            return
+        partition, end = self.rng.choice(candidates)
+        low = self.model.deleted_below.get(partition, 0)
+        start = self.rng.randrange(low, end - 1)
+        stop = self.rng.randrange(start + 1, end + 1)
+        plan = plan_backfill(self.config, RunContext(run_id=f"campaign-backfill-{uuid.uuid4().hex[:6]}"),
+                             [partition], start, stop)
+        Ledger(self.config.ledger_path, self.config.name).record_plan(plan)
+        execute_recorded_batch(self.config, plan.batch_id, spark_session)
+        self.stats["backfills"] += 1
+
+    # ---- steps: the topic and the broker ------------------------------------------------------
+    def add_partition(self) -> None:
+        if self.partitions >= MAX_PARTITIONS:
+            return
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_partitions([NewPartitions(self.topic, self.partitions + 1)])[self.topic].result(30)
+        self.partitions += 1
+
+    def delete_records(self) -> None:
+        """Move a partition's log start; beyond the committed end the next run records a gap."""
+        ends = self._committed_ends()
+        lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+        candidates = [p for p, e in ends.items() if e is not None and lso[p] > self.model.deleted_below.get(p, 0)]
+        if not candidates:
+            return
+        partition = self.rng.choice(candidates)
+        low = self.model.deleted_below.get(partition, 0)
+        target = self.rng.randint(low + 1, lso[partition])
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        futures = admin.delete_records([TopicPartition(self.topic, partition, target)])
+        for future in futures.values():
+            future.result(30)
+        self.model.deleted_below[partition] = target
+
+    def restart(self) -> None:
+        self.finish_open_txn()  # a transaction coordinator's state across restarts is not under test
+        self.restart_broker()
+
+    # ---- the invariants -------------------------------------------------------------------
+    def _committed_ends(self) -> dict[int, int | None]:
+        if not DeltaTable.is_deltatable(self.config.sink_path):
+            return {p: None for p in range(self.partitions)}
+        sink = DeltaTable(self.config.sink_path)
+        return {p: sink.transaction_version(self.config.app_id(self.topic, p)) for p in range(self.partitions)}
+
+    def check(self, clean_run: bool, final: bool = False) -> None:
+        self.stats["checks"] += 1
+        ends = self._committed_ends()
+        sink_rows: list[tuple[int, int, int]] = []
+        commits: list[dict] = []
+        if DeltaTable.is_deltatable(self.config.sink_path):
+            sink = DeltaTable(self.config.sink_path)
+            data = sink.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
+            sink_rows = list(zip(*(data[c].to_pylist() for c in data.column_names), strict=True))
+            for info in sink.history():
+                meta = info.get("userMetadata")
+                if meta:
+                    commits.append(json.loads(meta))
+        dead: list[tuple[int, int]] = []
+        if DeltaTable.is_deltatable(self.config.dead_letter_path):
+            d = DeltaTable(self.config.dead_letter_path).to_pyarrow_dataset().to_table(
+                columns=["_kafka_partition", "_kafka_offset"])
+            dead = list(zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(), strict=True))
+
+        problems: list[str] = []
+        sink_count = Counter((p, o) for p, o, _ in sink_rows)
+        dead_count = Counter(dead)
+        duplicates = [k for k, n in sink_count.items() if n > 1] + [k for k, n in dead_count.items() if n > 1]
+        if duplicates:
+            self.stats["duplicates_found"] += len(duplicates)
+            problems.append(f"duplicates (partition, offset): {sorted(duplicates)[:10]}")
+        for p, o, order_id in sink_rows:
+            record = self.model.records.get((p, o))
+            if record is None or record.state != "visible" or record.order_id != order_id:
+                problems.append(f"sink row {p}:{o} order {order_id} is not a committed record ({record})")
+            elif ends.get(p) is None or o >= ends[p]:
+                problems.append(f"sink row {p}:{o} lies beyond the committed end {ends.get(p)}")
+        for p, o in dead:
+            record = self.model.records.get((p, o))
+            if record is None or record.state != "visible" or record.order_id is not None:
+                problems.append(f"dead letter {p}:{o} is not a committed malformed record ({record})")
+
+        gaps = [(r["partition"], r["start"], r["end"]) for c in commits if c.get("kind") == "gap" for r in c["ranges"]]
+        for p, a, b in gaps:
+            if b > self.model.deleted_below.get(p, 0):
+                problems.append(f"gap {p}:[{a}, {b}) covers offsets the campaign never deleted (log start "
+                                f"{self.model.deleted_below.get(p, 0)})")
+        in_gaps = 0
+        lost = []
+        for (p, o), record in self.model.records.items():
+            if record.state != "visible" or ends.get(p) is None or o >= ends[p]:
+                continue
+            if any(gp == p and a <= o < b for gp, a, b in gaps):
+                in_gaps += 1
+                continue
+            found = dead_count[(p, o)] if record.order_id is None else sink_count[(p, o)]
+            if found == 0:
+                lost.append((p, o))
+        if lost:
+            self.stats["records_lost"] += len(lost)
+            problems.append(f"{len(lost)} committed records below the committed end are missing: {lost[:10]}")
+
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for c in commits:
+            if c.get("kind") in ("ingest", "gap"):
+                for r in c["ranges"]:
+                    if r["end"] > r["start"]:
+                        ranges.setdefault(r["partition"], []).append((r["start"], r["end"]))
+        for p, spans in ranges.items():
+            spans.sort()
+            for (a1, b1), (a2, b2) in zip(spans, spans[1:], strict=False):
+                if a2 != b1:
+                    problems.append(f"partition {p}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) are not contiguous")
+            if spans[-1][1] != ends.get(p):
+                problems.append(f"partition {p}: last committed range ends at {spans[-1][1]}, txn version {ends.get(p)}")
+        if clean_run and DeltaTable.is_deltatable(self.config.ledger_path):
+            ledger = DeltaTable(self.config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+            mine = [r for r in ledger if r["pipeline"] == self.name and r["status"] in ("committed", "gap")
+                    and r["kind"] in ("ingest", "gap") and r["end_offset"] > r["start_offset"]]
+            ledger_spans = {(r["partition"], r["start_offset"], r["end_offset"]) for r in mine}
+            sink_spans = {(p, a, b) for p, spans in ranges.items() for a, b in spans}
+            if ledger_spans != sink_spans:
+                problems.append(f"ledger committed ranges differ from the sink's: only in ledger "
+                                f"{sorted(ledger_spans - sink_spans)[:5]}, only in sink {sorted(sink_spans - ledger_spans)[:5]}")
+        self.stats["last_sink_rows"] = len(sink_rows)
+        self.stats["last_dead_letters"] = len(dead)
+        self.stats["last_in_gaps"] = in_gaps
+        if final:
+            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+            behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
+            if behind:
+                problems.append(f"after the final run partitions are behind their LSO: {behind}")
+        if problems:
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: " + "; ".join(problems[:8]))
+
+
+def _new_topic(topic: str, partitions: int):
+    from confluent_kafka.admin import NewTopic
+
+    return NewTopic(topic, num_partitions=partitions, replication_factor=1)
+
+
+def _last_stable(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+
+def _kill_group(pgid: int) -> None:
+    """Leftovers of a killed run (its Spark JVM) go with its process group."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("SEED", "1")))
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "200")))
+    parser.add_argument("--work", type=Path, help="folder for the lake and broker data (default: a temp folder)")
+    parser.add_argument("--figures", type=Path, help="append the final figures as a JSON line to this file")
+    args = parser.parse_args()
+    import logging
+    import tempfile
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.path.insert(0, str(ROOT))
+    from offsetlake.local_broker import LocalBroker
+    from offsetlake.spark import stop_spark
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="offsetlake-torture-"))
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        broker = LocalBroker(work / "broker").start()
+        bootstrap = broker.bootstrap
+    try:
+        campaign = Campaign(args.seed, args.steps, bootstrap, work, broker.restart if broker else None,
+                            log=lambda line: print(line, flush=True))
+        figures = campaign.run()
+    finally:
+        stop_spark()
+        if broker is not None:
+            broker.stop()
+    if args.figures:
+        with args.figures.open("a") as out:
+            out.write(json.dumps(figures) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    from offsetlake.cli import exit_now
+
+    exit_now(main())

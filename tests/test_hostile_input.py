@@ -1,0 +1,134 @@
+"""Garbage on the topic and in the arguments: a clear error or a dead-letter row, never a lost
+record and never a stack trace as the only message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import ROOT
+from deltalake import DeltaTable
+
+BIG = 1_300_000  # bytes: above the 1 MiB default limits of Kafka clients and brokers
+
+
+def _create_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic_config = {"max.message.bytes": str(4 * 1024 * 1024)}  # a real Kafka needs it for the large values
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1, config=topic_config)])[topic].result(30)
+
+
+def _order(order_id: int, **extra: object) -> bytes:
+    return json.dumps({"order_id": order_id, "customer": "c1", "amount": 1.5, "currency": "EUR",
+                       "created_at": "2026-11-01T00:00:00Z", **extra}).encode()
+
+
+CASES = [
+    # (name, key, value, headers, expected: None = sink row, else the dead-letter reason)
+    ("null key", None, _order(1), None, None),
+    ("tombstone", b"k", None, None, "tombstone: record has a null value"),
+    ("non-UTF-8 value", b"k", b'{"order_id": 2, "customer": "\xff\xfe"}', None, "value is not valid UTF-8"),
+    ("large valid value", b"k", _order(3, note="x" * BIG), None, None),
+    ("large garbage value", b"k", b"\xff" * BIG, None, "value is not valid UTF-8"),
+    ("wrong type for a field", b"k", b'{"order_id": "four", "customer": "c1"}', None,
+     "value does not parse as JSON matching the declared schema"),
+    ("a JSON array", b"k", b"[1, 2, 3]", None, "value is not a JSON object"),
+    ("not JSON at all", b"k", b"order 6 placed", None, "value is not a JSON object"),
+    ("missing required field", b"k", b'{"customer": "c1"}', None, "required field 'order_id' is missing or null"),
+    ("odd header bytes", b"\x00\xff", _order(9), [("h\u00e9", b"\x00\xff\x80"), ("empty", b""), ("none", None)], None),
+    ("odd header bytes on a dead letter", b"\x00", b"{not json", [("h\u00e9", b"\x00\xff\x80")],
+     "value does not parse as JSON matching the declared schema"),
+]
+
+
+def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline):
+    _create_topic(pipeline.bootstrap, pipeline.topic)
+    config = pipeline.write()
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap, "message.max.bytes": 4 * 1024 * 1024})
+    for _, key, value, headers, _ in CASES:
+        producer.produce(pipeline.topic, key=key, value=value, headers=headers, partition=0)
+    assert producer.flush(60) == 0
+
+    result = pipeline.cli("run")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    sink = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "order_id"]).to_pylist()
+    dead = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table().to_pylist()
+    in_sink = {r["_kafka_offset"]: r["order_id"] for r in sink}
+    in_dead = {r["_kafka_offset"]: r for r in dead}
+    assert len(sink) == len(in_sink) and len(dead) == len(in_dead), "no record may appear twice"
+    for offset, (name, key, value, headers, reason) in enumerate(CASES):
+        if reason is None:
+            assert offset in in_sink and offset not in in_dead, f"{name}: expected a sink row"
+            assert in_sink[offset] == json.loads(value)["order_id"], name
+        else:
+            assert offset in in_dead and offset not in in_sink, f"{name}: expected a dead letter"
+            row = in_dead[offset]
+            assert row["reason"] == reason, f"{name}: {row['reason']}"
+            assert row["value"] == value and row["key"] == key, f"{name}: the original bytes must be kept"
+            if headers:
+                assert [(h["key"], h["value"]) for h in row["headers"]] == list(headers), name
+    assert len(in_sink) + len(in_dead) == len(CASES)
+    assert pipeline.cli("audit").returncode == 0
+
+
+def test_hostile_arguments_fail_with_a_message_and_write_nothing(pipeline):
+    for args, message in [
+        (["run", "../x"], "pipeline name '../x' is not allowed: pipeline names are [a-z0-9_]+"),
+        (["status", "Orders-X"], "pipeline name 'Orders-X' is not allowed"),
+        (["run", "no_such_pipeline"], "no pipeline 'no_such_pipeline' in"),
+        (["run", "/nonexistent/x.yaml"], "pipeline file /nonexistent/x.yaml does not exist"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipeline.folder), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+    assert not pipeline.lake.exists()
+    body = pipeline.file.read_text()
+    pipeline.file.write_text(body.replace(f"name: {pipeline.name}", "name: ../x"))
+    done = pipeline.cli("run")
+    assert done.returncode == 2 and "'../x' is not allowed" in done.stderr and "Traceback" not in done.stderr
+    pipeline.file.write_text(body + "\nsurprise_field: 1\n")
+    done = pipeline.cli("run")
+    assert done.returncode == 2 and "surprise_field: Extra inputs are not permitted" in done.stderr, done.stderr[-1000:]
+    assert not pipeline.lake.exists()
+
+
+def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
+    """A marker password in the Kafka options: grep every output and every file the runs wrote."""
+    marker = f"MARKER-{uuid.uuid4().hex}"
+    _create_topic(pipeline.bootstrap, pipeline.topic)
+    (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(
+        "expectations:\n  - expect_column_values_to_not_be_null: {column: customer}\n")
+    config = pipeline.write(
+        kafka={"bootstrap_servers": pipeline.bootstrap,
+               "options": {"client.id": "secrets-test", "sasl.username": "svc", "sasl.password": marker,
+                           "ssl.key.password": marker}},
+        validation={"on_failure": "fail"},
+    )
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+    for i in range(50):
+        producer.produce(pipeline.topic, value=_order(i, customer=None if i == 7 else "c1"), partition=0)
+    producer.produce(pipeline.topic, value=b"{broken", partition=0)
+    assert producer.flush(30) == 0
+
+    outputs = []
+    failed = pipeline.cli("run", "--log-level", "DEBUG", "--run-id", "secret-run")  # fails validation
+    assert failed.returncode == 3, failed.stderr[-2000:]
+    outputs.append(failed)
+    pipeline.write(kafka=config.kafka.model_dump(), validation={"on_failure": "quarantine"})
+    for args in (["run", "--log-level", "DEBUG", "--run-id", "secret-run"], ["status"], ["ledger"], ["ledger", "--json"],
+                 ["audit"], ["backfill", "--from-offset", "0", "--to-offset", "10"]):
+        done = pipeline.cli(*args)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+        outputs.append(done)
+    for done in outputs:
+        assert marker not in done.stdout and marker not in done.stderr, done.args
+    written = [p for p in pipeline.lake.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".html" for p in written) and any("_delta_log" in str(p) for p in written)
+    leaked = [str(p) for p in written if marker.encode() in p.read_bytes()]
+    assert not leaked, f"the Kafka password was written to {leaked}"
