@@ -123,8 +123,13 @@ def plan_next_batch(
 
 
 def record_gap(config: PipelineConfig, run: RunContext, ledger: Ledger, lost: OffsetRange) -> None:
-    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only)."""
+    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only).
+
+    Dead letters a crashed batch left in the lost range are removed first: those offsets are now
+    recorded as never ingested, and no later batch will read (and so replace) them again.
+    """
     plan = BatchPlan(config.name, new_batch_id(config.name), "gap", (lost,), run)
+    replace_dead_letters(config, [lost], DEAD_LETTER_SCHEMA.empty_table())
     table = open_table(config.sink_path)
     entry = _entry(plan, {}, time.monotonic())
     entry["message"] = f"{lost.end - lost.start} offsets {lost} were lost to retention before ingestion"
@@ -290,8 +295,16 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
     If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
     Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
     if another writer won the commit race (invariant 10); nothing is committed then.
-    Backfill plans go to ``offsetlake.backfill`` (replace, no txn change).
+    Backfill plans go to ``offsetlake.backfill`` (replace, no txn change). Errors raised
+    inside Spark tasks (a range no longer readable, a read timeout) surface as themselves.
     """
+    from offsetlake.reader import errors_from_spark_tasks
+
+    with errors_from_spark_tasks():
+        return _execute_batch(config, plan, ledger, spark_factory)
+
+
+def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
     if plan.kind == "backfill":
         return execute_backfill_batch(config, plan, ledger, spark_factory)
     started = time.monotonic()

@@ -7,7 +7,9 @@ are cut into splits so every core works.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -22,6 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from offsetlake import errors
 from offsetlake.plan import OffsetRange
 
 RAW_SCHEMA = StructType(
@@ -58,6 +61,28 @@ _SPLIT_SCHEMA = StructType(
     ]
 )
 _ROWS_PER_ARROW_BATCH = 20_000
+_TASK_ERROR = re.compile(r"offsetlake\.errors\.(\w+): (.+)")
+
+
+@contextmanager
+def errors_from_spark_tasks() -> Iterator[None]:
+    """Re-raise an OffsetlakeError that a Spark task raised as itself, without the JVM trace.
+
+    A range read inside a task fails with our own errors (offsets lost, read timeout, broker
+    unreachable); Spark hands them to the driver as a PythonException whose text is a worker
+    traceback. The user should see the one line that names pipeline, topic, partition and
+    offsets, and the CLI its exit code, as if the read had run in the driver.
+    """
+    try:
+        yield
+    except errors.OffsetlakeError:
+        raise
+    except Exception as err:
+        found = _TASK_ERROR.findall(str(err))
+        kind = getattr(errors, found[-1][0], None) if found else None
+        if isinstance(kind, type) and issubclass(kind, errors.OffsetlakeError):
+            raise kind(found[-1][1].strip()) from err
+        raise
 
 
 def split_ranges(ranges: list[OffsetRange], parallelism: int, min_split: int = 20_000) -> list[OffsetRange]:

@@ -128,6 +128,34 @@ def pipeline(broker: Broker, tmp_path: Path) -> Pipeline:
     return p
 
 
+@pytest.fixture
+def running_airflow(tmp_path: Path, pipeline: Pipeline):
+    """Real Airflow (api-server, scheduler, dag-processor; SQLite, LocalExecutor) on a free port,
+    reading pipelines from its own folder; ``failpoint_file`` arms a one-shot crash in a task."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from local_airflow import LocalAirflow
+
+    from offsetlake.local_broker import free_port
+
+    folder = tmp_path / "airflow_pipelines"
+    folder.mkdir()
+    airflow = LocalAirflow(
+        tmp_path / "airflow_home", free_port(),
+        extra_env={
+            "OFFSETLAKE_PIPELINES_DIR": str(folder),
+            "OFFSETLAKE_TASK_RETRIES": "0",
+            "OFFSETLAKE_FAILPOINT_FILE": str(tmp_path / "failpoint"),
+        },
+    )
+    airflow.pipelines = folder
+    airflow.failpoint_file = tmp_path / "failpoint"
+    airflow.start()
+    try:
+        yield airflow
+    finally:
+        airflow.stop()
+
+
 # Seen here: a Python process that used delta-rs datasets can abort during interpreter teardown
 # ("terminate called without an active exception") after all its work is done. The session's
 # fixtures have finished (broker stopped, Spark stopped) by pytest_unconfigure, so leave with

@@ -9,43 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
-import pytest
 import yaml
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, dead_letter_coordinates, ledger_rows, read_topic, sink_coordinates
 
-from offsetlake.local_broker import free_port
 from offsetlake.sample_data import ensure_topic, produce_orders
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from local_airflow import LocalAirflow  # noqa: E402
-
-
-@pytest.fixture
-def running_airflow(tmp_path: Path, pipeline):
-    folder = tmp_path / "airflow_pipelines"
-    folder.mkdir()
-    airflow = LocalAirflow(
-        tmp_path / "airflow_home", free_port(),
-        extra_env={
-            "OFFSETLAKE_PIPELINES_DIR": str(folder),
-            "OFFSETLAKE_TASK_RETRIES": "0",
-            "OFFSETLAKE_FAILPOINT_FILE": str(tmp_path / "failpoint"),
-        },
-    )
-    airflow.pipelines = folder
-    airflow.failpoint_file = tmp_path / "failpoint"
-    airflow.start()
-    try:
-        yield airflow
-    finally:
-        airflow.stop()
-
 
 
 def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow, pipeline):

@@ -53,3 +53,29 @@ def test_skip_policy_records_a_gap_and_continues(pipeline, spark):
     assert DeltaTable(config.sink_path).transaction_version(config.app_id(pipeline.topic, 0)) == 2_000
     audit = pipeline.cli("audit")
     assert audit.returncode == 0, audit.stdout
+
+
+def test_gap_over_a_crashed_batch_leaves_none_of_its_dead_letters(pipeline, spark):
+    """Found by the fault campaign: a batch killed after writing its dead letters, then its
+    offsets deleted and skipped as a gap, left those dead letters behind for records the
+    ledger says were never ingested."""
+    from kafka_truth import dead_letter_coordinates
+
+    config = pipeline.write(on_offsets_lost="skip")
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0)
+    run_pipeline(config, RunContext("first"), lambda: spark)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=5_000, partition=0, malformed_every=50)
+
+    crashed = pipeline.cli("run", env={"OFFSETLAKE_FAILPOINT": "after_files_written"})
+    assert crashed.returncode < 0, crashed.stderr[-2000:]
+    left = [o for _, o in dead_letter_coordinates(config.dead_letter_path)]
+    assert len(left) == 20 and min(left) >= 1_000, "the crashed batch must have written its dead letters"
+
+    _delete_before(pipeline.bootstrap, pipeline.topic, 0, 1_600)
+    run_pipeline(config, RunContext("after"), lambda: spark)
+    gaps = [(r["start_offset"], r["end_offset"]) for r in ledger_rows(config) if r["status"] == "gap"]
+    assert gaps == [(1_000, 1_600)]
+    dead = sorted(o for _, o in dead_letter_coordinates(config.dead_letter_path))
+    assert dead == [o for o in range(1_000, 2_000) if (o - 1_000) % 50 == 49 and o >= 1_600], dead
+    assert pipeline.cli("audit").returncode == 0

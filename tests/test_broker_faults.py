@@ -1,0 +1,164 @@
+"""Broker faults: down at plan time, stopped mid-read and back within the read bound, and an
+outage longer than the bound. Each ends with a rerun that lands the topic exactly once.
+
+These tests stop and start a broker, so they run on a private noida-db broker of their own, also
+when KAFKA_BOOTSTRAP_SERVERS names a shared broker (which a test must never stop).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Pipeline
+from deltalake import DeltaTable
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+
+from offsetlake.local_broker import LocalBroker
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    broker = LocalBroker(tmp_path / "broker-data", log_path=tmp_path / "broker.log").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def faulty(own_broker: LocalBroker, tmp_path: Path) -> Pipeline:
+    suffix = uuid.uuid4().hex[:8]
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    pipeline = Pipeline(f"p_{suffix}", f"t_{suffix}", folder, tmp_path / "lake", own_broker.bootstrap)
+    pipeline.write()
+    return pipeline
+
+
+class Watched:
+    """A running `offsetlake run` whose stderr lines are collected with their arrival times."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append((time.monotonic(), line))
+
+    def wait_for(self, text: str, timeout_s: float = 180) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for seen, line in list(self.lines):
+                if text in line:
+                    return seen
+            assert self.process.poll() is None or self._reader.is_alive(), f"run ended before '{text}':\n{self.stderr()}"
+            time.sleep(0.1)
+        raise AssertionError(f"no '{text}' within {timeout_s}s:\n{self.stderr()[-3000:]}")
+
+    def seen_at(self, text: str) -> float | None:
+        return next((seen for seen, line in self.lines if text in line), None)
+
+    def last_line(self) -> str:
+        lines = self.stderr().strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def finish(self, timeout_s: float = 600) -> int:
+        code = self.process.wait(timeout_s)
+        self._reader.join(30)
+        return code
+
+    def stderr(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+
+def _start_run(pipeline: Pipeline) -> Watched:
+    # Spark's INFO log says when the first read task starts, so the broker can be stopped mid-read
+    return Watched(pipeline.cli_start("run", env={"OFFSETLAKE_SPARK_LOG_LEVEL": "INFO"}))
+
+
+def _sink_version(pipeline: Pipeline) -> int | None:
+    path = str(pipeline.lake / pipeline.name)
+    return DeltaTable(path).version() if DeltaTable.is_deltatable(path) else None
+
+
+def test_broker_down_at_plan_time_fails_clearly_and_writes_nothing(faulty, own_broker):
+    config = faulty.write(max_records_per_batch=50_000)
+    ensure_topic(faulty.bootstrap, faulty.topic, 2)
+    produce_orders(faulty.bootstrap, faulty.topic, 3_000, malformed_every=301)
+    assert faulty.cli("run").returncode == 0
+    produce_orders(faulty.bootstrap, faulty.topic, 2_000, first_id=3_000)
+    version, ledger = _sink_version(faulty), len(ledger_rows(config))
+
+    own_broker.stop()
+    for command in ("run", "status"):
+        down = faulty.cli(command, timeout=180)
+        assert down.returncode == 2, down.stderr[-2000:]
+        assert f"pipeline {faulty.name}: cannot reach Kafka at {faulty.bootstrap}" in down.stderr, down.stderr[-2000:]
+        assert "Traceback" not in down.stderr
+    assert _sink_version(faulty) == version and len(ledger_rows(config)) == ledger, "a run without a broker wrote"
+
+    own_broker.start()
+    rerun = faulty.cli("run")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
+    assert _sink_version(faulty) == version + 1
+
+
+def test_broker_restarted_mid_read_within_the_read_bound_lands_exactly_once(faulty, own_broker):
+    config = faulty.write(max_records_per_batch=1_000_000, read_timeout_seconds=120)
+    ensure_topic(faulty.bootstrap, faulty.topic, 2)
+    produce_orders(faulty.bootstrap, faulty.topic, 300_000, malformed_every=997)
+
+    run = _start_run(faulty)
+    run.wait_for("step=plan")
+    run.wait_for("Starting task 0.0 in stage 0.0")
+    time.sleep(1.0)
+    stopped = time.monotonic()
+    own_broker.stop()
+    time.sleep(3)
+    own_broker.start()
+    code = run.finish()
+    read_done = run.seen_at("step=read")
+    assert read_done is None or read_done > stopped, "the read finished before the broker stopped: use a longer range"
+    if code != 0:  # allowed if it says why in one line (Spark's own task log may come before it)
+        assert code == 2 and run.last_line().startswith(f"offsetlake run: error: pipeline {faulty.name}: "), run.stderr()[-3000:]
+        rerun = faulty.cli("run")
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
+    assert faulty.cli("audit").returncode == 0
+
+
+def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_exactly_once(faulty, own_broker):
+    config = faulty.write(max_records_per_batch=1_000_000, read_timeout_seconds=5)
+    ensure_topic(faulty.bootstrap, faulty.topic, 2)
+    produce_orders(faulty.bootstrap, faulty.topic, 300_000, malformed_every=997)
+
+    run = _start_run(faulty)
+    run.wait_for("Starting task 0.0 in stage 0.0")
+    time.sleep(1.0)
+    own_broker.stop()
+    code = run.finish()
+    assert code == 2, run.stderr()[-3000:]
+    # one readable line last, naming pipeline, topic, partition and offsets (Spark's task log may precede it)
+    last = run.last_line()
+    assert last.startswith(f"offsetlake run: error: pipeline {faulty.name}: {faulty.topic}["), run.stderr()[-3000:]
+    assert "no progress for 5s at offset" in last and "Traceback" not in last, last
+    assert _sink_version(faulty) is None, "nothing may be committed"
+    statuses = {r["status"] for r in ledger_rows(config)}
+    assert statuses == {"planned", "failed"}, statuses
+
+    own_broker.start()
+    rerun = faulty.cli("run")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
+    assert faulty.cli("audit").returncode == 0
