@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import Pipeline
 from deltalake import DeltaTable
@@ -65,6 +66,20 @@ class Watched:
             time.sleep(0.1)
         raise AssertionError(f"no '{text}' within {timeout_s}s:\n{self.stderr()[-3000:]}")
 
+    def wait_for_reading(self, timeout_s: float = 180) -> None:
+        """Until Spark has started its Python workers: the first Python task of a batch is its read."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"run ended before reading:\n{self.stderr()[-3000:]}"
+            try:
+                children = psutil.Process(self.process.pid).children(recursive=True)
+                if any("pyspark.daemon" in " ".join(c.cmdline()) for c in children):
+                    return
+            except psutil.Error:  # a child came and went while we looked
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"no Spark Python worker within {timeout_s}s:\n{self.stderr()[-3000:]}")
+
     def seen_at(self, text: str) -> float | None:
         return next((seen for seen, line in self.lines if text in line), None)
 
@@ -82,8 +97,7 @@ class Watched:
 
 
 def _start_run(pipeline: Pipeline) -> Watched:
-    # Spark's INFO log says when the first read task starts, so the broker can be stopped mid-read
-    return Watched(pipeline.cli_start("run", env={"OFFSETLAKE_SPARK_LOG_LEVEL": "INFO"}))
+    return Watched(pipeline.cli_start("run"))
 
 
 def _sink_version(pipeline: Pipeline) -> int | None:
@@ -121,8 +135,8 @@ def test_broker_restarted_mid_read_within_the_read_bound_lands_exactly_once(faul
 
     run = _start_run(faulty)
     run.wait_for("step=plan")
-    run.wait_for("Starting task 0.0 in stage 0.0")
-    time.sleep(1.0)
+    run.wait_for_reading()
+    time.sleep(2.0)
     stopped = time.monotonic()
     own_broker.stop()
     time.sleep(3)
@@ -144,8 +158,8 @@ def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_ex
     produce_orders(faulty.bootstrap, faulty.topic, 300_000, malformed_every=997)
 
     run = _start_run(faulty)
-    run.wait_for("Starting task 0.0 in stage 0.0")
-    time.sleep(1.0)
+    run.wait_for_reading()
+    time.sleep(2.0)
     own_broker.stop()
     code = run.finish()
     assert code == 2, run.stderr()[-3000:]
