@@ -187,6 +187,7 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     conflict; running the same backfill again is always safe because it replaces, never appends.
     """
     from offsetlake.batch import _entry, log_step, process_ranges, write_rows
+    from offsetlake.spark import dataframe_from_arrow
     from offsetlake.validation import load_suite
 
     started = time.monotonic()
@@ -198,11 +199,20 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
     removed = touched_files(table, list(plan.ranges))
     rows = processed.rows
+    kept_count = 0
     if removed:
         kept = kept_rows(table, removed, list(plan.ranges))
-        if kept.num_rows:
-            rows = rows.unionByName(spark.createDataFrame(kept).select(*rows.columns))
+        kept_count = kept.num_rows
+        if kept_count:
+            rows = rows.unionByName(dataframe_from_arrow(spark, kept).select(*rows.columns))
     files = write_rows(config, plan, processed, rows, spark)
+    rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
+    if rewritten != kept_count:
+        processed.release()
+        raise OffsetlakeError(
+            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} would rewrite {rewritten} rows "
+            f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
+        )
     t = time.monotonic()
     entry = _entry(plan, processed.per_range, started, processed.validation)
     entry["message"] = f"replaced rows of {plan.describe()}; rewrote {len(removed)} files"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
 
 _SESSION: SparkSession | None = None
 
@@ -50,3 +51,13 @@ def stop_spark() -> None:
     if _SESSION is not None:
         _SESSION.stop()
         _SESSION = None
+
+
+def dataframe_from_arrow(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """A DataFrame holding every row of ``table``.
+
+    Seen here with PySpark 4.2: ``createDataFrame`` of a table whose first chunks are empty (as
+    a filtered dataset read returns) gave a DataFrame with no rows at all, so a backfill lost the
+    rows it was meant to keep. One chunk avoids it.
+    """
+    return spark.createDataFrame(table.combine_chunks())

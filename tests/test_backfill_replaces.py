@@ -119,3 +119,19 @@ def test_backfill_by_time_selects_the_offsets_offsets_for_times_gives(pipeline, 
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert [(r["start"], r["end"]) for r in summary["ranges"]] == [tuple(expected)]
     assert summary["records_read"] == 150
+
+
+
+def test_rows_kept_by_a_backfill_reach_spark_whatever_the_chunking(spark):
+    """Found by the fault campaign: a backfill dropped the rows it had to keep from the files it
+    replaced, because PySpark 4.2 built no rows from an Arrow table whose first chunks were empty
+    (what a filtered read over several files returns)."""
+    import pyarrow as pa
+
+    from offsetlake.spark import dataframe_from_arrow
+
+    rows = pa.table({"_kafka_partition": pa.array([0, 0], pa.int32()), "_kafka_offset": [709, 710]})
+    chunked = pa.concat_tables([rows.slice(0, 0), rows.slice(0, 0), rows, rows.slice(0, 0)])
+    assert [len(c) for c in chunked.column(0).chunks] == [0, 0, 2, 0]
+    frame = dataframe_from_arrow(spark, chunked)
+    assert sorted(r["_kafka_offset"] for r in frame.collect()) == [709, 710]
