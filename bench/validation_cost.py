@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import statistics
 import sys
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from offsetlake.batch import run_pipeline  # noqa: E402
 from offsetlake.config import load_pipeline  # noqa: E402
-from offsetlake.local_broker import LocalBroker  # noqa: E402
+from offsetlake.local_broker import broker_for  # noqa: E402
 from offsetlake.plan import RunContext  # noqa: E402
 from offsetlake.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.spark import spark_session, stop_spark  # noqa: E402
@@ -74,11 +73,14 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        broker = LocalBroker(work / "broker").start()
-        bootstrap = broker.bootstrap
+    try:
+        with broker_for(work / "broker") as (bootstrap, _):
+            return _measure(args, work, bootstrap)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, work: Path, bootstrap: str) -> int:
     try:
         topic = f"bench_orders_{int(time.time())}"
         ensure_topic(bootstrap, topic, 2)
@@ -112,9 +114,6 @@ def main() -> int:
         print(json.dumps({"summary": summary}), flush=True)
     finally:
         stop_spark()
-        if broker is not None:
-            broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -103,3 +105,18 @@ class LocalBroker:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+@contextmanager
+def broker_for(data_dir: Path) -> Iterator[tuple[str, LocalBroker | None]]:
+    """(bootstrap, local broker or None) for a tool: ``$KAFKA_BOOTSTRAP_SERVERS`` if set, else a
+    noida-db broker in ``data_dir`` for the duration, stopped by its PID afterwards."""
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if external:
+        yield external, None
+        return
+    broker = LocalBroker(data_dir).start()
+    try:
+        yield broker.bootstrap, broker
+    finally:
+        broker.stop()

@@ -132,8 +132,10 @@ class Campaign:
             kinds[kind][1]()
             self.stats["steps"] += 1
             self.stats[f"step:{kind}"] += 1
-            clean = kind == "run"
-            self.check(clean_run=clean)
+            try:
+                self.check(clean_run=kind == "run")
+            except InvariantBroken as broken:
+                raise InvariantBroken(f"step {step + 1} ({kind}): {broken}") from None
             self.log(f"campaign seed={self.seed} step={step + 1}/{self.steps} kind={kind} "
                      f"took_ms={int((time.monotonic() - t) * 1000)} ok")
         self.finish_open_txn()
@@ -150,7 +152,8 @@ class Campaign:
             "records_produced": len(self.model.records), "records_committed_in_kafka": len(visible),
             "records_in_sink": self.stats["last_sink_rows"], "dead_letters": self.stats["last_dead_letters"],
             "records_in_recorded_gaps": self.stats["last_in_gaps"],
-            "batches_committed": self.stats["batches"], "runs": self.stats["runs"],
+            "batches_committed": self.stats["commits:ingest"], "runs_in_process": self.stats["runs"],
+            "sink_commits": {k.removeprefix("commits:"): v for k, v in sorted(self.stats.items()) if k.startswith("commits:")},
             "failpoint_crashes": self.stats["failpoint_crashes"], "sigkills": self.stats["sigkills"],
             "backfills": self.stats["backfills"], "broker_restarts": self.stats["step:restart_broker"],
             "partitions": self.partitions, "duplicates_found": self.stats["duplicates_found"],
@@ -206,13 +209,7 @@ class Campaign:
 
     def produce_txn(self, commit: bool) -> None:
         producer, txn = self._txn_producer()
-        sent = self._send(producer, self.rng.randint(1, 120), "open", txn=txn)
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
-        for record in sent:
-            record.state = "visible" if commit else "aborted"
+        _end_transaction(producer, self._send(producer, self.rng.randint(1, 120), "open", txn=txn), commit)
 
     def begin_open_txn(self) -> None:
         if self.open_txn is not None:
@@ -225,13 +222,7 @@ class Campaign:
             return
         producer, sent = self.open_txn
         self.open_txn = None
-        commit = self.rng.random() < 0.5
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
-        for record in sent:
-            record.state = "visible" if commit else "aborted"
+        _end_transaction(producer, sent, commit=self.rng.random() < 0.5)
 
     # ---- steps: running -------------------------------------------------------------------
     def run_in_process(self, to_the_end: bool = False) -> None:
@@ -239,10 +230,9 @@ class Campaign:
         from offsetlake.plan import RunContext
         from offsetlake.spark import spark_session
 
-        results = run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
-                               max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
+        run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
+                     max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
         self.stats["runs"] += 1
-        self.stats["batches"] += sum(1 for r in results if r.status == "committed")
 
     def _cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_FAILPOINT")}
@@ -334,6 +324,19 @@ class Campaign:
                 low, high = spans.get(record.txn, (record.offset, record.offset))
                 spans[record.txn] = (min(low, record.offset), max(high, record.offset))
         return {t for low, high in spans.values() for t in range(low + 1, high + 1)}
+
+    def _model_matches_a_consumer(self, lso: dict[int, int]) -> list[str]:
+        """The model itself, checked against what a plain read_committed consumer reads now."""
+        expected = {(p, o): r.order_id for (p, o), r in self.model.records.items()
+                    if r.state == "visible" and o >= self.model.deleted_below.get(p, 0) and o < lso.get(p, 0)}
+        seen = _consumer_view(self.bootstrap, self.topic, lso)
+        if seen == expected:
+            return []
+        only_model = sorted(set(expected) - set(seen))[:5]
+        only_kafka = sorted(set(seen) - set(expected))[:5]
+        differ = sorted(k for k in set(seen) & set(expected) if seen[k] != expected[k])[:5]
+        return [f"the campaign's model and a plain consumer disagree: only in the model {only_model}, "
+                f"only in Kafka {only_kafka}, different values {differ}"]
 
     def restart(self) -> None:
         self.finish_open_txn()  # a transaction coordinator's state across restarts is not under test
@@ -427,6 +430,8 @@ class Campaign:
             if ledger_spans != sink_spans:
                 problems.append(f"ledger committed ranges differ from the sink's: only in ledger "
                                 f"{sorted(ledger_spans - sink_spans)[:5]}, only in sink {sorted(sink_spans - ledger_spans)[:5]}")
+        for kind, count in Counter(c.get("kind") for c in commits).items():
+            self.stats[f"commits:{kind}"] = count
         self.stats["last_sink_rows"] = len(sink_rows)
         self.stats["last_dead_letters"] = len(dead)
         self.stats["last_in_gaps"] = in_gaps
@@ -439,8 +444,54 @@ class Campaign:
             behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
             if behind:
                 problems.append(f"after the final run partitions are behind their LSO: {behind}")
+            problems += self._model_matches_a_consumer(lso)
         if problems:
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: " + "; ".join(problems[:8]))
+
+
+def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: float = 120) -> dict[tuple[int, int], int | None]:
+    """(partition, offset) -> order id (None: malformed) of every record a plain read_committed
+    consumer sees from each partition's log start to its LSO."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"campaign-truth-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True, "receive.message.max.bytes": 200_000_000})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in lso])
+    seen: dict[tuple[int, int], int | None] = {}
+    done = {p for p, end in lso.items() if end == 0}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(done) < len(lso):
+            if time.monotonic() > deadline:
+                raise InvariantBroken(f"a plain consumer did not reach the LSO {lso} of {topic} in {timeout_s}s")
+            for message in consumer.consume(1000, 0.5):
+                p = message.partition()
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF and message.offset() >= lso[p]:
+                        done.add(p)
+                    continue
+                if message.offset() >= lso[p]:
+                    done.add(p)
+                    continue
+                try:
+                    seen[(p, message.offset())] = int(json.loads(message.value())["order_id"])
+                except (ValueError, TypeError, KeyError):
+                    seen[(p, message.offset())] = None
+                if message.offset() + 1 >= lso[p]:
+                    done.add(p)
+    finally:
+        consumer.close()
+    return seen
+
+
+def _end_transaction(producer: Producer, sent: list[Record], commit: bool) -> None:
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+    for record in sent:
+        record.state = "visible" if commit else "aborted"
 
 
 def _new_topic(topic: str, partitions: int):
@@ -479,23 +530,17 @@ def main() -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sys.path.insert(0, str(ROOT))
-    from offsetlake.local_broker import LocalBroker
+    from offsetlake.local_broker import broker_for
     from offsetlake.spark import stop_spark
 
     work = args.work or Path(tempfile.mkdtemp(prefix="offsetlake-torture-"))
-    broker = None
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        broker = LocalBroker(work / "broker").start()
-        bootstrap = broker.bootstrap
-    try:
-        campaign = Campaign(args.seed, args.steps, bootstrap, work, broker.restart if broker else None,
-                            log=lambda line: print(line, flush=True))
-        figures = campaign.run()
-    finally:
-        stop_spark()
-        if broker is not None:
-            broker.stop()
+    with broker_for(work / "broker") as (bootstrap, broker):
+        try:
+            campaign = Campaign(args.seed, args.steps, bootstrap, work, broker.restart if broker else None,
+                                log=lambda line: print(line, flush=True))
+            figures = campaign.run()
+        finally:
+            stop_spark()
     if args.figures:
         with args.figures.open("a") as out:
             out.write(json.dumps(figures) + "\n")
