@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -102,9 +102,39 @@ class LocalBroker:
         while _group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
 
-    def restart(self) -> None:
+    def partition_counts(self) -> dict[str, int]:
+        from confluent_kafka.admin import AdminClient
+
+        metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10)
+        return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+
+    def wait_for_topics(self, wanted: dict[str, int], timeout_s: float = 60) -> None:
+        """Until every topic in ``wanted`` is served with at least that many partitions.
+
+        Seen here: after a start on existing data, noida-db answers metadata requests about a
+        second before it has loaded every topic (a client then gets "unknown topic").
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            served = self.partition_counts()
+            missing = sorted(name for name, count in wanted.items() if served.get(name, 0) < count)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"noida-db on {self.bootstrap} does not serve topics {missing}; see {self.log_path}")
+            time.sleep(0.2)
+
+    def restart(self, wait_for_topics: Iterable[str] = ()) -> None:
+        """Stop, start, and wait until ``wait_for_topics`` are served again with their partitions.
+
+        A topic that holds no records at all does not survive a noida-db restart (Apache Kafka
+        keeps it), so only name topics that have records.
+        """
+        names = set(wait_for_topics)
+        wanted = {name: count for name, count in self.partition_counts().items() if name in names}
         self.stop()
         self.start()
+        self.wait_for_topics(wanted)
 
 
 @contextmanager

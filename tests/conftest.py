@@ -34,11 +34,6 @@ class Broker:
     bootstrap: str
     local: LocalBroker | None
 
-    def restart(self) -> None:
-        if self.local is None:
-            pytest.fail("restart needs the embedded broker")
-        self.local.restart()
-
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:

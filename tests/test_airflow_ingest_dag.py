@@ -64,9 +64,14 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
 
     # The YAML names a dead broker; the Airflow connection kafka_<pipeline> holds the real one,
     # so the run only works if plan, the spark-submit job and publish all take Kafka from it.
+    # Its extra also carries a marker password that must not reach any log or table.
+    import uuid
+
+    marker = f"MARKER-{uuid.uuid4().hex}"
     host, port = pipeline.bootstrap.rsplit(":", 1)
     airflow_env = {**airflow_env, f"AIRFLOW_CONN_KAFKA_{pipeline.name.upper()}": json.dumps(
-        {"conn_type": "generic", "host": host, "port": int(port), "extra": {"client.id": "from-airflow-connection"}})}
+        {"conn_type": "generic", "host": host, "port": int(port),
+         "extra": {"client.id": "from-airflow-connection", "sasl.username": "svc", "sasl.password": marker}})}
     pipeline.write(schedule=None, kafka={"bootstrap_servers": "127.0.0.1:1"})
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     config = pipeline.config().with_kafka_overrides(pipeline.bootstrap, {})
@@ -86,6 +91,12 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
     assert again.returncode == 0, output[-4000:]
     assert "caught up with the last stable offsets" in output
     assert "spark-submit" not in output.replace("Spark not started", "")
+
+    assert marker not in run.stdout + run.stderr + output, "the connection's password reached the task output"
+    written = [p for folder in (Path(airflow_env["AIRFLOW_HOME"]), pipeline.lake) for p in folder.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".log" for p in written) and any("_delta_log" in str(p) for p in written)
+    leaked = [str(p) for p in written if marker.encode() in p.read_bytes()]
+    assert not leaked, f"the connection's password was written to {leaked}"
 
 
 def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, pipeline):
