@@ -71,13 +71,9 @@ class Watched:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"run ended before reading:\n{self.stderr()[-3000:]}"
-            try:
-                children = psutil.Process(self.process.pid).children(recursive=True)
-                if any("pyspark.daemon" in " ".join(c.cmdline()) for c in children):
-                    return
-            except psutil.Error:  # a child came and went while we looked
-                pass
-            time.sleep(0.2)
+            if any("pyspark.daemon" in _command_line(child) for child in _descendants(self.process.pid)):
+                return
+            time.sleep(0.1)
         raise AssertionError(f"no Spark Python worker within {timeout_s}s:\n{self.stderr()[-3000:]}")
 
     def seen_at(self, text: str) -> float | None:
@@ -94,6 +90,20 @@ class Watched:
 
     def stderr(self) -> str:
         return "".join(line for _, line in self.lines)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _command_line(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone, or a zombie not yet reaped
+        return ""
 
 
 def _start_run(pipeline: Pipeline) -> Watched:
@@ -135,7 +145,7 @@ def test_broker_restarted_mid_read_within_the_read_bound_lands_exactly_once(faul
     run = _start_run(faulty)
     run.wait_for("step=plan")
     run.wait_for_reading()
-    time.sleep(2.0)
+    time.sleep(0.3)  # read tasks started: their imports and a 300k-record fetch take seconds, so this is mid-read
     stopped = time.monotonic()
     own_broker.stop()
     time.sleep(3)
@@ -158,7 +168,7 @@ def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_ex
 
     run = _start_run(faulty)
     run.wait_for_reading()
-    time.sleep(2.0)
+    time.sleep(0.3)  # read tasks started: their imports and a 300k-record fetch take seconds, so this is mid-read
     own_broker.stop()
     code = run.finish()
     assert code == 2, run.stderr()[-3000:]
