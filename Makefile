@@ -26,8 +26,9 @@ test: setup ## the whole suite: starts its own broker, one Spark session, temp l
 
 SEED ?= 1
 STEPS ?= 200
-torture: setup ## long randomized fault campaign: make torture SEED=7 STEPS=2000 (figures appended to torture-figures.jsonl)
-	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --figures torture-figures.jsonl
+MINUTES ?= 600
+torture: setup ## long randomized fault campaign: make torture SEED=7 STEPS=2000 [MINUTES=90] (figures appended to torture-figures.jsonl)
+	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --figures torture-figures.jsonl
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py

@@ -121,13 +121,17 @@ class Campaign:
             kinds["restart_broker"] = (1, self.restart)
         return kinds
 
-    def run(self) -> dict:
+    def run(self, minutes: float | None = None) -> dict:
+        """All steps (or as many as fit in ``minutes``), then the final phase; returns the figures."""
         kinds = self.kinds()
         first = list(kinds)
         self.rng.shuffle(first)  # one of each kind first, so short campaigns cover every fault
         names, weights = zip(*[(k, w) for k, (w, _) in kinds.items()], strict=True)
         started = time.monotonic()
         for step in range(self.steps):
+            if minutes is not None and time.monotonic() - started > minutes * 60:
+                self.log(f"campaign seed={self.seed}: time budget of {minutes} min spent after {step} steps")
+                break
             kind = first[step] if step < len(first) else self.rng.choices(names, weights)[0]
             t = time.monotonic()
             kinds[kind][1]()
@@ -532,6 +536,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "200")))
     parser.add_argument("--work", type=Path, help="folder for the lake and broker data (default: a temp folder)")
     parser.add_argument("--figures", type=Path, help="append the final figures as a JSON line to this file")
+    parser.add_argument("--minutes", type=float, help="draw no new step after this long; the final phase still runs")
     args = parser.parse_args()
     import logging
     import tempfile
@@ -546,7 +551,7 @@ def main() -> int:
         try:
             campaign = Campaign(args.seed, args.steps, bootstrap, work, broker.restart if broker else None,
                                 log=lambda line: print(line, flush=True))
-            figures = campaign.run()
+            figures = campaign.run(args.minutes)
         finally:
             stop_spark()
     if args.figures:
