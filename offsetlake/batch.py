@@ -21,7 +21,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.kafka import check_log_start, describe_topic, partition_offsets
-from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit
+from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit, covering_batch
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id, plan_ranges
 from offsetlake.sink import (
     WrittenFiles,
@@ -43,7 +43,7 @@ MAX_CONFLICT_REPLANS = 5
 @dataclass
 class BatchResult:
     plan: BatchPlan
-    status: str  # committed | already_committed
+    status: str  # committed | already_committed | superseded (another batch committed these ranges)
     sink_version: int | None = None
     per_range: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
     timings_ms: dict[str, int] = field(default_factory=dict)
@@ -309,9 +309,7 @@ def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spar
         return execute_backfill_batch(config, plan, ledger, spark_factory)
     started = time.monotonic()
     if not check_plan_applies(open_table(config.sink_path), config, plan):
-        _record_existing_commit(config, plan, ledger)
-        log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, "already_committed", timings_ms={"total": 0})
+        return _plan_already_held(config, plan, ledger, started, {"total": 0})
     suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)
@@ -323,8 +321,7 @@ def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spar
     table = ensure_table(config, to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False))
     if not check_plan_applies(table, config, plan):
         processed.release()
-        _record_existing_commit(config, plan, ledger)
-        return BatchResult(plan, "already_committed", timings_ms=processed.timings_ms)
+        return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
     entry = _entry(plan, processed.per_range, started, processed.validation)
     version = commit_batch(table, config, plan, files, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
@@ -355,6 +352,31 @@ def execute_backfill_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledg
     return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
+def _plan_already_held(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]
+) -> BatchResult:
+    """The sink holds every range of ``plan`` (txn version ≥ end): a no-op that succeeds.
+
+    Either this batch committed them (a rerun after the commit) or another batch committed the
+    very same ranges first, e.g. a CLI run that planned from the same committed ends; then this
+    plan is recorded as ``superseded`` by that batch and nothing is written.
+    """
+    table = open_table(config.sink_path)
+    commits = sink_commits(table, config.name)
+    mine = [c for c in commits if c.batch_id == plan.batch_id]
+    if mine:
+        _record_existing_commit(config, plan, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, "already_committed", mine[0].version, timings_ms=timings_ms)
+    first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
+    winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
+    ledger.record_outcome(plan, SUPERSEDED, message=(
+        f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"
+    ))
+    log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
+    return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
+
+
 def _record_existing_commit(config: PipelineConfig, plan: BatchPlan, ledger: Ledger) -> None:
     table = open_table(config.sink_path)
     ledger.reconcile(sink_commits(table, config.name), _ends_by_tp(table, config, plan.ranges))
@@ -380,7 +402,9 @@ def reconcile_ledger(config: PipelineConfig, ledger: Ledger) -> int:
     tps = {(r["topic"], r["partition"]) for c in commits for r in c.entry.get("ranges", [])}
     tps |= {(row["topic"], row["partition"]) for row in ledger.batches()}
     ranges = [OffsetRange(t, p, 0, 0) for t, p in tps]
-    return ledger.reconcile(commits, _ends_by_tp(table, config, ranges))
+    added = ledger.reconcile(commits, _ends_by_tp(table, config, ranges))
+    ledger.compact_if_fragmented()
+    return added
 
 
 # ---- a run ----------------------------------------------------------------------------------
@@ -438,6 +462,46 @@ def run_pipeline(
     return results
 
 
+def publishable_batch(config: PipelineConfig, batch_id: str) -> dict:
+    """The summary of a batch whose ranges the sink holds, for the Airflow publish task.
+
+    The batch either committed them itself, or was superseded by a batch that committed the very
+    same ranges first (invariant 3: then this run is a no-op that succeeds, and the summary says
+    which batch committed them). Anything else raises, naming the batch's state and why. The
+    summary's ``_ends`` are the committed ends of the batch's partitions (the group offsets).
+    """
+    ledger = Ledger(config.ledger_path, config.name)
+    reconcile_ledger(config, ledger)
+    rows = [r for r in ledger.batches() if r["batch_id"] == batch_id]
+    table = open_table(config.sink_path)
+    ends = {(r["topic"], r["partition"]): _committed_end(table, config, r["topic"], r["partition"]) for r in rows}
+    held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
+    status = rows[0]["status"] if rows else "unknown"
+    if not rows or not (all(r["status"] == COMMITTED for r in rows) or (status == SUPERSEDED and held)):
+        states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
+        why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
+        raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
+    if status == SUPERSEDED:
+        log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
+    return {
+        "pipeline": config.name, "batch_id": batch_id, "kind": rows[0]["kind"], "status": status,
+        "sink_version": rows[0]["sink_version"],
+        "records_read": sum(r["records_read"] or 0 for r in rows),
+        "rows_written": sum(r["rows_written"] or 0 for r in rows),
+        "dead_letters": sum(r["dead_letters"] or 0 for r in rows),
+        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start_offset']}, {r['end_offset']})" for r in rows],
+        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if rows[0]["kind"] == "ingest" else {},
+        "validation": json.loads(rows[0]["validation"])["outcome"] if rows[0].get("validation") else "no suite",
+        "validation_report": rows[0].get("validation_report"),
+        "message": rows[0].get("message"),
+        "_ends": {k: v for k, v in ends.items() if v is not None},
+    }
+
+
+def _committed_end(table, config: PipelineConfig, topic: str, partition: int) -> int | None:
+    return table.transaction_version(config.app_id(topic, partition)) if table is not None else None
+
+
 # ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----
 def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | None:
     """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
@@ -470,6 +534,10 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
         raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
     try:
         return execute_batch(config, plan, ledger, spark_factory)
+    except (CommitConflictError, StalePlanError) as err:
+        # Never applicable again: a rerun of the dag run plans anew from the committed ends.
+        ledger.record_outcome(plan, SUPERSEDED, message=str(err)[:4000])
+        raise
     except Exception as err:
         record_failure(ledger, plan, err)
         raise

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from offsetlake.plan import BatchPlan, OffsetRange
 
@@ -27,6 +27,7 @@ log = logging.getLogger("offsetlake.ledger")
 
 PLANNED, COMMITTED, FAILED, SUPERSEDED, GAP = "planned", "committed", "failed", "superseded", "gap"
 _OUTCOME_RANK = {PLANNED: 0, FAILED: 1, SUPERSEDED: 2, COMMITTED: 3, GAP: 3}
+COMPACT_AFTER_FILES = 32  # per pipeline; see Ledger.compact_if_fragmented
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -167,11 +168,14 @@ class Ledger:
         return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
 
     def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
-        """The plan already recorded for this dag run, so a retry re-executes the same ranges."""
-        rows = [
-            r for r in self.rows().to_pylist()
-            if r["status"] == PLANNED and r["run_id"] == run_id and r["dag_id"] == dag_id and r["kind"] == kind
-        ]
+        """The plan already recorded for this dag run, so a retry re-executes the same ranges.
+
+        A superseded plan (another batch moved the committed end past its start) can never
+        apply again, so it is not returned: rerunning that dag run plans anew.
+        """
+        mine = [r for r in self.rows().to_pylist() if r["run_id"] == run_id and r["dag_id"] == dag_id and r["kind"] == kind]
+        superseded = {r["batch_id"] for r in mine if r["status"] == SUPERSEDED}
+        rows = [r for r in mine if r["status"] == PLANNED and r["batch_id"] not in superseded]
         if not rows:
             return None
         return self._plan_from_rows(rows, kind)
@@ -242,6 +246,32 @@ class Ledger:
         if rows:
             log.info("ledger reconciled pipeline=%s rows_added=%d", self.pipeline, len(rows))
         return len(rows)
+
+    def compact_if_fragmented(self, max_files: int = COMPACT_AFTER_FILES) -> bool:
+        """Rewrite this pipeline's ledger files into one once there are more than ``max_files``.
+
+        Every append adds a small file, and reading thousands of them made each plan slower
+        than the last (2.8 s to read 774 files after 1,298 campaign steps). Compaction is a
+        dataChange=false commit, so concurrent appends are unaffected; losing a race with another
+        compaction only means someone else did it. The replaced files stay on disk until
+        ``vacuum``.
+        """
+        try:
+            table = DeltaTable(self.path)
+        except TableNotFoundError:
+            return False
+        mine = [("pipeline", "=", self.pipeline)]
+        files = len(table.file_uris(file_pruning_predicate=mine))
+        if files <= max_files:
+            return False
+        try:
+            metrics = table.optimize.compact(partition_filters=mine)
+        except (CommitFailedError, DeltaError) as err:
+            log.info("ledger compaction skipped pipeline=%s reason=\"%s\"", self.pipeline, str(err).splitlines()[0])
+            return False
+        log.info("ledger compacted pipeline=%s files_removed=%s files_added=%s", self.pipeline,
+                 metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+        return True
 
     def rebuild(self, sink_commits: list[SinkCommit]) -> int:
         """Recreate this pipeline's rows from sink history alone (invariant 4)."""

@@ -51,6 +51,7 @@ def ingest_operator_class():
     """SparkSubmitOperator that hands the job the pipeline's Kafka connection through the
     environment ($OFFSETLAKE_KAFKA_OVERRIDES), resolved at run time inside the task."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
         def __init__(self, *, pipeline: str, **kwargs) -> None:
@@ -64,9 +65,32 @@ def ingest_operator_class():
             if servers or options:  # never on the command line, which the hook logs
                 self.env_vars = {**(self.env_vars or {}), KAFKA_OVERRIDES_ENV: json.dumps(
                     {"bootstrap_servers": servers, "options": options})}
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except AirflowException:
+                superseded = _superseded_message(self.pipeline, context["ti"].xcom_pull(task_ids="plan"))
+                if superseded is None:
+                    raise
+                # Retrying this task would re-execute a plan that can never apply again.
+                raise AirflowFailException(
+                    f"{superseded}. Not retried: clear the whole dag run "
+                    f"(plan task included) to plan again from the committed ends."
+                ) from None
 
     return OffsetlakeSparkSubmitOperator
+
+
+def _superseded_message(pipeline: str, batch_id: str | None) -> str | None:
+    """The ledger's reason if ``batch_id`` was superseded (lost a commit race, or went stale)."""
+    from offsetlake.ledger import SUPERSEDED, Ledger
+
+    if not batch_id:
+        return None
+    config = load_config(pipeline)
+    rows = [r for r in Ledger(config.ledger_path, config.name).batches() if r["batch_id"] == batch_id]
+    if rows and rows[0]["status"] == SUPERSEDED:
+        return f"pipeline {pipeline}: batch {batch_id} was superseded ({rows[0]['message'] or 'no reason recorded'})"
+    return None
 
 
 def plan_ingest(pipeline: str, **context) -> str | None:
@@ -126,36 +150,15 @@ def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
 
     Backfills never move committed ends, so for them only the summary is logged.
     """
-    from offsetlake.batch import reconcile_ledger
+    from offsetlake.batch import publishable_batch
     from offsetlake.kafka import commit_group_offsets
-    from offsetlake.ledger import COMMITTED, Ledger
-    from offsetlake.sink import open_table
 
     config = load_config(pipeline)
-    ledger = Ledger(config.ledger_path, config.name)
-    reconcile_ledger(config, ledger)
-    rows = [r for r in ledger.batches() if r["batch_id"] == batch_id]
-    if not rows or any(r["status"] != COMMITTED for r in rows):
-        states = sorted({r["status"] for r in rows}) or ["unknown"]
-        raise RuntimeError(f"pipeline {pipeline}: batch {batch_id} is {', '.join(states)}, not committed; nothing published")
-    table = open_table(config.sink_path)
-    ends = {
-        (r["topic"], r["partition"]): table.transaction_version(config.app_id(r["topic"], r["partition"]))
-        for r in rows
-    }
-    if rows[0]["kind"] == "ingest":
-        commit_group_offsets(config.kafka_client_config(), config.name, {k: v for k, v in ends.items() if v is not None})
-    summary = {
-        "pipeline": pipeline, "batch_id": batch_id, "sink_version": rows[0]["sink_version"],
-        "records_read": sum(r["records_read"] or 0 for r in rows),
-        "rows_written": sum(r["rows_written"] or 0 for r in rows),
-        "dead_letters": sum(r["dead_letters"] or 0 for r in rows),
-        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start_offset']}, {r['end_offset']})" for r in rows],
-        "kind": rows[0]["kind"],
-        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if rows[0]["kind"] == "ingest" else {},
-        "validation": json.loads(rows[0]["validation"])["outcome"] if rows[0].get("validation") else "no suite",
-        "validation_report": rows[0].get("validation_report"),
-    }
+    summary = publishable_batch(config, batch_id)
+    if summary["kind"] == "ingest":
+        commit_group_offsets(config.kafka_client_config(), config.name, summary.pop("_ends"))
+    else:
+        summary.pop("_ends")
     log.info("batch summary %s", json.dumps(summary))
     return summary
 

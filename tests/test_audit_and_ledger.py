@@ -8,6 +8,7 @@ from deltalake import DeltaTable, write_deltalake
 from kafka_truth import ledger_rows
 
 from offsetlake.batch import run_pipeline
+from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.sample_data import ensure_topic, produce_orders
 
@@ -37,6 +38,15 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     before = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])
                     for r in ledger_rows(config) if r["status"] == "committed")
     assert len({b for b, *_ in before}) == len(results) >= 3
+
+    # Compaction (what keeps planning flat as history grows) changes files, never rows.
+    ledger = Ledger(config.ledger_path, config.name)
+    rows_before, files_before = ledger.rows().to_pylist(), len(DeltaTable(config.ledger_path).file_uris())
+    assert files_before > 2
+    assert ledger.compact_if_fragmented(max_files=2)
+    assert ledger.rows().to_pylist() == rows_before
+    assert len(DeltaTable(config.ledger_path).file_uris()) == 1
+    assert not ledger.compact_if_fragmented(max_files=2)
 
     shutil.rmtree(config.ledger_path)
     rebuilt = pipeline.cli("ledger", "rebuild")

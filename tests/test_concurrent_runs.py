@@ -73,7 +73,8 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
                 ingest_log[-4000:]
             outcomes["airflow ingest failed naming the winner"] += 1
         else:
-            outcomes["airflow ingest " + ("found its plan committed" if "already_committed" in ingest_log else "committed")] += 1
+            took = "committed_by_another_batch" in ingest_log
+            outcomes["airflow ingest " + ("found its ranges committed by another batch" if took else "committed")] += 1
 
         caught_up = pipeline.cli("run")  # what a loser left behind goes in with the next run
         assert caught_up.returncode == 0, caught_up.stderr[-3000:]
@@ -81,3 +82,48 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
         audit = pipeline.cli("audit")
         assert audit.returncode == 0, audit.stdout
     print("race outcomes:", dict(outcomes))
+
+
+def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pipeline, spark):
+    """The CI race that failed: two dag runs planned the same ranges from the same committed ends.
+
+    The first to commit wins; the other is a no-op that succeeds (invariant 3: the sink holds its
+    ranges) and publishes, its ledger rows naming the winner. A plan another batch moved part-way
+    fails as stale, is superseded, and rerunning its dag run plans anew instead of failing forever.
+    """
+    import pytest
+
+    from offsetlake.batch import execute_recorded_batch, plan_for_dag_run, publishable_batch
+    from offsetlake.errors import StalePlanError
+    from offsetlake.plan import RunContext
+
+    config = pipeline.write(max_records_per_batch=1_000)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 1_500)
+    dag = f"{pipeline.name}_ingest"
+    first = plan_for_dag_run(config, RunContext("scheduled-1", dag, 1))
+    second = plan_for_dag_run(config, RunContext("manual-1", dag, 1))
+    assert first.ranges == second.ranges and first.batch_id != second.batch_id
+
+    assert execute_recorded_batch(config, first.batch_id, lambda: spark).status == "committed"
+    assert execute_recorded_batch(config, second.batch_id, lambda: spark).status == "superseded"
+    second_rows = [r for r in ledger_rows(config) if r["batch_id"] == second.batch_id and r["status"] == "superseded"]
+    assert second_rows and all(first.batch_id in r["message"] for r in second_rows)
+    published = publishable_batch(config, second.batch_id)
+    assert published["status"] == "superseded" and first.batch_id in published["message"]
+    assert published["_ends"] == {(r.topic, r.partition): r.end for r in first.ranges}
+    assert publishable_batch(config, first.batch_id)["status"] == "committed"
+
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_500, first_id=next_id)
+    stale = plan_for_dag_run(config, RunContext("scheduled-2", dag, 1))
+    shorter = pipeline.write(max_records_per_batch=300)  # a CLI run moves the committed end part-way
+    assert pipeline.cli("run", "--max-batches", "1").returncode == 0
+    with pytest.raises(StalePlanError, match="the plan is stale and was not applied"):
+        execute_recorded_batch(config, stale.batch_id, lambda: spark)
+    with pytest.raises(Exception, match=f"batch {stale.batch_id} is superseded"):
+        publishable_batch(config, stale.batch_id)
+    rerun = plan_for_dag_run(config, RunContext("scheduled-2", dag, 2))  # the user clears the whole dag run
+    assert rerun.batch_id != stale.batch_id
+    assert execute_recorded_batch(shorter, rerun.batch_id, lambda: spark).status == "committed"
+    assert pipeline.cli("run").returncode == 0
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
