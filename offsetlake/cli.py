@@ -1,4 +1,4 @@
-"""``offsetlake`` command line: run, status, ledger, ledger rebuild, audit.
+"""``offsetlake`` command line: run, backfill, status, ledger, ledger rebuild, audit, maintenance.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -112,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
         "versions equal the ledger's last committed ends. Otherwise print a report and exit 1.",
     )
     _add_pipeline(audit)
+
+    maintenance = commands.add_parser(
+        "maintenance", parents=[common], help="compact, checkpoint and vacuum the pipeline's sink, dead letters and ledger",
+        description="Rewrite small files into larger ones (txn versions, rows and commit history unchanged), write a "
+        "Delta checkpoint, then vacuum files no version younger than --retention-hours refers to, including files "
+        "staged by attempts that died. Safe while runs are going on: a batch in flight keeps its staged files as "
+        "long as the retention exceeds the longest batch; a backfill racing a compaction fails cleanly and can be "
+        "repeated. Prints file counts before and after per table. Starts no Spark.",
+    )
+    _add_pipeline(maintenance)
+    maintenance.add_argument("--retention-hours", type=int, default=168,
+                             help="keep unreferenced files younger than this (default 168 = 7 days, at least 1)")
+    maintenance.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only, delete nothing")
+    maintenance.add_argument("--json", action="store_true", help="print one JSON line per table")
     return parser
 
 
@@ -240,6 +254,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_maintenance(args: argparse.Namespace) -> int:
+    from offsetlake.maintenance import maintain
+
+    config = _load(args, args.pipeline)
+    reports = [r.as_dict() for r in maintain(config, args.retention_hours, vacuum=not args.no_vacuum)]
+    if args.json:
+        for report in reports:
+            print(json.dumps({"pipeline": config.name, **report}))
+        return 0
+    print(f"maintenance of pipeline {config.name} (retention {args.retention_hours} h"
+          f"{', no vacuum' if args.no_vacuum else ''})")
+    _print_table(reports, ["table", "files_before", "files_after", "compacted_from", "compacted_into",
+                           "checkpoint_version", "vacuumed", "duration_ms", "skipped"])
+    return 0
+
+
 def _print_table(rows: list[dict], columns: list[str]) -> None:
     if not rows:
         print("(no rows)")
@@ -251,7 +281,8 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
-COMMANDS = {"backfill": cmd_backfill, "run": cmd_run, "status": cmd_status, "ledger": cmd_ledger, "audit": cmd_audit}
+COMMANDS = {"backfill": cmd_backfill, "run": cmd_run, "status": cmd_status, "ledger": cmd_ledger, "audit": cmd_audit,
+            "maintenance": cmd_maintenance}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,6 +160,11 @@ def _uri(path: str) -> str:
     return path if "://" in path else f"file://{os.path.abspath(path)}"
 
 
+# The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
+# old commit files when it writes a checkpoint (by default it does after 30 days).
+KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
+
+
 def create_table_once(path: str, schema: pa.Schema, partition_by: list[str], description: str) -> DeltaTable:
     """Open ``path``, creating an empty table (protocol 1/2) first if there is none.
 
@@ -169,7 +174,8 @@ def create_table_once(path: str, schema: pa.Schema, partition_by: list[str], des
     if table is not None:
         return table
     try:
-        DeltaTable.create(path, schema, partition_by=partition_by or None, mode="ignore", description=description)
+        DeltaTable.create(path, schema, partition_by=partition_by or None, mode="ignore", description=description,
+                          configuration=KEEP_HISTORY)
     except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
         if open_table(path) is None:
             raise

@@ -1,0 +1,81 @@
+"""`offsetlake maintenance`: file counts go down, nothing a run or a rerun needs goes away."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from deltalake import DeltaTable
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+
+from offsetlake.sample_data import ensure_topic, produce_orders
+
+
+def _staged_files(config, batch_ids: set[str]) -> list[Path]:
+    """Parquet files a killed attempt staged in the sink folder (never committed)."""
+    data = Path(config.sink_path) / "data"
+    return [f for d in data.iterdir() if any(d.name.startswith(b) for b in batch_ids) for f in d.rglob("*.parquet")]
+
+
+def _killed_after_files_written(pipeline, config) -> set[str]:
+    before = {r["batch_id"] for r in ledger_rows(config)}
+    crashed = pipeline.cli("run", env={"OFFSETLAKE_FAILPOINT": "after_files_written"})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    return {r["batch_id"] for r in ledger_rows(config)} - before
+
+
+def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pipeline):
+    config = pipeline.write(max_records_per_batch=400)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 4_000, malformed_every=97)
+    assert pipeline.cli("run").returncode == 0
+    backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "0", "--to-offset", "600")
+    assert backfill.returncode == 0, backfill.stderr[-2000:]
+
+    # Two attempts died after staging their files: one three hours ago, one just now (as if
+    # still in flight). Vacuum with a 1 h retention must delete the first's files only.
+    next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 800, first_id=next_id)
+    old_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
+    three_hours_ago = time.time() - 3 * 3600
+    for f in old_attempt:
+        os.utime(f, (three_hours_ago, three_hours_ago))
+    fresh_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
+    assert old_attempt and fresh_attempt
+
+    sink = DeltaTable(config.sink_path)
+    txns_before = {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)}
+    rows_before = sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition")
+    history_before = [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")]
+
+    too_short = pipeline.cli("maintenance", "--retention-hours", "0")
+    assert too_short.returncode == 2 and "retention 0 h is below 1 h" in too_short.stderr, too_short.stderr
+
+    done = pipeline.cli("maintenance", "--retention-hours", "1", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = {r["table"]: r for r in map(json.loads, done.stdout.splitlines())}
+    print(json.dumps(reports, indent=1))
+    assert set(reports) == {"sink", "dead_letters", "ledger"}
+    for report in reports.values():
+        assert report["files_after"] < report["files_before"], report
+        assert report["checkpoint_version"] is not None and report["skipped"] is None
+    assert reports["ledger"]["files_after"] == 1
+    assert not any(f.exists() for f in old_attempt), "staged files older than the retention were kept"
+    assert all(f.exists() for f in fresh_attempt), "vacuum deleted the files of a batch that may be in flight"
+
+    sink = DeltaTable(config.sink_path)
+    assert sink.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
+    assert {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
+    assert sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition").equals(rows_before)
+    assert [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")] == history_before
+    assert any(f.name.endswith(".checkpoint.parquet") for f in (Path(config.sink_path) / "_delta_log").iterdir())
+
+    # Runs go on from where they were, exactly once; the audit still finds every commit.
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=next_id)
+    rerun = pipeline.cli("run")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    audit = pipeline.cli("audit")
+    assert audit.returncode == 0, audit.stdout
