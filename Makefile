@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture demo airflow lint lock clean
+.PHONY: setup debian test torture bench demo airflow lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -29,6 +29,11 @@ STEPS ?= 200
 MINUTES ?= 600
 torture: setup ## long randomized fault campaign: make torture SEED=7 STEPS=2000 [MINUTES=90] (figures appended to torture-figures.jsonl)
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --figures torture-figures.jsonl
+
+RECORDS ?= 2000000
+REPEATS ?= 3
+bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, overhead, planning, memory) -> bench-results.json
+	$(PY) bench/offsetlake_bench.py --records $(RECORDS) --repeats $(REPEATS) --out bench-results.json
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py

@@ -1,0 +1,414 @@
+"""offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
+
+    .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
+                                               [--only consume,write,steady,overhead,planning,memory]
+                                               [--out bench-results.json]
+
+Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
+noida-db broker (or $KAFKA_BOOTSTRAP_SERVERS), then measures, each as the median of ``--repeats``:
+
+consume   a plain confluent-kafka consumer reading every partition to its end and discarding
+          the records: the Kafka client's limit on this machine (records/s, MB/s);
+write     the same rows (the sink's columns, parsed beforehand) written as ONE Delta commit
+          with deltalake from Arrow;
+steady    offsetlake ingesting the whole topic (default batch cap) into a fresh lake, with the
+          Spark session already up (records/s), and the same as a fresh `offsetlake run`
+          process, so including JVM and session start;
+overhead  wall time of `offsetlake run` with nothing new and with 1,000 new records, and of
+          `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
+          and with 1,000 new records;
+planning  the plan step of a dag run (`plan_for_dag_run`: reconcile the ledger with the sink's
+          history, read offsets, plan, record the plan) after 10, 100 and 1,000 committed
+          batches. The batches are committed through offsetlake's own commit path (txn per
+          partition + ledger entry in the commit, ledger rows appended) without data files,
+          since planning reads only the Delta logs and the ledger;
+memory    peak RSS of a `offsetlake run` process tree (driver JVM + Python + Python workers,
+          sampled every 100 ms) draining a backlog of 10 x max_records_per_batch, against a
+          backlog of 1 x.
+
+Prints one JSON line per measurement and writes every figure to ``--out``; BENCHMARKS.md holds
+the latest figures with the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from offsetlake.config import load_pipeline  # noqa: E402
+from offsetlake.local_broker import broker_for  # noqa: E402
+from offsetlake.sample_data import ensure_topic, produce_orders  # noqa: E402
+
+SECTIONS = ("consume", "write", "steady", "overhead", "planning", "memory")
+PY = sys.executable
+log = logging.getLogger("bench")
+
+
+def emit(figures: dict, key: str, **values: object) -> None:
+    figures[key] = values
+    print(json.dumps({"measure": key, **values}), flush=True)
+
+
+def median_of(repeats: int, measure: Callable[[int], float]) -> tuple[float, list[float]]:
+    samples = [measure(i) for i in range(repeats)]
+    return statistics.median(samples), [round(s, 3) for s in samples]
+
+
+# ---- pipelines --------------------------------------------------------------------------------
+def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path, **overrides: object) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {
+        "name": name, "topic": topic, "lake": str(lake), "start": "earliest", "read_timeout_seconds": 600,
+        "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": f"bench-{name}"}},
+        "format": {
+            "type": "json",
+            "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string",
+                       "created_at": "timestamp"},
+            "required": ["order_id"],
+        },
+        **overrides,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
+    done = subprocess.run([PY, "-m", "offsetlake", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"offsetlake {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done
+
+
+# ---- consume / write ----------------------------------------------------------------------------
+def raw_consume(bootstrap: str, topic: str, keep: bool = False) -> tuple[int, int, list[bytes]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024})
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    remaining = {p for p, end in ends.items() if end > 0}
+    records = size = 0
+    values: list[bytes] = []
+    while remaining:
+        for message in consumer.consume(num_messages=10_000, timeout=1.0):
+            if message.error():
+                continue
+            records += 1
+            value = message.value() or b""
+            size += len(value)
+            if keep:
+                values.append(value)
+            if message.offset() >= ends[message.partition()] - 1:
+                remaining.discard(message.partition())
+    consumer.close()
+    return records, size, values
+
+
+def sink_rows(values: list[bytes], topic: str) -> pa.Table:
+    """The sink's columns for ``values`` (parsed once, outside any timing)."""
+    parsed = [json.loads(v) for v in values]
+    return pa.table({
+        "order_id": pa.array([p.get("order_id") for p in parsed], pa.int64()),
+        "customer": pa.array([p.get("customer") for p in parsed], pa.string()),
+        "amount": pa.array([p.get("amount") for p in parsed], pa.float64()),
+        "currency": pa.array([p.get("currency") for p in parsed], pa.string()),
+        "created_at": pa.array([p.get("created_at") for p in parsed], pa.string()).cast(pa.timestamp("us", tz="UTC")),
+        "_kafka_topic": pa.array([topic] * len(parsed), pa.string()),
+        "_kafka_partition": pa.array([i % 6 for i in range(len(parsed))], pa.int32()),
+        "_kafka_offset": pa.array(range(len(parsed)), pa.int64()),
+    })
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float]:
+    """Run ``command``; return the peak summed RSS (bytes) of its process tree and its wall time."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **(env or {})}, cwd=ROOT)
+    peak = 0
+    stop = threading.Event()
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True)
+    reader.start()
+    root = psutil.Process(process.pid)
+    while not stop.is_set() and process.poll() is None:
+        total = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+        except psutil.Error:
+            break
+        peak = max(peak, total)
+        time.sleep(0.1)
+    process.wait()
+    reader.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(stderr)[-3000:]}")
+    return peak, time.monotonic() - started
+
+
+# ---- planning -----------------------------------------------------------------------------------
+def commit_synthetic_batches(config, count: int, start_at: int) -> None:
+    """``count`` committed batches of one offset per partition, through offsetlake's commit path."""
+    from offsetlake.batch import _entry
+    from offsetlake.ledger import Ledger, SinkCommit
+    from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
+    from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
+
+    schema = pa.schema([("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()),
+                        ("_kafka_offset", pa.int64())])
+    ledger = Ledger(config.ledger_path, config.name)
+    for i in range(start_at, start_at + count):
+        ranges = tuple(OffsetRange(config.topic, p, i, i + 1) for p in range(6))
+        plan = BatchPlan(config.name, new_batch_id(config.name), "ingest", ranges, RunContext(f"bench-{i}"))
+        ledger.record_plan(plan)
+        table = ensure_table(config, schema)
+        entry = _entry(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges}, time.monotonic())
+        version = commit_batch(table, config, plan, WrittenFiles([], 0, schema), entry)
+        ledger.record_commit(SinkCommit(version, entry))
+        if i % 20 == 0:  # what every run does at its start and end (compacts the ledger as it grows)
+            from offsetlake.batch import reconcile_ledger
+
+            reconcile_ledger(config, ledger)
+
+
+def time_plan(config, label: str) -> float:
+    from offsetlake.batch import plan_for_dag_run
+    from offsetlake.plan import RunContext
+
+    started = time.monotonic()
+    plan = plan_for_dag_run(config, RunContext(f"bench-plan-{label}-{time.monotonic_ns()}", f"{config.name}_ingest", 1))
+    elapsed = time.monotonic() - started
+    assert plan is not None, "the planning topic must have records beyond the synthetic batches"
+    return elapsed
+
+
+# ---- the sections -------------------------------------------------------------------------------
+def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    topic = "bench_orders"
+    ensure_topic(bootstrap, topic, args.partitions)
+    started = time.monotonic()
+    produce_orders(bootstrap, topic, args.records)
+    produce_s = time.monotonic() - started
+    records, size, _ = raw_consume(bootstrap, topic)
+    assert records == args.records, f"the topic holds {records} records, expected {args.records}"
+    emit(figures, "data", records=records, partitions=args.partitions, mean_value_bytes=round(size / records, 1),
+         produce_s=round(produce_s, 1))
+
+    if "consume" in only:
+        def consume(_: int) -> float:
+            t = time.monotonic()
+            n, _, _ = raw_consume(bootstrap, topic)
+            assert n == records
+            return time.monotonic() - t
+        med, samples = median_of(args.repeats, consume)
+        emit(figures, "raw_consume", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
+             mb_per_s=round(size / med / 1e6, 1))
+
+    if "write" in only:
+        from deltalake import write_deltalake
+
+        _, _, values = raw_consume(bootstrap, topic, keep=True)
+        rows = sink_rows(values, topic)
+        del values
+
+        def write(i: int) -> float:
+            path = work / f"raw_write_{i}"
+            t = time.monotonic()
+            write_deltalake(str(path), rows, mode="append")
+            elapsed = time.monotonic() - t
+            shutil.rmtree(path)
+            return elapsed
+        med, samples = median_of(args.repeats, write)
+        emit(figures, "raw_write", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
+        del rows
+
+    if "steady" in only:
+        from offsetlake.batch import run_pipeline
+        from offsetlake.plan import RunContext
+        from offsetlake.spark import spark_session, stop_spark
+
+        spark_session()
+        ensure_topic(bootstrap, "bench_warmup", 2)
+        produce_orders(bootstrap, "bench_warmup", 20_000)
+        warm = load_pipeline(str(write_pipeline(work / "p", "bench_warmup", "bench_warmup", bootstrap, work / "lake_warm")))
+        run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
+
+        def steady(i: int) -> float:
+            lake = work / f"lake_steady_{i}"
+            config = load_pipeline(str(write_pipeline(work / "p", "bench_steady", topic, bootstrap, lake)))
+            t = time.monotonic()
+            results = run_pipeline(config, RunContext(f"steady-{i}"), spark_session, emit=lambda _: None)
+            elapsed = time.monotonic() - t
+            assert sum(r.total("records_read") for r in results) == records
+            shutil.rmtree(lake)
+            return elapsed
+        med, samples = median_of(args.repeats, steady)
+        emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
+        stop_spark()
+
+        def cold(i: int) -> float:
+            lake = work / f"lake_cold_{i}"
+            path = write_pipeline(work / "p", "bench_cold", topic, bootstrap, lake)
+            t = time.monotonic()
+            cli("run", str(path))
+            elapsed = time.monotonic() - t
+            shutil.rmtree(lake)
+            return elapsed
+        med, samples = median_of(args.repeats, cold)
+        emit(figures, "steady_with_session_start", median_s=round(med, 2), samples_s=samples,
+             records_per_s=round(records / med))
+        if "raw_consume" in figures:
+            emit(figures, "ratio_steady_to_raw_consume",
+                 warm=round(figures["steady_warm"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3),
+                 with_session_start=round(figures["steady_with_session_start"]["records_per_s"]
+                                          / figures["raw_consume"]["records_per_s"], 3))
+
+    if "memory" in only:
+        cap = max(args.records // 10, 1)
+        ensure_topic(bootstrap, "bench_memory_1x", args.partitions)
+        produce_orders(bootstrap, "bench_memory_1x", cap)
+        peaks = {}
+        for label, source in (("1x", "bench_memory_1x"), ("10x", topic)):
+            def drain(i: int, label: str = label, source: str = source) -> float:
+                lake = work / f"lake_memory_{label}_{i}"
+                path = write_pipeline(work / "p", f"bench_memory_{label}", source, bootstrap, lake, max_records_per_batch=cap)
+                peak, _ = peak_rss_of([PY, "-m", "offsetlake", "run", str(path)])
+                shutil.rmtree(lake)
+                return peak / 2**20
+            med, samples = median_of(args.repeats, drain)
+            peaks[label] = med
+            emit(figures, f"memory_{label}", backlog_records=cap if label == "1x" else records,
+                 max_records_per_batch=cap, peak_rss_mib_median=round(med), samples_mib=[round(s) for s in samples])
+        emit(figures, "ratio_memory_10x_to_1x", ratio=round(peaks["10x"] / peaks["1x"], 3))
+
+    if "overhead" in only:
+        overhead(args, work, bootstrap, figures)
+
+    if "planning" in only:
+        ensure_topic(bootstrap, "bench_planning", 6)
+        produce_orders(bootstrap, "bench_planning", 6 * 1_200)
+        config = load_pipeline(str(write_pipeline(work / "p", "bench_planning", "bench_planning", bootstrap,
+                                                  work / "lake_planning", max_records_per_batch=600)))
+        done = 0
+        plan_s = {}
+        for target in (10, 100, 1_000):
+            commit_synthetic_batches(config, target - done, done)
+            done = target
+            med, samples = median_of(args.repeats, lambda _: time_plan(config, str(target)))  # noqa: B023
+            plan_s[target] = med
+            emit(figures, f"plan_after_{target}_batches", median_s=round(med, 3), samples_s=samples)
+        emit(figures, "ratio_plan_1000_to_10", ratio=round(plan_s[1_000] / plan_s[10], 3))
+
+
+def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from local_airflow import LocalAirflow
+
+    topic = "bench_overhead"
+    ensure_topic(bootstrap, topic, args.partitions)
+    next_id = produce_orders(bootstrap, topic, 1_000)
+    pipelines = work / "overhead_pipelines"
+    path = write_pipeline(pipelines, "bench_overhead", topic, bootstrap, work / "lake_overhead")
+    cli("run", str(path))
+
+    def timed_cli(_: int) -> float:
+        t = time.monotonic()
+        cli("run", str(path))
+        return time.monotonic() - t
+    med, samples = median_of(args.repeats, timed_cli)
+    emit(figures, "cli_run_nothing_new", median_s=round(med, 2), samples_s=samples)
+
+    def timed_cli_1k(i: int) -> float:
+        nonlocal next_id
+        next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+        return timed_cli(i)
+    med, samples = median_of(args.repeats, timed_cli_1k)
+    emit(figures, "cli_run_1k_new", median_s=round(med, 2), samples_s=samples)
+
+    airflow = LocalAirflow(work / "airflow_home", 0, extra_env={
+        "OFFSETLAKE_PIPELINES_DIR": str(pipelines), "OFFSETLAKE_TASK_RETRIES": "0", "OFFSETLAKE_DISABLE_SCHEDULES": "1"})
+    airflow.migrate()
+    dag_id = "bench_overhead_ingest"
+    subprocess.run([airflow.airflow, "dags", "reserialize"], env=airflow.env, capture_output=True, timeout=600, cwd=ROOT,
+                   check=True)
+
+    def dags_test(_: int, expect_spark: bool) -> float:
+        t = time.monotonic()
+        done = subprocess.run([airflow.airflow, "dags", "test", dag_id], env=airflow.env, capture_output=True,
+                              text=True, timeout=1800, cwd=ROOT)
+        elapsed = time.monotonic() - t
+        output = done.stdout + done.stderr
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow dags test {dag_id} failed:\n{output[-3000:]}")
+        started_spark = "spark-submit" in output or "SparkContext: Running Spark version" in output
+        assert started_spark == expect_spark, f"expected Spark {'started' if expect_spark else 'not started'}:\n{output[-3000:]}"
+        return elapsed
+    next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+    dags_test(0, expect_spark=True)  # warm-up: the first dag run of a fresh Airflow home
+    med, samples = median_of(args.repeats, lambda i: dags_test(i, expect_spark=False))
+    emit(figures, "airflow_dags_test_nothing_new", median_s=round(med, 2), samples_s=samples, spark_started=False)
+
+    def airflow_1k(i: int) -> float:
+        nonlocal next_id
+        next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+        return dags_test(i, expect_spark=True)
+    med, samples = median_of(args.repeats, airflow_1k)
+    emit(figures, "airflow_dags_test_1k_new", median_s=round(med, 2), samples_s=samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="offsetlake_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000, help="records to produce (default 2,000,000)")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions of the main topic (default 6)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported (default 3)")
+    parser.add_argument("--only", help=f"comma-separated sections out of {','.join(SECTIONS)} (default: all)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results.json", help="where to write every figure as JSON")
+    args = parser.parse_args()
+    unknown = set(args.only.split(",")) - set(SECTIONS) if args.only else set()
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    figures: dict = {"machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+                     "args": {k: str(v) for k, v in vars(args).items()}}
+    work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
+    try:
+        with broker_for(work / "broker") as (bootstrap, _):
+            run_sections(args, work, bootstrap, figures)
+    finally:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"figures written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
