@@ -143,8 +143,9 @@ def sink_rows(values: list[bytes], topic: str) -> pa.Table:
 
 
 # ---- memory ---------------------------------------------------------------------------------------
-def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float]:
-    """Run ``command``; return the peak summed RSS (bytes) of its process tree and its wall time."""
+def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float, dict[str, int]]:
+    """Run ``command``; return the peak summed RSS (bytes) of its process tree, its wall time and
+    the split of that peak by process kind (the JVM, the Python driver, Python workers)."""
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, **(env or {})}, cwd=ROOT)
@@ -154,23 +155,26 @@ def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float
     reader = threading.Thread(target=lambda: stderr.append(process.stderr.read()), daemon=True)
     reader.start()
     root = psutil.Process(process.pid)
+    split: dict[str, int] = {}
     while not stop.is_set() and process.poll() is None:
-        total = 0
+        kinds: dict[str, int] = {}
         try:
             for p in [root, *root.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    kind = "jvm" if p.name() == "java" else "python_driver" if p.pid == root.pid else "python_workers"
+                    kinds[kind] = kinds.get(kind, 0) + p.memory_info().rss
                 except psutil.Error:
                     pass
         except psutil.Error:
             break
-        peak = max(peak, total)
+        if sum(kinds.values()) > peak:
+            peak, split = sum(kinds.values()), kinds
         time.sleep(0.1)
     process.wait()
     reader.join()
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(stderr)[-3000:]}")
-    return peak, time.monotonic() - started
+    return peak, time.monotonic() - started, split
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -297,16 +301,20 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         produce_orders(bootstrap, "bench_memory_1x", cap)
         peaks = {}
         for label, source in (("1x", "bench_memory_1x"), ("10x", topic)):
-            def drain(i: int, label: str = label, source: str = source) -> float:
+            splits: list[dict[str, int]] = []
+
+            def drain(i: int, label: str = label, source: str = source, splits: list = splits) -> float:
                 lake = work / f"lake_memory_{label}_{i}"
                 path = write_pipeline(work / "p", f"bench_memory_{label}", source, bootstrap, lake, max_records_per_batch=cap)
-                peak, _ = peak_rss_of([PY, "-m", "offsetlake", "run", str(path)])
+                peak, _, split = peak_rss_of([PY, "-m", "offsetlake", "run", str(path)])
+                splits.append({k: round(v / 2**20) for k, v in split.items()})
                 shutil.rmtree(lake)
                 return peak / 2**20
             med, samples = median_of(args.repeats, drain)
             peaks[label] = med
             emit(figures, f"memory_{label}", backlog_records=cap if label == "1x" else records,
-                 max_records_per_batch=cap, peak_rss_mib_median=round(med), samples_mib=[round(s) for s in samples])
+                 max_records_per_batch=cap, peak_rss_mib_median=round(med), samples_mib=[round(s) for s in samples],
+                 peak_split_mib=splits)
         emit(figures, "ratio_memory_10x_to_1x", ratio=round(peaks["10x"] / peaks["1x"], 3))
 
     if "overhead" in only:

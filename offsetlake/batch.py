@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from offsetlake import failpoints
 from offsetlake.config import PipelineConfig
@@ -400,7 +401,7 @@ def reconcile_ledger(config: PipelineConfig, ledger: Ledger) -> int:
         return ledger.reconcile([], {})
     commits = sink_commits(table, config.name)
     tps = {(r["topic"], r["partition"]) for c in commits for r in c.entry.get("ranges", [])}
-    tps |= {(row["topic"], row["partition"]) for row in ledger.batches()}
+    tps |= ledger.partitions()
     ranges = [OffsetRange(t, p, 0, 0) for t, p in tps]
     added = ledger.reconcile(commits, _ends_by_tp(table, config, ranges))
     ledger.compact_if_fragmented()
@@ -472,7 +473,7 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> dict:
     """
     ledger = Ledger(config.ledger_path, config.name)
     reconcile_ledger(config, ledger)
-    rows = [r for r in ledger.batches() if r["batch_id"] == batch_id]
+    rows = ledger.batches(pc.field("batch_id") == batch_id)
     table = open_table(config.sink_path)
     ends = {(r["topic"], r["partition"]): _committed_end(table, config, r["topic"], r["partition"]) for r in rows}
     held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)

@@ -145,27 +145,24 @@ class Ledger:
         self._append(rows_for_commit(commit))
 
     # ---- reading -------------------------------------------------------------------------
-    def rows(self) -> pa.Table:
-        """Every ledger row of this pipeline (all events, oldest first)."""
+    # Every read filters in Arrow before anything becomes Python rows: a plan reads this
+    # table several times, and the table grows by a few rows per partition and batch forever.
+    def rows(self, where: pc.Expression | None = None) -> pa.Table:
+        """This pipeline's ledger rows matching ``where`` (all events, oldest first)."""
         try:
             table = DeltaTable(self.path)
         except TableNotFoundError:
             return LEDGER_SCHEMA.empty_table()
-        data = table.to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == self.pipeline)
+        mine = pc.field("pipeline") == self.pipeline
+        data = table.to_pyarrow_dataset().to_table(filter=mine if where is None else mine & where)
         return data.sort_by([("recorded_at", "ascending")])
 
-    def batches(self) -> list[dict]:
-        """One row per (batch, topic, partition): the batch's most final outcome."""
-        best: dict[tuple, dict] = {}
-        for row in self.rows().to_pylist():
-            key = (row["batch_id"], row["topic"], row["partition"])
-            seen = best.get(key)
-            if seen is None or _OUTCOME_RANK[row["status"]] >= _OUTCOME_RANK[seen["status"]]:
-                merged = dict(row)
-                if seen is not None and row["status"] != COMMITTED:
-                    merged["planned_at"] = seen["planned_at"]
-                best[key] = merged
-        return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
+    def batches(self, where: pc.Expression | None = None) -> list[dict]:
+        """One row per (batch, topic, partition): the batch's most final outcome.
+
+        ``where`` must select whole batches (e.g. by batch id or run id), never single events.
+        """
+        return _best_outcomes(self.rows(where).to_pylist())
 
     def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
         """The plan already recorded for this dag run, so a retry re-executes the same ranges.
@@ -173,7 +170,7 @@ class Ledger:
         A superseded plan (another batch moved the committed end past its start) can never
         apply again, so it is not returned: rerunning that dag run plans anew.
         """
-        mine = [r for r in self.rows().to_pylist() if r["run_id"] == run_id and r["dag_id"] == dag_id and r["kind"] == kind]
+        mine = self.rows(_run_filter(dag_id, run_id) & (pc.field("kind") == kind)).to_pylist()
         superseded = {r["batch_id"] for r in mine if r["status"] == SUPERSEDED}
         rows = [r for r in mine if r["status"] == PLANNED and r["batch_id"] not in superseded]
         if not rows:
@@ -183,21 +180,26 @@ class Ledger:
     def unfinished_plan(self, run_id: str, dag_id: str | None = None, kind: str = "ingest") -> BatchPlan | None:
         """The run's latest batch that was planned but neither committed nor superseded (e.g. it
         failed validation), so rerunning the run re-executes exactly those ranges first."""
+        events = self.rows(_run_filter(dag_id, run_id) & (pc.field("kind") == kind)).to_pylist()
         batches: dict[str, list[dict]] = {}
-        for row in self.batches():
-            if row["run_id"] == run_id and row["dag_id"] == dag_id and row["kind"] == kind:
-                batches.setdefault(row["batch_id"], []).append(row)
+        for row in _best_outcomes(events):
+            batches.setdefault(row["batch_id"], []).append(row)
         open_ids = [b for b, rows in batches.items() if all(r["status"] in (PLANNED, FAILED) for r in rows)]
         if not open_ids:
             return None
-        planned = [r for r in self.rows().to_pylist() if r["status"] == PLANNED and r["batch_id"] in open_ids]
+        planned = [r for r in events if r["status"] == PLANNED and r["batch_id"] in open_ids]
         latest = max(planned, key=lambda r: r["planned_at"])["batch_id"]
         return self._plan_from_rows([r for r in planned if r["batch_id"] == latest], kind)
 
     def plan_by_batch_id(self, batch_id: str) -> BatchPlan | None:
         """The recorded plan of ``batch_id`` (what a spark-submit job is asked to execute)."""
-        rows = [r for r in self.rows().to_pylist() if r["status"] == PLANNED and r["batch_id"] == batch_id]
+        rows = self.rows((pc.field("batch_id") == batch_id) & (pc.field("status") == PLANNED)).to_pylist()
         return self._plan_from_rows(rows, rows[0]["kind"]) if rows else None
+
+    def partitions(self) -> set[tuple[str, int]]:
+        """Every (topic, partition) this pipeline's ledger mentions."""
+        pairs = self.rows().select(["topic", "partition"]).group_by(["topic", "partition"]).aggregate([])
+        return set(zip(pairs["topic"].to_pylist(), pairs["partition"].to_pylist(), strict=True))
 
     def _plan_from_rows(self, rows: list[dict], kind: str) -> BatchPlan:
         from offsetlake.plan import RunContext
@@ -221,18 +223,28 @@ class Ledger:
         but before the ledger write), and ``superseded`` rows for planned batches that can
         no longer apply because a partition's committed end moved past their start.
         """
-        latest = {}
-        for row in self.batches():
-            latest.setdefault(row["batch_id"], []).append(row)
+        events = self.rows()
+        status = events["status"]
+        # batches whose every (topic, partition) has a committed or gap event (the top rank)
+        flagged = events.select(["batch_id", "topic", "partition"]).append_column(
+            "done", pc.is_in(status, pa.array([COMMITTED, GAP])))
+        per_tp = flagged.group_by(["batch_id", "topic", "partition"]).aggregate([("done", "max")])
+        per_batch = per_tp.group_by("batch_id").aggregate([("done_max", "min")])
+        complete = set(per_batch.filter(per_batch["done_max_min"])["batch_id"].to_pylist())
         rows: list[dict] = []
-        in_sink = {c.batch_id for c in sink_commits}
         for commit in sink_commits:
-            mine = latest.get(commit.batch_id)
-            if not mine or any(r["status"] not in (COMMITTED, GAP) for r in mine):
+            if commit.batch_id not in complete:
                 rows.extend(rows_for_commit(commit))
-        for batch_id, mine in latest.items():
-            if batch_id in in_sink or any(r["status"] != PLANNED for r in mine) or mine[0]["kind"] != "ingest":
-                continue  # backfills start below the committed end by design: never "moved past"
+        # ingest batches with only `planned` events (backfills start below the committed end by
+        # design: never "moved past"), not in the sink
+        decided = set(pc.unique(events.filter(pc.not_equal(status, PLANNED))["batch_id"]).to_pylist())
+        in_sink = {c.batch_id for c in sink_commits}
+        open_plans: dict[str, dict[tuple[str, int], dict]] = {}
+        for r in events.filter(pc.and_(pc.equal(status, PLANNED), pc.equal(events["kind"], "ingest"))).to_pylist():
+            if r["batch_id"] not in decided and r["batch_id"] not in in_sink:
+                open_plans.setdefault(r["batch_id"], {})[(r["topic"], r["partition"])] = r
+        for by_tp in open_plans.values():
+            mine = sorted(by_tp.values(), key=lambda r: (r["topic"], r["partition"]))
             moved = [r for r in mine if committed_ends.get((r["topic"], r["partition"]), -1) > r["start_offset"]]
             if moved:
                 winner = covering_batch(sink_commits, moved[0]["topic"], moved[0]["partition"], moved[0]["start_offset"])
@@ -281,6 +293,26 @@ class Ledger:
             table.delete(f"pipeline = '{self.pipeline}'")
         self._append(rows)
         return len(rows)
+
+
+def _run_filter(dag_id: str | None, run_id: str) -> pc.Expression:
+    same_dag = pc.field("dag_id").is_null() if dag_id is None else pc.field("dag_id") == dag_id
+    return (pc.field("run_id") == run_id) & same_dag
+
+
+def _best_outcomes(events: list[dict]) -> list[dict]:
+    """One row per (batch, topic, partition) out of its events: the most final outcome, with the
+    plan's planned_at unless it committed."""
+    best: dict[tuple, dict] = {}
+    for row in events:
+        key = (row["batch_id"], row["topic"], row["partition"])
+        seen = best.get(key)
+        if seen is None or _OUTCOME_RANK[row["status"]] >= _OUTCOME_RANK[seen["status"]]:
+            merged = dict(row)
+            if seen is not None and row["status"] != COMMITTED:
+                merged["planned_at"] = seen["planned_at"]
+            best[key] = merged
+    return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
 
 
 def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, offset: int) -> str | None:

@@ -59,13 +59,36 @@ def committed_ends(table: DeltaTable | None, config: PipelineConfig, topic: str,
 
 
 def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
-    """offsetlake's commits on the sink (oldest first), each with its ledger entry."""
+    """offsetlake's commits on the sink (oldest first), each with its ledger entry.
+
+    Commits never change once written, so the ones already seen are kept in a cache file inside
+    the table folder (``_offsetlake_history/``: Delta and vacuum ignore paths starting with ``_``)
+    and only newer versions are read from the log: every plan reconciles with this history, and
+    reading all of it made planning slower with every batch. The cache is only an accelerator,
+    keyed by the table's id; when it is missing, unreadable or from another table, the whole
+    history is read.
+    """
     if table is None:
         return []
+    version = table.version()
+    table_id = table.metadata().id
+    cache_file = _history_cache_file(table, pipeline)
+    cached = _read_history_cache(cache_file, table_id, version)
+    if cached is None:
+        seen, commits = -1, _commits_in(table.history(), pipeline)
+    else:
+        seen, commits = cached
+        commits = commits + _commits_in(table.history(version - seen) if version > seen else [], pipeline, after=seen)
+    if cache_file is not None and version > seen:
+        _write_history_cache(cache_file, table_id, version, commits)
+    return commits
+
+
+def _commits_in(history: list[dict], pipeline: str, after: int = -1) -> list[SinkCommit]:
     commits = []
-    for info in table.history():
+    for info in history:
         raw = info.get("userMetadata")
-        if not raw:
+        if not raw or int(info["version"]) <= after:
             continue
         try:
             entry = json.loads(raw)
@@ -74,6 +97,36 @@ def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
         if isinstance(entry, dict) and entry.get(_MARKER) == 1 and entry.get("pipeline") == pipeline:
             commits.append(SinkCommit(version=int(info["version"]), entry=entry))
     return sorted(commits, key=lambda c: c.version)
+
+
+def _history_cache_file(table: DeltaTable, pipeline: str) -> str | None:
+    uri = table.table_uri
+    root = unquote(uri[len("file://"):]) if uri.startswith("file://") else uri
+    return os.path.join(root, "_offsetlake_history", f"{pipeline}.json") if os.path.isdir(root) else None
+
+
+def _read_history_cache(path: str | None, table_id: str, version: int) -> tuple[int, list[SinkCommit]] | None:
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data["table_id"] != table_id or data["version"] > version:
+            return None
+        return data["version"], [SinkCommit(version=v, entry=e) for v, e in data["commits"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_history_cache(path: str, table_id: str, version: int, commits: list[SinkCommit]) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(temporary, "w") as f:
+            json.dump({"table_id": table_id, "version": version, "commits": [[c.version, c.entry] for c in commits]}, f)
+        os.replace(temporary, path)  # atomic: readers see the old or the new cache, never half of one
+    except OSError as err:
+        log.debug("history cache not written at %s: %s", path, err)
 
 
 def staging_dir(config: PipelineConfig, batch_id: str) -> str:

@@ -87,7 +87,9 @@ def _superseded_message(pipeline: str, batch_id: str | None) -> str | None:
     if not batch_id:
         return None
     config = load_config(pipeline)
-    rows = [r for r in Ledger(config.ledger_path, config.name).batches() if r["batch_id"] == batch_id]
+    import pyarrow.compute as pc
+
+    rows = Ledger(config.ledger_path, config.name).batches(pc.field("batch_id") == batch_id)
     if rows and rows[0]["status"] == SUPERSEDED:
         return f"pipeline {pipeline}: batch {batch_id} was superseded ({rows[0]['message'] or 'no reason recorded'})"
     return None
