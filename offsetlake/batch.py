@@ -35,6 +35,7 @@ from offsetlake.sink import (
     sink_commits,
     staging_dir,
 )
+from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.batch")
@@ -459,6 +460,7 @@ def run_pipeline(
             raise
         results.append(result)
         emit(result.summary())
+        release_memory()
     reconcile_ledger(config, ledger)
     return results
 

@@ -46,6 +46,21 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake") -> Sp
     return _SESSION
 
 
+def release_memory() -> None:
+    """Between batches: a full GC of the driver JVM (and of this Python), if Spark is up.
+
+    G1 grows the heap while a batch allocates and keeps it; without this, each batch of a long
+    drain started from a bigger heap than the one before, so peak RSS grew with the backlog
+    (bench: 683 -> 1,038 MiB for the JVM at 10x the batch cap). A full GC on the small live set
+    between batches takes tens of milliseconds and lets G1 give the memory back.
+    """
+    import gc
+
+    gc.collect()
+    if _SESSION is not None:
+        _SESSION.sparkContext._jvm.System.gc()
+
+
 def stop_spark() -> None:
     global _SESSION
     if _SESSION is not None:
