@@ -34,6 +34,7 @@ RECORDS ?= 2000000
 REPEATS ?= 3
 bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, overhead, planning, memory) -> bench-results.json
 	$(PY) bench/offsetlake_bench.py --records $(RECORDS) --repeats $(REPEATS) --out bench-results.json
+	$(PY) bench/report.py bench-results.json
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py

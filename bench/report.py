@@ -1,0 +1,85 @@
+"""Render bench-results.json (from `make bench`) as the Markdown tables of BENCHMARKS.md.
+
+    .venv/bin/python bench/report.py [bench-results.json]
+
+Every target line says met or not met with its numbers; nothing here is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def fmt(n: float) -> str:
+    return f"{n:,.0f}" if n >= 100 else f"{n:,.2f}"
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def render(f: dict) -> str:
+    out = []
+    data = f["data"]
+    out.append(f"Data: {data['records']:,} JSON orders, mean value {data['mean_value_bytes']} bytes, "
+               f"{data['partitions']} partitions; medians of {f['args']['repeats']} runs each.\n")
+    out.append("| measure | median | runs | throughput |")
+    out.append("| --- | --- | --- | --- |")
+    rows = [
+        ("raw consume (confluent-kafka loop, discard)", "raw_consume"),
+        ("raw write (deltalake from Arrow, one commit)", "raw_write"),
+        ("offsetlake, warm Spark session", "steady_warm"),
+        ("offsetlake, fresh `offsetlake run` incl. session start", "steady_with_session_start"),
+        ("`offsetlake run`, nothing new", "cli_run_nothing_new"),
+        ("`offsetlake run`, 1,000 new records", "cli_run_1k_new"),
+        ("`airflow dags test <p>_ingest`, nothing new", "airflow_dags_test_nothing_new"),
+        ("`airflow dags test <p>_ingest`, 1,000 new records", "airflow_dags_test_1k_new"),
+        ("plan step after 10 committed batches", "plan_after_10_batches"),
+        ("plan step after 100 committed batches", "plan_after_100_batches"),
+        ("plan step after 1,000 committed batches", "plan_after_1000_batches"),
+    ]
+    for label, key in rows:
+        if key not in f:
+            continue
+        m = f[key]
+        rate = f"{fmt(m['records_per_s'])} records/s" if "records_per_s" in m else ""
+        if "mb_per_s" in m:
+            rate += f", {m['mb_per_s']} MB/s"
+        out.append(f"| {label} | {m['median_s']} s | {', '.join(map(str, m['samples_s']))} | {rate} |")
+    for label in ("1x", "10x"):
+        key = f"memory_{label}"
+        if key in f:
+            m = f[key]
+            split = "; ".join(", ".join(f"{k} {v}" for k, v in sorted(s.items())) for s in m["peak_split_mib"])
+            out.append(f"| peak RSS draining {m['backlog_records']:,} records ({label} the cap of "
+                       f"{m['max_records_per_batch']:,}) | {m['peak_rss_mib_median']:,} MiB | "
+                       f"{', '.join(map(str, m['samples_mib']))} MiB | split at each peak (MiB): {split} |")
+
+    out.append("\n| target | figure | verdict |")
+    out.append("| --- | --- | --- |")
+    if "ratio_steady_to_raw_consume" in f:
+        r = f["ratio_steady_to_raw_consume"]["warm"]
+        out.append(f"| steady state ≥ 0.5 × raw consume | {r} × (with session start: "
+                   f"{f['ratio_steady_to_raw_consume']['with_session_start']} ×) | {verdict(r >= 0.5)} |")
+    if "ratio_plan_1000_to_10" in f:
+        r = f["ratio_plan_1000_to_10"]["ratio"]
+        out.append(f"| plan time at 1,000 batches ≤ 2 × at 10 | {r} × ({f['plan_after_1000_batches']['median_s']} s vs "
+                   f"{f['plan_after_10_batches']['median_s']} s) | {verdict(r <= 2)} |")
+    if "ratio_memory_10x_to_1x" in f:
+        r = f["ratio_memory_10x_to_1x"]["ratio"]
+        out.append(f"| peak RSS at 10× backlog ≤ 1.2 × at 1× | {r} × | {verdict(r <= 1.2)} |")
+    if "cli_run_nothing_new" in f:
+        s = f["cli_run_nothing_new"]["median_s"]
+        out.append(f"| CLI run with nothing new ≤ 5 s | {s} s | {verdict(s <= 5)} |")
+    if "airflow_dags_test_nothing_new" in f:
+        spark = f["airflow_dags_test_nothing_new"]["spark_started"]
+        out.append(f"| Airflow run with nothing new starts no Spark | Spark started: {spark} (checked on every run) | "
+                   f"{verdict(not spark)} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "bench-results.json"
+    print(render(json.loads(path.read_text())))
