@@ -93,7 +93,7 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
     """
     import pytest
 
-    from offsetlake.batch import execute_recorded_batch, plan_for_dag_run, publishable_batch
+    from offsetlake.batch import execute_recorded_batch, plan_for_dag_run, publishable_batch, run_pipeline
     from offsetlake.errors import StalePlanError
     from offsetlake.plan import RunContext
 
@@ -116,8 +116,8 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_500, first_id=next_id)
     stale = plan_for_dag_run(config, RunContext("scheduled-2", dag, 1))
-    shorter = pipeline.write(max_records_per_batch=300)  # a CLI run moves the committed end part-way
-    assert pipeline.cli("run", "--max-batches", "1").returncode == 0
+    shorter = pipeline.write(max_records_per_batch=300)  # another run moves the committed end part-way
+    assert len(run_pipeline(shorter, RunContext("cli-1"), lambda: spark, max_batches=1)) == 1
     with pytest.raises(StalePlanError, match="the plan is stale and was not applied"):
         execute_recorded_batch(config, stale.batch_id, lambda: spark)
     with pytest.raises(Exception, match=f"batch {stale.batch_id} is superseded"):
@@ -125,5 +125,5 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
     rerun = plan_for_dag_run(config, RunContext("scheduled-2", dag, 2))  # the user clears the whole dag run
     assert rerun.batch_id != stale.batch_id
     assert execute_recorded_batch(shorter, rerun.batch_id, lambda: spark).status == "committed"
-    assert pipeline.cli("run").returncode == 0
+    run_pipeline(shorter, RunContext("cli-2"), lambda: spark)
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
