@@ -105,7 +105,9 @@ def raw_consume(bootstrap: str, topic: str, keep: bool = False) -> tuple[int, in
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.monotonic_ns()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024})
+                         # noida-db answers a fetch with everything it has (433 MB for 2M records), as
+                         # offsetlake's reader allows for too (offsetlake.kafka: 200 MB per partition)
+                         "receive.message.max.bytes": 1_000_000_000})
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
