@@ -381,31 +381,20 @@ def _plan_already_held(
 
 def _record_existing_commit(config: PipelineConfig, plan: BatchPlan, ledger: Ledger) -> None:
     table = open_table(config.sink_path)
-    ledger.reconcile(sink_commits(table, config.name), _ends_by_tp(table, config, plan.ranges))
+    ledger.reconcile(sink_commits(table, config.name), committed_end_of(table, config))
 
 
-def _ends_by_tp(table, config: PipelineConfig, ranges) -> dict[tuple[str, int], int]:
-    if table is None:
-        return {}
-    ends = {}
-    for r in ranges:
-        version = table.transaction_version(config.app_id(r.topic, r.partition))
-        if version is not None:
-            ends[(r.topic, r.partition)] = version
-    return ends
+def committed_end_of(table, config: PipelineConfig) -> Callable[[str, int], int | None]:
+    """The sink's committed end (txn version) of a topic-partition, None if never committed."""
+    return lambda topic, partition: table.transaction_version(config.app_id(topic, partition)) if table is not None else None
 
 
 def reconcile_ledger(config: PipelineConfig, ledger: Ledger) -> int:
     """Invariant 4: bring the ledger projection in line with the sink's history."""
     table = open_table(config.sink_path)
-    if table is None:
-        return ledger.reconcile([], {})
-    commits = sink_commits(table, config.name)
-    tps = {(r["topic"], r["partition"]) for c in commits for r in c.entry.get("ranges", [])}
-    tps |= ledger.partitions()
-    ranges = [OffsetRange(t, p, 0, 0) for t, p in tps]
-    added = ledger.reconcile(commits, _ends_by_tp(table, config, ranges))
-    ledger.compact_if_fragmented()
+    added = ledger.reconcile(sink_commits(table, config.name), committed_end_of(table, config))
+    if table is not None:
+        ledger.compact_if_fragmented()
     return added
 
 
@@ -477,7 +466,8 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> dict:
     reconcile_ledger(config, ledger)
     rows = ledger.batches(pc.field("batch_id") == batch_id)
     table = open_table(config.sink_path)
-    ends = {(r["topic"], r["partition"]): _committed_end(table, config, r["topic"], r["partition"]) for r in rows}
+    end_of = committed_end_of(table, config)
+    ends = {(r["topic"], r["partition"]): end_of(r["topic"], r["partition"]) for r in rows}
     held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
     status = rows[0]["status"] if rows else "unknown"
     if not rows or not (all(r["status"] == COMMITTED for r in rows) or (status == SUPERSEDED and held)):
@@ -499,10 +489,6 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> dict:
         "message": rows[0].get("message"),
         "_ends": {k: v for k, v in ends.items() if v is not None},
     }
-
-
-def _committed_end(table, config: PipelineConfig, topic: str, partition: int) -> int | None:
-    return table.transaction_version(config.app_id(topic, partition)) if table is not None else None
 
 
 # ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -196,11 +196,6 @@ class Ledger:
         rows = self.rows((pc.field("batch_id") == batch_id) & (pc.field("status") == PLANNED)).to_pylist()
         return self._plan_from_rows(rows, rows[0]["kind"]) if rows else None
 
-    def partitions(self) -> set[tuple[str, int]]:
-        """Every (topic, partition) this pipeline's ledger mentions."""
-        pairs = self.rows().select(["topic", "partition"]).group_by(["topic", "partition"]).aggregate([])
-        return set(zip(pairs["topic"].to_pylist(), pairs["partition"].to_pylist(), strict=True))
-
     def _plan_from_rows(self, rows: list[dict], kind: str) -> BatchPlan:
         from offsetlake.plan import RunContext
 
@@ -216,7 +211,7 @@ class Ledger:
         )
 
     # ---- reconciliation ------------------------------------------------------------------
-    def reconcile(self, sink_commits: list[SinkCommit], committed_ends: dict[tuple[str, int], int]) -> int:
+    def reconcile(self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None]) -> int:
         """Make the ledger agree with the sink; returns the number of rows appended.
 
         Adds ``committed`` rows for sink commits the ledger lacks (a crash after the commit
@@ -245,7 +240,7 @@ class Ledger:
                 open_plans.setdefault(r["batch_id"], {})[(r["topic"], r["partition"])] = r
         for by_tp in open_plans.values():
             mine = sorted(by_tp.values(), key=lambda r: (r["topic"], r["partition"]))
-            moved = [r for r in mine if committed_ends.get((r["topic"], r["partition"]), -1) > r["start_offset"]]
+            moved = [r for r in mine if (committed_end(r["topic"], r["partition"]) or -1) > r["start_offset"]]
             if moved:
                 winner = covering_batch(sink_commits, moved[0]["topic"], moved[0]["partition"], moved[0]["start_offset"])
                 message = (
