@@ -192,7 +192,7 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark, suite=None) -
     from pyspark.sql import functions as F
 
     from offsetlake.reader import read_ranges
-    from offsetlake.transform import REASON, apply_transform, dead_letter_rows, good_rows, parse_json
+    from offsetlake.transform import REASON, apply_transform, dead_letter_rows, good_rows, parse_json, parsed_struct_type
 
     timings: dict[str, int] = {}
     per_range: dict[tuple[str, int], dict[str, int]] = {
@@ -203,8 +203,16 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark, suite=None) -
         spark.sparkContext.addPyFile(str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
 
     t = time.monotonic()
-    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds)
-    parsed = parse_json(raw, config).persist()
+    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds,
+                      parsed_struct_type(config))
+    parsed = parse_json(raw, config)
+    if suite is None or config.validation.on_failure != "quarantine":
+        # only dead letters and quarantined records need the original bytes: a cache without
+        # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
+        good = F.col(REASON).isNull()
+        for column in ("key", "value", "headers"):
+            parsed = parsed.withColumn(column, F.when(good, F.lit(None)).otherwise(F.col(column)))
+    parsed = parsed.persist()
     processed = ProcessedRanges(None, [parsed], per_range, timings)
     counts = (
         parsed.groupBy("topic", "partition")

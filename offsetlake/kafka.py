@@ -93,8 +93,19 @@ def offsets_for_time(
     return {tp.partition: tp.offset for tp in found}
 
 
+# A range read needs no deep prefetch: these bound each read task's librdkafka buffers on a
+# broker that honours fetch sizes (the pipeline's kafka options override them). noida-db does
+# not: it answers a fetch with the partition's whole tail, see BENCHMARKS.md (memory).
+_READ_BUFFER_DEFAULTS = {
+    "fetch.max.bytes": 16 * 1024 * 1024,
+    "max.partition.fetch.bytes": 4 * 1024 * 1024,
+    "queued.max.messages.kbytes": 16 * 1024,
+}
+
+
 def _consumer_config(client_config: dict[str, str], pipeline: str) -> dict[str, object]:
     return {
+        **_READ_BUFFER_DEFAULTS,
         **client_config,
         "group.id": f"offsetlake-{pipeline}",
         "enable.auto.commit": False,
@@ -114,8 +125,9 @@ def read_range(
     start: int,
     end: int,
     timeout_s: float,
-) -> Iterator[Message]:
-    """Yield every committed record of ``[start, end)`` of one partition, then stop.
+) -> Iterator[list[Message]]:
+    """Yield every committed record of ``[start, end)`` of one partition, in offset order, as
+    chunks (one list per consume call, so callers build columns without a per-record generator).
 
     Done when the position reaches ``end`` (by a record at or past ``end - 1``, by the
     end-of-partition event, or by the consumer position), so trailing markers never hang.
@@ -144,28 +156,39 @@ def read_range(
                     )
                 continue
             last_progress = time.monotonic()
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        position = max(position, message.offset())
-                        continue
-                    if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
-                        raise OffsetsLostError(
-                            f"{where}: offsets from {position} are no longer in the log "
-                            f"(retention or delete_records removed them): {error.str()}"
-                        )
-                    if error.retriable() or error.code() == KafkaError._TRANSPORT:
-                        continue
-                    raise KafkaUnavailableError(f"{where}: read failed at offset {position}: {error.str()}")
-                offset = message.offset()
-                if offset >= end:
-                    position = end
-                    break
-                position = offset + 1
-                yield message
+            records = [m for m in messages if m.error() is None]
+            if len(records) != len(messages):
+                position = _raise_or_skip_errors(messages, position, where)
+            if records and records[-1].offset() >= end:  # offsets ascend: the range is done
+                position = end
+                records = [m for m in records if m.offset() < end]
+            elif records:
+                position = max(position, records[-1].offset() + 1)
+            if records:
+                yield records
     finally:
         consumer.close()
+
+
+def _raise_or_skip_errors(messages: list[Message], position: int, where: str) -> int:
+    """Raise for the error events of one consume call that end the read; skip the retriable
+    ones. Returns the position an end-of-partition event reports (or ``position``)."""
+    for message in messages:
+        error = message.error()
+        if error is None:
+            continue
+        if error.code() == KafkaError._PARTITION_EOF:
+            position = max(position, message.offset())
+            continue
+        if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+            raise OffsetsLostError(
+                f"{where}: offsets from {position} are no longer in the log "
+                f"(retention or delete_records removed them): {error.str()}"
+            )
+        if error.retriable() or error.code() == KafkaError._TRANSPORT:
+            continue
+        raise KafkaUnavailableError(f"{where}: read failed at offset {position}: {error.str()}")
+    return position
 
 
 def _consumer_position(consumer: Consumer, tp: TopicPartition) -> int:

@@ -132,3 +132,51 @@ def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
     assert any(p.suffix == ".html" for p in written) and any("_delta_log" in str(p) for p in written)
     leaked = [str(p) for p in written if marker.encode() in p.read_bytes()]
     assert not leaked, f"the Kafka password was written to {leaked}"
+
+
+PARSE_CASES = [
+    _order(1), None, b'{"order_id": 2, "customer": "\xff"}', b"[1, 2]", b"order 3", b"", b"   ", b"{}",
+    b'{"customer": "no id"}', b'{"order_id": "4"}', b'{"order_id": 5.0}', b'{"order_id": 99999999999999999999}',
+    b"{'order_id': 6}", b'{"order_id": 7, "order_id": 8}', b'{"order_id": 9}{"order_id": 10}',
+    b'{\n  "order_id": 11\n}', b'{"order_id": 12, "amount": NaN}', b'{"order_id": 13, "amount": 3}',
+    b'{"order_id": 14, "customer": 7}', b'{"order_id": 15, "customer": {"nested": [1]}}',
+    b'{"order_id": 16, "created_at": 1700000000}', b'{"order_id": 17, "created_at": "2026-11-22"}',
+    b'{"order_id": 18, "created_at": "2026-11-22 10:00:00.5+01:00"}', b'{"order_id": 19, "created_at": "yesterday"}',
+    b'{"order_id": 20, "created_at": "2026-11-22T10:00:00.1234567Z"}', b'{"Order_Id": 21}',
+    b'{"order_id": 22, "customer": "caf\\u00e9", "extra": {"deep": true}}', b'  {"order_id": 23}  ', b'{"order_id": null}',
+    b'{"order_id": 24, "currency": "EUR"} trailing', b'"just a string"', b"42", b"null", b"\x00\x01",
+]
+
+
+def test_values_parsed_in_the_read_tasks_get_exactly_sparks_answers(pipeline, spark):
+    """The read tasks parse JSON with pyarrow and leave what it refuses to Spark's from_json
+    (offsetlake.transform.parse_json_values). Every value must end with the parsed fields and
+    dead-letter reason that Spark alone gives it, whichever parser took it: here each tricky
+    value sits among good ones, so the halving that isolates it is exercised too."""
+    import pyarrow as pa
+
+    from offsetlake.transform import PARSED_IN_READ, REASON, parse_json, parse_json_values, parsed_struct_type
+
+    config = pipeline.write()
+    struct = parsed_struct_type(config)
+    assert struct is not None, "the test pipeline's schema must be one the read tasks parse"
+    values = []
+    for case in PARSE_CASES:
+        values += [_order(1000 + len(values) + i) for i in range(150)] + [case]
+    in_read = parse_json_values(values, struct)
+    assert len(in_read) == len(values)
+    left_to_spark = [i for i, v in enumerate(in_read.is_null().to_pylist()) if v]
+    assert 0 < len(left_to_spark) < len(values) // 4, "pyarrow should parse the good values and refuse the odd ones"
+
+    table = pa.table({"value": pa.array(values, pa.binary()), "offset": pa.array(range(len(values)), pa.int64())})
+    plain = spark.createDataFrame(table)
+    with_read = spark.createDataFrame(table.append_column(PARSED_IN_READ, in_read))
+    columns = ["offset", "_parsed", REASON]
+    expected = {r["offset"]: r for r in parse_json(plain, config).select(*columns).collect()}
+    got = {r["offset"]: r for r in parse_json(with_read, config).select(*columns).collect()}
+    assert len(got) == len(values)
+    for offset, value in enumerate(values):
+        # compared as text so NaN equals NaN
+        assert str(got[offset]) == str(expected[offset]), f"value {value!r}: read-task parse {got[offset]} != Spark {expected[offset]}"
+    reasons = {expected[i][REASON] for i in range(len(values))}
+    assert len(reasons) >= 5, f"the cases should cover several dead-letter reasons: {reasons}"
