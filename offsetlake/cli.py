@@ -186,18 +186,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from offsetlake.batch import current_offsets
-    from offsetlake.sink import committed_ends, open_table
+    from offsetlake.ledger_view import partition_status
 
     config = _load(args, args.pipeline)
-    offsets = current_offsets(config)
-    ends = committed_ends(open_table(config.sink_path), config, config.topic, sorted(offsets))
-    rows = []
-    for p, o in sorted(offsets.items()):
-        committed = ends[p]
-        lag = o.last_stable - (committed if committed is not None else o.log_start)
-        rows.append({"topic": o.topic, "partition": p, "committed_end": committed, "log_start": o.log_start,
-                     "last_stable": o.last_stable, "lag": max(lag, 0), "lost": committed is not None and committed < o.log_start})
+    rows = partition_status(config)
     if args.json:
         print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows)}))
         return 0
