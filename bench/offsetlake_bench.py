@@ -179,6 +179,29 @@ def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float
     return peak, time.monotonic() - started, split
 
 
+def cpu_seconds(broker) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process (the driver), the JVM, the
+    Python workers under it, and the broker, if it is the local one: where a batch's time goes."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    split = {"python_driver": times.user + times.system, "jvm": 0.0, "python_workers": 0.0, "broker": 0.0}
+    broker_pids: set[int] = set()
+    if broker is not None and broker.process is not None:
+        try:
+            root = psutil.Process(broker.process.pid)
+            broker_pids = {p.pid for p in [root, *root.children(recursive=True)]}
+        except psutil.Error:
+            pass
+    for p in me.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            kind = "broker" if p.pid in broker_pids else "jvm" if p.name() == "java" else "python_workers"
+            split[kind] += t.user + t.system
+        except psutil.Error:
+            pass
+    return split
+
+
 # ---- planning -----------------------------------------------------------------------------------
 def commit_synthetic_batches(config, count: int, start_at: int) -> None:
     """``count`` committed batches of one offset per partition, through offsetlake's commit path."""
@@ -216,7 +239,7 @@ def time_plan(config, label: str) -> float:
 
 
 # ---- the sections -------------------------------------------------------------------------------
-def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict, broker=None) -> None:
     only = set(args.only.split(",")) if args.only else set(SECTIONS)
     topic = "bench_orders"
     ensure_topic(bootstrap, topic, args.partitions)
@@ -267,17 +290,23 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         warm = load_pipeline(str(write_pipeline(work / "p", "bench_warmup", "bench_warmup", bootstrap, work / "lake_warm")))
         run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
 
+        cpu_splits: list[dict[str, float]] = []
+
         def steady(i: int) -> float:
             lake = work / f"lake_steady_{i}"
             config = load_pipeline(str(write_pipeline(work / "p", "bench_steady", topic, bootstrap, lake)))
+            before = cpu_seconds(broker)
             t = time.monotonic()
             results = run_pipeline(config, RunContext(f"steady-{i}"), spark_session, emit=lambda _: None)
             elapsed = time.monotonic() - t
+            after = cpu_seconds(broker)
+            cpu_splits.append({k: round(after[k] - before.get(k, 0.0), 1) for k in after})
             assert sum(r.total("records_read") for r in results) == records
             shutil.rmtree(lake)
             return elapsed
         med, samples = median_of(args.repeats, steady)
-        emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
+        emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
+             cpu_s=cpu_splits)
         stop_spark()
 
         def cold(i: int) -> float:
@@ -411,8 +440,8 @@ def main() -> int:
                      "args": {k: str(v) for k, v in vars(args).items()}}
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     try:
-        with broker_for(work / "broker") as (bootstrap, _):
-            run_sections(args, work, bootstrap, figures)
+        with broker_for(work / "broker") as (bootstrap, broker):
+            run_sections(args, work, bootstrap, figures, broker)
     finally:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
         shutil.rmtree(work, ignore_errors=True)

@@ -48,6 +48,9 @@ def render(f: dict) -> str:
         if "mb_per_s" in m:
             rate += f", {m['mb_per_s']} MB/s"
         out.append(f"| {label} | {m['median_s']} s | {', '.join(map(str, m['samples_s']))} | {rate} |")
+    if f.get("steady_warm", {}).get("cpu_s"):
+        splits = "; ".join(", ".join(f"{k} {v}" for k, v in sorted(s.items())) for s in f["steady_warm"]["cpu_s"])
+        out.append(f"| CPU seconds of each warm run | | {splits} | |")
     for label in ("1x", "10x"):
         key = f"memory_{label}"
         if key in f:
