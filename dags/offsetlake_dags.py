@@ -1,4 +1,4 @@
-"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest` and `<name>_backfill`.
+"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest`, `<name>_backfill` and `<name>_rewind`.
 
 Parsing reads the YAML files and nothing else: no Kafka, no Delta, no Spark. A run's ranges
 come from its plan task, recorded in the ledger, never from "the latest data" inside a task.
@@ -25,6 +25,7 @@ from offsetlake_airflow import (  # noqa: E402
     plan_backfill_run,
     plan_ingest,
     publish_batch,
+    rewind_run,
 )
 
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline  # noqa: E402
@@ -146,11 +147,49 @@ only offsets the pipeline has already committed can be backfilled, and txn versi
     return dag
 
 
+REWIND_PARAMS = {
+    "to_batch": Param(
+        None, type=["null", "string"], title="Rewind to batch",
+        description="Batch id to rewind to (from the Offset ledger view or `offsetlake ledger`); it stays, "
+        "every later batch is rewound and the next ingest run reprocesses from its end.",
+    ),
+    "reason": Param(
+        "", type="string", title="Reason",
+        description="Why; recorded in the rewind commit's userMetadata and the ledger.",
+    ),
+    "dry_run": Param(
+        True, type="boolean", title="Dry run",
+        description="Only log what would change (batches, files, txn versions, dead letters); write nothing.",
+    ),
+}
+
+
+def rewind_dag(config: PipelineConfig) -> DAG:
+    with DAG(
+        dag_id=f"{config.name}_rewind",
+        description=f"Restore {config.sink_path} to its state right after an earlier batch, to reprocess from there",
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(),
+        params=REWIND_PARAMS,
+        tags=["offsetlake", config.name, "rewind"],
+        doc_md=f"""### {config.name}_rewind
+Trigger with Params `to_batch`, `reason` and `dry_run` (on by default: the log shows what would change).
+One Delta commit puts the sink's data and committed ends back to where batch `to_batch` left them; later
+batches become `rewound` in the ledger and their dead letters are deleted. The next `{config.name}_ingest`
+run reprocesses from there. Rerunning a rewind that succeeded changes nothing.""",
+    ) as dag:
+        PythonOperator(task_id="rewind", python_callable=rewind_run, op_kwargs={"pipeline": config.name}, retries=0)
+    return dag
+
+
 for _path in all_pipeline_files(pipelines_folder()):
     try:
         _config = load_pipeline(str(_path))
     except ConfigError as _err:  # one broken file must not hide the other pipelines
         log.error("skipping %s: %s", _path, _err)
         continue
-    for _dag in (ingest_dag(_config), backfill_dag(_config)):
+    for _dag in (ingest_dag(_config), backfill_dag(_config), rewind_dag(_config)):
         globals()[_dag.dag_id] = _dag

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
-from offsetlake.ledger import COMMITTED, GAP, Ledger
+from offsetlake.ledger import COMMITTED, GAP, Ledger, rewound_batches
 from offsetlake.sink import open_table, sink_commits
 
 _COORDS = ["_kafka_topic", "_kafka_partition", "_kafka_offset"]
@@ -80,10 +80,12 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
         if dupes.num_rows:
             break
 
-    # 2. committed ranges per partition are contiguous with no overlap (ingest and gap batches)
+    # 2. committed ranges per partition are contiguous with no overlap (ingest and gap batches;
+    # batches a later rewind commit undid no longer count: their offsets are read again)
+    rewound = rewound_batches(commits)
     by_tp: dict[tuple[str, int], list[tuple[int, int, str, str]]] = {}
     for c in commits:
-        if c.entry.get("kind") not in ("ingest", "gap", "stream"):
+        if c.entry.get("kind") not in ("ingest", "gap", "stream") or c.batch_id in rewound:
             continue
         for r in c.entry["ranges"]:
             by_tp.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"], c.batch_id, c.entry["kind"]))

@@ -22,7 +22,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.kafka import check_log_start, describe_topic, partition_offsets
-from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit, covering_batch
+from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit, covering_batch, rewound_batches
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id, plan_ranges
 from offsetlake.sink import (
     WrittenFiles,
@@ -315,6 +315,13 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
 
 
 def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+    rewind = rewound_batches(sink_commits(open_table(config.sink_path), config.name)).get(plan.batch_id)
+    if rewind is not None:
+        # A batch id appears in at most one live commit; a rewound batch's plan never applies again.
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
+            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends"
+        )
     if plan.kind == "backfill":
         return execute_backfill_batch(config, plan, ledger, spark_factory)
     started = time.monotonic()

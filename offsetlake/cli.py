@@ -1,4 +1,4 @@
-"""``offsetlake`` command line: run, backfill, status, ledger, ledger rebuild, audit, maintenance.
+"""``offsetlake`` command line: run, backfill, rewind, status, ledger, ledger rebuild, audit, maintenance.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -86,6 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--to-time", help="ISO-8601 end time (exclusive)")
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
     backfill.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+
+    rewind = commands.add_parser(
+        "rewind", parents=[common],
+        help="restore the sink to its state right after an earlier batch, to reprocess from there",
+        description="Restore the sink to its state right after batch ID in ONE Delta commit: data files added "
+        "later are removed and files that version had are re-added (the rows equal time travel to that "
+        "version), each partition's committed end (txn version) goes back to that batch's end, and the "
+        "commit's userMetadata lists the rewound batches, the reason and who asked. Later batches become "
+        "`rewound` in the ledger and their dead letters are deleted; the next `offsetlake run` reprocesses "
+        "everything after batch ID. Partitions with no committed end at batch ID go back to the first offset "
+        "the pipeline ever read from them. Fails without writing anything if the batch is unknown, never "
+        "committed, was rewound itself, or if files of that version were vacuumed. Run it while no ingest "
+        "or backfill of the pipeline is running.",
+    )
+    _add_pipeline(rewind)
+    rewind.add_argument("--to-batch", required=True, metavar="ID",
+                        help="batch id to rewind to (see `offsetlake ledger PIPELINE`); it stays, later ones go")
+    rewind.add_argument("--reason", help="why, recorded in the rewind commit and the ledger (default: no reason given)")
+    rewind.add_argument("--dry-run", action="store_true",
+                        help="print the batches, files, txn versions and dead letters that would change; write nothing")
+    rewind.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     status = commands.add_parser(
         "status", parents=[common], help="per partition: committed end, log start, last stable offset, lag",
@@ -185,6 +206,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rewind(args: argparse.Namespace) -> int:
+    from offsetlake.rewind import rewind_pipeline
+
+    config = _load(args, args.pipeline)
+    result = rewind_pipeline(config, args.to_batch, reason=args.reason, dry_run=args.dry_run)
+    print(json.dumps(result.as_dict(), default=str) if args.json else result.text(), flush=True)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from offsetlake.ledger_view import partition_status
 
@@ -273,8 +303,8 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
-COMMANDS = {"backfill": cmd_backfill, "run": cmd_run, "status": cmd_status, "ledger": cmd_ledger, "audit": cmd_audit,
-            "maintenance": cmd_maintenance}
+COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "status": cmd_status, "ledger": cmd_ledger,
+            "audit": cmd_audit, "maintenance": cmd_maintenance}
 
 
 def main(argv: list[str] | None = None) -> int:

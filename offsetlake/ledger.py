@@ -26,7 +26,11 @@ from offsetlake.plan import BatchPlan, OffsetRange
 log = logging.getLogger("offsetlake.ledger")
 
 PLANNED, COMMITTED, FAILED, SUPERSEDED, GAP = "planned", "committed", "failed", "superseded", "gap"
-_OUTCOME_RANK = {PLANNED: 0, FAILED: 1, SUPERSEDED: 2, COMMITTED: 3, GAP: 3}
+# A committed batch undone by a later rewind commit (``offsetlake.rewind``): it outranks committed,
+# because the sink commit that rewound it comes after the one that committed it.
+REWOUND = "rewound"
+REWIND = "rewind"  # the kind of a rewind commit's ledger entry
+_OUTCOME_RANK = {PLANNED: 0, FAILED: 1, SUPERSEDED: 2, COMMITTED: 3, GAP: 3, REWOUND: 4}
 COMPACT_AFTER_FILES = 32  # per pipeline; see Ledger.compact_if_fragmented
 
 LEDGER_SCHEMA = pa.schema(
@@ -167,11 +171,11 @@ class Ledger:
     def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
         """The plan already recorded for this dag run, so a retry re-executes the same ranges.
 
-        A superseded plan (another batch moved the committed end past its start) can never
-        apply again, so it is not returned: rerunning that dag run plans anew.
+        A superseded plan (another batch moved the committed end past its start) or a rewound
+        batch can never apply again, so it is not returned: rerunning that dag run plans anew.
         """
         mine = self.rows(_run_filter(dag_id, run_id) & (pc.field("kind") == kind)).to_pylist()
-        superseded = {r["batch_id"] for r in mine if r["status"] == SUPERSEDED}
+        superseded = {r["batch_id"] for r in mine if r["status"] in (SUPERSEDED, REWOUND)}
         rows = [r for r in mine if r["status"] == PLANNED and r["batch_id"] not in superseded]
         if not rows:
             return None
@@ -215,8 +219,10 @@ class Ledger:
         """Make the ledger agree with the sink; returns the number of rows appended.
 
         Adds ``committed`` rows for sink commits the ledger lacks (a crash after the commit
-        but before the ledger write), and ``superseded`` rows for planned batches that can
-        no longer apply because a partition's committed end moved past their start.
+        but before the ledger write), ``rewound`` rows for batches a later rewind commit lists
+        (so re-reading history never resurrects them as committed), and ``superseded`` rows for
+        planned batches that can no longer apply because a partition's committed end moved past
+        their start.
         """
         events = self.rows()
         status = events["status"]
@@ -230,6 +236,8 @@ class Ledger:
         for commit in sink_commits:
             if commit.batch_id not in complete:
                 rows.extend(rows_for_commit(commit))
+        marked = set(pc.unique(events.filter(pc.equal(status, REWOUND))["batch_id"]).to_pylist())
+        rows.extend(row for row in rewound_rows(sink_commits) if row["batch_id"] not in marked)
         # ingest batches with only `planned` events (backfills start below the committed end by
         # design: never "moved past"), not in the sink
         decided = set(pc.unique(events.filter(pc.not_equal(status, PLANNED))["batch_id"]).to_pylist())
@@ -281,8 +289,9 @@ class Ledger:
         return True
 
     def rebuild(self, sink_commits: list[SinkCommit]) -> int:
-        """Recreate this pipeline's rows from sink history alone (invariant 4)."""
-        rows = [row for commit in sink_commits for row in rows_for_commit(commit)]
+        """Recreate this pipeline's rows from sink history alone (invariant 4), rewound batches
+        included as ``rewound``."""
+        rows = [row for commit in sink_commits for row in rows_for_commit(commit)] + rewound_rows(sink_commits)
         if DeltaTable.is_deltatable(self.path):
             table = DeltaTable(self.path)
             table.delete(f"pipeline = '{self.pipeline}'")
@@ -311,11 +320,46 @@ def _best_outcomes(events: list[dict]) -> list[dict]:
 
 
 def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, offset: int) -> str | None:
+    """The first commit whose ranges hold ``offset`` (rewound batches skipped: a rewind commit
+    covering it is named instead)."""
+    commits = list(commits)
+    rewound = rewound_batches(commits)
     for commit in commits:
+        if commit.batch_id in rewound:
+            continue
         for r in commit.entry.get("ranges", []):
             if r["topic"] == topic and r["partition"] == partition and r["start"] <= offset < r["end"]:
                 return commit.batch_id
     return None
+
+
+def rewound_batches(commits: Iterable[SinkCommit]) -> dict[str, SinkCommit]:
+    """Batch id → the rewind commit that undid it, from the ``rewound`` list every rewind commit
+    carries in its ledger entry. Sink history is the truth (invariant 4): this is how the ledger
+    learns which committed batches no longer count."""
+    undone: dict[str, SinkCommit] = {}
+    for commit in sorted(commits, key=lambda c: c.version):
+        if commit.entry.get("kind") == REWIND:
+            for batch_id in commit.entry.get("rewound", []):
+                undone.setdefault(batch_id, commit)
+    return undone
+
+
+def rewound_rows(commits: Iterable[SinkCommit]) -> list[dict]:
+    """``rewound`` ledger rows (one per range) for every batch a rewind commit undid."""
+    commits = list(commits)
+    by_id = {c.batch_id: c for c in commits}
+    rows = []
+    for batch_id, rewind in rewound_batches(commits).items():
+        if batch_id not in by_id:
+            continue
+        entry = rewind.entry
+        message = (f"rewound by {entry['batch_id']} (sink version {rewind.version}) to batch {entry.get('to_batch')}: "
+                   f"{entry.get('reason') or 'no reason given'}")
+        recorded = _ts(entry.get("committed_at")) or datetime.now(UTC)
+        rows.extend({**row, "status": REWOUND, "message": message, "recorded_at": recorded}
+                    for row in rows_for_commit(by_id[batch_id]))
+    return rows
 
 
 def _ts(value: str | None) -> datetime | None:

@@ -21,11 +21,11 @@ from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
-from offsetlake.ledger import COMMITTED, FAILED, GAP, PLANNED, SUPERSEDED, Ledger, rows_for_commit
+from offsetlake.ledger import COMMITTED, FAILED, GAP, PLANNED, REWOUND, SUPERSEDED, Ledger, rows_for_commit
 from offsetlake.sink import committed_ends, open_table, sink_commits
 
 # A batch is only as final as its least final partition (its ranges are recorded together).
-_FINALITY = (PLANNED, FAILED, SUPERSEDED, COMMITTED, GAP)
+_FINALITY = (PLANNED, FAILED, SUPERSEDED, COMMITTED, GAP, REWOUND)
 RECENT_BATCHES = 25
 
 
@@ -55,7 +55,7 @@ def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[
     """One row per (batch, topic, partition) with its most final outcome, the sink's commits
     included even where the ledger projection has not caught up with them yet."""
     rows = Ledger(config.ledger_path, config.name).batches()
-    recorded = {r["batch_id"] for r in rows if r["status"] in (COMMITTED, GAP)}
+    recorded = {r["batch_id"] for r in rows if r["status"] in (COMMITTED, GAP, REWOUND)}
     unrecorded = [row for c in sink_commits(table, config.name) if c.batch_id not in recorded for row in rows_for_commit(c)]
     if unrecorded:
         replaced = {(r["batch_id"], r["topic"], r["partition"]) for r in unrecorded}

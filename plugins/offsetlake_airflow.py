@@ -165,5 +165,30 @@ def publish_batch(pipeline: str, batch_id: str, **context) -> dict:
     return summary
 
 
+def rewind_run(pipeline: str, **context) -> dict:
+    """Rewind task: restore the sink to its state right after Param ``to_batch`` (one Delta commit).
+
+    With Param ``dry_run`` only logs what would change. A rerun after success is a no-op that
+    says so; a refused rewind (unknown, uncommitted or rewound batch, vacuumed files) fails the
+    task with the reason and writes nothing.
+    """
+    from offsetlake.plan import RunContext
+    from offsetlake.rewind import RewindError, rewind_pipeline
+
+    dag_run, ti, params = context["dag_run"], context["ti"], context["params"]
+    to_batch = (params.get("to_batch") or "").strip()
+    if not to_batch:
+        raise RewindError(f"pipeline {pipeline}: give the Param to_batch (a batch id from the Offset ledger view)")
+    config = load_config(pipeline)
+    who = getattr(dag_run, "triggering_user_name", None) or "airflow"
+    result = rewind_pipeline(
+        config, to_batch, reason=params.get("reason") or None, requested_by=f"{who} via {dag_run.dag_id}",
+        dry_run=bool(params.get("dry_run")),
+        run=RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number),
+    )
+    log.info("%s", result.text())
+    return json.loads(json.dumps(result.as_dict(), default=str))
+
+
 class OffsetlakePlugin(AirflowPlugin):
     name = "offsetlake"

@@ -1,0 +1,379 @@
+"""Rewind: put a pipeline's sink back to its state right after an earlier batch, to reprocess from there.
+
+What retained checkpoints give Flink users: after a bug in the last hours of processing,
+``rewind_pipeline(config, to_batch=k)`` makes ONE sink commit (invariant 2) that
+
+* removes every data file added after batch k's commit version and re-adds the files that
+  version had and later commits removed (so the live rows equal time travel to that version),
+* sets each partition's txn (appId ``<pipeline>:<topic>:<partition>``) back to its version as
+  of batch k, so the next run plans from batch k's ends and reprocesses everything after,
+* carries a ledger entry (``kind: rewind``) in ``userMetadata`` naming the rewound batch ids,
+  the target batch and version, who asked and why, and every txn move.
+
+Partitions that had no txn at batch k's version (added to the topic later, or first planned
+after batch k under ``start: latest``) cannot lose their txn (Delta has no txn removal), so it is
+set to the start of the first range any commit recorded for that partition: the offset the
+pipeline's ``start`` setting made it begin from. The next run reprocesses that partition from
+there, as the first run did; offsets retention took since then fail the run (invariant 7).
+
+Every offsetlake commit after batch k that a rewind has not already undone is rewound: ingest,
+gap and backfill batches alike (a later backfill's replaced rows revert too; repeat it after
+the rewind if it is still wanted). The ledger learns it from sink history: ``Ledger.reconcile``
+and ``Ledger.rebuild`` mark every batch a rewind commit lists as ``rewound``, which outranks
+``committed``, and a rewound batch's plan is never executed again.
+
+Refused with RewindError (naming pipeline and batch): an unknown batch id, a batch that never
+committed (planned, failed, superseded), a batch already rewound, a rewind commit, and a rewind
+whose files are gone from disk (vacuumed): then nothing is written, never a half restore.
+Rewinding to the latest live batch changes nothing and says so. Any batch kind may be the
+target (ingest, gap or backfill): the target is the table version that batch committed.
+
+Dead letters: the rows whose ``batch_id`` is a rewound ingest or gap batch are deleted from the
+dead-letter table in a second Delta commit, after the sink commit (Delta has no multi-table
+commit). If the process dies in between, nothing is lost: the stale dead letters lie at
+offsets the next run reads again, and its ``replace_dead_letters`` replaces exactly those
+coordinates; calling ``rewind`` again (now a no-op on the sink) deletes them too. Dead letters
+written by a rewound *backfill* are kept: that backfill had replaced the dead letters of its
+range, so they are the only ones left for offsets that stay committed.
+
+Run it while no ingest or backfill of the pipeline is running: the commit is made with no
+retries on the table object it was computed from, so a concurrent commit makes it fail cleanly
+(nothing written; run it again).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+from pyarrow import fs as pafs
+
+from offsetlake.backfill import _partition_text
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.ledger import REWIND, Ledger, SinkCommit, ledger_entry_json, rewound_batches
+from offsetlake.plan import RunContext, new_batch_id
+from offsetlake.sink import _uri, committed_version, file_stats, open_table, sink_commits
+
+log = logging.getLogger("offsetlake.rewind")
+
+DEFAULT_REASON = "no reason given"
+_TXN_KINDS = ("ingest", "gap", "stream")  # kinds whose commits move txn versions
+_SHOW_FILES = 20
+
+
+class RewindError(OffsetlakeError):
+    """The rewind cannot be done as asked; nothing was written. The message says why."""
+
+
+@dataclass
+class TxnMove:
+    topic: str
+    partition: int
+    current: int | None
+    target: int
+    why: str  # "as of batch k" or "no txn at batch k: first recorded start"
+
+
+@dataclass
+class RewindPlan:
+    """What a rewind changes (what ``--dry-run`` prints), computed from one sink snapshot."""
+
+    pipeline: str
+    to_batch: str
+    to_version: int
+    sink_version: int  # the snapshot the plan was computed from
+    rewound: list[dict] = field(default_factory=list)  # batch_id, kind, version
+    remove_files: list[str] = field(default_factory=list)
+    readd_files: list[str] = field(default_factory=list)
+    txn: list[TxnMove] = field(default_factory=list)
+    dead_letters: dict[str, int] = field(default_factory=dict)  # rewound batch id -> rows to delete
+
+    @property
+    def noop(self) -> bool:
+        return not self.rewound
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "noop": self.noop}
+
+
+@dataclass
+class RewindResult:
+    plan: RewindPlan
+    dry_run: bool
+    rewind_id: str | None = None
+    rewind_version: int | None = None
+    dead_letters_removed: int = 0
+    reason: str = DEFAULT_REASON
+
+    def as_dict(self) -> dict:
+        return {"pipeline": self.plan.pipeline, "dry_run": self.dry_run, "rewind_id": self.rewind_id,
+                "rewind_version": self.rewind_version, "dead_letters_removed": self.dead_letters_removed,
+                "reason": self.reason, **self.plan.as_dict()}
+
+    def text(self) -> str:
+        p = self.plan
+        head = f"pipeline {p.pipeline}: rewind to batch {p.to_batch} (sink version {p.to_version})"
+        if p.noop:
+            lines = [f"{head}: batch {p.to_batch} is already the latest live batch; nothing to rewind"]
+            if self.dead_letters_removed:
+                lines.append(f"removed {self.dead_letters_removed} leftover dead letters of batches rewound earlier")
+            return "\n".join(lines)
+        verb = "would" if self.dry_run else "did"
+        lines = [f"{head}{' [dry run: nothing written]' if self.dry_run else f' = sink version {self.rewind_version}'}",
+                 f"reason: {self.reason}", f"batches rewound ({len(p.rewound)}):"]
+        lines += [f"  {b['batch_id']}  {b['kind']}  sink version {b['version']}" for b in p.rewound]
+        for label, files in (("remove", p.remove_files), ("re-add", p.readd_files)):
+            lines.append(f"files to {label}: {len(files)}")
+            lines += [f"  {f}" for f in files[:_SHOW_FILES]]
+            if len(files) > _SHOW_FILES:
+                lines.append(f"  ... {len(files) - _SHOW_FILES} more")
+        lines.append("txn versions (committed ends):")
+        lines += [f"  {m.topic}[{m.partition}]  {m.current} -> {m.target}  ({m.why})" for m in p.txn]
+        lines.append(f"dead letters {verb} remove: {sum(p.dead_letters.values())}"
+                     + "".join(f"\n  {b}: {n}" for b, n in p.dead_letters.items() if n))
+        return "\n".join(lines)
+
+
+def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None = None) -> RewindPlan:
+    """Work out what rewinding to ``to_batch`` changes; reads only Delta, writes nothing.
+
+    Raises RewindError for an unknown, uncommitted or rewound batch, a rewind commit, or files
+    of the target version that are gone from disk (nothing could be restored whole then).
+    """
+    where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
+    table = table if table is not None else open_table(config.sink_path)
+    commits = sink_commits(table, config.name)
+    undone = rewound_batches(commits)
+    target = next((c for c in commits if c.batch_id == to_batch), None)
+    if target is None:
+        status = _ledger_status(config, to_batch)
+        if status is None:
+            raise RewindError(f"{where}: no such batch in the sink's history or the ledger "
+                              f"(`offsetlake ledger {config.name}` lists the batches)")
+        raise RewindError(f"{where}: that batch is {status} and never committed; rewind to a committed batch")
+    if target.entry.get("kind") == REWIND:
+        raise RewindError(f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
+                          f"({target.entry.get('to_batch')})")
+    if to_batch in undone:
+        raise RewindError(f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
+                          f"(sink version {undone[to_batch].version}); its data is no longer in the sink")
+    plan = RewindPlan(config.name, to_batch, target.version, table.version())
+    later = [c for c in commits if c.version > target.version and c.entry.get("kind") != REWIND
+             and c.batch_id not in undone]
+    plan.rewound = [{"batch_id": c.batch_id, "kind": c.entry.get("kind", "ingest"), "version": c.version} for c in later]
+    plan.dead_letters = _dead_letter_counts(config, _dead_letter_batches(commits, [c.batch_id for c in later]))
+    if plan.noop:
+        return plan
+
+    then = DeltaTable(config.sink_path, version=target.version)
+    now_files = _files(table)
+    then_files = _files(then)
+    plan.remove_files = sorted(set(now_files) - set(then_files))
+    plan.readd_files = sorted(set(then_files) - set(now_files))
+    missing = [f for f in plan.readd_files if not _exists(config.sink_path, f)]
+    if missing:
+        raise RewindError(
+            f"{where}: {len(missing)} data files of sink version {target.version} are gone from disk "
+            f"(vacuumed?), e.g. {', '.join(missing[:5])}; nothing was changed"
+        )
+    plan.txn = _txn_moves(config, table, then, commits)
+    return plan
+
+
+def rewind_pipeline(
+    config: PipelineConfig,
+    to_batch: str,
+    reason: str | None = None,
+    requested_by: str | None = None,
+    dry_run: bool = False,
+    run: RunContext | None = None,
+) -> RewindResult:
+    """Restore the sink to its state right after ``to_batch`` in ONE commit (see the module doc).
+
+    The commit is the only one a rewind makes on the sink, and together with the txn actions it
+    is the only place offsets move backwards (invariant 2). ``dry_run`` computes the same plan and
+    writes nothing. Raises RewindError when refused and CommitConflictError when another writer
+    committed meanwhile; nothing is written then.
+    """
+    from offsetlake.batch import reconcile_ledger
+
+    reason = (reason or "").strip() or DEFAULT_REASON
+    requested_by = requested_by or _user()
+    run = run or RunContext(run_id=f"cli-rewind-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
+    started = time.monotonic()
+    table = open_table(config.sink_path)
+    if table is None:
+        raise RewindError(f"pipeline {config.name}: cannot rewind to batch {to_batch}: the sink {config.sink_path} does not exist")
+    plan = plan_rewind(config, to_batch, table)
+    result = RewindResult(plan, dry_run, reason=reason)
+    if dry_run:
+        return result
+    if not plan.noop:
+        result.rewind_id = new_batch_id(config.name)
+        entry = _entry(config, plan, result.rewind_id, reason, requested_by, run, started)
+        result.rewind_version = _commit(table, config, plan, entry)
+        log.info("step=rewind pipeline=%s rewind=%s to_batch=%s rewound=%d removed_files=%d readded_files=%d "
+                 "sink_version=%d duration_ms=%d", config.name, result.rewind_id, to_batch, len(plan.rewound),
+                 len(plan.remove_files), len(plan.readd_files), result.rewind_version,
+                 int((time.monotonic() - started) * 1000))
+    reconcile_ledger(config, Ledger(config.ledger_path, config.name))
+    # Second commit, on the dead-letter table: every batch ever rewound, so a second call after a
+    # crash between the two commits finishes the job (see the module doc).
+    commits = sink_commits(open_table(config.sink_path), config.name)
+    result.dead_letters_removed = _delete_dead_letters(config, _dead_letter_batches(commits, list(rewound_batches(commits))))
+    return result
+
+
+def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str, requested_by: str,
+           run: RunContext, started: float) -> dict:
+    rewound = [b["batch_id"] for b in plan.rewound]
+    now = datetime.now(UTC).isoformat()
+    return {
+        "offsetlake": 1,
+        "pipeline": config.name,
+        "batch_id": rewind_id,
+        "kind": REWIND,
+        "run_id": run.run_id,
+        "dag_id": run.dag_id,
+        "try_number": run.try_number,
+        "planned_at": now,
+        "committed_at": now,
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "to_batch": plan.to_batch,
+        "to_version": plan.to_version,
+        "rewound": rewound,
+        "reason": reason,
+        "requested_by": requested_by,
+        "files_removed": len(plan.remove_files),
+        "files_readded": len(plan.readd_files),
+        # per partition, the offsets whose processing was undone: [new committed end, old one)
+        "ranges": [{"topic": m.topic, "partition": m.partition, "start": m.target, "end": m.current}
+                   for m in plan.txn if m.current is not None],
+        "message": f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
+                   f"(sink version {plan.to_version}) for {requested_by}: {reason}",
+    }
+
+
+def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: dict) -> int:
+    """ONE commit: removes + re-adds + one txn per partition + the entry, on the snapshot the plan
+    read, with no retries: a concurrent writer makes it fail instead of rebasing a stale diff."""
+    now = int(time.time() * 1000)
+    live = {a["path"]: a for a in pa.table(table.get_add_actions(flatten=False)).to_pylist()}
+    then = {a["path"]: a for a in pa.table(
+        DeltaTable(config.sink_path, version=plan.to_version).get_add_actions(flatten=False)).to_pylist()}
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(path=path, data_change=True, deletion_timestamp=now, size=live[path]["size_bytes"],
+                     partition_values=_partition_values(live[path]) or None)
+        for path in plan.remove_files
+    ]
+    filesystem, root = pafs.FileSystem.from_uri(_uri(config.sink_path))
+    for path in plan.readd_files:
+        with filesystem.open_input_file(f"{root.rstrip('/')}/{path}") as handle:
+            stats = file_stats(pq.read_metadata(handle))
+        actions.append(AddAction(path=path, size=then[path]["size_bytes"], partition_values=_partition_values(then[path]),
+                                 modification_time=then[path]["modification_time"], data_change=True,
+                                 stats=json.dumps(stats)))
+    transactions = [Transaction(config.app_id(m.topic, m.partition), m.target) for m in plan.txn]
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            partition_by=config.sink.partition_by or None,
+            commit_properties=CommitProperties(custom_metadata={"userMetadata": ledger_entry_json(entry)},
+                                               app_transactions=transactions, max_commit_retries=0),
+            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
+        )
+    except CommitFailedError as err:
+        raise CommitConflictError(
+            f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
+            f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
+        ) from None
+    return committed_version(config.sink_path, entry["batch_id"])
+
+
+def _partition_values(action: dict) -> dict:
+    return {k: _partition_text(v) for k, v in (action.get("partition") or {}).items()}
+
+
+def _files(table: DeltaTable) -> list[str]:
+    return pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+
+
+def _exists(root: str, path: str) -> bool:
+    filesystem, base = pafs.FileSystem.from_uri(_uri(root))
+    return filesystem.get_file_info(f"{base.rstrip('/')}/{path}").type == pafs.FileType.File
+
+
+def _txn_moves(config: PipelineConfig, now: DeltaTable, then: DeltaTable, commits: list[SinkCommit]) -> list[TxnMove]:
+    first_start: dict[tuple[str, int], int] = {}
+    for c in sorted(commits, key=lambda c: c.version):
+        if c.entry.get("kind") in _TXN_KINDS:
+            for r in c.entry.get("ranges", []):
+                first_start.setdefault((r["topic"], r["partition"]), r["start"])
+    moves = []
+    for topic, partition in sorted(first_start):
+        app_id = config.app_id(topic, partition)
+        current, target = now.transaction_version(app_id), then.transaction_version(app_id)
+        why = "as of the target batch"
+        if target is None:
+            target, why = first_start[(topic, partition)], "no txn at the target batch: its first recorded start"
+        moves.append(TxnMove(topic, partition, current, target, why))
+    return moves
+
+
+def _dead_letter_batches(commits: list[SinkCommit], batch_ids: list[str]) -> list[str]:
+    """The rewound batches whose dead letters go: ingest and gap ones (see the module doc)."""
+    kinds = {c.batch_id: c.entry.get("kind", "ingest") for c in commits}
+    return [b for b in batch_ids if kinds.get(b) in _TXN_KINDS]
+
+
+def _batch_predicate(batch_ids: list[str]) -> pc.Expression:
+    return pc.field("batch_id").isin(batch_ids)
+
+
+def _dead_letter_counts(config: PipelineConfig, batch_ids: list[str]) -> dict[str, int]:
+    table = open_table(config.dead_letter_path)
+    if table is None or not batch_ids:
+        return {b: 0 for b in batch_ids}
+    found = table.to_pyarrow_dataset().to_table(columns=["batch_id"], filter=_batch_predicate(batch_ids))
+    counts = {r["batch_id"]: r["count_all"] for r in found.group_by("batch_id").aggregate([([], "count_all")]).to_pylist()}
+    return {b: counts.get(b, 0) for b in batch_ids}
+
+
+def _delete_dead_letters(config: PipelineConfig, batch_ids: list[str], attempts: int = 5) -> int:
+    total = sum(_dead_letter_counts(config, batch_ids).values())
+    if not total:
+        return 0
+    quoted = ", ".join("'" + b.replace("'", "''") + "'" for b in batch_ids)
+    for attempt in range(attempts):
+        try:
+            open_table(config.dead_letter_path).delete(f"batch_id IN ({quoted})")
+            return total
+        except CommitFailedError:  # a concurrent dead-letter write: re-read and retry
+            if attempt == attempts - 1:
+                raise
+    return total
+
+
+def _ledger_status(config: PipelineConfig, batch_id: str) -> str | None:
+    rows = Ledger(config.ledger_path, config.name).batches(pc.field("batch_id") == batch_id)
+    return rows[0]["status"] if rows else None
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown user"
