@@ -124,18 +124,27 @@ BACKFILL_PARAMS = {
 }
 
 
-def backfill_dag(config: PipelineConfig) -> DAG:
-    with DAG(
-        dag_id=f"{config.name}_backfill",
-        description=f"Reprocess an offset or time range of {config.topic}, replacing its rows in {config.sink_path}",
+def _manual_dag(config: PipelineConfig, kind: str, params: dict, description: str, doc_md: str) -> DAG:
+    """A manually triggered ``<pipeline>_<kind>`` DAG with Params; one run at a time."""
+    return DAG(
+        dag_id=f"{config.name}_{kind}",
+        description=description,
         schedule=None,
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,
         default_args=_default_args(),
-        params=BACKFILL_PARAMS,
-        tags=["offsetlake", config.name, "backfill"],
-        doc_md=f"""### {config.name}_backfill
+        params=params,
+        tags=["offsetlake", config.name, kind],
+        doc_md=doc_md,
+    )
+
+
+def backfill_dag(config: PipelineConfig) -> DAG:
+    with _manual_dag(
+        config, "backfill", BACKFILL_PARAMS,
+        f"Reprocess an offset or time range of {config.topic}, replacing its rows in {config.sink_path}",
+        f"""### {config.name}_backfill
 Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
 Kafka coordinates are replaced in one Delta commit (so repeating a backfill changes nothing);
 only offsets the pipeline has already committed can be backfilled, and txn versions never move.""",
@@ -165,17 +174,10 @@ REWIND_PARAMS = {
 
 
 def rewind_dag(config: PipelineConfig) -> DAG:
-    with DAG(
-        dag_id=f"{config.name}_rewind",
-        description=f"Restore {config.sink_path} to its state right after an earlier batch, to reprocess from there",
-        schedule=None,
-        start_date=datetime(2026, 1, 1),
-        catchup=False,
-        max_active_runs=1,
-        default_args=_default_args(),
-        params=REWIND_PARAMS,
-        tags=["offsetlake", config.name, "rewind"],
-        doc_md=f"""### {config.name}_rewind
+    with _manual_dag(
+        config, "rewind", REWIND_PARAMS,
+        f"Restore {config.sink_path} to its state right after an earlier batch, to reprocess from there",
+        f"""### {config.name}_rewind
 Trigger with Params `to_batch`, `reason` and `dry_run` (on by default: the log shows what would change).
 One Delta commit puts the sink's data and committed ends back to where batch `to_batch` left them; later
 batches become `rewound` in the ledger and their dead letters are deleted. The next `{config.name}_ingest`

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import RemoveAction
 
@@ -23,9 +23,8 @@ from offsetlake.config import PipelineConfig
 from offsetlake.dead_letters import range_filter
 from offsetlake.errors import CommitConflictError, OffsetlakeError
 from offsetlake.kafka import check_log_start, offsets_for_time
-from offsetlake.ledger import ledger_entry_json
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
-from offsetlake.sink import WrittenFiles, committed_ends, committed_version, open_table
+from offsetlake.sink import WrittenFiles, commit_actions, committed_ends, committed_version, open_table
 
 
 class BackfillParamsError(OffsetlakeError):
@@ -158,14 +157,7 @@ def commit_replace(
         for f in removed
     ]
     try:
-        table.create_write_transaction(
-            [*removes, *new_files.actions],
-            mode="append",
-            schema=table.schema(),
-            partition_by=config.sink.partition_by or None,
-            commit_properties=CommitProperties(custom_metadata={"userMetadata": ledger_entry_json({**entry, "offsetlake": 1})}),
-            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
-        )
+        commit_actions(table, config, [*removes, *new_files.actions], entry)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "

@@ -53,7 +53,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
+from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 from pyarrow import fs as pafs
@@ -61,9 +61,9 @@ from pyarrow import fs as pafs
 from offsetlake.backfill import _partition_text
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, OffsetlakeError
-from offsetlake.ledger import REWIND, Ledger, SinkCommit, ledger_entry_json, rewound_batches
+from offsetlake.ledger import REWIND, Ledger, SinkCommit, rewound_batches
 from offsetlake.plan import RunContext, new_batch_id
-from offsetlake.sink import _uri, committed_version, file_stats, open_table, sink_commits
+from offsetlake.sink import _uri, commit_actions, committed_version, file_stats, open_table, sink_commits
 
 log = logging.getLogger("offsetlake.rewind")
 
@@ -286,15 +286,7 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
                                  stats=json.dumps(stats)))
     transactions = [Transaction(config.app_id(m.topic, m.partition), m.target) for m in plan.txn]
     try:
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=table.schema(),
-            partition_by=config.sink.partition_by or None,
-            commit_properties=CommitProperties(custom_metadata={"userMetadata": ledger_entry_json(entry)},
-                                               app_transactions=transactions, max_commit_retries=0),
-            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
-        )
+        commit_actions(table, config, actions, entry, transactions, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "

@@ -280,21 +280,9 @@ def commit_batch(
     writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
     Returns the new table version.
     """
-    entry = {**entry, _MARKER: 1}
     transactions = [Transaction(config.app_id(r.topic, r.partition), r.end) for r in plan.ranges]
     try:
-        table.create_write_transaction(
-            files.actions,
-            mode="append",
-            schema=table.schema(),
-            partition_by=config.sink.partition_by or None,
-            commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": ledger_entry_json(entry)},
-                app_transactions=transactions,
-                max_commit_retries=5,
-            ),
-            post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
-        )
+        commit_actions(table, config, files.actions, entry, transactions, max_commit_retries=5)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
@@ -309,6 +297,32 @@ def commit_batch(
             f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them"
         )
     return version
+
+
+def commit_actions(
+    table: DeltaTable,
+    config: PipelineConfig,
+    actions: list,
+    entry: dict,
+    transactions: list[Transaction] | None = None,
+    max_commit_retries: int | None = None,
+) -> None:
+    """The one shape of every offsetlake sink commit (ingest, backfill, rewind): file actions,
+    txn actions and the ledger entry (marked as offsetlake's, for ``sink_commits``) in ONE Delta
+    commit, with a checkpoint and never a log cleanup. Raises delta-rs's CommitFailedError on a
+    conflict; callers say what that means for their kind of commit."""
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=table.schema(),
+        partition_by=config.sink.partition_by or None,
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": ledger_entry_json({**entry, _MARKER: 1})},
+            app_transactions=transactions or None,
+            max_commit_retries=max_commit_retries,
+        ),
+        post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
+    )
 
 
 def committed_version(path: str, batch_id: str) -> int:

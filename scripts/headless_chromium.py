@@ -12,3 +12,16 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 def launch(playwright):
     """A headless browser from ``sync_playwright()``'s handle."""
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def open_logged_in(browser, url: str, path: str, password: str, viewport: dict, user: str = "admin"):
+    """A page on ``url + path`` after Airflow's login form (which the UI shows first)."""
+    page = browser.new_page(viewport=viewport)
+    page.goto(f"{url}{path}", wait_until="domcontentloaded")
+    username = page.locator("input[name=username]")
+    username.wait_for(timeout=60_000)
+    username.fill(user)
+    page.fill("input[name=password]", password)
+    page.keyboard.press("Enter")
+    page.wait_for_url(f"**{path}*", timeout=60_000)
+    return page

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from headless_chromium import launch  # noqa: E402
+from headless_chromium import launch, open_logged_in  # noqa: E402
 from local_airflow import LocalAirflow  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
@@ -42,14 +42,7 @@ def main(out: str = "docs/ledger-view.png") -> int:
         airflow.start()
         with sync_playwright() as p:
             browser = launch(p)
-            page = browser.new_page(viewport={"width": 1500, "height": 1250})
-            page.goto(f"{airflow.url}/plugin/offsetlake-ledger", wait_until="domcontentloaded")
-            username = page.locator("input[name=username]")
-            username.wait_for(timeout=60_000)
-            username.fill("admin")
-            page.fill("input[name=password]", "screenshot-only")
-            page.keyboard.press("Enter")
-            page.wait_for_url("**/plugin/offsetlake-ledger*", timeout=60_000)
+            page = open_logged_in(browser, airflow.url, "/plugin/offsetlake-ledger", "screenshot-only", {"width": 1500, "height": 1250})
             view = page.frame_locator("iframe[title='Offset ledger']")
             view.locator("tr[data-pipeline=orders]").get_by_role("link", name="orders").click(timeout=60_000)
             view.locator("svg.lag-chart").wait_for(timeout=60_000)

@@ -233,7 +233,7 @@ def test_plugin_api_numbers_match_kafka_and_the_ledger(scene):
 
 
 def test_ledger_view_in_the_airflow_ui_shows_lag_and_batches(scene, tmp_path):
-    from headless_chromium import launch
+    from headless_chromium import launch, open_logged_in
     from playwright.sync_api import sync_playwright
 
     airflow = scene.airflow
@@ -245,14 +245,7 @@ def test_ledger_view_in_the_airflow_ui_shows_lag_and_batches(scene, tmp_path):
 
     with sync_playwright() as p:
         browser = launch(p)
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
-        page.goto(f"{airflow.url}/plugin/offsetlake-ledger", wait_until="domcontentloaded")
-        username = page.locator("input[name=username]")
-        username.wait_for(timeout=60_000)
-        username.fill("admin")
-        page.fill("input[name=password]", airflow.password)
-        page.keyboard.press("Enter")
-        page.wait_for_url("**/plugin/offsetlake-ledger*", timeout=60_000)
+        page = open_logged_in(browser, airflow.url, "/plugin/offsetlake-ledger", airflow.password, {"width": 1500, "height": 1100})
 
         view = page.frame_locator("iframe[title='Offset ledger']")
         listed = view.locator("tr[data-pipeline=orders]")
