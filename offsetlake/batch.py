@@ -315,13 +315,6 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
 
 
 def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
-    rewind = rewound_batches(sink_commits(open_table(config.sink_path), config.name)).get(plan.batch_id)
-    if rewind is not None:
-        # A batch id appears in at most one live commit; a rewound batch's plan never applies again.
-        raise StalePlanError(
-            f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
-            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends"
-        )
     if plan.kind == "backfill":
         return execute_backfill_batch(config, plan, ledger, spark_factory)
     started = time.monotonic()
@@ -537,6 +530,7 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
     if plan is None:
         raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
     try:
+        _refuse_rewound(config, plan)
         return execute_batch(config, plan, ledger, spark_factory)
     except (CommitConflictError, StalePlanError) as err:
         # Never applicable again: a rerun of the dag run plans anew from the committed ends.
@@ -545,6 +539,19 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
     except Exception as err:
         record_failure(ledger, plan, err)
         raise
+
+
+def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
+    """A recorded plan (an Airflow retry or clear) whose batch a rewind undid never applies again.
+
+    Checked here, where old plans come back, not per batch of a run: a run's plans are new.
+    """
+    rewind = rewound_batches(sink_commits(open_table(config.sink_path), config.name)).get(plan.batch_id)
+    if rewind is not None:
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
+            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends"
+        )
 
 
 def record_failure(ledger: Ledger, plan: BatchPlan, err: Exception) -> None:

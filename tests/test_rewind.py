@@ -14,7 +14,8 @@ from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.audit import audit_pipeline
-from offsetlake.batch import run_pipeline
+from offsetlake.batch import execute_recorded_batch, run_pipeline
+from offsetlake.errors import StalePlanError
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.rewind import RewindError, rewind_pipeline
@@ -96,6 +97,11 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     assert audit.ok, audit.text()
     with pytest.raises(RewindError, match=f"batch {later[0]}: that batch was itself rewound"):
         rewind_pipeline(config, later[0])
+    # an Airflow retry or clear of a rewound batch's dag run must not apply its old plan again
+    version = DeltaTable(config.sink_path).version()
+    with pytest.raises(StalePlanError, match=f"batch {later[0]} was rewound by"):
+        execute_recorded_batch(config, later[0], lambda: spark)
+    assert DeltaTable(config.sink_path).version() == version
 
     config = pipeline.write(max_records_per_batch=1_000)  # one batch reprocesses both rewound ones
     rerun = run_pipeline(config, RunContext("rerun"), lambda: spark)
