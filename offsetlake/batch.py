@@ -22,6 +22,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.kafka import check_log_start, describe_topic, partition_offsets
+from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import COMMITTED, FAILED, SUPERSEDED, Ledger, SinkCommit, covering_batch, rewound_batches
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id, plan_ranges
 from offsetlake.sink import (
@@ -96,6 +97,7 @@ def plan_next_batch(
     run: RunContext,
     ledger: Ledger,
     end_limit: dict[int, int] | None = None,
+    kind: str = "ingest",
 ) -> BatchPlan | None:
     """Plan the next ingest batch from the sink's committed ends; None when caught up.
 
@@ -110,7 +112,7 @@ def plan_next_batch(
         if committed is not None and committed < offsets[p].log_start:
             if config.on_offsets_lost == "skip":
                 record_gap(config, run, ledger, OffsetRange(config.topic, p, committed, offsets[p].log_start))
-                return plan_next_batch(config, run, ledger, end_limit)
+                return plan_next_batch(config, run, ledger, end_limit, kind)
             check_log_start(offsets[p], committed, config.name)
     if end_limit:
         offsets = {
@@ -121,7 +123,7 @@ def plan_next_batch(
     anchors = [r for r in ranges if ends[r.partition] is None and config.start == "latest"]
     if all(r.size == 0 for r in ranges) and not anchors:
         return None
-    return BatchPlan(config.name, new_batch_id(config.name), "ingest", tuple(ranges), run)
+    return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run)
 
 
 def record_gap(config: PipelineConfig, run: RunContext, ledger: Ledger, lost: OffsetRange) -> None:
@@ -299,7 +301,10 @@ def write_rows(config: PipelineConfig, plan: BatchPlan, processed: ProcessedRang
     return files
 
 
-def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+def execute_batch(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable,
+    before_commit: Callable[[], None] = lambda: None,
+) -> BatchResult:
     """Read, transform and commit exactly ``plan``'s ranges; never anything else.
 
     If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
@@ -307,14 +312,18 @@ def execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark
     if another writer won the commit race (invariant 10); nothing is committed then.
     Backfill plans go to ``offsetlake.backfill`` (replace, no txn change). Errors raised
     inside Spark tasks (a range no longer readable, a read timeout) surface as themselves.
+    ``before_commit`` runs right before the sink commit; raising there commits nothing (a stream
+    checks its lease there).
     """
     from offsetlake.reader import errors_from_spark_tasks
 
     with errors_from_spark_tasks():
-        return _execute_batch(config, plan, ledger, spark_factory)
+        return _execute_batch(config, plan, ledger, spark_factory, before_commit)
 
 
-def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+def _execute_batch(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, before_commit: Callable[[], None],
+) -> BatchResult:
     if plan.kind == "backfill":
         return execute_backfill_batch(config, plan, ledger, spark_factory)
     started = time.monotonic()
@@ -333,6 +342,11 @@ def _execute_batch(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spar
         processed.release()
         return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
     entry = _entry(plan, processed.per_range, started, processed.validation)
+    try:
+        before_commit()
+    except BaseException:
+        processed.release()
+        raise
     version = commit_batch(table, config, plan, files, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
     processed.release()
@@ -416,12 +430,14 @@ def run_pipeline(
 ) -> list[BatchResult]:
     """Run batches until caught up with the LSO seen at the start (or ``max_batches``).
 
-    Each batch's plan is in the ledger before it reads. A commit lost to a concurrent writer is
+    Raises StreamOwnsPipelineError (before anything is planned) while a live stream owns the
+    pipeline. Each batch's plan is in the ledger before it reads. A commit lost to a concurrent writer is
     recorded as ``superseded`` and the run re-plans from the new committed ends. A run id that
     left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan first.
     """
     ledger = Ledger(config.ledger_path, config.name)
     started = time.monotonic()
+    refuse_if_stream_owns(config)
     reconcile_ledger(config, ledger)
     limit = {p: o.last_stable for p, o in current_offsets(config).items()}
     log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
@@ -504,7 +520,8 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
 
     Invariant 3: a retry or a UI rerun of the same dag run gets exactly the same ranges. Returns
-    None when nothing is new (the caller short-circuits, so no Spark starts).
+    None when nothing is new (the caller short-circuits, so no Spark starts). A new plan is
+    refused with StreamOwnsPipelineError while a live stream owns the pipeline.
     """
     ledger = Ledger(config.ledger_path, config.name)
     started = time.monotonic()
@@ -513,6 +530,7 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     if existing is not None:
         log_step("plan", existing, started, reused="true", offsets=existing.offsets)
         return existing
+    refuse_if_stream_owns(config)  # a retry above still finishes its recorded plan
     plan = plan_next_batch(config, run, ledger)
     if plan is None:
         log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)

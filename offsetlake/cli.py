@@ -1,4 +1,4 @@
-"""``offsetlake`` command line: run, backfill, rewind, status, ledger, ledger rebuild, audit, maintenance.
+"""``offsetlake`` command line: run, stream, backfill, rewind, status, ledger, ledger rebuild, audit, maintenance.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -69,6 +69,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it"
     )
     run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+
+    stream = commands.add_parser(
+        "stream", parents=[common],
+        help="ingest continuously: one warm Spark session, a micro-batch every trigger interval",
+        description="Run until stopped: every --trigger-interval, plan the offsets that are new since the sink's "
+        "committed ends (up to the last stable offset, at most --max-records-per-batch), then read, transform, "
+        "validate and commit them as one ledger batch of kind `stream`, exactly like a batch run. A loop with "
+        "nothing new runs no Spark job. The stream holds the pipeline's lease (owner, heartbeat, expiry) while it "
+        "runs: scheduled `<pipeline>_ingest` runs and `offsetlake run` skip meanwhile, backfills still work. "
+        "A second stream of the same pipeline waits up to one lease TTL for the lease, then fails naming the owner. "
+        "SIGTERM or Ctrl-C: the batch in flight finishes, the lease is released, exit 0; a second signal abandons "
+        "the batch in flight (nothing of it is committed). After a crash, the lease expires after --lease-ttl and "
+        "the next stream or scheduled run continues from the last commit.",
+    )
+    _add_pipeline(stream)
+    stream.add_argument("--trigger-interval", type=_duration, default=5.0, metavar="DURATION",
+                        help="time from one micro-batch's start to the next, e.g. 5s, 500ms, 1m (default 5s)")
+    stream.add_argument("--max-records-per-batch", type=int, metavar="N",
+                        help="offsets per micro-batch, all partitions together (default: the pipeline's max_records_per_batch)")
+    stream.add_argument("--max-duration", type=_duration, metavar="DURATION",
+                        help="stop cleanly after this long, e.g. 8h (default: run until stopped)")
+    stream.add_argument("--lease-ttl", type=_duration, default=30.0, metavar="DURATION",
+                        help="how long the lease outlives a stream that stopped heartbeating (default 30s)")
+    stream.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # the Airflow task that started us
+    stream.add_argument("--run-id", help="run id recorded in the ledger (default: stream-<utc time>-<random>)")
+    stream.add_argument("--dag-id", help=argparse.SUPPRESS)
+    stream.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
 
     backfill = commands.add_parser(
         "backfill", parents=[common],
@@ -166,6 +193,7 @@ def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from offsetlake.batch import run_pipeline
+    from offsetlake.lease import StreamOwnsPipelineError
     from offsetlake.plan import RunContext
     from offsetlake.spark import spark_session, stop_spark
 
@@ -174,9 +202,49 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = args.run_id or f"cli-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     try:
         results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master), args.max_batches)
+    except StreamOwnsPipelineError as err:
+        log.warning("step=skip pipeline=%s run_id=%s %s", config.name, run_id, err)
+        return 0
     finally:
         stop_spark()
     log.info("step=done pipeline=%s run_id=%s batches=%d", config.name, run_id, len(results))
+    return 0
+
+
+def _duration(text: str) -> float:
+    """Seconds from '5s', '500ms', '2m', '1h' or a plain number of seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    raw = text.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h") if raw.endswith(u)), "")
+    try:
+        value = float(raw[: len(raw) - len(unit)]) * units.get(unit, 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration like 5s, 500ms, 2m or 1h") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be more than zero")
+    return value
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from offsetlake.config import kafka_overrides_from_env
+    from offsetlake.spark import spark_session, stop_spark
+    from offsetlake.stream import StopControl, StreamOptions, run_stream
+
+    # an orchestrator (the <pipeline>_stream DAG) hands over Kafka secrets in the environment
+    config = _load(args, args.pipeline).with_kafka_overrides(*kafka_overrides_from_env())
+    options = StreamOptions(
+        trigger_interval=args.trigger_interval, max_records_per_batch=args.max_records_per_batch,
+        max_duration=args.max_duration, lease_ttl=args.lease_ttl, parent_pid=args.parent_pid,
+        run_id=args.run_id, dag_id=args.dag_id,
+        label=f"{args.dag_id} (Airflow)" if args.dag_id else f"offsetlake stream on {os.uname().nodename}",
+    )
+    stop = StopControl(args.max_duration, args.parent_pid)
+    stop.install_signal_handlers()
+    try:
+        report = run_stream(config, options, lambda: spark_session(args.master), stop)
+    finally:
+        stop_spark()
+    print(json.dumps({"stream": report.as_dict()}), flush=True)
     return 0
 
 
@@ -303,7 +371,8 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
-COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "status": cmd_status, "ledger": cmd_ledger,
+COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "stream": cmd_stream, "status": cmd_status,
+            "ledger": cmd_ledger,
             "audit": cmd_audit, "maintenance": cmd_maintenance}
 
 

@@ -154,6 +154,11 @@ class PipelineConfig(_Strict):
         return _resolve("_offset_ledger", Path(self.lake_path))
 
     @property
+    def stream_lease_path(self) -> str:
+        """Who owns the pipeline as a stream (``offsetlake.lease``)."""
+        return _resolve(f"_stream_leases/{self.name}", Path(self.lake_path))
+
+    @property
     def validation_path(self) -> str:
         """Where each validation's HTML report and JSON summary go."""
         return _resolve(f"_validation/{self.name}", Path(self.lake_path))

@@ -238,12 +238,13 @@ class Ledger:
                 rows.extend(rows_for_commit(commit))
         marked = set(pc.unique(events.filter(pc.equal(status, REWOUND))["batch_id"]).to_pylist())
         rows.extend(row for row in rewound_rows(sink_commits) if row["batch_id"] not in marked)
-        # ingest batches with only `planned` events (backfills start below the committed end by
+        # ingest and stream batches with only `planned` events (backfills start below the committed end by
         # design: never "moved past"), not in the sink
         decided = set(pc.unique(events.filter(pc.not_equal(status, PLANNED))["batch_id"]).to_pylist())
         in_sink = {c.batch_id for c in sink_commits}
         open_plans: dict[str, dict[tuple[str, int], dict]] = {}
-        for r in events.filter(pc.and_(pc.equal(status, PLANNED), pc.equal(events["kind"], "ingest"))).to_pylist():
+        txn_kinds = pc.is_in(events["kind"], pa.array(["ingest", "stream"]))
+        for r in events.filter(pc.and_(pc.equal(status, PLANNED), txn_kinds)).to_pylist():
             if r["batch_id"] not in decided and r["batch_id"] not in in_sink:
                 open_plans.setdefault(r["batch_id"], {})[(r["topic"], r["partition"])] = r
         for by_tp in open_plans.values():

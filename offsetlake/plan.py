@@ -44,7 +44,7 @@ class RunContext:
 class BatchPlan:
     pipeline: str
     batch_id: str
-    kind: str  # ingest | backfill
+    kind: str  # ingest | stream | backfill | gap | rewind
     ranges: tuple[OffsetRange, ...]
     run: RunContext
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))

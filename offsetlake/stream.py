@@ -1,0 +1,221 @@
+"""``offsetlake stream``: one long-lived driver, one warm Spark session, micro-batches forever.
+
+Each loop is a batch of kind ``stream`` that flows through the same plan → read → transform →
+validate → commit → record as a scheduled run, so every invariant holds unchanged: the plan is
+in the ledger before it reads, its offsets advance only in its one sink commit, a commit lost
+to another writer re-plans. A loop that finds nothing new plans from Kafka and Delta metadata
+only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
+scheduled ingest runs skip while it lives.
+
+Stopping: the first SIGTERM/SIGINT lets the batch in flight finish (its commit, or its
+abandonment if it fails), then the lease is released and the process exits 0. A second signal
+abandons the batch in flight at once: its Spark jobs are cancelled and, if its commit has not
+started, it commits nothing (recorded ``failed``, reason "abandoned"); the next run re-reads
+those offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from offsetlake.batch import (
+    BatchResult,
+    execute_batch,
+    log_step,
+    plan_next_batch,
+    reconcile_ledger,
+    record_failure,
+)
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.kafka import commit_group_offsets
+from offsetlake.lease import DEFAULT_TTL_SECONDS, LeaseLostError, StreamLease, default_owner
+from offsetlake.ledger import FAILED, SUPERSEDED, Ledger
+from offsetlake.plan import RunContext
+from offsetlake.spark import release_memory
+from offsetlake.validation import load_suite
+
+log = logging.getLogger("offsetlake.stream")
+
+
+class StreamAbandoned(OffsetlakeError):
+    """A second stop signal came while a batch was in flight: it commits nothing."""
+
+
+@dataclass
+class StreamOptions:
+    trigger_interval: float = 5.0  # seconds from one micro-batch's start to the next (idle: between checks)
+    max_records_per_batch: int | None = None  # default: the pipeline's max_records_per_batch
+    max_duration: float | None = None  # seconds; then stop cleanly, as on SIGTERM
+    lease_ttl: float = DEFAULT_TTL_SECONDS
+    lease_wait: float | None = None  # default: one TTL + 5 s
+    parent_pid: int | None = None  # stop when this process is gone (the Airflow task that started us)
+    run_id: str | None = None
+    dag_id: str | None = None
+    label: str = "offsetlake stream"
+
+
+@dataclass
+class StreamReport:
+    pipeline: str
+    run_id: str
+    owner: str
+    batches: int = 0
+    records_read: int = 0
+    rows_written: int = 0
+    stop_reason: str = ""
+    abandoned: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"pipeline": self.pipeline, "run_id": self.run_id, "owner": self.owner, "batches": self.batches,
+                "records_read": self.records_read, "rows_written": self.rows_written,
+                "stop_reason": self.stop_reason, "abandoned_batches": self.abandoned}
+
+
+class StopControl:
+    """What asks the stream to stop: signals, a deadline, the parent process going away."""
+
+    def __init__(self, max_duration: float | None = None, parent_pid: int | None = None):
+        self.requested = threading.Event()
+        self.abandon = threading.Event()
+        self.reason = ""
+        self.deadline = time.monotonic() + max_duration if max_duration else None
+        self.parent_pid = parent_pid
+        self.on_abandon: Callable[[], None] = lambda: None
+
+    def request(self, reason: str) -> None:
+        if self.requested.is_set():
+            if not self.abandon.is_set():
+                log.warning("step=stop %s again: abandoning the batch in flight", reason)
+                self.abandon.set()
+                self.on_abandon()
+            return
+        self.reason = reason
+        log.info("step=stop %s: finishing the batch in flight, then releasing the lease", reason)
+        self.requested.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: self.request(f"received {signal.Signals(signum).name}"))
+
+    def poll(self) -> bool:
+        """True once a stop was asked for (checks the deadline and the parent too)."""
+        if not self.requested.is_set():
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.request("maximum duration reached")
+            elif self.parent_pid is not None and os.getppid() != self.parent_pid:
+                self.request(f"parent process {self.parent_pid} is gone")
+        return self.requested.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.poll() and (left := end - time.monotonic()) > 0:
+            self.requested.wait(min(left, 0.5))
+
+
+def run_stream(
+    config: PipelineConfig,
+    options: StreamOptions,
+    spark_factory: Callable,
+    stop: StopControl,
+    emit: Callable[[dict], None] = lambda summary: print(json.dumps(summary), flush=True),
+) -> StreamReport:
+    """Loop micro-batches until ``stop`` says so; returns what was done and why it stopped.
+
+    Raises LeaseHeldError if another live stream owns the pipeline, LeaseLostError if the lease
+    was lost while running (nothing is committed after that), and any batch error (recorded as
+    ``failed`` in the ledger, as for a batch run).
+    """
+    if options.max_records_per_batch:
+        config = config.model_copy(update={"max_records_per_batch": options.max_records_per_batch})
+    load_suite(config)  # a broken suite fails before the lease is taken or anything is read
+    owner = default_owner()
+    run = RunContext(run_id=options.run_id or f"stream-{datetime.now(UTC):%Y%m%dT%H%M%S}-{owner.rsplit(':', 1)[-1]}",
+                     dag_id=options.dag_id)
+    report = StreamReport(config.name, run.run_id, owner)
+    lease = StreamLease(config, owner, f"{options.label}, run {run.run_id}", options.lease_ttl)
+    lease.acquire(options.lease_wait)
+    lease.start_heartbeats()
+    try:
+        spark = spark_factory()  # warm for the whole stream; idle loops run no job on it
+        spark.sparkContext.setInterruptOnCancel(True)
+        in_flight: dict[str, str] = {}  # the batch whose Spark jobs a second signal cancels
+
+        def cancel_in_flight() -> None:
+            if "tag" in in_flight:
+                spark.sparkContext.cancelJobsWithTag(in_flight["tag"])
+
+        stop.on_abandon = lambda: threading.Thread(target=cancel_in_flight, daemon=True).start()
+
+        def before_commit() -> None:
+            if stop.abandon.is_set():
+                raise StreamAbandoned(f"pipeline {config.name}: stream stopped before the commit")
+            lease.check()
+
+        ledger = Ledger(config.ledger_path, config.name)
+        reconcile_ledger(config, ledger)
+        log.info("step=stream_start pipeline=%s run_id=%s owner=%s trigger_s=%s max_records_per_batch=%d",
+                 config.name, run.run_id, owner, options.trigger_interval, config.max_records_per_batch)
+        while not stop.poll():
+            started = time.monotonic()
+            lease.check()
+            plan = plan_next_batch(config, run, ledger, kind="stream")
+            if plan is None:
+                stop.sleep(options.trigger_interval)
+                continue
+            ledger.record_plan(plan)
+            log_step("plan", plan, started, kind="stream", offsets=plan.offsets)
+            in_flight["tag"] = f"offsetlake-{plan.batch_id}"
+            spark.sparkContext.addJobTag(in_flight["tag"])
+            try:
+                result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
+            except (CommitConflictError, StalePlanError) as err:
+                ledger.record_outcome(plan, SUPERSEDED, message=str(err)[:4000])
+                log.warning("step=replan pipeline=%s batch=%s reason=\"%s\"", config.name, plan.batch_id, err)
+                continue
+            except LeaseLostError as err:
+                ledger.record_outcome(plan, FAILED, message=f"abandoned: {err}"[:4000])
+                raise
+            except Exception as err:  # noqa: BLE001 - decided below: abandoned on request, else a failure
+                if stop.abandon.is_set():
+                    ledger.record_outcome(plan, FAILED, message=(
+                        f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
+                        f"nothing was committed, the next run reads these offsets again"))
+                    report.abandoned.append(plan.batch_id)
+                    log.warning("step=abandoned pipeline=%s batch=%s", config.name, plan.batch_id)
+                    break
+                record_failure(ledger, plan, err)
+                raise
+            finally:
+                spark.sparkContext.removeJobTag(in_flight.pop("tag"))
+            _after_commit(config, result, report, emit)
+            stop.sleep(options.trigger_interval - (time.monotonic() - started))
+        report.stop_reason = stop.reason or "stopped"
+        return report
+    finally:
+        lease.release()
+        log.info("step=stream_stop pipeline=%s run_id=%s batches=%d records=%d reason=\"%s\"",
+                 config.name, run.run_id, report.batches, report.records_read, stop.reason or "error")
+
+
+def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamReport, emit: Callable) -> None:
+    report.batches += 1
+    report.records_read += result.total("records_read")
+    report.rows_written += result.total("rows_written")
+    emit(result.summary())
+    if result.status == "committed":
+        ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
+        try:  # informational (lag tools); the txn versions are the truth
+            commit_group_offsets(config.kafka_client_config(), config.name, ends)
+        except Exception as err:  # noqa: BLE001
+            log.warning("step=group_offsets pipeline=%s not published: %s", config.name, err)
+    release_memory()
+
