@@ -1,4 +1,4 @@
-"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest`, `<name>_backfill` and `<name>_rewind`.
+"""DAG factory: every pipelines/*.yaml becomes `<name>_ingest`, `_backfill`, `_rewind` and `_stream`.
 
 Parsing reads the YAML files and nothing else: no Kafka, no Delta, no Spark. A run's ranges
 come from its plan task, recorded in the ledger, never from "the latest data" inside a task.
@@ -26,6 +26,7 @@ from offsetlake_airflow import (  # noqa: E402
     plan_ingest,
     publish_batch,
     rewind_run,
+    stream_operator_class,
 )
 
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline  # noqa: E402
@@ -187,11 +188,52 @@ run reprocesses from there. Rerunning a rewind that succeeded changes nothing.""
     return dag
 
 
+STREAM_PARAMS = {
+    "trigger_interval": Param(
+        "5s", type="string", pattern=r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)?$", title="Trigger interval",
+        description="Time from one micro-batch's start to the next, e.g. 5s, 500ms, 1m.",
+    ),
+    "max_records_per_batch": Param(
+        None, type=["null", "integer"], minimum=1, title="Max records per micro-batch",
+        description="Offsets per micro-batch, all partitions together; empty = the pipeline's max_records_per_batch.",
+    ),
+    "max_duration_minutes": Param(
+        1440, type="integer", minimum=1, maximum=10080, title="Maximum duration (minutes)",
+        description="The stream stops cleanly after this long (the task then succeeds); trigger a new run to go on.",
+    ),
+}
+MAX_STREAM_MINUTES = 10080
+
+
+def stream_dag(config: PipelineConfig) -> DAG:
+    with _manual_dag(
+        config, "stream", STREAM_PARAMS,
+        f"Ingest {config.topic} continuously into {config.sink_path} (micro-batches on one warm Spark session)",
+        f"""### {config.name}_stream
+One long-running task runs `offsetlake stream {config.name}`: a micro-batch every trigger interval, each a
+ledger batch of kind `stream` with the same exactly-once commit as `{config.name}_ingest`. While it runs it
+holds the pipeline's lease and scheduled `{config.name}_ingest` runs skip (backfills still work).
+**Stop it** with *Mark as failed* (or *Clear*) on the task: the stream finishes its batch in flight,
+releases the lease and exits; scheduled runs take over from its last commit. It also stops by itself after
+`max_duration_minutes` (the task succeeds).""",
+    ) as dag:
+        stream_operator_class()(
+            task_id="stream",
+            pipeline=config.name,
+            trigger_interval="{{ params.trigger_interval }}",
+            max_records_per_batch="{{ params.max_records_per_batch }}",
+            max_duration_minutes="{{ params.max_duration_minutes }}",
+            retries=0,
+            execution_timeout=timedelta(minutes=MAX_STREAM_MINUTES + 15),  # a backstop: the stream stops itself
+        )
+    return dag
+
+
 for _path in all_pipeline_files(pipelines_folder()):
     try:
         _config = load_pipeline(str(_path))
     except ConfigError as _err:  # one broken file must not hide the other pipelines
         log.error("skipping %s: %s", _path, _err)
         continue
-    for _dag in (ingest_dag(_config), backfill_dag(_config), rewind_dag(_config)):
+    for _dag in (ingest_dag(_config), backfill_dag(_config), rewind_dag(_config), stream_dag(_config)):
         globals()[_dag.dag_id] = _dag

@@ -80,6 +80,98 @@ def ingest_operator_class():
     return OffsetlakeSparkSubmitOperator
 
 
+def stream_operator_class():
+    """Runs ``offsetlake stream`` as a child process for the length of the task.
+
+    The stream runs in its own session with its output in a file that the task copies into its
+    log, so Airflow's escalation (SIGTERM to the task, SIGKILL 5 s later) never kills the stream
+    mid-batch: ``on_kill`` (mark failed / clear in the UI, a timeout) sends the stream one
+    SIGTERM, the stream finishes its batch in flight, releases its lease and exits, and a stream
+    whose task process died stops on its own (``--parent-pid``).
+    """
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.exceptions import AirflowException
+
+    class OffsetlakeStreamOperator(BaseOperator):
+        template_fields = ("trigger_interval", "max_records_per_batch", "max_duration_minutes")
+
+        def __init__(self, *, pipeline: str, trigger_interval: str, max_records_per_batch: str,
+                     max_duration_minutes: str, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.pipeline = pipeline
+            self.trigger_interval = trigger_interval
+            self.max_records_per_batch = max_records_per_batch
+            self.max_duration_minutes = max_duration_minutes
+            self._process: subprocess.Popen | None = None
+
+        def execute(self, context):
+            from offsetlake.config import KAFKA_OVERRIDES_ENV
+
+            config = load_config(self.pipeline)
+            dag_run, ti = context["dag_run"], context["ti"]
+            env = dict(os.environ)
+            servers, options = _connection_overrides(self.pipeline)
+            if servers or options:  # never on the command line
+                env[KAFKA_OVERRIDES_ENV] = json.dumps({"bootstrap_servers": servers, "options": options})
+            command = [
+                sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipelines_folder()), "stream", self.pipeline,
+                "--trigger-interval", str(self.trigger_interval),
+                "--max-duration", f"{float(self.max_duration_minutes)}m",
+                "--parent-pid", str(os.getpid()), "--run-id", dag_run.run_id, "--dag-id", dag_run.dag_id,
+            ]
+            if str(self.max_records_per_batch or "").strip() not in ("", "None", "0"):
+                command += ["--max-records-per-batch", str(int(self.max_records_per_batch))]
+            master = _spark_master()
+            if master:
+                command += ["--master", master]
+            output = Path(config.lake_path) / "_stream_logs" / config.name / f"{dag_run.run_id}.try{ti.try_number}.log"
+            output.parent.mkdir(parents=True, exist_ok=True)
+            log.info("starting: %s (output also in %s)", " ".join(command), output)
+            with open(output, "w") as sink, open(output) as tail:
+                self._process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                                 start_new_session=True, cwd=PROJECT_DIR)
+                last = ""
+                while True:
+                    finished = self._process.poll() is not None
+                    for line in tail:
+                        last = line.strip() or last
+                        log.info("%s", line.rstrip())
+                    if finished:
+                        break
+                    time.sleep(0.5)
+            if self._process.returncode != 0:
+                raise AirflowException(f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; "
+                                       f"see the lines above ({output})")
+            return json.loads(last).get("stream") if last.startswith("{") else None
+
+        def on_kill(self) -> None:
+            process = self._process
+            if process is not None and process.poll() is None:
+                log.warning("stopping the stream of pipeline %s (pid %d): it finishes its batch in flight, "
+                            "then releases its lease", self.pipeline, process.pid)
+                os.kill(process.pid, signal.SIGTERM)
+
+    return OffsetlakeStreamOperator
+
+
+def _spark_master() -> str | None:
+    """The master of connection ``spark_default`` (what the ingest tasks submit to), if any."""
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection("spark_default")
+    except Exception:  # noqa: BLE001 - no connection: the stream's own default (local[2])
+        return None
+    if not conn.host:
+        return None
+    return f"{conn.host}:{conn.port}" if conn.port else conn.host
+
+
 def _superseded_message(pipeline: str, batch_id: str | None) -> str | None:
     """The ledger's reason if ``batch_id`` was superseded (lost a commit race, or went stale)."""
     from offsetlake.ledger import SUPERSEDED, Ledger
@@ -99,15 +191,23 @@ def plan_ingest(pipeline: str, **context) -> str | None:
     """Plan task: the dag run's ranges, recorded in the ledger; None (skip downstream) if caught up.
 
     A retry or a cleared rerun of this task returns the plan already recorded for the dag run.
+    While a live ``offsetlake stream`` owns the pipeline the task is skipped, saying so.
     """
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from offsetlake.batch import plan_for_dag_run
+    from offsetlake.lease import StreamOwnsPipelineError
     from offsetlake.plan import RunContext
     from offsetlake.validation import load_suite
 
     dag_run, ti = context["dag_run"], context["ti"]
     config = load_config(pipeline)
     load_suite(config)  # a broken expectation suite fails the plan task, before anything is read
-    plan = plan_for_dag_run(config, RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number))
+    try:
+        plan = plan_for_dag_run(config, RunContext(run_id=dag_run.run_id, dag_id=dag_run.dag_id, try_number=ti.try_number))
+    except StreamOwnsPipelineError as err:
+        log.warning("%s", err)
+        raise AirflowSkipException(str(err)) from None
     if plan is None:
         log.info("pipeline %s is caught up with the last stable offsets: nothing to ingest, Spark not started", pipeline)
         return None

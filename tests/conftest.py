@@ -123,15 +123,19 @@ def pipeline(broker: Broker, tmp_path: Path) -> Pipeline:
     return p
 
 
-@pytest.fixture
-def running_airflow(tmp_path: Path, pipeline: Pipeline):
+@pytest.fixture(scope="session")
+def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     """Real Airflow (api-server, scheduler, dag-processor; SQLite, LocalExecutor) on a free port,
-    reading pipelines from its own folder; ``failpoint_file`` arms a one-shot crash in a task."""
+    reading pipelines from its own folder; ``failpoint_file`` arms a one-shot crash in a task.
+
+    One per test session (its start costs about a minute): tests copy their own uniquely named
+    pipeline into ``pipelines`` and wait for its DAGs."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from local_airflow import LocalAirflow
 
     from offsetlake.local_broker import free_port
 
+    tmp_path = tmp_path_factory.mktemp("running_airflow")
     folder = tmp_path / "airflow_pipelines"
     folder.mkdir()
     airflow = LocalAirflow(
