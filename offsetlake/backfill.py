@@ -147,7 +147,13 @@ def kept_rows(table: DeltaTable, files: list[dict], ranges: list[OffsetRange]) -
 def commit_replace(
     table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: dict
 ) -> int:
-    """ONE commit: remove the touched files, add the rewritten + new ones, no txn change."""
+    """ONE commit: remove the touched files, add the rewritten + new ones, no txn change.
+
+    Committed with no retries, so any commit since ``table``'s version makes it fail. delta-rs
+    does not flag a commit whose removes were already removed by a concurrent compaction (seen
+    here: the removes became no-ops, the compacted file kept the old rows of the range, and the
+    range was in the sink twice); rebasing onto a newer version is therefore never safe here.
+    """
     now = int(time.time() * 1000)
     removes = [
         RemoveAction(
@@ -157,11 +163,11 @@ def commit_replace(
         for f in removed
     ]
     try:
-        commit_actions(table, config, [*removes, *new_files.actions], entry)
+        commit_actions(table, config, [*removes, *new_files.actions], entry, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
-            f"that changed the same files; nothing was committed, run the backfill again: {err}"
+            f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
         ) from None
     return committed_version(config.sink_path, plan.batch_id)
 
@@ -172,23 +178,50 @@ def _partition_text(value: object) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
+COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit
+QUICK_COMMIT_ATTEMPTS = 10  # commits of one rewrite, each on the newest snapshot
+
+
 def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable):
     """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
 
-    Returns (sink version, ledger entry, processed ranges). Raises CommitConflictError on a
-    conflict; running the same backfill again is always safe because it replaces, never appends.
+    Returns (sink version, ledger entry, processed ranges). A commit conflict (a compaction or
+    another backfill replaced one of the same files meanwhile) is retried on the new snapshot, up
+    to ``COMMIT_ATTEMPTS`` times, re-reading which files hold the range; appends by a running
+    stream or ingest do not conflict. Raises CommitConflictError when every attempt lost; running
+    the same backfill again is always safe because it replaces, never appends.
     """
-    from offsetlake.batch import _entry, log_step, process_ranges, write_rows
-    from offsetlake.spark import dataframe_from_arrow
+    from offsetlake.batch import log_step, process_ranges
     from offsetlake.validation import load_suite
 
     started = time.monotonic()
-    table = open_table(config.sink_path)
-    if table is None:
+    if open_table(config.sink_path) is None:
         raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
     suite = load_suite(config)
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
+    try:
+        attempt = 1
+        while True:
+            try:
+                version, entry = _replace_once(config, plan, processed, spark, started)
+                return version, entry, processed
+            except CommitConflictError as err:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log_step("retry_commit", plan, time.monotonic(), attempt=attempt, reason=f'"{err}"')
+                attempt += 1
+    finally:
+        processed.release()
+
+
+def _replace_once(config: PipelineConfig, plan: BatchPlan, processed, spark, started: float) -> tuple[int, dict]:
+    """One attempt: find the files holding the range now, rewrite them without it plus the new
+    rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
+    from offsetlake.batch import _entry, log_step, write_rows
+    from offsetlake.spark import dataframe_from_arrow
+
+    table = open_table(config.sink_path)
     removed = touched_files(table, list(plan.ranges))
     rows = processed.rows
     kept_count = 0
@@ -200,7 +233,6 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     files = write_rows(config, plan, processed, rows, spark)
     rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
     if rewritten != kept_count:
-        processed.release()
         raise OffsetlakeError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} would rewrite {rewritten} rows "
             f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
@@ -208,7 +240,20 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     t = time.monotonic()
     entry = _entry(plan, processed.per_range, started, processed.validation)
     entry["message"] = f"replaced rows of {plan.describe()}; rewrote {len(removed)} files"
-    version = commit_replace(table, config, plan, files, removed, entry)
+    # Commit on the newest snapshot if the files holding the range are still exactly the ones
+    # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
+    for quick in range(QUICK_COMMIT_ATTEMPTS):
+        latest = open_table(config.sink_path)
+        if {f["path"] for f in touched_files(latest, list(plan.ranges))} != {f["path"] for f in removed}:
+            raise CommitConflictError(
+                f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "
+                f"the files holding the range changed while it wrote (a compaction, rewind or another backfill)"
+            )
+        try:
+            version = commit_replace(latest, config, plan, files, removed, entry)
+            break
+        except CommitConflictError:
+            if quick == QUICK_COMMIT_ATTEMPTS - 1:
+                raise
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(removed))
-    processed.release()
-    return version, entry, processed
+    return version, entry

@@ -139,3 +139,34 @@ def test_rows_kept_by_a_backfill_reach_spark_whatever_the_chunking(spark):
     assert [len(c) for c in chunked.column(0).chunks] == [0, 0, 2, 0]
     frame = dataframe_from_arrow(spark, chunked)
     assert sorted(r["_kafka_offset"] for r in frame.collect()) == [709, 710]
+
+
+def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_files(pipeline, spark, monkeypatch, caplog):
+    import logging
+
+    import offsetlake.batch as batch_module
+    from offsetlake.maintenance import maintain
+
+    config = pipeline.write(max_records_per_batch=300)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_200, partition=0)
+    assert len(run_pipeline(config, RunContext("ingest"), lambda: spark)) == 4
+    before = _rows(config)
+    compactions = []
+    real_write_rows = batch_module.write_rows
+
+    def write_then_compact(*args, **kwargs):
+        files = real_write_rows(*args, **kwargs)
+        if not compactions:  # between the first attempt's file list and its commit
+            compactions.append(next(r for r in maintain(config, vacuum=False) if r.table == "sink"))
+        return files
+
+    monkeypatch.setattr(batch_module, "write_rows", write_then_compact)
+    plan = plan_backfill(config, RunContext("backfill-racing-compaction"), [0], 100, 700)
+    Ledger(config.ledger_path, config.name).record_plan(plan)
+    with caplog.at_level(logging.INFO, logger="offsetlake.batch"):
+        assert execute_recorded_batch(config, plan.batch_id, lambda: spark).status == "committed"
+    assert compactions[0].compacted_from >= 2, "the compaction must have replaced the files the backfill read"
+    assert "step=retry_commit" in caplog.text and "attempt=1" in caplog.text
+    assert _rows(config) == before, "the retried backfill must replace exactly its range once"
+    assert pipeline.cli("audit").returncode == 0
