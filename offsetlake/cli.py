@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status", parents=[common], help="per partition: committed end, log start, last stable offset, lag",
         description="Show, per partition, the sink's committed end (txn version), the log start offset, the "
-        "last stable offset and the lag (LSO minus committed end). Reads Kafka and Delta; starts no Spark.",
+        "last stable offset and the lag (LSO minus committed end), and which stream owns the pipeline, if any. "
+        "Reads Kafka and Delta; starts no Spark.",
     )
     _add_pipeline(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -166,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrite small files into larger ones (txn versions, rows and commit history unchanged), write a "
         "Delta checkpoint, then vacuum files no version younger than --retention-hours refers to, including files "
         "staged by attempts that died. Safe while runs are going on: a batch in flight keeps its staged files as "
-        "long as the retention exceeds the longest batch; a backfill racing a compaction fails cleanly and can be "
-        "repeated. Prints file counts before and after per table. Starts no Spark.",
+        "long as the retention exceeds the longest batch; whichever of a backfill and a compaction commits second "
+        "redoes its work on the new files (the backfill) or skips (the compaction). Prints file counts before and after per table. Starts no Spark.",
     )
     _add_pipeline(maintenance)
     maintenance.add_argument("--retention-hours", type=int, default=168,
@@ -284,16 +285,23 @@ def cmd_rewind(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from offsetlake.lease import current_lease
     from offsetlake.ledger_view import partition_status
 
     config = _load(args, args.pipeline)
     rows = partition_status(config)
+    lease = current_lease(config)
     if args.json:
-        print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows)}))
+        print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows),
+                          "stream_lease": lease.as_dict() if lease else None}))
         return 0
     print(f"pipeline {config.name}  topic {config.topic}  sink {config.sink_path}")
     _print_table(rows, ["topic", "partition", "committed_end", "log_start", "last_stable", "lag"])
     print(f"total lag: {sum(r['lag'] for r in rows)}")
+    if lease is not None and lease.live():
+        print(f"owned by a live {lease.describe()}: scheduled runs skip")
+    elif lease is not None:
+        print(f"no live stream (the last one, {lease.owner}, {lease.state} its lease; it ended {lease.expires_at})")
     for r in rows:
         if r["lost"]:
             print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")

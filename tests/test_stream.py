@@ -20,6 +20,7 @@ from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.backfill import plan_backfill
 from offsetlake.batch import execute_recorded_batch, run_pipeline
+from offsetlake.cli import main
 from offsetlake.lease import RELEASED, StreamOwnsPipelineError, current_lease, live_lease
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
@@ -120,19 +121,19 @@ def _contiguous_txn_batches(config) -> None:
             assert start == prev_end, f"partition {partition}: gap or overlap at {prev_end}/{start}"
 
 
-def test_streams_stopped_killed_and_taken_over_keep_the_sink_exactly_once(pipeline, spark, tmp_path):
+def test_streams_stopped_killed_and_taken_over_keep_the_sink_exactly_once(pipeline, spark, tmp_path, capsys):
     config = pipeline.write(max_records_per_batch=100_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     producer = Producer(pipeline.bootstrap, pipeline.topic, produce_orders(pipeline.bootstrap, pipeline.topic, 3000))
     producer.start()
     try:
-        _stop_kill_take_over(pipeline, config, spark, tmp_path, producer)
+        _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys)
     finally:
         producer.halt.set()
         Stream.kill_leftovers()
 
 
-def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer) -> None:
+def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) -> None:
     # 1. a live stream owns the pipeline: batch runs skip, a backfill still replaces its rows
     first = Stream(pipeline, tmp_path, "first")
     _wait_for("3 stream batches", lambda: len(_committed_batch_ids(config)) >= 3, proc=first)
@@ -140,6 +141,9 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer) -> None:
     assert lease is not None and lease.state == "held"
     with pytest.raises(StreamOwnsPipelineError, match=f"pipeline {config.name} is owned by a live stream"):
         run_pipeline(config, RunContext("scheduled-during-stream"), lambda: spark)
+    capsys.readouterr()
+    assert main(["status", str(pipeline.file)]) == 0
+    assert f"owned by a live stream {lease.owner}" in capsys.readouterr().out
     skipped = pipeline.cli("run")
     assert skipped.returncode == 0, skipped.stderr
     assert "step=skip" in skipped.stderr and "owned by a live stream" in skipped.stderr
