@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Delta checkpoint, then vacuum files no version younger than --retention-hours refers to, including files "
         "staged by attempts that died. Safe while runs are going on: a batch in flight keeps its staged files as "
         "long as the retention exceeds the longest batch; whichever of a backfill and a compaction commits second "
-        "redoes its work on the new files (the backfill) or skips (the compaction). Prints file counts before and after per table. Starts no Spark.",
+        "redoes its work on the new files (the backfill) or skips (the compaction). Prints file counts before and "
+        "after per table. Starts no Spark.",
     )
     _add_pipeline(maintenance)
     maintenance.add_argument("--retention-hours", type=int, default=168,
