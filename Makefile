@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture bench demo airflow lint lock clean
+.PHONY: setup debian test torture bench bench-stream demo airflow lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -35,6 +35,9 @@ REPEATS ?= 3
 bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, overhead, planning, memory) -> bench-results.json
 	$(PY) bench/offsetlake_bench.py --records $(RECORDS) --repeats $(REPEATS) --out bench-results.json
 	$(PY) bench/report.py bench-results.json
+
+bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s and the highest sustained rate -> bench-stream.json
+	$(PY) bench/stream_latency.py --out bench-stream.json
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py

@@ -123,13 +123,20 @@ def pipeline(broker: Broker, tmp_path: Path) -> Pipeline:
     return p
 
 
-@pytest.fixture(scope="session")
+_AIRFLOW: dict = {}  # the running Airflow shared by consecutive tests that ask for it
+
+
+@pytest.fixture
 def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     """Real Airflow (api-server, scheduler, dag-processor; SQLite, LocalExecutor) on a free port,
     reading pipelines from its own folder; ``failpoint_file`` arms a one-shot crash in a task.
 
-    One per test session (its start costs about a minute): tests copy their own uniquely named
-    pipeline into ``pipelines`` and wait for its DAGs."""
+    Started once for a run of consecutive tests that use it (its start costs about half a
+    minute; the modules using it are named test_airflow_r*/s* so they run one after another) and stopped after the
+    last of them, so its services do not compete for the two cores with the other tests. Each
+    test copies its own uniquely named pipeline into ``pipelines`` and waits for its DAGs."""
+    if "instance" in _AIRFLOW:
+        return _AIRFLOW["instance"]
     sys.path.insert(0, str(ROOT / "scripts"))
     from local_airflow import LocalAirflow
 
@@ -149,10 +156,13 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     airflow.pipelines = folder
     airflow.failpoint_file = tmp_path / "failpoint"
     airflow.start()
-    try:
-        yield airflow
-    finally:
-        airflow.stop()
+    _AIRFLOW["instance"] = airflow
+    return airflow
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if "instance" in _AIRFLOW and (nextitem is None or "running_airflow" not in getattr(nextitem, "fixturenames", ())):
+        _AIRFLOW.pop("instance").stop()
 
 
 # Seen here: a Python process that used delta-rs datasets can abort during interpreter teardown
