@@ -14,10 +14,11 @@ from offsetlake.sample_data import ensure_topic, produce_orders
 
 
 def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airflow, pipeline):
-    """Each round: new records, then at the same moment a run of the ingest DAG (its plan task and
+    """New records, then at the same moment a run of the ingest DAG (its plan task and
     spark-submit job, as the scheduler runs them, triggered through the REST API), a backfill of
     one partition's committed offsets and an `offsetlake run`. Whoever loses must re-plan or fail
-    with a message naming the batch that won; the topic must land exactly once every round."""
+    with a message naming the batch that won; the topic must land exactly once. (One round: two
+    doubled the suite's slowest test; the fault campaign races writers many more times.)"""
     airflow = running_airflow
     config = pipeline.write(schedule=None, max_records_per_batch=3_000)
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
@@ -28,7 +29,7 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
     airflow.wait_for_dag(dag_id)
 
     outcomes: Counter = Counter()
-    for round_number in range(2):
+    for round_number in range(1):
         next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, first_id=next_id, malformed_every=211)
         partition = round_number % 3
         end = DeltaTable(config.sink_path).transaction_version(config.app_id(pipeline.topic, partition))

@@ -20,7 +20,9 @@ from conftest import Pipeline
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake.batch import run_pipeline
 from offsetlake.local_broker import LocalBroker
+from offsetlake.plan import RunContext
 from offsetlake.sample_data import ensure_topic, produce_orders
 
 
@@ -115,11 +117,11 @@ def _sink_version(pipeline: Pipeline) -> int | None:
     return DeltaTable(path).version() if DeltaTable.is_deltatable(path) else None
 
 
-def test_broker_down_at_plan_time_fails_clearly_and_writes_nothing(faulty, own_broker):
+def test_broker_down_at_plan_time_fails_clearly_and_writes_nothing(faulty, own_broker, spark):
     config = faulty.write(max_records_per_batch=50_000)
     ensure_topic(faulty.bootstrap, faulty.topic, 2)
     produce_orders(faulty.bootstrap, faulty.topic, 3_000, malformed_every=301)
-    assert faulty.cli("run").returncode == 0
+    assert run_pipeline(config, RunContext("before-the-outage"), lambda: spark)
     produce_orders(faulty.bootstrap, faulty.topic, 2_000, first_id=3_000)
     version, ledger = _sink_version(faulty), len(ledger_rows(config))
 
@@ -131,8 +133,7 @@ def test_broker_down_at_plan_time_fails_clearly_and_writes_nothing(faulty, own_b
     assert _sink_version(faulty) == version and len(ledger_rows(config)) == ledger, "a run without a broker wrote"
 
     own_broker.start().wait_for_topics({faulty.topic: 2})
-    rerun = faulty.cli("run")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert len(run_pipeline(config, RunContext("after-the-outage"), lambda: spark)) == 1
     assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
     assert _sink_version(faulty) == version + 1
 
@@ -161,7 +162,7 @@ def test_broker_restarted_mid_read_within_the_read_bound_lands_exactly_once(faul
     assert faulty.cli("audit").returncode == 0
 
 
-def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_exactly_once(faulty, own_broker):
+def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_exactly_once(faulty, own_broker, spark):
     config = faulty.write(max_records_per_batch=1_000_000, read_timeout_seconds=5)
     ensure_topic(faulty.bootstrap, faulty.topic, 2)
     produce_orders(faulty.bootstrap, faulty.topic, 300_000, malformed_every=997)
@@ -181,7 +182,6 @@ def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_ex
     assert statuses == {"planned", "failed"}, statuses
 
     own_broker.start().wait_for_topics({faulty.topic: 2})
-    rerun = faulty.cli("run")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert run_pipeline(config, RunContext("after-the-outage"), lambda: spark)
     assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
     assert faulty.cli("audit").returncode == 0

@@ -7,11 +7,13 @@ import signal
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake.batch import run_pipeline
 from offsetlake.failpoints import NAMES
+from offsetlake.plan import RunContext
 from offsetlake.sample_data import ensure_topic, produce_orders
 
 
-def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline):
+def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline, spark):
     config = pipeline.write(max_records_per_batch=6_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     next_id = 0
@@ -26,8 +28,7 @@ def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline):
         planned_now = {r["batch_id"] for r in ledger_rows(config) if r["status"] == "planned"}
         assert planned_now - planned_before, f"the run killed at {failpoint} planned no batch"
 
-    rerun = pipeline.cli("run")
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert run_pipeline(config, RunContext("recovery"), lambda: spark)
 
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     rows = ledger_rows(config)

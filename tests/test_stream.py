@@ -27,7 +27,7 @@ from offsetlake.plan import RunContext
 from offsetlake.sample_data import ensure_topic, produce_orders
 from offsetlake.stream import StopControl, StreamOptions, run_stream
 
-TTL = "6s"
+TTL = "4s"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -136,7 +136,7 @@ def test_streams_stopped_killed_and_taken_over_keep_the_sink_exactly_once(pipeli
 def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) -> None:
     # 1. a live stream owns the pipeline: batch runs skip, a backfill still replaces its rows
     first = Stream(pipeline, tmp_path, "first")
-    _wait_for("3 stream batches", lambda: len(_committed_batch_ids(config)) >= 3, proc=first)
+    _wait_for("2 stream batches", lambda: len(_committed_batch_ids(config)) >= 2, proc=first)
     lease = live_lease(config)
     assert lease is not None and lease.state == "held"
     with pytest.raises(StreamOwnsPipelineError, match=f"pipeline {config.name} is owned by a live stream"):
@@ -152,12 +152,10 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     assert execute_recorded_batch(config, backfill.batch_id, lambda: spark).status == "committed"
 
     # 2. SIGTERM: the batch in flight finishes, the lease is released, exit 0
-    before = len(_committed_batch_ids(config))
-    _wait_for("another batch", lambda: len(_committed_batch_ids(config)) > before, proc=first)
     os.kill(first.proc.pid, signal.SIGTERM)
     assert first.wait() == 0, first.stderr()[-3000:]
     report = first.report()
-    assert report["stop_reason"] == "received SIGTERM" and report["batches"] >= 4
+    assert report["stop_reason"] == "received SIGTERM" and report["batches"] >= 2
     assert current_lease(config).state == RELEASED
     assert not _stream_batches(config, "planned") or all(
         r["batch_id"] in _committed_batch_ids(config) for r in _stream_batches(config, "planned"))
@@ -172,7 +170,7 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     # 4. a restarted stream waits for the dead one's lease to expire, then continues
     restarted = Stream(pipeline, tmp_path, "restarted")
     mark = len(_committed_batch_ids(config))
-    _wait_for("the restarted stream's batches", lambda: len(_committed_batch_ids(config)) >= mark + 3, proc=restarted)
+    _wait_for("the restarted stream's batches", lambda: len(_committed_batch_ids(config)) >= mark + 2, proc=restarted)
     assert "took over the expired lease" in restarted.stderr()
     os.kill(restarted.proc.pid, signal.SIGKILL)  # wherever it is
     restarted.wait(60)
