@@ -13,6 +13,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import ROOT
 from deltalake import DeltaTable
 
+from offsetlake.batch import run_pipeline
+from offsetlake.plan import RunContext
+
 BIG = 1_300_000  # bytes: above the 1 MiB default limits of Kafka clients and brokers
 
 
@@ -45,7 +48,7 @@ CASES = [
 ]
 
 
-def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline):
+def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline, spark):
     _create_topic(pipeline.bootstrap, pipeline.topic)
     config = pipeline.write()
     producer = Producer({"bootstrap.servers": pipeline.bootstrap, "message.max.bytes": 4 * 1024 * 1024})
@@ -53,8 +56,7 @@ def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline):
         producer.produce(pipeline.topic, key=key, value=value, headers=headers, partition=0)
     assert producer.flush(60) == 0
 
-    result = pipeline.cli("run")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert run_pipeline(config, RunContext("hostile"), lambda: spark)
 
     sink = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "order_id"]).to_pylist()
     dead = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table().to_pylist()
