@@ -12,6 +12,11 @@ abandonment if it fails), then the lease is released and the process exits 0. A 
 abandons the batch in flight at once: its Spark jobs are cancelled and, if its commit has not
 started, it commits nothing (recorded ``failed``, reason "abandoned"); the next run re-reads
 those offsets.
+
+A broker that is unreachable or stops serving a range (KafkaUnavailableError, ReadTimeoutError)
+is waited out: the batch in flight is recorded ``failed``, the stream backs off (1 s doubling to
+30 s, up to 8 times in a row) and plans again from the committed ends. Any other batch error
+(validation, lost offsets, a transform bug) stops the stream with that error.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from offsetlake.batch import (
     record_failure,
 )
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.errors import (
+    CommitConflictError,
+    KafkaUnavailableError,
+    OffsetlakeError,
+    ReadTimeoutError,
+    StalePlanError,
+)
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, LeaseLostError, StreamLease, default_owner
 from offsetlake.ledger import FAILED, SUPERSEDED, Ledger
@@ -44,6 +55,12 @@ from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.stream")
+
+
+# A broker that is down or stalls is waited out: the batch is recorded failed, the stream sleeps
+# 1, 2, 4 … 30 s and plans again from the committed ends. Any other error stops the stream.
+TRANSIENT = (KafkaUnavailableError, ReadTimeoutError)
+MAX_TRANSIENT_RETRIES = 8
 
 
 class StreamAbandoned(OffsetlakeError):
@@ -164,11 +181,28 @@ def run_stream(
         reconcile_ledger(config, ledger)
         log.info("step=stream_start pipeline=%s run_id=%s owner=%s trigger_s=%s max_records_per_batch=%d",
                  config.name, run.run_id, owner, options.trigger_interval, config.max_records_per_batch)
+        retries = 0
+
+        def wait_out(err: Exception) -> None:
+            nonlocal retries
+            retries += 1
+            if retries > MAX_TRANSIENT_RETRIES:
+                raise err
+            pause = min(30.0, 2.0 ** (retries - 1))
+            log.warning("step=retry pipeline=%s attempt=%d/%d in_s=%.0f reason=\"%s\"", config.name, retries,
+                        MAX_TRANSIENT_RETRIES, pause, err)
+            stop.sleep(pause)
+
         while not stop.poll():
             started = time.monotonic()
             lease.check()
-            plan = plan_next_batch(config, run, ledger, kind="stream")
+            try:
+                plan = plan_next_batch(config, run, ledger, kind="stream")
+            except TRANSIENT as err:
+                wait_out(err)
+                continue
             if plan is None:
+                retries = 0
                 stop.sleep(options.trigger_interval)
                 continue
             ledger.record_plan(plan)
@@ -193,9 +227,13 @@ def run_stream(
                     log.warning("step=abandoned pipeline=%s batch=%s", config.name, plan.batch_id)
                     break
                 record_failure(ledger, plan, err)
+                if isinstance(err, TRANSIENT):
+                    wait_out(err)
+                    continue
                 raise
             finally:
                 spark.sparkContext.removeJobTag(in_flight.pop("tag"))
+            retries = 0
             _after_commit(config, result, report, emit)
             stop.sleep(options.trigger_interval - (time.monotonic() - started))
         report.stop_reason = stop.reason or "stopped"

@@ -7,6 +7,7 @@ when KAFKA_BOOTSTRAP_SERVERS names a shared broker (which a test must never stop
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import threading
 import time
@@ -185,3 +186,29 @@ def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_ex
     assert run_pipeline(config, RunContext("after-the-outage"), lambda: spark)
     assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
     assert faulty.cli("audit").returncode == 0
+
+
+def test_a_stream_waits_out_a_broker_outage_and_stays_exactly_once(faulty, own_broker):
+    config = faulty.write(read_timeout_seconds=5)
+    ensure_topic(faulty.bootstrap, faulty.topic, 2)
+    next_id = produce_orders(faulty.bootstrap, faulty.topic, 2_000, malformed_every=301)
+    stream = Watched(faulty.cli_start("stream", "--trigger-interval", "1s"))
+    try:
+        stream.wait_for("step=commit")
+        own_broker.stop()
+        stream.wait_for("step=retry", timeout_s=90)  # a plan (metadata, 15 s) or a read (5 s) found no broker
+        own_broker.start().wait_for_topics({faulty.topic: 2})
+        produce_orders(faulty.bootstrap, faulty.topic, 1_000, first_id=next_id)
+        truth = read_topic(faulty.bootstrap, faulty.topic)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            table = DeltaTable(config.sink_path)
+            if all((table.transaction_version(config.app_id(faulty.topic, p)) or 0) >= end for p, end in truth.lso.items()):
+                break
+            time.sleep(0.5)
+        stream.process.send_signal(signal.SIGTERM)
+        assert stream.finish() == 0, stream.stderr()[-3000:]
+    finally:
+        if stream.process.poll() is None:
+            stream.process.kill()
+    assert_exactly_once(config, truth)
