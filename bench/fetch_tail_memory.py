@@ -37,8 +37,8 @@ def main() -> int:
     if len(sys.argv) == 3:
         read_once(sys.argv[1], sys.argv[2])
         return 0
-    from offsetlake.local_broker import broker_for
-    from offsetlake.sample_data import ensure_topic, produce_orders
+    from offsetlake.embedded.local_broker import broker_for
+    from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
     with tempfile.TemporaryDirectory(prefix="offsetlake-fetch-tail-") as work, broker_for(Path(work) / "broker") as (bootstrap, _):
         for topic, size in (("tail_75k", RANGE), ("tail_300k", 4 * RANGE)):

@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from offsetlake.config import load_pipeline  # noqa: E402
-from offsetlake.local_broker import broker_for  # noqa: E402
-from offsetlake.sample_data import ensure_topic, produce_orders  # noqa: E402
+from offsetlake.embedded.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 
 SECTIONS = ("consume", "write", "steady", "overhead", "planning", "memory")
 PY = sys.executable
@@ -205,8 +205,8 @@ def cpu_seconds(broker) -> dict[str, float]:
 # ---- planning -----------------------------------------------------------------------------------
 def commit_synthetic_batches(config, count: int, start_at: int) -> None:
     """``count`` committed batches of one offset per partition, through offsetlake's commit path."""
-    from offsetlake.batch import _entry
-    from offsetlake.ledger import Ledger, SinkCommit
+    from offsetlake.history import SinkCommit, ledger_entry
+    from offsetlake.ledger import Ledger, reconcile_ledger
     from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
     from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
 
@@ -218,18 +218,17 @@ def commit_synthetic_batches(config, count: int, start_at: int) -> None:
         plan = BatchPlan(config.name, new_batch_id(config.name), "ingest", ranges, RunContext(f"bench-{i}"))
         ledger.record_plan(plan)
         table = ensure_table(config, schema)
-        entry = _entry(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges}, time.monotonic())
+        entry = ledger_entry(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges},
+                             time.monotonic())
         version = commit_batch(table, config, plan, WrittenFiles([], 0, schema), entry)
         ledger.record_commit(SinkCommit(version, entry))
         if i % 20 == 0:  # what every run does at its start and end (compacts the ledger as it grows)
-            from offsetlake.batch import reconcile_ledger
-
             reconcile_ledger(config, ledger)
 
 
 def time_plan(config, label: str) -> float:
-    from offsetlake.batch import plan_for_dag_run
     from offsetlake.plan import RunContext
+    from offsetlake.runs import plan_for_dag_run
 
     started = time.monotonic()
     plan = plan_for_dag_run(config, RunContext(f"bench-plan-{label}-{time.monotonic_ns()}", f"{config.name}_ingest", 1))
@@ -280,8 +279,8 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         del rows
 
     if "steady" in only:
-        from offsetlake.batch import run_pipeline
         from offsetlake.plan import RunContext
+        from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session, stop_spark
 
         spark_session()

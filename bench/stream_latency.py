@@ -43,10 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from offsetlake.config import load_pipeline  # noqa: E402
+from offsetlake.embedded.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
+from offsetlake.history import sink_commits  # noqa: E402
 from offsetlake.ledger_view import partition_status  # noqa: E402
-from offsetlake.local_broker import broker_for  # noqa: E402
-from offsetlake.sample_data import ensure_topic, produce_orders  # noqa: E402
-from offsetlake.sink import sink_commits  # noqa: E402
 
 
 class SteadyProducer(threading.Thread):

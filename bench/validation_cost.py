@@ -27,11 +27,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from offsetlake.batch import run_pipeline  # noqa: E402
 from offsetlake.config import load_pipeline  # noqa: E402
-from offsetlake.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.plan import RunContext  # noqa: E402
-from offsetlake.sample_data import ensure_topic, produce_orders  # noqa: E402
+from offsetlake.runs import run_pipeline  # noqa: E402
 from offsetlake.spark import spark_session, stop_spark  # noqa: E402
 
 

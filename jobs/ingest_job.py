@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
-    from offsetlake.batch import execute_recorded_batch
     from offsetlake.config import kafka_overrides_from_env, load_pipeline
     from offsetlake.errors import OffsetlakeError
+    from offsetlake.runs import execute_recorded_batch
     from offsetlake.spark import spark_session, stop_spark
 
     try:

@@ -13,10 +13,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
-from offsetlake.ledger import COMMITTED, GAP, Ledger, rewound_batches
-from offsetlake.sink import open_table, sink_commits
+from offsetlake.coordinates import RECORD_KEY
+from offsetlake.history import rewound_batches, sink_commits
+from offsetlake.ledger import Ledger
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
+from offsetlake.sink import committed_end, open_table
 
-_COORDS = ["_kafka_topic", "_kafka_partition", "_kafka_offset"]
+_COORDS = list(RECORD_KEY)
 _SHOW = 10
 
 
@@ -85,10 +88,10 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
     rewound = rewound_batches(commits)
     by_tp: dict[tuple[str, int], list[tuple[int, int, str, str]]] = {}
     for c in commits:
-        if c.entry.get("kind") not in ("ingest", "gap", "stream") or c.batch_id in rewound:
+        if c.kind not in OFFSET_MOVING_KINDS or c.batch_id in rewound:
             continue
         for r in c.entry["ranges"]:
-            by_tp.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"], c.batch_id, c.entry["kind"]))
+            by_tp.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"], c.batch_id, c.kind))
     covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for tp, ranges in by_tp.items():
         ranges.sort()
@@ -100,7 +103,7 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
                     f"{word} in committed ranges of {tp[0]}[{tp[1]}]: batch {previous[2]} ends at {previous[1]}, "
                     f"batch {batch} starts at {start}"
                 )
-            if kind != "gap":
+            if kind != BatchKind.GAP:
                 covered.setdefault(tp, []).append((start, end))
             previous = (start, end, batch)
 
@@ -116,12 +119,12 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
 
     # 4. txn versions equal the ledger's last committed ends
     ledger_ends: dict[tuple[str, int], int] = {}
-    for row in Ledger(config.ledger_path, config.name).batches():
-        if row["status"] in (COMMITTED, GAP) and row["kind"] in ("ingest", "gap", "stream"):
+    for row in Ledger.of(config).batches():
+        if BatchStatus(row["status"]).committed and row["kind"] in OFFSET_MOVING_KINDS:
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
     for tp in sorted(set(by_tp) | set(ledger_ends)):
-        txn = sink.transaction_version(config.app_id(*tp)) if sink is not None else None
+        txn = committed_end(sink, config, *tp)
         if txn is not None:
             report.committed[tp] = txn
         if txn != ledger_ends.get(tp):

@@ -12,23 +12,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import RemoveAction
 
+from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.dead_letters import range_filter
-from offsetlake.errors import CommitConflictError, OffsetlakeError
-from offsetlake.kafka import check_log_start, offsets_for_time
-from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
-from offsetlake.sink import WrittenFiles, commit_actions, committed_ends, committed_version, open_table
-
-
-class BackfillParamsError(OffsetlakeError):
-    """The requested backfill range cannot be run as asked; the message says what to change."""
+from offsetlake.coordinates import file_may_hold, ranges_arrow
+from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
+from offsetlake.history import commit_version, ledger_entry
+from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
+from offsetlake.log_lines import log_step
+from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
+from offsetlake.process import ProcessedBatch, process_ranges, stage_files
+from offsetlake.sink import CommitActions, WrittenFiles, commit, committed_ends, live_files, open_table, remove_actions
+from offsetlake.spark import dataframe_from_arrow
+from offsetlake.validation import load_suite
 
 
 def _parse_time(value: str, name: str, where: str) -> int:
@@ -56,8 +58,6 @@ def plan_backfill(
     timestamps fall in ``[from_time, to_time)`` (offsets_for_times). Raises BackfillParamsError
     naming the pipeline and what to fix.
     """
-    from offsetlake.batch import current_offsets
-
     where = f"pipeline {config.name} backfill"
     by_offset = from_offset is not None or to_offset is not None
     by_time = bool(from_time) or bool(to_time)
@@ -118,30 +118,30 @@ def plan_backfill(
         ranges.append(OffsetRange(config.topic, p, starts[p], stops[p]))
     if all(r.size == 0 for r in ranges):
         raise BackfillParamsError(f"{where}: the requested range selects no committed offsets ({', '.join(map(str, ranges))})")
-    return BatchPlan(config.name, new_batch_id(config.name), "backfill", tuple(r for r in ranges if r.size), run)
+    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run)
 
 
-def touched_files(table: DeltaTable, ranges: list[OffsetRange]) -> list[dict]:
+def touched_files(table: DeltaTable, ranges: list[OffsetRange]) -> list[dict[str, Any]]:
     """Live files whose coordinate statistics overlap any range (those may hold rows to replace)."""
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-    hits = []
-    for action in actions:
-        low_p, high_p = action.get("min._kafka_partition"), action.get("max._kafka_partition")
-        low_o, high_o = action.get("min._kafka_offset"), action.get("max._kafka_offset")
-        for r in ranges:
-            if None in (low_p, high_p, low_o, high_o) or (low_p <= r.partition <= high_p and low_o < r.end and high_o >= r.start):
-                hits.append(action)
-                break
-    return hits
+    return [f for f in live_files(table) if file_may_hold(f, ranges)]
 
 
-def kept_rows(table: DeltaTable, files: list[dict], ranges: list[OffsetRange]) -> pa.Table:
-    """Rows of ``files`` outside ``ranges`` (with partition columns), to be rewritten."""
+def kept_rows(table: DeltaTable, files: list[dict[str, Any]], ranges: list[OffsetRange]) -> pa.Table:
+    """Rows of ``files`` outside ``ranges`` (with partition columns), to be rewritten.
+
+    Raises OffsetlakeError if a file is missing from the table's dataset: rewriting without its
+    kept rows would lose them.
+    """
     dataset = table.to_pyarrow_dataset()
-    wanted = {f["path"] for f in files}
+    wanted = {storage.file_path_from_log(f["path"]) for f in files}  # fragments carry real paths
     fragments = [f for f in dataset.get_fragments() if f.path in wanted]
+    if len(fragments) != len(wanted):
+        found = {f.path for f in fragments}
+        raise OffsetlakeError(f"backfill: data files {sorted(wanted - found)[:5]} of the sink are not in its dataset; "
+                              "nothing was committed")
     subset = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    return subset.to_table(filter=~range_filter(ranges))
+    outside = ranges_arrow(ranges)
+    return subset.to_table(filter=~outside) if outside is not None else subset.to_table()
 
 
 def commit_replace(
@@ -154,35 +154,22 @@ def commit_replace(
     here: the removes became no-ops, the compacted file kept the old rows of the range, and the
     range was in the sink twice); rebasing onto a newer version is therefore never safe here.
     """
-    now = int(time.time() * 1000)
-    removes = [
-        RemoveAction(
-            path=f["path"], data_change=True, deletion_timestamp=now, size=f["size_bytes"],
-            partition_values={c: _partition_text(f.get(f"partition.{c}")) for c in config.sink.partition_by} or None,
-        )
-        for f in removed
-    ]
+    actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:
-        commit_actions(table, config, [*removes, *new_files.actions], entry, max_commit_retries=0)
+        commit(table, config, actions, entry, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
             f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
         ) from None
-    return committed_version(config.sink_path, plan.batch_id)
-
-
-def _partition_text(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return commit_version(config.sink_path, plan.batch_id)
 
 
 COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit
 QUICK_COMMIT_ATTEMPTS = 10  # commits of one rewrite, each on the newest snapshot
 
 
-def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable):
+def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable) -> tuple[int, dict, ProcessedBatch]:
     """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
 
     Returns (sink version, ledger entry, processed ranges). A commit conflict (a compaction or
@@ -191,9 +178,6 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     stream or ingest do not conflict. Raises CommitConflictError when every attempt lost; running
     the same backfill again is always safe because it replaces, never appends.
     """
-    from offsetlake.batch import log_step, process_ranges
-    from offsetlake.validation import load_suite
-
     started = time.monotonic()
     if open_table(config.sink_path) is None:
         raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
@@ -209,18 +193,16 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
             except CommitConflictError as err:
                 if attempt == COMMIT_ATTEMPTS:
                     raise
-                log_step("retry_commit", plan, time.monotonic(), attempt=attempt, reason=f'"{err}"')
+                log_step("retry_commit", plan, time.monotonic(), attempt=attempt, reason=str(err))
                 attempt += 1
     finally:
         processed.release()
 
 
-def _replace_once(config: PipelineConfig, plan: BatchPlan, processed, spark, started: float) -> tuple[int, dict]:
+def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any,
+                  started: float) -> tuple[int, dict]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
-    from offsetlake.batch import _entry, log_step, write_rows
-    from offsetlake.spark import dataframe_from_arrow
-
     table = open_table(config.sink_path)
     removed = touched_files(table, list(plan.ranges))
     rows = processed.rows
@@ -230,7 +212,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed, spark, sta
         kept_count = kept.num_rows
         if kept_count:
             rows = rows.unionByName(dataframe_from_arrow(spark, kept).select(*rows.columns))
-    files = write_rows(config, plan, processed, rows, spark)
+    files = stage_files(config, plan, processed, rows, spark)
     rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
     if rewritten != kept_count:
         raise OffsetlakeError(
@@ -238,8 +220,8 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed, spark, sta
             f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
         )
     t = time.monotonic()
-    entry = _entry(plan, processed.per_range, started, processed.validation)
-    entry["message"] = f"replaced rows of {plan.describe()}; rewrote {len(removed)} files"
+    entry = ledger_entry(plan, processed.per_range, started, processed.validation,
+                         message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files")
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import OffsetlakeError
+from offsetlake.log_lines import log_line
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.cli")
@@ -194,9 +195,9 @@ def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from offsetlake.batch import run_pipeline
-    from offsetlake.lease import StreamOwnsPipelineError
+    from offsetlake.errors import StreamOwnsPipelineError
     from offsetlake.plan import RunContext
+    from offsetlake.runs import run_pipeline
     from offsetlake.spark import spark_session, stop_spark
 
     config = _load(args, args.pipeline)
@@ -205,11 +206,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master), args.max_batches)
     except StreamOwnsPipelineError as err:
-        log.warning("step=skip pipeline=%s run_id=%s %s", config.name, run_id, err)
+        log_line(log, "skip", str(err), level=logging.WARNING, pipeline=config.name, run_id=run_id)
         return 0
     finally:
         stop_spark()
-    log.info("step=done pipeline=%s run_id=%s batches=%d", config.name, run_id, len(results))
+    log_line(log, "done", pipeline=config.name, run_id=run_id, batches=len(results))
     return 0
 
 
@@ -251,10 +252,12 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from offsetlake.backfill import BackfillParamsError, plan_backfill
-    from offsetlake.batch import execute_recorded_batch, log_step
+    from offsetlake.backfill import plan_backfill
+    from offsetlake.errors import BackfillParamsError
     from offsetlake.ledger import Ledger
+    from offsetlake.log_lines import log_step
     from offsetlake.plan import RunContext
+    from offsetlake.runs import execute_recorded_batch
     from offsetlake.spark import spark_session, stop_spark
 
     config = _load(args, args.pipeline)
@@ -266,8 +269,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     run_id = args.run_id or f"cli-backfill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     plan = plan_backfill(config, RunContext(run_id=run_id), partitions, args.from_offset, args.to_offset,
                          args.from_time, args.to_time)
-    Ledger(config.ledger_path, config.name).record_plan(plan)
-    log_step("plan", plan, time.monotonic(), kind="backfill", offsets=plan.offsets)
+    Ledger.of(config).record_plan(plan)
+    log_step("plan", plan, time.monotonic(), kind=str(plan.kind), offsets=plan.offsets)
     try:
         result = execute_recorded_batch(config, plan.batch_id, lambda: spark_session(args.master))
     finally:
@@ -310,21 +313,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from offsetlake.batch import reconcile_ledger
-    from offsetlake.ledger import Ledger
-    from offsetlake.sink import open_table, sink_commits
+    from offsetlake.history import sink_commits
+    from offsetlake.ledger import Ledger, reconcile_ledger
+    from offsetlake.sink import open_table
 
     words = args.words
     if len(words) == 2 and words[0] == "rebuild":
         config = _load(args, words[1])
-        ledger = Ledger(config.ledger_path, config.name)
+        ledger = Ledger.of(config)
         count = ledger.rebuild(sink_commits(open_table(config.sink_path), config.name))
         print(f"rebuilt ledger of pipeline {config.name} from sink history: {count} rows at {config.ledger_path}")
         return 0
     if len(words) != 1:
         raise OffsetlakeError("usage: offsetlake ledger PIPELINE | offsetlake ledger rebuild PIPELINE")
     config = _load(args, words[0])
-    ledger = Ledger(config.ledger_path, config.name)
+    ledger = Ledger.of(config)
     reconcile_ledger(config, ledger)
     rows = ledger.batches()
     if args.limit:

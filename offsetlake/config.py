@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from offsetlake import storage
 from offsetlake.errors import ConfigError
 
 PIPELINE_NAME = re.compile(r"^[a-z0-9_]+$")
@@ -28,7 +29,6 @@ _PRIMITIVE_TYPES = {
 }
 _COMPLEX_TYPE = re.compile(r"^(decimal\(\s*\d+\s*,\s*\d+\s*\)|(array|map|struct)<.+>)$", re.I)
 PARTITION_COLUMN_TYPES = {"string", "date", "int", "integer", "long", "bigint", "boolean"}
-COORDINATE_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp")
 
 
 class _Strict(BaseModel):
@@ -137,31 +137,44 @@ class PipelineConfig(_Strict):
         """Relative paths in the file resolve against the folder above ``pipelines/``."""
         return Path(self.source_file).resolve().parent.parent if self.source_file else Path.cwd()
 
+    # Locations (``offsetlake.storage``): a local path, or a URI for a lake elsewhere.
     @property
     def lake_path(self) -> str:
-        return _resolve(self.lake, self.base_dir)
+        return storage.resolve_location(self.lake, self.base_dir)
 
     @property
     def sink_path(self) -> str:
-        return _resolve(self.sink.table or self.name, Path(self.lake_path))
+        table = self.sink.table or self.name
+        if storage.is_uri(table) or Path(table).is_absolute():
+            return storage.resolve_location(table, self.base_dir)
+        return storage.child(self.lake_path, table) if storage.is_uri(self.lake_path) else \
+            storage.resolve_location(table, Path(self.lake_path))
+
+    def _in_lake(self, *parts: str) -> str:
+        return storage.child(self.lake_path, *parts)
 
     @property
     def dead_letter_path(self) -> str:
-        return _resolve(f"_dead_letters/{self.name}", Path(self.lake_path))
+        return self._in_lake("_dead_letters", self.name)
 
     @property
     def ledger_path(self) -> str:
-        return _resolve("_offset_ledger", Path(self.lake_path))
+        return self._in_lake("_offset_ledger")
 
     @property
     def stream_lease_path(self) -> str:
         """Who owns the pipeline as a stream (``offsetlake.lease``)."""
-        return _resolve(f"_stream_leases/{self.name}", Path(self.lake_path))
+        return self._in_lake("_stream_leases", self.name)
+
+    @property
+    def stream_log_path(self) -> str:
+        """Where the Airflow stream task keeps the output of its ``offsetlake stream`` process."""
+        return self._in_lake("_stream_logs", self.name)
 
     @property
     def validation_path(self) -> str:
         """Where each validation's HTML report and JSON summary go."""
-        return _resolve(f"_validation/{self.name}", Path(self.lake_path))
+        return self._in_lake("_validation", self.name)
 
     @property
     def transform_dir(self) -> Path:
@@ -200,13 +213,6 @@ class PipelineConfig(_Strict):
         return f"PipelineConfig(name={self.name!r}, topic={self.topic!r}, file={self.source_file!r})"
 
     __str__ = __repr__
-
-
-def _resolve(path: str, base: Path) -> str:
-    if "://" in path:
-        return path.rstrip("/")
-    candidate = Path(path)
-    return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
 
 
 def _interpolate(value: Any, where: str, source: Path) -> Any:

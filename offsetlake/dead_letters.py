@@ -13,6 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from offsetlake.config import PipelineConfig
+from offsetlake.coordinates import ranges_arrow, ranges_sql
 from offsetlake.plan import OffsetRange
 from offsetlake.sink import create_table_once, open_table
 
@@ -32,36 +33,10 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 
 
-def range_predicate(ranges: list[OffsetRange]) -> str:
-    """delta-rs SQL predicate selecting rows whose coordinates fall in ``ranges``."""
-    parts = [
-        f"(_kafka_topic = '{r.topic}' AND _kafka_partition = {r.partition} "
-        f"AND _kafka_offset >= {r.start} AND _kafka_offset < {r.end})"
-        for r in ranges
-        if r.size > 0
-    ]
-    return " OR ".join(parts)
-
-
-def range_filter(ranges: list[OffsetRange]) -> pc.Expression | None:
-    expression = None
-    for r in ranges:
-        if r.size <= 0:
-            continue
-        term = (
-            (pc.field("_kafka_topic") == r.topic)
-            & (pc.field("_kafka_partition") == r.partition)
-            & (pc.field("_kafka_offset") >= r.start)
-            & (pc.field("_kafka_offset") < r.end)
-        )
-        expression = term if expression is None else expression | term
-    return expression
-
-
 def replace_dead_letters(config: PipelineConfig, ranges: list[OffsetRange], rows: pa.Table, attempts: int = 5) -> int:
     """Make the dead-letter table hold exactly ``rows`` for ``ranges``; returns rows written."""
     rows = rows.cast(DEAD_LETTER_SCHEMA)
-    predicate = range_predicate(ranges)
+    predicate = ranges_sql(ranges)
     if not predicate:
         return 0
     for attempt in range(attempts):
@@ -83,5 +58,37 @@ def replace_dead_letters(config: PipelineConfig, ranges: list[OffsetRange], rows
 
 
 def _has_rows(table: DeltaTable, ranges: list[OffsetRange]) -> bool:
-    expression = range_filter(ranges)
+    expression = ranges_arrow(ranges)
     return expression is not None and table.to_pyarrow_dataset().count_rows(filter=expression) > 0
+
+
+def _batch_filter(batch_ids: list[str]) -> pc.Expression:
+    return pc.field("batch_id").isin(batch_ids)
+
+
+def count_dead_letters_of(config: PipelineConfig, batch_ids: list[str]) -> dict[str, int]:
+    """How many dead letters each of ``batch_ids`` wrote (0 for none)."""
+    table = open_table(config.dead_letter_path)
+    if table is None or not batch_ids:
+        return {b: 0 for b in batch_ids}
+    found = table.to_pyarrow_dataset().to_table(columns=["batch_id"], filter=_batch_filter(batch_ids))
+    counts = {r["batch_id"]: r["count_all"] for r in found.group_by("batch_id").aggregate([([], "count_all")]).to_pylist()}
+    return {b: counts.get(b, 0) for b in batch_ids}
+
+
+def delete_dead_letters_of(config: PipelineConfig, batch_ids: list[str], attempts: int = 5) -> int:
+    """Delete the dead letters ``batch_ids`` wrote (a rewind undoing those batches); returns how many."""
+    total = sum(count_dead_letters_of(config, batch_ids).values())
+    if not total:
+        return 0
+    quoted = ", ".join("'" + b.replace("'", "''") + "'" for b in batch_ids)
+    for attempt in range(attempts):
+        try:
+            table = open_table(config.dead_letter_path)
+            if table is not None:
+                table.delete(f"batch_id IN ({quoted})")
+            return total
+        except CommitFailedError:  # a concurrent dead-letter write: re-read and retry
+            if attempt == attempts - 1:
+                raise
+    return total

@@ -1,22 +1,31 @@
-"""One small hierarchy of errors, each saying what went wrong and what to do.
+"""Every offsetlake error: one small hierarchy, each class saying what went wrong and what to do.
 
 Messages name the pipeline, topic, partition and offsets involved, because the reader is a
 data platform engineer looking at an Airflow task log or a terminal, not at a stack trace.
+All classes live here so that an error raised inside a Spark task can be re-raised by name in
+the driver (``offsetlake.reader.errors_from_spark_tasks``). ``exit_code`` is what the CLI exits
+with: 2 for errors, 1 for an audit that found problems, 3 for a failed validation.
 """
 
 from __future__ import annotations
 
 
 class OffsetlakeError(Exception):
-    """Base class; the CLI prints ``str(err)`` and exits non-zero."""
+    """Base class; the CLI prints ``str(err)`` and exits with ``exit_code``."""
 
     exit_code = 2
 
 
+# ---- configuration ----------------------------------------------------------------------------
 class ConfigError(OffsetlakeError):
     """A pipeline file is missing, malformed or names something that does not exist."""
 
 
+class SuiteError(ConfigError):
+    """The expectation suite file cannot be turned into Great Expectations expectations."""
+
+
+# ---- Kafka -----------------------------------------------------------------------------------
 class KafkaUnavailableError(OffsetlakeError):
     """The broker cannot be reached or does not know the topic."""
 
@@ -29,6 +38,7 @@ class ReadTimeoutError(OffsetlakeError):
     """A range could not be read to its end within the configured bound."""
 
 
+# ---- planning and committing -----------------------------------------------------------------
 class StalePlanError(OffsetlakeError):
     """Invariant 3: another batch moved a partition's committed end past this plan's start."""
 
@@ -41,6 +51,44 @@ class TransformError(OffsetlakeError):
     """The pipeline's transform failed or dropped the Kafka coordinate columns."""
 
 
+class ValidationFailedError(OffsetlakeError):
+    """Invariant 9: the batch failed its expectations and nothing was committed."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, summary: dict | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or {}
+
+
+class BackfillParamsError(OffsetlakeError):
+    """The requested backfill range cannot be run as asked; the message says what to change."""
+
+
+class RewindError(OffsetlakeError):
+    """The rewind cannot be done as asked; nothing was written. The message says why."""
+
+
+# ---- streams and their lease -----------------------------------------------------------------
+class LeaseHeldError(OffsetlakeError):
+    """Another stream holds the pipeline's lease and kept it alive while we waited."""
+
+
+class LeaseLostError(OffsetlakeError):
+    """This stream's lease expired or was taken over; it must not commit again."""
+
+
+class StreamOwnsPipelineError(OffsetlakeError):
+    """A batch run was asked to ingest while a live stream owns the pipeline."""
+
+    exit_code = 0  # not a failure: the stream is ingesting
+
+
+class StreamAbandoned(OffsetlakeError):
+    """A second stop signal came while a batch was in flight: it commits nothing."""
+
+
+# ---- checking ---------------------------------------------------------------------------------
 class AuditFailedError(OffsetlakeError):
     """``offsetlake audit`` found a duplicate, an overlap, a gap or a stray row."""
 

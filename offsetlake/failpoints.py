@@ -1,4 +1,4 @@
-"""Named crash points for tests: ``OFFSETLAKE_FAILPOINT=<name>`` kills the process there.
+"""Named crash points: ``OFFSETLAKE_FAILPOINT=<name>`` kills the process there.
 
 ``OFFSETLAKE_FAILPOINT_FILE=<path>`` arms a failpoint once, across processes: when the file
 names the step, it is deleted and the process dies. Airflow tests use it to fail only the
@@ -6,6 +6,10 @@ first try of a task while the scheduler's environment stays the same.
 
 The kill is SIGKILL to ourselves, so no ``finally`` block, atexit hook or Spark shutdown runs:
 what the next run sees is exactly what a power cut would leave.
+
+In-process tests attach a callback to a failpoint with ``on(name, callback)``: it runs when the
+batch reaches that step (to stop a stream, run a compaction, or raise ``SimulatedCrash`` — a
+BaseException no outcome handler catches, so the ledger and sink stay as a crash leaves them).
 """
 
 from __future__ import annotations
@@ -14,19 +18,40 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 NAMES = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
+_HOOKS: dict[str, list[Callable[[str], None]]] = {}
+
+
+class SimulatedCrash(BaseException):  # noqa: N818 - not an error to handle: a stand-in for SIGKILL
+    """Raised by an in-process failpoint hook to stop a batch as a crash would."""
 
 
 def failpoint(name: str) -> None:
     if name not in NAMES:
         raise ValueError(f"unknown failpoint {name}")
+    for callback in list(_HOOKS.get(name, ())):
+        callback(name)
     if os.environ.get("OFFSETLAKE_FAILPOINT") == name or _armed_once(name):
         logging.getLogger("offsetlake.failpoint").error("failpoint %s reached: killing pid %d", name, os.getpid())
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def on(name: str, callback: Callable[[str], None]) -> Iterator[None]:
+    """Run ``callback(name)`` each time this process reaches failpoint ``name``, inside the block."""
+    if name not in NAMES:
+        raise ValueError(f"unknown failpoint {name}")
+    _HOOKS.setdefault(name, []).append(callback)
+    try:
+        yield
+    finally:
+        _HOOKS[name].remove(callback)
 
 
 def _armed_once(name: str) -> bool:

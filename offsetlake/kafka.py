@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from offsetlake.errors import KafkaUnavailableError, OffsetsLostError, ReadTimeoutError
+from offsetlake.plan import PartitionOffsets
+
+if TYPE_CHECKING:  # Spark's read tasks import this module: keep their imports light
+    from offsetlake.config import PipelineConfig
 
 METADATA_TIMEOUT_S = 15.0
 
 
-@dataclass(frozen=True)
-class PartitionOffsets:
-    """What the broker says about one partition right now."""
-
-    topic: str
-    partition: int
-    log_start: int
-    last_stable: int  # LSO: exclusive end of what read_committed may see
+def current_offsets(config: PipelineConfig) -> dict[int, PartitionOffsets]:
+    """Log start and Last Stable Offset of every partition of the pipeline's topic, now."""
+    client = config.kafka_client_config()
+    partitions = describe_topic(client, config.topic, config.name)
+    return partition_offsets(client, config.topic, partitions, config.name)
 
 
 def _admin(client_config: dict[str, str]) -> AdminClient:

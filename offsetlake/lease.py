@@ -27,10 +27,12 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError
 
+from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import LeaseHeldError, LeaseLostError, OffsetlakeError, StreamOwnsPipelineError
+from offsetlake.log_lines import log_line
 
 log = logging.getLogger("offsetlake.lease")
 
@@ -39,20 +41,6 @@ _APP_ID = "lease"
 # the lease has no history worth keeping: old commit files go after an hour, at checkpoints
 _TABLE_CONFIG = {"delta.logRetentionDuration": "interval 1 hours", "delta.checkpointInterval": "50"}
 DEFAULT_TTL_SECONDS = 30.0
-
-
-class LeaseHeldError(OffsetlakeError):
-    """Another stream holds the pipeline's lease and kept it alive while we waited."""
-
-
-class LeaseLostError(OffsetlakeError):
-    """This stream's lease expired or was taken over; it must not commit again."""
-
-
-class StreamOwnsPipelineError(OffsetlakeError):
-    """A batch run was asked to ingest while a live stream owns the pipeline."""
-
-    exit_code = 0  # not a failure: the stream is ingesting
 
 
 @dataclass(frozen=True)
@@ -82,13 +70,6 @@ class LeaseState:
         return {**asdict(self), "live": self.live()}
 
 
-def _open(path: str) -> DeltaTable | None:
-    try:
-        return DeltaTable(path)
-    except TableNotFoundError:
-        return None
-
-
 def _read(path: str) -> tuple[DeltaTable | None, LeaseState | None]:
     """The lease table at one version and the lease state that version holds.
 
@@ -96,7 +77,7 @@ def _read(path: str) -> tuple[DeltaTable | None, LeaseState | None]:
     version if a commit raced the read: the generation (txn version) tells, and we read again.
     """
     for _ in range(20):
-        table = _open(path)
+        table = storage.open_table(path)
         if table is None:
             return None, None
         generation = table.transaction_version(_APP_ID)
@@ -164,10 +145,10 @@ class StreamLease:
                     table = self._create()
                 if self._write(table, current, HELD, acquired=True):
                     if current is not None and current.state == HELD:
-                        log.warning("step=lease pipeline=%s owner=%s took over the expired lease of %s",
-                                    self.config.name, self.owner, current.describe())
-                    log.info("step=lease pipeline=%s owner=%s acquired generation=%d ttl_s=%s",
-                             self.config.name, self.owner, self.state.generation, self.ttl)
+                        log_line(log, "lease", f"took over the expired lease of {current.describe()}",
+                                 level=logging.WARNING, pipeline=self.config.name, owner=self.owner)
+                    log_line(log, "lease", "acquired", pipeline=self.config.name, owner=self.owner,
+                             generation=self.state.generation, ttl_s=self.ttl)
                     return self.state
                 continue  # another process changed the lease between our read and write
             if time.monotonic() >= deadline:
@@ -176,8 +157,8 @@ class StreamLease:
                     f"for it to stop or expire. Stop that stream first (at most one stream per pipeline)"
                 )
             if announced != current.owner:
-                log.warning("step=lease pipeline=%s waiting up to %.0f s for %s to release or expire",
-                            self.config.name, deadline - time.monotonic(), current.describe())
+                log_line(log, "lease", f"waiting up to {deadline - time.monotonic():.0f} s for {current.describe()} "
+                         "to release or expire", level=logging.WARNING, pipeline=self.config.name)
                 announced = current.owner
             time.sleep(min(1.0, max(0.1, deadline - time.monotonic())))
 
@@ -187,9 +168,9 @@ class StreamLease:
                               description=f"offsetlake stream lease of pipeline {self.config.name}",
                               configuration=_TABLE_CONFIG)
         except Exception:  # noqa: BLE001 - a concurrent create; the open decides
-            if _open(self.path) is None:
+            if storage.open_table(self.path) is None:
                 raise
-        return DeltaTable(self.path)
+        return storage.table(self.path)
 
     def _write(self, table: DeltaTable, previous: LeaseState | None, state: str, acquired: bool = False) -> bool:
         """Compare-and-set the lease from ``previous`` (read from ``table``); False if we lost."""
@@ -231,7 +212,7 @@ class StreamLease:
     def _lose(self, why: str) -> None:
         self.lost = (f"pipeline {self.config.name}: stream {self.owner} lost its lease ({why}); "
                      f"it stops without committing again")
-        log.error("step=lease %s", self.lost)
+        log_line(log, "lease", self.lost, level=logging.ERROR)
         raise LeaseLostError(self.lost)
 
     def check(self) -> None:
@@ -250,7 +231,8 @@ class StreamLease:
                 except LeaseLostError:
                     return
                 except Exception as err:  # noqa: BLE001 - storage hiccup: retry until the lease expires
-                    log.warning("step=lease pipeline=%s heartbeat failed, retrying: %s", self.config.name, err)
+                    log_line(log, "lease", "heartbeat failed, retrying", level=logging.WARNING,
+                             pipeline=self.config.name, reason=str(err))
 
         self._thread = threading.Thread(target=beat, name="offsetlake-lease", daemon=True)
         self._thread.start()
@@ -268,5 +250,5 @@ class StreamLease:
                 if current is None or current.owner != self.owner:
                     return
                 if self._write(table, current, RELEASED):
-                    log.info("step=lease pipeline=%s owner=%s released", self.config.name, self.owner)
+                    log_line(log, "lease", "released", pipeline=self.config.name, owner=self.owner)
                     return

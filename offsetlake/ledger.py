@@ -1,36 +1,37 @@
 """The offset ledger table ``<lake>/_offset_ledger``: a Delta projection of every batch.
 
 Invariant 4: the sink commits are the source of truth. Each sink commit carries its ledger
-entry in ``commitInfo.userMetadata``; this table only projects them (plus ``planned`` rows
-written before a batch reads anything, and outcomes of batches that never committed).
-``reconcile`` repairs the projection from sink history at the start and end of every run, and
-``rebuild`` recreates it from sink history alone. Rows are only ever appended (so concurrent
-writers never conflict), except by ``rebuild``.
+entry in ``commitInfo.userMetadata`` (``offsetlake.history``); this table only projects them
+(plus ``planned`` rows written before a batch reads anything, invariant 3, and outcomes of
+batches that never committed). ``reconcile`` repairs the projection from sink history at the
+start and end of every run, and ``rebuild`` recreates it from sink history alone. Rows are only
+ever appended (so concurrent writers never conflict), except by ``rebuild``. A batch's rows are
+summarized for people in one place, ``summarize_batch``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from offsetlake.plan import BatchPlan, OffsetRange
+from offsetlake import storage
+from offsetlake.config import PipelineConfig
+from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, BatchStatus, OffsetRange, RunContext
+from offsetlake.sink import committed_end_lookup
 
 log = logging.getLogger("offsetlake.ledger")
 
-PLANNED, COMMITTED, FAILED, SUPERSEDED, GAP = "planned", "committed", "failed", "superseded", "gap"
-# A committed batch undone by a later rewind commit (``offsetlake.rewind``): it outranks committed,
-# because the sink commit that rewound it comes after the one that committed it.
-REWOUND = "rewound"
-REWIND = "rewind"  # the kind of a rewind commit's ledger entry
-_OUTCOME_RANK = {PLANNED: 0, FAILED: 1, SUPERSEDED: 2, COMMITTED: 3, GAP: 3, REWOUND: 4}
+PLANNED, FAILED, SUPERSEDED = BatchStatus.PLANNED, BatchStatus.FAILED, BatchStatus.SUPERSEDED
+COMMITTED, GAP, REWOUND = BatchStatus.COMMITTED, BatchStatus.GAP, BatchStatus.REWOUND
 COMPACT_AFTER_FILES = 32  # per pipeline; see Ledger.compact_if_fragmented
 
 LEDGER_SCHEMA = pa.schema(
@@ -61,33 +62,17 @@ LEDGER_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class RangeOutcome:
-    """Per-range counts of a committed (or failed) batch."""
-
-    range: OffsetRange
-    records_read: int | None = None
-    rows_written: int | None = None
-    dead_letters: int | None = None
-
-
-@dataclass(frozen=True)
-class SinkCommit:
-    """One offsetlake commit found in the sink table's history."""
-
-    version: int
-    entry: dict  # the ledger entry stored as userMetadata
-
-    @property
-    def batch_id(self) -> str:
-        return self.entry["batch_id"]
-
-
 class Ledger:
+    """One pipeline's rows of the ledger table."""
+
     def __init__(self, path: str, pipeline: str) -> None:
         self.path = path
         self.pipeline = pipeline
         self._schema_current = False
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> Ledger:
+        return cls(config.ledger_path, config.name)
 
     # ---- writing -------------------------------------------------------------------------
     def _append(self, rows: list[dict]) -> None:
@@ -99,51 +84,24 @@ class Ledger:
         merge = None
         if not self._schema_current:
             try:
-                have = set(DeltaTable(self.path).schema().to_arrow().names)
+                have = set(storage.table(self.path).schema().to_arrow().names)
             except TableNotFoundError:
                 have = set(LEDGER_SCHEMA.names)
             merge = "merge" if set(LEDGER_SCHEMA.names) - have else None
         write_deltalake(self.path, table, mode="append", partition_by=["pipeline"], schema_mode=merge)
         self._schema_current = True
 
-    def _row(self, plan_fields: dict, r: OffsetRange, status: str, **extra: object) -> dict:
-        return {
-            **plan_fields,
-            "status": status,
-            "topic": r.topic,
-            "partition": r.partition,
-            "start_offset": r.start,
-            "end_offset": r.end,
-            "recorded_at": datetime.now(UTC),
-            **extra,
-        }
-
-    @staticmethod
-    def _plan_fields(plan: BatchPlan) -> dict:
-        return {
-            "pipeline": plan.pipeline,
-            "batch_id": plan.batch_id,
-            "kind": plan.kind,
-            "run_id": plan.run.run_id,
-            "dag_id": plan.run.dag_id,
-            "try_number": plan.run.try_number,
-            "planned_at": plan.planned_at,
-        }
-
     def record_plan(self, plan: BatchPlan) -> None:
         """Invariant 3: the plan is in the ledger before anything is read."""
-        fields = self._plan_fields(plan)
-        self._append([self._row(fields, r, PLANNED) for r in plan.ranges])
+        self._append(ledger_rows(ledger_entry(plan), PLANNED, duration_ms=None))
 
     def record_outcome(
-        self, plan: BatchPlan, status: str, message: str | None = None, duration_ms: int | None = None,
+        self, plan: BatchPlan, status: BatchStatus, message: str | None = None, duration_ms: int | None = None,
         validation: dict | None = None,
     ) -> None:
-        fields = self._plan_fields(plan)
-        extra = _validation_columns(validation)
-        self._append(
-            [self._row(fields, r, status, message=message, duration_ms=duration_ms, **extra) for r in plan.ranges]
-        )
+        """A batch that did not commit: ``failed`` (why, and its validation summary) or ``superseded``."""
+        self._append(ledger_rows(ledger_entry(plan), status, duration_ms=duration_ms, message=message,
+                                 **_validation_columns(validation)))
 
     def record_commit(self, commit: SinkCommit) -> None:
         self._append(rows_for_commit(commit))
@@ -153,9 +111,8 @@ class Ledger:
     # table several times, and the table grows by a few rows per partition and batch forever.
     def rows(self, where: pc.Expression | None = None) -> pa.Table:
         """This pipeline's ledger rows matching ``where`` (all events, oldest first)."""
-        try:
-            table = DeltaTable(self.path)
-        except TableNotFoundError:
+        table = storage.open_table(self.path)
+        if table is None:
             return LEDGER_SCHEMA.empty_table()
         mine = pc.field("pipeline") == self.pipeline
         data = table.to_pyarrow_dataset().to_table(filter=mine if where is None else mine & where)
@@ -168,51 +125,30 @@ class Ledger:
         """
         return _best_outcomes(self.rows(where).to_pylist())
 
-    def plan_for_run(self, dag_id: str | None, run_id: str, kind: str) -> BatchPlan | None:
-        """The plan already recorded for this dag run, so a retry re-executes the same ranges.
-
-        A superseded plan (another batch moved the committed end past its start) or a rewound
-        batch can never apply again, so it is not returned: rerunning that dag run plans anew.
+    def run_plan(self, run: RunContext, kind: BatchKind) -> tuple[BatchPlan, BatchStatus] | None:
+        """The latest plan this run recorded that can still apply, with the batch's status: what a
+        rerun of the run executes again (invariant 3) — an Airflow retry or clear of the dag run,
+        or ``offsetlake run --run-id``. A superseded plan (another batch moved the committed end
+        past its start) or a rewound batch can never apply again, so it is not returned: rerunning
+        that run plans anew. The one home of "reuse this run's recorded plan".
         """
-        mine = self.rows(_run_filter(dag_id, run_id) & (pc.field("kind") == kind)).to_pylist()
-        superseded = {r["batch_id"] for r in mine if r["status"] in (SUPERSEDED, REWOUND)}
-        rows = [r for r in mine if r["status"] == PLANNED and r["batch_id"] not in superseded]
-        if not rows:
-            return None
-        return self._plan_from_rows(rows, kind)
-
-    def unfinished_plan(self, run_id: str, dag_id: str | None = None, kind: str = "ingest") -> BatchPlan | None:
-        """The run's latest batch that was planned but neither committed nor superseded (e.g. it
-        failed validation), so rerunning the run re-executes exactly those ranges first."""
-        events = self.rows(_run_filter(dag_id, run_id) & (pc.field("kind") == kind)).to_pylist()
-        batches: dict[str, list[dict]] = {}
+        events = self.rows(_run_filter(run.dag_id, run.run_id) & (pc.field("kind") == str(kind))).to_pylist()
+        final = {}
         for row in _best_outcomes(events):
-            batches.setdefault(row["batch_id"], []).append(row)
-        open_ids = [b for b, rows in batches.items() if all(r["status"] in (PLANNED, FAILED) for r in rows)]
-        if not open_ids:
+            final.setdefault(row["batch_id"], []).append(BatchStatus(row["status"]))
+        usable = {b for b, states in final.items()
+                  if not any(s in (SUPERSEDED, REWOUND) for s in states)}
+        planned = [r for r in events if r["status"] == PLANNED and r["batch_id"] in usable]
+        if not planned:
             return None
-        planned = [r for r in events if r["status"] == PLANNED and r["batch_id"] in open_ids]
-        latest = max(planned, key=lambda r: r["planned_at"])["batch_id"]
-        return self._plan_from_rows([r for r in planned if r["batch_id"] == latest], kind)
+        latest = max(planned, key=lambda r: (r["planned_at"], r["batch_id"]))["batch_id"]
+        status = min(final[latest], key=lambda s: s.rank)
+        return _plan_from_rows([r for r in planned if r["batch_id"] == latest], self.pipeline), status
 
     def plan_by_batch_id(self, batch_id: str) -> BatchPlan | None:
         """The recorded plan of ``batch_id`` (what a spark-submit job is asked to execute)."""
-        rows = self.rows((pc.field("batch_id") == batch_id) & (pc.field("status") == PLANNED)).to_pylist()
-        return self._plan_from_rows(rows, rows[0]["kind"]) if rows else None
-
-    def _plan_from_rows(self, rows: list[dict], kind: str) -> BatchPlan:
-        from offsetlake.plan import RunContext
-
-        first_batch = min(rows, key=lambda r: r["planned_at"])["batch_id"]
-        mine = [r for r in rows if r["batch_id"] == first_batch]
-        return BatchPlan(
-            pipeline=self.pipeline,
-            batch_id=first_batch,
-            kind=kind,
-            ranges=tuple(sorted(OffsetRange(r["topic"], r["partition"], r["start_offset"], r["end_offset"]) for r in mine)),
-            run=RunContext(run_id=mine[0]["run_id"], dag_id=mine[0]["dag_id"], try_number=mine[0]["try_number"]),
-            planned_at=mine[0]["planned_at"],
-        )
+        rows = self.rows((pc.field("batch_id") == batch_id) & (pc.field("status") == str(PLANNED))).to_pylist()
+        return _plan_from_rows(rows, self.pipeline) if rows else None
 
     # ---- reconciliation ------------------------------------------------------------------
     def reconcile(self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None]) -> int:
@@ -228,7 +164,7 @@ class Ledger:
         status = events["status"]
         # batches whose every (topic, partition) has a committed or gap event (the top rank)
         flagged = events.select(["batch_id", "topic", "partition"]).append_column(
-            "done", pc.is_in(status, pa.array([COMMITTED, GAP])))
+            "done", pc.is_in(status, pa.array([str(COMMITTED), str(GAP)])))
         per_tp = flagged.group_by(["batch_id", "topic", "partition"]).aggregate([("done", "max")])
         per_batch = per_tp.group_by("batch_id").aggregate([("done_max", "min")])
         complete = set(per_batch.filter(per_batch["done_max_min"])["batch_id"].to_pylist())
@@ -236,15 +172,15 @@ class Ledger:
         for commit in sink_commits:
             if commit.batch_id not in complete:
                 rows.extend(rows_for_commit(commit))
-        marked = set(pc.unique(events.filter(pc.equal(status, REWOUND))["batch_id"]).to_pylist())
+        marked = set(pc.unique(events.filter(pc.equal(status, str(REWOUND)))["batch_id"]).to_pylist())
         rows.extend(row for row in rewound_rows(sink_commits) if row["batch_id"] not in marked)
-        # ingest and stream batches with only `planned` events (backfills start below the committed end by
-        # design: never "moved past"), not in the sink
-        decided = set(pc.unique(events.filter(pc.not_equal(status, PLANNED))["batch_id"]).to_pylist())
+        # batches planned from the committed ends with only `planned` events, not in the sink
+        # (backfills start below the committed end by design: never "moved past")
+        decided = set(pc.unique(events.filter(pc.not_equal(status, str(PLANNED)))["batch_id"]).to_pylist())
         in_sink = {c.batch_id for c in sink_commits}
         open_plans: dict[str, dict[tuple[str, int], dict]] = {}
-        txn_kinds = pc.is_in(events["kind"], pa.array(["ingest", "stream"]))
-        for r in events.filter(pc.and_(pc.equal(status, PLANNED), txn_kinds)).to_pylist():
+        forward = pc.is_in(events["kind"], pa.array(sorted(str(k) for k in OFFSET_MOVING_KINDS)))
+        for r in events.filter(pc.and_(pc.equal(status, str(PLANNED)), forward)).to_pylist():
             if r["batch_id"] not in decided and r["batch_id"] not in in_sink:
                 open_plans.setdefault(r["batch_id"], {})[(r["topic"], r["partition"])] = r
         for by_tp in open_plans.values():
@@ -257,7 +193,7 @@ class Ledger:
                     f"{moved[0]['start_offset']} by batch {winner or 'unknown'}; this plan never committed"
                 )
                 now = datetime.now(UTC)
-                rows.extend({**r, "status": SUPERSEDED, "message": message, "recorded_at": now} for r in mine)
+                rows.extend({**r, "status": str(SUPERSEDED), "message": message, "recorded_at": now} for r in mine)
         self._append(rows)
         if rows:
             log.info("ledger reconciled pipeline=%s rows_added=%d", self.pipeline, len(rows))
@@ -272,9 +208,8 @@ class Ledger:
         compaction only means someone else did it. The replaced files stay on disk until
         ``vacuum``.
         """
-        try:
-            table = DeltaTable(self.path)
-        except TableNotFoundError:
+        table = storage.open_table(self.path)
+        if table is None:
             return False
         mine = [("pipeline", "=", self.pipeline)]
         files = len(table.file_uris(file_pruning_predicate=mine))
@@ -294,15 +229,39 @@ class Ledger:
         included as ``rewound``."""
         rows = [row for commit in sink_commits for row in rows_for_commit(commit)] + rewound_rows(sink_commits)
         if DeltaTable.is_deltatable(self.path):
-            table = DeltaTable(self.path)
+            table = storage.table(self.path)
             table.delete(f"pipeline = '{self.pipeline}'")
         self._append(rows)
         return len(rows)
 
 
+def reconcile_ledger(config: PipelineConfig, ledger: Ledger | None = None) -> int:
+    """Invariant 4: bring the pipeline's ledger projection in line with the sink's history."""
+    ledger = ledger or Ledger.of(config)
+    table = storage.open_table(config.sink_path)
+    added = ledger.reconcile(sink_commits(table, config.name), committed_end_lookup(table, config))
+    if table is not None:
+        ledger.compact_if_fragmented()
+    return added
+
+
 def _run_filter(dag_id: str | None, run_id: str) -> pc.Expression:
     same_dag = pc.field("dag_id").is_null() if dag_id is None else pc.field("dag_id") == dag_id
     return (pc.field("run_id") == run_id) & same_dag
+
+
+def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
+    """The plan that ``planned`` rows recorded (the earliest batch among them)."""
+    first_batch = min(rows, key=lambda r: r["planned_at"])["batch_id"]
+    mine = [r for r in rows if r["batch_id"] == first_batch]
+    return BatchPlan(
+        pipeline=pipeline,
+        batch_id=first_batch,
+        kind=BatchKind(mine[0]["kind"]),
+        ranges=tuple(sorted(OffsetRange(r["topic"], r["partition"], r["start_offset"], r["end_offset"]) for r in mine)),
+        run=RunContext(run_id=mine[0]["run_id"], dag_id=mine[0]["dag_id"], try_number=mine[0]["try_number"]),
+        planned_at=mine[0]["planned_at"],
+    )
 
 
 def _best_outcomes(events: list[dict]) -> list[dict]:
@@ -312,7 +271,7 @@ def _best_outcomes(events: list[dict]) -> list[dict]:
     for row in events:
         key = (row["batch_id"], row["topic"], row["partition"])
         seen = best.get(key)
-        if seen is None or _OUTCOME_RANK[row["status"]] >= _OUTCOME_RANK[seen["status"]]:
+        if seen is None or BatchStatus(row["status"]).rank >= BatchStatus(seen["status"]).rank:
             merged = dict(row)
             if seen is not None and row["status"] != COMMITTED:
                 merged["planned_at"] = seen["planned_at"]
@@ -320,35 +279,42 @@ def _best_outcomes(events: list[dict]) -> list[dict]:
     return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
 
 
-def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, offset: int) -> str | None:
-    """The first commit whose ranges hold ``offset`` (rewound batches skipped: a rewind commit
-    covering it is named instead)."""
-    commits = list(commits)
-    rewound = rewound_batches(commits)
-    for commit in commits:
-        if commit.batch_id in rewound:
-            continue
-        for r in commit.entry.get("ranges", []):
-            if r["topic"] == topic and r["partition"] == partition and r["start"] <= offset < r["end"]:
-                return commit.batch_id
-    return None
+# ---- ledger entries -> rows -------------------------------------------------------------------
+def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | None = None,
+                recorded_at: datetime | None = None, **columns: Any) -> list[dict]:
+    """One ledger row per range of a ledger entry (``offsetlake.history.ledger_entry``), with
+    ``status``; ``columns`` override what the entry says (message, duration, validation)."""
+    base = {
+        "pipeline": entry["pipeline"],
+        "batch_id": entry["batch_id"],
+        "kind": str(entry.get("kind", BatchKind.INGEST)),
+        "status": str(status),
+        "sink_version": sink_version,
+        "run_id": entry.get("run_id"),
+        "dag_id": entry.get("dag_id"),
+        "try_number": entry.get("try_number"),
+        "planned_at": _ts(entry.get("planned_at")),
+        "recorded_at": recorded_at or datetime.now(UTC),
+        "duration_ms": entry.get("duration_ms"),
+        "message": entry.get("message"),
+        **_validation_columns(entry.get("validation")),
+        **columns,
+    }
+    return [
+        {**base, "topic": r["topic"], "partition": r["partition"], "start_offset": r["start"], "end_offset": r["end"],
+         "records_read": r.get("records_read"), "rows_written": r.get("rows_written"), "dead_letters": r.get("dead_letters")}
+        for r in entry.get("ranges", [])
+    ]
 
 
-def rewound_batches(commits: Iterable[SinkCommit]) -> dict[str, SinkCommit]:
-    """Batch id → the rewind commit that undid it, from the ``rewound`` list every rewind commit
-    carries in its ledger entry. Sink history is the truth (invariant 4): this is how the ledger
-    learns which committed batches no longer count."""
-    undone: dict[str, SinkCommit] = {}
-    for commit in sorted(commits, key=lambda c: c.version):
-        if commit.entry.get("kind") == REWIND:
-            for batch_id in commit.entry.get("rewound", []):
-                undone.setdefault(batch_id, commit)
-    return undone
+def rows_for_commit(commit: SinkCommit) -> list[dict]:
+    """The ledger rows a sink commit stands for: ``gap`` for a gap batch, else ``committed``."""
+    status = GAP if commit.kind == BatchKind.GAP else COMMITTED
+    return ledger_rows(commit.entry, status, commit.version, recorded_at=_ts(commit.entry.get("committed_at")))
 
 
-def rewound_rows(commits: Iterable[SinkCommit]) -> list[dict]:
+def rewound_rows(commits: list[SinkCommit]) -> list[dict]:
     """``rewound`` ledger rows (one per range) for every batch a rewind commit undid."""
-    commits = list(commits)
     by_id = {c.batch_id: c for c in commits}
     rows = []
     for batch_id, rewind in rewound_batches(commits).items():
@@ -357,44 +323,14 @@ def rewound_rows(commits: Iterable[SinkCommit]) -> list[dict]:
         entry = rewind.entry
         message = (f"rewound by {entry['batch_id']} (sink version {rewind.version}) to batch {entry.get('to_batch')}: "
                    f"{entry.get('reason') or 'no reason given'}")
-        recorded = _ts(entry.get("committed_at")) or datetime.now(UTC)
-        rows.extend({**row, "status": REWOUND, "message": message, "recorded_at": recorded}
-                    for row in rows_for_commit(by_id[batch_id]))
+        commit = by_id[batch_id]
+        rows.extend(ledger_rows(commit.entry, REWOUND, commit.version,
+                                recorded_at=_ts(entry.get("committed_at")), message=message))
     return rows
 
 
 def _ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
-
-
-def rows_for_commit(commit: SinkCommit) -> list[dict]:
-    entry = commit.entry
-    status = GAP if entry.get("kind") == "gap" else COMMITTED
-    return [
-        {
-            "pipeline": entry["pipeline"],
-            "batch_id": entry["batch_id"],
-            "kind": entry.get("kind", "ingest"),
-            "status": status,
-            "topic": r["topic"],
-            "partition": r["partition"],
-            "start_offset": r["start"],
-            "end_offset": r["end"],
-            "records_read": r.get("records_read"),
-            "rows_written": r.get("rows_written"),
-            "dead_letters": r.get("dead_letters"),
-            "sink_version": commit.version,
-            "run_id": entry.get("run_id"),
-            "dag_id": entry.get("dag_id"),
-            "try_number": entry.get("try_number"),
-            "planned_at": _ts(entry.get("planned_at")),
-            "recorded_at": _ts(entry.get("committed_at")) or datetime.now(UTC),
-            "duration_ms": entry.get("duration_ms"),
-            "message": entry.get("message"),
-            **_validation_columns(entry.get("validation")),
-        }
-        for r in entry.get("ranges", [])
-    ]
 
 
 def _validation_columns(summary: dict | None) -> dict:
@@ -403,5 +339,69 @@ def _validation_columns(summary: dict | None) -> dict:
     return {"validation": json.dumps(summary, separators=(",", ":"), default=str), "validation_report": summary.get("report")}
 
 
-def ledger_entry_json(entry: dict) -> str:
-    return json.dumps(entry, separators=(",", ":"), sort_keys=True)
+# ---- rows -> what people read -----------------------------------------------------------------
+def summarize_batch(rows: list[dict]) -> dict[str, Any]:
+    """One batch out of its per-partition ledger rows (``Ledger.batches``): status (its least
+    final partition's), ranges with counts, totals, validation, message. What the Offset ledger
+    view shows and the Airflow publish task logs."""
+    rows = sorted(rows, key=lambda r: (r["topic"], r["partition"]))
+    first = rows[0]
+    status = min((BatchStatus(r["status"]) for r in rows), key=lambda s: s.rank)
+    versions = {r["sink_version"] for r in rows if r["sink_version"] is not None}
+    return {
+        "batch_id": first["batch_id"],
+        "kind": first["kind"],
+        "status": str(status),
+        "run_id": first["run_id"],
+        "dag_id": first["dag_id"],
+        "try_number": first["try_number"],
+        "planned_at": _iso(first["planned_at"]),
+        "recorded_at": _iso(max((r["recorded_at"] for r in rows if r["recorded_at"]), default=None)),
+        "duration_ms": first["duration_ms"],
+        "sink_version": max(versions) if versions else None,
+        "ranges": [
+            {"topic": r["topic"], "partition": r["partition"], "start": r["start_offset"], "end": r["end_offset"],
+             "records_read": r["records_read"], "rows_written": r["rows_written"], "dead_letters": r["dead_letters"]}
+            for r in rows
+        ],
+        "offsets": sum(r["end_offset"] - r["start_offset"] for r in rows),
+        "records_read": _total(rows, "records_read"),
+        "rows_written": _total(rows, "rows_written"),
+        "dead_letters": _total(rows, "dead_letters"),
+        "validation": validation_digest(next((r.get("validation") for r in rows if r.get("validation")), None)),
+        "validation_report": next((r.get("validation_report") for r in rows if r.get("validation_report")), None),
+        "message": next((r["message"] for r in rows if r["message"]), None),
+    }
+
+
+def validation_digest(raw: str | None) -> dict | None:
+    """The parts of a stored GX summary that say why a batch passed, quarantined or failed."""
+    if not raw:
+        return None
+    try:
+        summary = json.loads(raw)
+    except ValueError:
+        return {"outcome": "unreadable", "failures": []}
+    keep = ("expectation", "type", "row_level", "element_count", "unexpected_count", "unexpected_percent",
+            "observed_value", "examples", "error")
+    return {
+        "outcome": summary.get("outcome"),
+        "suite": summary.get("suite"),
+        "on_failure": summary.get("on_failure"),
+        "rows_validated": summary.get("rows_validated"),
+        "quarantined_records": summary.get("quarantined_records"),
+        "failures": [{k: e.get(k) for k in keep} for e in summary.get("expectations", []) if not e.get("success")],
+    }
+
+
+def _total(rows: list[dict], key: str) -> int | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return sum(values) if values else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="microseconds")  # fixed width: sorts as text

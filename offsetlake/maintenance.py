@@ -25,6 +25,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
+from offsetlake.log_lines import log_line
 from offsetlake.sink import KEEP_HISTORY, open_table
 
 log = logging.getLogger("offsetlake.maintenance")
@@ -65,7 +66,7 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
     ):
         table = open_table(path)
         if table is None:
-            log.info("maintenance pipeline=%s table=%s path=%s: no table yet", config.name, label, path)
+            log_line(log, "maintenance", "no table yet", pipeline=config.name, table=label, path=path)
             continue
         reports.append(_maintain_table(config, label, path, table, mine, retention_hours, vacuum))
     return reports
@@ -83,7 +84,8 @@ def _maintain_table(
         report.compacted_from, report.compacted_into = metrics["numFilesRemoved"], metrics["numFilesAdded"]
     except (CommitFailedError, DeltaError) as err:  # a concurrent backfill replaced files we were compacting
         report.skipped = str(err).splitlines()[0]
-        log.warning("maintenance pipeline=%s table=%s compaction skipped: %s", config.name, label, report.skipped)
+        log_line(log, "maintenance", "compaction skipped", level=logging.WARNING, pipeline=config.name, table=label,
+                 reason=report.skipped)
     table.update_incremental()
     table.create_checkpoint()
     report.checkpoint_version = table.version()
@@ -95,9 +97,7 @@ def _maintain_table(
                                            enforce_retention_duration=False, full=True))
     report.files_after = len(table.file_uris(file_pruning_predicate=mine))
     report.duration_ms = int((time.monotonic() - started) * 1000)
-    log.info(
-        "maintenance pipeline=%s table=%s files_before=%d files_after=%d compacted=%d->%d checkpoint_version=%s "
-        "vacuumed=%d duration_ms=%d", config.name, label, report.files_before, report.files_after,
-        report.compacted_from, report.compacted_into, report.checkpoint_version, report.vacuumed, report.duration_ms,
-    )
+    log_line(log, "maintenance", pipeline=config.name, table=label, files_before=report.files_before,
+             files_after=report.files_after, compacted=f"{report.compacted_from}->{report.compacted_into}",
+             checkpoint_version=report.checkpoint_version, vacuumed=report.vacuumed, duration_ms=report.duration_ms)
     return report

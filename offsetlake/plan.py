@@ -1,8 +1,9 @@
-"""Planning: which half-open offset range of each partition the next batch covers.
+"""What a batch is: its half-open offset ranges, its kind, who asked for it, and how it ended.
 
-The plan is fixed before anything is read (invariant 3) and is recorded in the ledger table
-with status ``planned``. ``start`` is the sink's committed end for the partition (its Delta txn
-version); ``end`` is at most the Last Stable Offset seen when planning.
+The plan is fixed before anything is read (invariant 3) and recorded in the ledger table with
+status ``planned``. Ranges are half-open ``[start, end)`` in Kafka offsets (invariant 5).
+This module owns the batch kinds (and the one set of kinds that move committed ends) and the
+batch statuses (and the one order of how final each is); everything else imports them.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
-from offsetlake.kafka import PartitionOffsets
+from enum import StrEnum
 
 
 @dataclass(frozen=True, order=True)
@@ -32,6 +32,61 @@ class OffsetRange:
 
 
 @dataclass(frozen=True)
+class PartitionOffsets:
+    """What the broker says about one partition right now."""
+
+    topic: str
+    partition: int
+    log_start: int
+    last_stable: int  # LSO: exclusive end of what read_committed may see
+
+
+class BatchKind(StrEnum):
+    """What a ledger batch (a sink commit, or a plan that never committed) does."""
+
+    INGEST = "ingest"  # a scheduled or CLI run: reads from the committed ends, moves them
+    STREAM = "stream"  # a micro-batch of `offsetlake stream`: the same as ingest
+    GAP = "gap"  # lost offsets skipped under on_offsets_lost: skip; moves the ends, writes no rows
+    BACKFILL = "backfill"  # replaces rows below the committed ends; never moves them (invariant 6)
+    REWIND = "rewind"  # moves the committed ends back to an earlier batch's
+
+
+# The kinds that are planned from the committed ends and move them forward: their ranges per
+# partition are contiguous from the pipeline's first start, a plan of them goes stale once another
+# batch moves a partition's committed end past its start, and a rewind undoes them (and the dead
+# letters they wrote).
+OFFSET_MOVING_KINDS = frozenset({BatchKind.INGEST, BatchKind.STREAM, BatchKind.GAP})
+
+
+class BatchStatus(StrEnum):
+    """A batch's state in the ledger; a later, more final event outranks an earlier one."""
+
+    PLANNED = "planned"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    COMMITTED = "committed"
+    GAP = "gap"  # a committed gap batch
+    # A committed batch undone by a later rewind commit: it outranks committed, because the sink
+    # commit that rewound it comes after the one that committed it.
+    REWOUND = "rewound"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    @property
+    def committed(self) -> bool:
+        """The batch's commit is in the sink (and counts, unless rewound)."""
+        return self in (BatchStatus.COMMITTED, BatchStatus.GAP)
+
+
+_RANK = {
+    BatchStatus.PLANNED: 0, BatchStatus.FAILED: 1, BatchStatus.SUPERSEDED: 2,
+    BatchStatus.COMMITTED: 3, BatchStatus.GAP: 3, BatchStatus.REWOUND: 4,
+}
+
+
+@dataclass(frozen=True)
 class RunContext:
     """Who asked for a batch: a CLI run or an Airflow dag run / try."""
 
@@ -44,10 +99,13 @@ class RunContext:
 class BatchPlan:
     pipeline: str
     batch_id: str
-    kind: str  # ingest | stream | backfill | gap | rewind
+    kind: BatchKind
     ranges: tuple[OffsetRange, ...]
     run: RunContext
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", BatchKind(self.kind))
 
     @property
     def is_empty(self) -> bool:
@@ -66,50 +124,44 @@ def new_batch_id(pipeline: str) -> str:
     return f"{pipeline}-{stamp}-{secrets.token_hex(3)}"
 
 
-def share_fairly(pending: dict[int, int], budget: int) -> dict[int, int]:
-    """Split ``budget`` offsets across partitions: equal shares, unused shares go to the rest.
-
-    Water-filling, so a nearly caught-up partition never starves a lagging one and no partition
-    gets more than it has pending. Deterministic: leftover units go to the lowest partition ids.
-    """
-    grant = {p: 0 for p in pending}
-    open_parts = sorted(p for p, n in pending.items() if n > 0)
-    remaining = budget
-    while open_parts and remaining > 0:
-        share, extra = divmod(remaining, len(open_parts))
-        still_open = []
-        for index, p in enumerate(open_parts):
-            want = pending[p] - grant[p]
-            give = min(want, share + (1 if index < extra else 0))
-            grant[p] += give
-            remaining -= give
-            if grant[p] < pending[p]:
-                still_open.append(p)
-        if len(still_open) == len(open_parts) and share == 0 and extra == 0:
-            break
-        open_parts = still_open
-    return grant
+RangeCounts = dict[str, int]  # records_read, rows_written, dead_letters (and quarantined) of one range
 
 
-def plan_ranges(
-    topic: str,
-    committed_ends: dict[int, int | None],
-    offsets: dict[int, PartitionOffsets],
-    start_policy: str,
-    max_records: int,
-) -> list[OffsetRange]:
-    """Ranges for the next ingest batch; empty ranges mean the partition is caught up.
+@dataclass
+class BatchResult:
+    """How a batch a run executed ended: committed, already committed, or superseded."""
 
-    A partition with no committed end (new pipeline, or a partition added to the topic later)
-    starts at its log start (``earliest``) or its LSO (``latest``). The caller checks the log
-    start offset for loss (invariant 7) before calling.
-    """
-    starts: dict[int, int] = {}
-    for p, info in offsets.items():
-        committed = committed_ends.get(p)
-        if committed is None:
-            committed = info.log_start if start_policy == "earliest" else info.last_stable
-        starts[p] = committed
-    pending = {p: max(0, offsets[p].last_stable - starts[p]) for p in offsets}
-    grant = share_fairly(pending, max_records)
-    return [OffsetRange(topic, p, starts[p], starts[p] + grant[p]) for p in sorted(offsets)]
+    plan: BatchPlan
+    status: str  # committed | already_committed | superseded (another batch committed these ranges)
+    sink_version: int | None = None
+    per_range: dict[tuple[str, int], RangeCounts] = field(default_factory=dict)
+    timings_ms: dict[str, int] = field(default_factory=dict)
+
+    def total(self, key: str) -> int:
+        return sum(v.get(key, 0) for v in self.per_range.values())
+
+    def summary(self) -> dict:
+        """The JSON line a run prints per batch."""
+        return {
+            "pipeline": self.plan.pipeline,
+            "batch_id": self.plan.batch_id,
+            "kind": str(self.plan.kind),
+            "status": self.status,
+            "run_id": self.plan.run.run_id,
+            "ranges": ranges_with_counts(self.plan, self.per_range),
+            "records_read": self.total("records_read"),
+            "rows_written": self.total("rows_written"),
+            "dead_letters": self.total("dead_letters"),
+            "sink_version": self.sink_version,
+            "timings_ms": self.timings_ms,
+        }
+
+
+def ranges_with_counts(plan: BatchPlan, per_range: dict[tuple[str, int], RangeCounts]) -> list[dict]:
+    """The plan's ranges as JSON objects, each with its counts: the shape of a ledger entry's
+    ``ranges`` and of a run's summary line."""
+    return [
+        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end,
+         **per_range.get((r.topic, r.partition), {})}
+        for r in plan.ranges
+    ]

@@ -1,8 +1,9 @@
 """Reading planned ranges into a Spark DataFrame: one split per task, consumed with librdkafka.
 
 Spark's own Kafka source is a Maven jar we cannot install, so each task runs a
-confluent-kafka consumer over an exact ``[start, end)`` split (``mapInArrow``). Large ranges
-are cut into splits so every core works.
+confluent-kafka consumer over an exact ``[start, end)`` split (``mapInArrow``, the range rules
+are ``offsetlake.kafka.read_range``'s) and decodes what it read with the pipeline's decoder
+(``offsetlake.formats``). Large ranges are cut into splits so every core works.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pyspark.sql.types import (
 )
 
 from offsetlake import errors
+from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.plan import OffsetRange
 
 RAW_SCHEMA = StructType(
@@ -110,18 +112,17 @@ def read_ranges(
     client_config: dict[str, str],
     pipeline: str,
     timeout_s: float,
-    parsed_type: pa.StructType | None = None,
+    decoder: Decoder | None = None,
 ) -> DataFrame:
     """A DataFrame (RAW_SCHEMA) of every committed record in ``ranges``; lazy until an action.
 
-    With ``parsed_type`` the read tasks also parse values with pyarrow into the column
-    ``PARSED_IN_READ`` (null where they left the record to Spark; see
-    ``offsetlake.transform.parse_json_values``).
+    When the decoder decodes in the read tasks (``decoder.read_type()``), the tasks also decode
+    each chunk's values into the column ``PARSED_IN_READ`` (null where they left the record to
+    Spark).
     """
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from offsetlake.transform import PARSED_IN_READ
-
+    parsed_type = decoder.read_type() if decoder is not None else None
     splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
     rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
     split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
@@ -135,7 +136,6 @@ def read_ranges(
         import gc
 
         from offsetlake.kafka import read_range
-        from offsetlake.transform import parse_json_values
 
         # The chunks hold thousands of Message objects and bytes, none in a cycle; the cyclic
         # collector only rescans them (1.5-2 µs of CPU per record measured). Refcounting frees them.
@@ -146,7 +146,7 @@ def read_ranges(
                 for split in batch.to_pylist():
                     for values, columns in _read_split(config, pipeline, split, timeout_s, read_range):
                         if parsed_type is not None:
-                            columns.append(parse_json_values(values, parsed_type))
+                            columns.append(decoder.decode_chunk(values))
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:

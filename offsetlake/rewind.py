@@ -44,36 +44,29 @@ retries on the table object it was computed from, so a concurrent commit makes i
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from deltalake import DeltaTable, Transaction
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, RemoveAction
-from pyarrow import fs as pafs
 
-from offsetlake.backfill import _partition_text
+from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import CommitConflictError, OffsetlakeError
-from offsetlake.ledger import REWIND, Ledger, SinkCommit, rewound_batches
-from offsetlake.plan import RunContext, new_batch_id
-from offsetlake.sink import _uri, commit_actions, committed_version, file_stats, open_table, sink_commits
+from offsetlake.dead_letters import count_dead_letters_of, delete_dead_letters_of
+from offsetlake.errors import CommitConflictError, RewindError
+from offsetlake.history import SinkCommit, commit_version, ledger_entry, rewound_batches, sink_commits
+from offsetlake.ledger import Ledger, reconcile_ledger
+from offsetlake.log_lines import log_line
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
+from offsetlake.sink import CommitActions, commit, committed_end, live_files, open_table, readd_actions, remove_actions, txns
 
 log = logging.getLogger("offsetlake.rewind")
 
 DEFAULT_REASON = "no reason given"
-_TXN_KINDS = ("ingest", "gap", "stream")  # kinds whose commits move txn versions
 _SHOW_FILES = 20
-
-
-class RewindError(OffsetlakeError):
-    """The rewind cannot be done as asked; nothing was written. The message says why."""
 
 
 @dataclass
@@ -162,26 +155,26 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
             raise RewindError(f"{where}: no such batch in the sink's history or the ledger "
                               f"(`offsetlake ledger {config.name}` lists the batches)")
         raise RewindError(f"{where}: that batch is {status} and never committed; rewind to a committed batch")
-    if target.entry.get("kind") == REWIND:
+    if target.kind == BatchKind.REWIND:
         raise RewindError(f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
                           f"({target.entry.get('to_batch')})")
     if to_batch in undone:
         raise RewindError(f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
                           f"(sink version {undone[to_batch].version}); its data is no longer in the sink")
     plan = RewindPlan(config.name, to_batch, target.version, table.version())
-    later = [c for c in commits if c.version > target.version and c.entry.get("kind") != REWIND
+    later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND
              and c.batch_id not in undone]
     plan.rewound = [{"batch_id": c.batch_id, "kind": c.entry.get("kind", "ingest"), "version": c.version} for c in later]
-    plan.dead_letters = _dead_letter_counts(config, _dead_letter_batches(commits, [c.batch_id for c in later]))
+    plan.dead_letters = count_dead_letters_of(config, _dead_letter_batches(commits, [c.batch_id for c in later]))
     if plan.noop:
         return plan
 
-    then = DeltaTable(config.sink_path, version=target.version)
+    then = storage.table(config.sink_path, version=target.version)
     now_files = _files(table)
     then_files = _files(then)
     plan.remove_files = sorted(set(now_files) - set(then_files))
     plan.readd_files = sorted(set(then_files) - set(now_files))
-    missing = [f for f in plan.readd_files if not _exists(config.sink_path, f)]
+    missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.sink_path, f))]
     if missing:
         raise RewindError(
             f"{where}: {len(missing)} data files of sink version {target.version} are gone from disk "
@@ -206,8 +199,6 @@ def rewind_pipeline(
     writes nothing. Raises RewindError when refused and CommitConflictError when another writer
     committed meanwhile; nothing is written then.
     """
-    from offsetlake.batch import reconcile_ledger
-
     reason = (reason or "").strip() or DEFAULT_REASON
     requested_by = requested_by or _user()
     run = run or RunContext(run_id=f"cli-rewind-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
@@ -223,101 +214,66 @@ def rewind_pipeline(
         result.rewind_id = new_batch_id(config.name)
         entry = _entry(config, plan, result.rewind_id, reason, requested_by, run, started)
         result.rewind_version = _commit(table, config, plan, entry)
-        log.info("step=rewind pipeline=%s rewind=%s to_batch=%s rewound=%d removed_files=%d readded_files=%d "
-                 "sink_version=%d duration_ms=%d", config.name, result.rewind_id, to_batch, len(plan.rewound),
-                 len(plan.remove_files), len(plan.readd_files), result.rewind_version,
-                 int((time.monotonic() - started) * 1000))
-    reconcile_ledger(config, Ledger(config.ledger_path, config.name))
+        log_line(log, "rewind", pipeline=config.name, rewind=result.rewind_id, to_batch=to_batch,
+                 rewound=len(plan.rewound), removed_files=len(plan.remove_files), readded_files=len(plan.readd_files),
+                 sink_version=result.rewind_version, duration_ms=int((time.monotonic() - started) * 1000))
+    reconcile_ledger(config, Ledger.of(config))
     # Second commit, on the dead-letter table: every batch ever rewound, so a second call after a
     # crash between the two commits finishes the job (see the module doc).
     commits = sink_commits(open_table(config.sink_path), config.name)
-    result.dead_letters_removed = _delete_dead_letters(config, _dead_letter_batches(commits, list(rewound_batches(commits))))
+    result.dead_letters_removed = delete_dead_letters_of(config, _dead_letter_batches(commits, list(rewound_batches(commits))))
     return result
 
 
 def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str, requested_by: str,
            run: RunContext, started: float) -> dict:
     rewound = [b["batch_id"] for b in plan.rewound]
-    now = datetime.now(UTC).isoformat()
-    return {
-        "offsetlake": 1,
-        "pipeline": config.name,
-        "batch_id": rewind_id,
-        "kind": REWIND,
-        "run_id": run.run_id,
-        "dag_id": run.dag_id,
-        "try_number": run.try_number,
-        "planned_at": now,
-        "committed_at": now,
-        "duration_ms": int((time.monotonic() - started) * 1000),
-        "to_batch": plan.to_batch,
-        "to_version": plan.to_version,
-        "rewound": rewound,
-        "reason": reason,
-        "requested_by": requested_by,
-        "files_removed": len(plan.remove_files),
-        "files_readded": len(plan.readd_files),
-        # per partition, the offsets whose processing was undone: [new committed end, old one)
-        "ranges": [{"topic": m.topic, "partition": m.partition, "start": m.target, "end": m.current}
-                   for m in plan.txn if m.current is not None],
-        "message": f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
-                   f"(sink version {plan.to_version}) for {requested_by}: {reason}",
-    }
+    # per partition, the offsets whose processing was undone: [new committed end, old one)
+    undone = tuple(OffsetRange(m.topic, m.partition, m.target, m.current) for m in plan.txn if m.current is not None)
+    batch = BatchPlan(config.name, rewind_id, BatchKind.REWIND, undone, run)
+    return ledger_entry(
+        batch, started=started,
+        to_batch=plan.to_batch, to_version=plan.to_version, rewound=rewound, reason=reason, requested_by=requested_by,
+        files_removed=len(plan.remove_files), files_readded=len(plan.readd_files),
+        message=f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
+                f"(sink version {plan.to_version}) for {requested_by}: {reason}",
+    )
 
 
 def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: dict) -> int:
     """ONE commit: removes + re-adds + one txn per partition + the entry, on the snapshot the plan
     read, with no retries: a concurrent writer makes it fail instead of rebasing a stale diff."""
-    now = int(time.time() * 1000)
-    live = {a["path"]: a for a in pa.table(table.get_add_actions(flatten=False)).to_pylist()}
-    then = {a["path"]: a for a in pa.table(
-        DeltaTable(config.sink_path, version=plan.to_version).get_add_actions(flatten=False)).to_pylist()}
-    actions: list[AddAction | RemoveAction] = [
-        RemoveAction(path=path, data_change=True, deletion_timestamp=now, size=live[path]["size_bytes"],
-                     partition_values=_partition_values(live[path]) or None)
-        for path in plan.remove_files
-    ]
-    filesystem, root = pafs.FileSystem.from_uri(_uri(config.sink_path))
-    for path in plan.readd_files:
-        with filesystem.open_input_file(f"{root.rstrip('/')}/{path}") as handle:
-            stats = file_stats(pq.read_metadata(handle))
-        actions.append(AddAction(path=path, size=then[path]["size_bytes"], partition_values=_partition_values(then[path]),
-                                 modification_time=then[path]["modification_time"], data_change=True,
-                                 stats=json.dumps(stats)))
-    transactions = [Transaction(config.app_id(m.topic, m.partition), m.target) for m in plan.txn]
+    live = {f["path"]: f for f in live_files(table)}
+    then = {f["path"]: f for f in live_files(storage.table(config.sink_path, version=plan.to_version))}
+    partition_by = config.sink.partition_by
+    actions = CommitActions(
+        files=[*remove_actions([live[p] for p in plan.remove_files], partition_by),
+               *readd_actions(config.sink_path, [then[p] for p in plan.readd_files], partition_by)],
+        txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
+    )
     try:
-        commit_actions(table, config, actions, entry, transactions, max_commit_retries=0)
+        commit(table, config, actions, entry, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
             f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
         ) from None
-    return committed_version(config.sink_path, entry["batch_id"])
-
-
-def _partition_values(action: dict) -> dict:
-    return {k: _partition_text(v) for k, v in (action.get("partition") or {}).items()}
+    return commit_version(config.sink_path, entry["batch_id"])
 
 
 def _files(table: DeltaTable) -> list[str]:
-    return pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
-
-
-def _exists(root: str, path: str) -> bool:
-    filesystem, base = pafs.FileSystem.from_uri(_uri(root))
-    return filesystem.get_file_info(f"{base.rstrip('/')}/{path}").type == pafs.FileType.File
+    return [f["path"] for f in live_files(table)]
 
 
 def _txn_moves(config: PipelineConfig, now: DeltaTable, then: DeltaTable, commits: list[SinkCommit]) -> list[TxnMove]:
     first_start: dict[tuple[str, int], int] = {}
     for c in sorted(commits, key=lambda c: c.version):
-        if c.entry.get("kind") in _TXN_KINDS:
+        if c.kind in OFFSET_MOVING_KINDS:
             for r in c.entry.get("ranges", []):
                 first_start.setdefault((r["topic"], r["partition"]), r["start"])
     moves = []
     for topic, partition in sorted(first_start):
-        app_id = config.app_id(topic, partition)
-        current, target = now.transaction_version(app_id), then.transaction_version(app_id)
+        current, target = committed_end(now, config, topic, partition), committed_end(then, config, topic, partition)
         why = "as of the target batch"
         if target is None:
             target, why = first_start[(topic, partition)], "no txn at the target batch: its first recorded start"
@@ -327,40 +283,12 @@ def _txn_moves(config: PipelineConfig, now: DeltaTable, then: DeltaTable, commit
 
 def _dead_letter_batches(commits: list[SinkCommit], batch_ids: list[str]) -> list[str]:
     """The rewound batches whose dead letters go: ingest and gap ones (see the module doc)."""
-    kinds = {c.batch_id: c.entry.get("kind", "ingest") for c in commits}
-    return [b for b in batch_ids if kinds.get(b) in _TXN_KINDS]
-
-
-def _batch_predicate(batch_ids: list[str]) -> pc.Expression:
-    return pc.field("batch_id").isin(batch_ids)
-
-
-def _dead_letter_counts(config: PipelineConfig, batch_ids: list[str]) -> dict[str, int]:
-    table = open_table(config.dead_letter_path)
-    if table is None or not batch_ids:
-        return {b: 0 for b in batch_ids}
-    found = table.to_pyarrow_dataset().to_table(columns=["batch_id"], filter=_batch_predicate(batch_ids))
-    counts = {r["batch_id"]: r["count_all"] for r in found.group_by("batch_id").aggregate([([], "count_all")]).to_pylist()}
-    return {b: counts.get(b, 0) for b in batch_ids}
-
-
-def _delete_dead_letters(config: PipelineConfig, batch_ids: list[str], attempts: int = 5) -> int:
-    total = sum(_dead_letter_counts(config, batch_ids).values())
-    if not total:
-        return 0
-    quoted = ", ".join("'" + b.replace("'", "''") + "'" for b in batch_ids)
-    for attempt in range(attempts):
-        try:
-            open_table(config.dead_letter_path).delete(f"batch_id IN ({quoted})")
-            return total
-        except CommitFailedError:  # a concurrent dead-letter write: re-read and retry
-            if attempt == attempts - 1:
-                raise
-    return total
+    kinds = {c.batch_id: c.kind for c in commits}
+    return [b for b in batch_ids if kinds.get(b) in OFFSET_MOVING_KINDS]
 
 
 def _ledger_status(config: PipelineConfig, batch_id: str) -> str | None:
-    rows = Ledger(config.ledger_path, config.name).batches(pc.field("batch_id") == batch_id)
+    rows = Ledger.of(config).batches(pc.field("batch_id") == batch_id)
     return rows[0]["status"] if rows else None
 
 

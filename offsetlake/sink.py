@@ -1,165 +1,159 @@
-"""The sink Delta table: committed ends, parquet files written by Spark, and the one commit.
+"""The sink Delta table: its committed ends, its data file actions, and the one commit.
 
 Invariant 2: a batch's data files, its offset advance (one ``txn`` per topic-partition, version =
 exclusive end offset) and its ledger entry (``commitInfo.userMetadata``) are ONE Delta commit.
-``commit_batch`` is the only place offsets advance. Invariant 10: the txn versions are checked
-on the same ``DeltaTable`` object the commit is made on, so a concurrent writer's commit of the
-same partitions makes delta-rs reject ours.
+``commit`` is the only function that commits to a sink, and ``commit_batch`` the only place
+offsets advance; ``committed_end`` is the only reader of txn versions. Invariant 10: the txn
+versions are checked on the same ``DeltaTable`` object the commit is made on, so a concurrent
+writer's commit of the same partitions makes delta-rs reject ours.
+
+Every kind of batch composes its commit from the same parts — ``add_actions`` for the files it
+wrote, ``remove_actions`` / ``readd_actions`` for files it replaces or restores, ``txns`` for
+the ends it moves — so a new sink mode (upsert) adds a composition, not a new commit path.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import date, datetime
-from urllib.parse import unquote
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
 from pyarrow import fs as pafs
 
+from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, StalePlanError
-from offsetlake.ledger import SinkCommit, covering_batch, ledger_entry_json
-from offsetlake.plan import BatchPlan
+from offsetlake.history import commit_version, covering_batch, entry_json, sink_commits
+from offsetlake.plan import BatchPlan, OffsetRange
 
-log = logging.getLogger("offsetlake.sink")
-_MARKER = "offsetlake"
 _STAT_TYPES = (
     pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string, pa.types.is_boolean,
 )
+# The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
+# old commit files when it writes a checkpoint (by default it does after 30 days).
+KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
+
+open_table = storage.open_table
 
 
 @dataclass(frozen=True)
 class WrittenFiles:
+    """The data files one attempt staged: their add actions (with stats), rows and schema."""
+
     actions: list[AddAction]
     rows: int
     schema: pa.Schema
 
-
-def open_table(path: str) -> DeltaTable | None:
-    try:
-        return DeltaTable(path)
-    except TableNotFoundError:
-        return None
+    @staticmethod
+    def none() -> WrittenFiles:
+        return WrittenFiles(actions=[], rows=0, schema=pa.schema([]))
 
 
-def committed_ends(table: DeltaTable | None, config: PipelineConfig, topic: str, partitions: list[int]) -> dict[int, int | None]:
-    """The exclusive end committed per partition: the sink's txn version for its appId."""
+# ---- committed ends ---------------------------------------------------------------------------
+def committed_end(table: DeltaTable | None, config: PipelineConfig, topic: str, partition: int) -> int | None:
+    """The exclusive end committed for one topic-partition: the sink's txn version for its appId
+    (``<pipeline>:<topic>:<partition>``), None if nothing was ever committed. The only reader of
+    txn versions: every question about committed ends comes here."""
     if table is None:
-        return {p: None for p in partitions}
-    return {p: table.transaction_version(config.app_id(topic, p)) for p in partitions}
+        return None
+    return table.transaction_version(config.app_id(topic, partition))
 
 
-def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
-    """offsetlake's commits on the sink (oldest first), each with its ledger entry.
+def committed_ends(table: DeltaTable | None, config: PipelineConfig, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+    return {p: committed_end(table, config, topic, p) for p in partitions}
 
-    Commits never change once written, so the ones already seen are kept in a cache file inside
-    the table folder (``_offsetlake_history/``: Delta and vacuum ignore paths starting with ``_``)
-    and only newer versions are read from the log: every plan reconciles with this history, and
-    reading all of it made planning slower with every batch. The cache is only an accelerator,
-    keyed by the table's id; when it is missing, unreadable or from another table, the whole
-    history is read.
+
+def committed_end_lookup(table: DeltaTable | None, config: PipelineConfig) -> Callable[[str, int], int | None]:
+    """``committed_end`` bound to one table snapshot, for code that asks per topic-partition."""
+    return lambda topic, partition: committed_end(table, config, topic, partition)
+
+
+def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: BatchPlan) -> bool:
+    """Invariant 3: True if the plan still applies, False if the sink already holds it.
+
+    Raises StalePlanError when another batch moved a partition's committed end part-way,
+    naming that batch.
     """
-    if table is None:
-        return []
-    version = table.version()
-    table_id = table.metadata().id
-    cache_file = _history_cache_file(table, pipeline)
-    cached = _read_history_cache(cache_file, table_id, version)
-    if cached is None:
-        seen, commits = -1, _commits_in(table.history(), pipeline)
-    else:
-        seen, commits = cached
-        commits = commits + _commits_in(table.history(version - seen) if version > seen else [], pipeline, after=seen)
-    if cache_file is not None and version > seen:
-        _write_history_cache(cache_file, table_id, version, commits)
-    return commits
-
-
-def _commits_in(history: list[dict], pipeline: str, after: int = -1) -> list[SinkCommit]:
-    commits = []
-    for info in history:
-        raw = info.get("userMetadata")
-        if not raw or int(info["version"]) <= after:
+    done = 0
+    for r in plan.ranges:
+        committed = committed_end(table, config, r.topic, r.partition)
+        if committed is None or committed == r.start:
             continue
-        try:
-            entry = json.loads(raw)
-        except ValueError:
+        if committed >= r.end and r.size > 0:
+            done += 1
             continue
-        if isinstance(entry, dict) and entry.get(_MARKER) == 1 and entry.get("pipeline") == pipeline:
-            commits.append(SinkCommit(version=int(info["version"]), entry=entry))
-    return sorted(commits, key=lambda c: c.version)
+        winner = covering_batch(sink_commits(table, config.name), r.topic, r.partition, r.start)
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} planned {r} but the committed end is now "
+            f"{committed} (moved by batch {winner or 'unknown'}); the plan is stale and was not applied"
+        )
+    sized = [r for r in plan.ranges if r.size > 0]
+    return not (sized and done == len(sized))
 
 
-def _history_cache_file(table: DeltaTable, pipeline: str) -> str | None:
-    uri = table.table_uri
-    root = unquote(uri[len("file://"):]) if uri.startswith("file://") else uri
-    return os.path.join(root, "_offsetlake_history", f"{pipeline}.json") if os.path.isdir(root) else None
+# ---- tables -----------------------------------------------------------------------------------
+def create_table_once(location: str, schema: pa.Schema, partition_by: list[str], description: str) -> DeltaTable:
+    """Open ``location``, creating an empty table (protocol 1/2) first if there is none.
 
-
-def _read_history_cache(path: str | None, table_id: str, version: int) -> tuple[int, list[SinkCommit]] | None:
-    if path is None:
-        return None
+    Two processes may race to create it; the loser's error is ignored and it opens the winner's.
+    """
+    table = open_table(location)
+    if table is not None:
+        return table
     try:
-        with open(path) as f:
-            data = json.load(f)
-        if data["table_id"] != table_id or data["version"] > version:
-            return None
-        return data["version"], [SinkCommit(version=v, entry=e) for v, e in data["commits"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        DeltaTable.create(location, schema, partition_by=partition_by or None, mode="ignore", description=description,
+                          configuration=KEEP_HISTORY)
+    except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
+        if open_table(location) is None:
+            raise
+    return storage.table(location)
 
 
-def _write_history_cache(path: str, table_id: str, version: int, commits: list[SinkCommit]) -> None:
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(temporary, "w") as f:
-            json.dump({"table_id": table_id, "version": version, "commits": [[c.version, c.entry] for c in commits]}, f)
-        os.replace(temporary, path)  # atomic: readers see the old or the new cache, never half of one
-    except OSError as err:
-        log.debug("history cache not written at %s: %s", path, err)
+def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
+    """Open the sink, creating it from the first batch's schema if needed."""
+    return create_table_once(
+        config.sink_path, schema, config.sink.partition_by,
+        f"offsetlake sink of pipeline {config.name} (topic {config.topic})",
+    )
 
 
 def staging_dir(config: PipelineConfig, batch_id: str) -> str:
     """A fresh folder inside the table for one attempt's files (uncommitted files are inert)."""
-    return f"{config.sink_path}/data/{batch_id}-{uuid.uuid4().hex[:8]}"
+    return storage.child(config.sink_path, "data", f"{batch_id}-{uuid.uuid4().hex[:8]}")
 
 
-def collect_written_files(table_root: str, folder: str) -> WrittenFiles:
-    """Add actions (with stats) for every non-empty parquet file Spark wrote under ``folder``."""
-    filesystem, root = pafs.FileSystem.from_uri(_uri(table_root))
-    _, base = pafs.FileSystem.from_uri(_uri(folder))
-    infos = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+# ---- file actions -----------------------------------------------------------------------------
+def add_actions(table_root: str, folder: str) -> WrittenFiles:
+    """Add actions (with stats) for every non-empty parquet file written under ``folder``."""
+    fs, root = storage.filesystem(table_root)
+    _, base = storage.filesystem(folder)
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     actions: list[AddAction] = []
     rows = 0
     schema: pa.Schema | None = None
     for info in infos:
         if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
             continue
-        with filesystem.open_input_file(info.path) as handle:
+        with fs.open_input_file(info.path) as handle:
             metadata = pq.read_metadata(handle)
         if metadata.num_rows == 0:
             continue
         schema = schema or metadata.schema.to_arrow_schema()
         relative = info.path[len(root.rstrip("/")) + 1:]
-        partition_values = {
-            unquote(k): (None if v == "__HIVE_DEFAULT_PARTITION__" else unquote(v))
-            for k, _, v in (seg.partition("=") for seg in relative.split("/")[:-1] if "=" in seg)
-        }
         actions.append(
             AddAction(
-                path=relative,
+                path=relative,  # the real relative path: delta-rs encodes it for the log
                 size=info.size,
-                partition_values=partition_values,
+                partition_values=storage.partition_values_from_path(relative),
                 modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
                 data_change=True,
                 stats=json.dumps(file_stats(metadata)),
@@ -169,14 +163,61 @@ def collect_written_files(table_root: str, folder: str) -> WrittenFiles:
     return WrittenFiles(actions=actions, rows=rows, schema=schema or pa.schema([]))
 
 
+def live_files(table: DeltaTable) -> list[dict[str, Any]]:
+    """The table's live data files as ``get_add_actions(flatten=True)`` rows: ``path`` as the log
+    stores it, ``size_bytes``, ``modification_time``, ``partition.<col>``, ``min.<col>``..."""
+    return pa.table(table.get_add_actions(flatten=True)).to_pylist()
+
+
+def _partition_text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.isoformat() if isinstance(value, date | datetime) else str(value)
+
+
+def _partition_values(file: dict[str, Any], partition_by: list[str]) -> dict[str, str | None]:
+    return {c: _partition_text(file.get(f"partition.{c}")) for c in partition_by}
+
+
+def remove_actions(files: Iterable[dict[str, Any]], partition_by: list[str]) -> list[RemoveAction]:
+    """Remove actions for ``live_files`` rows (their log paths decoded once, as the actions take them)."""
+    now = int(time.time() * 1000)
+    return [
+        RemoveAction(path=storage.file_path_from_log(f["path"]), data_change=True, deletion_timestamp=now,
+                     size=f["size_bytes"], partition_values=_partition_values(f, partition_by) or None)
+        for f in files
+    ]
+
+
+def readd_actions(table_root: str, files: Iterable[dict[str, Any]], partition_by: list[str]) -> list[AddAction]:
+    """Add actions that bring back files an earlier version had (``live_files`` rows of that
+    version), with their statistics read again from the files' footers."""
+    fs, _ = storage.filesystem(table_root)
+    actions = []
+    for f in files:
+        _, path = storage.filesystem(storage.data_file(table_root, f["path"]))
+        with fs.open_input_file(path) as handle:
+            stats = file_stats(pq.read_metadata(handle))
+        actions.append(AddAction(
+            path=storage.file_path_from_log(f["path"]), size=f["size_bytes"],
+            partition_values=_partition_values(f, partition_by), modification_time=_millis(f["modification_time"]),
+            data_change=True, stats=json.dumps(stats),
+        ))
+    return actions
+
+
+def _millis(value: Any) -> int:
+    return int(value.timestamp() * 1000) if isinstance(value, datetime) else int(value)
+
+
 def file_stats(metadata: pq.FileMetaData) -> dict:
     """Delta file statistics from the parquet footer: numRecords, nullCount, min/max."""
     arrow_schema = metadata.schema.to_arrow_schema()
     mins: dict = {}
     maxs: dict = {}
     nulls: dict = {}
-    for index, field in enumerate(arrow_schema):
-        if not any(check(field.type) for check in _STAT_TYPES):
+    for index, column in enumerate(arrow_schema):
+        if not any(check(column.type) for check in _STAT_TYPES):
             continue
         null_count = 0
         low = high = None
@@ -192,12 +233,12 @@ def file_stats(metadata: pq.FileMetaData) -> dict:
                 high = stats.max if high is None else max(high, stats.max)
         if not complete:
             continue
-        nulls[field.name] = null_count
+        nulls[column.name] = null_count
         # Every column with values needs min and max: delta-rs turns a missing bound into a null
         # guarantee and its pyarrow dataset then prunes the file for any filter on that column
         # (seen here: a filter on _kafka_topic matched no rows).
         if low is not None:
-            mins[field.name], maxs[field.name] = _stat_value(low), _stat_value(high)
+            mins[column.name], maxs[column.name] = _stat_value(low), _stat_value(high)
     return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
@@ -209,70 +250,47 @@ def _stat_value(value: object) -> object:
     return value
 
 
-def _uri(path: str) -> str:
-    return path if "://" in path else f"file://{os.path.abspath(path)}"
+# ---- the commit -------------------------------------------------------------------------------
+@dataclass
+class CommitActions:
+    """What one sink commit holds besides its entry: file actions and txn moves."""
+
+    files: list[AddAction | RemoveAction] = field(default_factory=list)
+    txns: list[Transaction] = field(default_factory=list)
 
 
-# The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
-# old commit files when it writes a checkpoint (by default it does after 30 days).
-KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
+def txns(config: PipelineConfig, ends: Iterable[tuple[OffsetRange | tuple[str, int], int]]) -> list[Transaction]:
+    """One txn action per topic-partition, version = its new committed end."""
+    out = []
+    for where, end in ends:
+        topic, partition = (where.topic, where.partition) if isinstance(where, OffsetRange) else where
+        out.append(Transaction(config.app_id(topic, partition), end))
+    return out
 
 
-def create_table_once(path: str, schema: pa.Schema, partition_by: list[str], description: str) -> DeltaTable:
-    """Open ``path``, creating an empty table (protocol 1/2) first if there is none.
+def commit(table: DeltaTable, config: PipelineConfig, actions: CommitActions, entry: dict,
+           max_commit_retries: int | None = None) -> None:
+    """The one shape of every offsetlake sink commit (ingest, stream, gap, backfill, rewind):
+    file actions, txn actions and the ledger entry (with offsetlake's marker, see
+    ``offsetlake.history``) in ONE Delta commit, with a checkpoint and never a log cleanup.
 
-    Two processes may race to create it; the loser's error is ignored and it opens the winner's.
+    Raises delta-rs's CommitFailedError on a conflict; callers say what that means for their kind.
     """
-    table = open_table(path)
-    if table is not None:
-        return table
-    try:
-        DeltaTable.create(path, schema, partition_by=partition_by or None, mode="ignore", description=description,
-                          configuration=KEEP_HISTORY)
-    except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
-        if open_table(path) is None:
-            raise
-    return DeltaTable(path)
-
-
-def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
-    """Open the sink, creating it from the first batch's schema if needed."""
-    return create_table_once(
-        config.sink_path, schema, config.sink.partition_by,
-        f"offsetlake sink of pipeline {config.name} (topic {config.topic})",
+    table.create_write_transaction(
+        actions.files,
+        mode="append",
+        schema=table.schema(),
+        partition_by=config.sink.partition_by or None,
+        commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": entry_json(entry)},
+            app_transactions=actions.txns or None,
+            max_commit_retries=max_commit_retries,
+        ),
+        post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
     )
 
 
-def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: BatchPlan) -> bool:
-    """Invariant 3: True if the plan still applies, False if the sink already holds it.
-
-    Raises StalePlanError when another batch moved a partition's committed end part-way,
-    naming that batch.
-    """
-    done = 0
-    for r in plan.ranges:
-        committed = table.transaction_version(config.app_id(r.topic, r.partition)) if table else None
-        if committed is None or committed == r.start:
-            continue
-        if committed >= r.end and r.size > 0:
-            done += 1
-            continue
-        winner = covering_batch(sink_commits(table, config.name), r.topic, r.partition, r.start)
-        raise StalePlanError(
-            f"pipeline {config.name}: batch {plan.batch_id} planned {r} but the committed end is now "
-            f"{committed} (moved by batch {winner or 'unknown'}); the plan is stale and was not applied"
-        )
-    sized = [r for r in plan.ranges if r.size > 0]
-    return not (sized and done == len(sized))
-
-
-def commit_batch(
-    table: DeltaTable,
-    config: PipelineConfig,
-    plan: BatchPlan,
-    files: WrittenFiles,
-    entry: dict,
-) -> int:
+def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: dict) -> int:
     """Commit data files + one txn per partition + the ledger entry as ONE Delta commit.
 
     The only place offsets advance (invariant 2). ``table`` must be the object whose txn
@@ -280,16 +298,16 @@ def commit_batch(
     writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
     Returns the new table version.
     """
-    transactions = [Transaction(config.app_id(r.topic, r.partition), r.end) for r in plan.ranges]
+    actions = CommitActions(files=list(files.actions), txns=txns(config, ((r, r.end) for r in plan.ranges)))
     try:
-        commit_actions(table, config, files.actions, entry, transactions, max_commit_retries=5)
+        commit(table, config, actions, entry, max_commit_retries=5)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
         ) from None
-    version = committed_version(config.sink_path, plan.batch_id)
-    after = DeltaTable(config.sink_path, version=version)
-    behind = [r for r in plan.ranges if after.transaction_version(config.app_id(r.topic, r.partition)) != r.end]
+    version = commit_version(config.sink_path, plan.batch_id)
+    after = storage.table(config.sink_path, version=version)
+    behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]
     if behind:
         # Never expected; without this a run would re-plan the same ranges forever.
         raise CommitConflictError(
@@ -297,40 +315,3 @@ def commit_batch(
             f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them"
         )
     return version
-
-
-def commit_actions(
-    table: DeltaTable,
-    config: PipelineConfig,
-    actions: list,
-    entry: dict,
-    transactions: list[Transaction] | None = None,
-    max_commit_retries: int | None = None,
-) -> None:
-    """The one shape of every offsetlake sink commit (ingest, backfill, rewind): file actions,
-    txn actions and the ledger entry (marked as offsetlake's, for ``sink_commits``) in ONE Delta
-    commit, with a checkpoint and never a log cleanup. Raises delta-rs's CommitFailedError on a
-    conflict; callers say what that means for their kind of commit."""
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=table.schema(),
-        partition_by=config.sink.partition_by or None,
-        commit_properties=CommitProperties(
-            custom_metadata={"userMetadata": ledger_entry_json({**entry, _MARKER: 1})},
-            app_transactions=transactions or None,
-            max_commit_retries=max_commit_retries,
-        ),
-        post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
-    )
-
-
-def committed_version(path: str, batch_id: str) -> int:
-    """The table version holding ``batch_id``'s commit (the DeltaTable object does not tell)."""
-    fresh = DeltaTable(path)
-    for limit in (20, None):
-        for info in fresh.history(limit):
-            raw = info.get("userMetadata") or ""
-            if f'"batch_id":"{batch_id}"' in raw:
-                return int(info["version"])
-    raise RuntimeError(f"commit of batch {batch_id} not found in the history of {path}")

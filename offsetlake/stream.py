@@ -31,26 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from offsetlake.batch import (
-    BatchResult,
-    execute_batch,
-    log_step,
-    plan_next_batch,
-    reconcile_ledger,
-    record_failure,
-)
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import (
-    CommitConflictError,
-    KafkaUnavailableError,
-    OffsetlakeError,
-    ReadTimeoutError,
-    StalePlanError,
-)
+from offsetlake.errors import KafkaUnavailableError, LeaseLostError, ReadTimeoutError, StreamAbandoned
 from offsetlake.kafka import commit_group_offsets
-from offsetlake.lease import DEFAULT_TTL_SECONDS, LeaseLostError, StreamLease, default_owner
-from offsetlake.ledger import FAILED, SUPERSEDED, Ledger
-from offsetlake.plan import RunContext
+from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
+from offsetlake.ledger import Ledger, reconcile_ledger
+from offsetlake.log_lines import log_line, log_step
+from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
+from offsetlake.planner import plan_next_batch
+from offsetlake.runs import COMMITTED, execute_batch, record_outcome
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
@@ -61,10 +50,6 @@ log = logging.getLogger("offsetlake.stream")
 # 1, 2, 4 … 30 s and plans again from the committed ends. Any other error stops the stream.
 TRANSIENT = (KafkaUnavailableError, ReadTimeoutError)
 MAX_TRANSIENT_RETRIES = 8
-
-
-class StreamAbandoned(OffsetlakeError):
-    """A second stop signal came while a batch was in flight: it commits nothing."""
 
 
 @dataclass
@@ -111,12 +96,12 @@ class StopControl:
     def request(self, reason: str) -> None:
         if self.requested.is_set():
             if not self.abandon.is_set():
-                log.warning("step=stop %s again: abandoning the batch in flight", reason)
+                log_line(log, "stop", f"{reason} again: abandoning the batch in flight", level=logging.WARNING)
                 self.abandon.set()
                 self.on_abandon()
             return
         self.reason = reason
-        log.info("step=stop %s: finishing the batch in flight, then releasing the lease", reason)
+        log_line(log, "stop", f"{reason}: finishing the batch in flight, then releasing the lease")
         self.requested.set()
 
     def install_signal_handlers(self) -> None:
@@ -177,10 +162,10 @@ def run_stream(
                 raise StreamAbandoned(f"pipeline {config.name}: stream stopped before the commit")
             lease.check()
 
-        ledger = Ledger(config.ledger_path, config.name)
+        ledger = Ledger.of(config)
         reconcile_ledger(config, ledger)
-        log.info("step=stream_start pipeline=%s run_id=%s owner=%s trigger_s=%s max_records_per_batch=%d",
-                 config.name, run.run_id, owner, options.trigger_interval, config.max_records_per_batch)
+        log_line(log, "stream_start", pipeline=config.name, run_id=run.run_id, owner=owner,
+                 trigger_s=options.trigger_interval, max_records_per_batch=config.max_records_per_batch)
         retries = 0
 
         def wait_out(err: Exception) -> None:
@@ -189,15 +174,15 @@ def run_stream(
             if retries > MAX_TRANSIENT_RETRIES:
                 raise err
             pause = min(30.0, 2.0 ** (retries - 1))
-            log.warning("step=retry pipeline=%s attempt=%d/%d in_s=%.0f reason=\"%s\"", config.name, retries,
-                        MAX_TRANSIENT_RETRIES, pause, err)
+            log_line(log, "retry", level=logging.WARNING, pipeline=config.name, attempt=f"{retries}/{MAX_TRANSIENT_RETRIES}",
+                     in_s=f"{pause:.0f}", reason=str(err))
             stop.sleep(pause)
 
         while not stop.poll():
             started = time.monotonic()
             lease.check()
             try:
-                plan = plan_next_batch(config, run, ledger, kind="stream")
+                plan = plan_next_batch(config, run, kind=BatchKind.STREAM)
             except TRANSIENT as err:
                 wait_out(err)
                 continue
@@ -206,27 +191,25 @@ def run_stream(
                 stop.sleep(options.trigger_interval)
                 continue
             ledger.record_plan(plan)
-            log_step("plan", plan, started, kind="stream", offsets=plan.offsets)
+            log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
             in_flight["tag"] = f"offsetlake-{plan.batch_id}"
             spark.sparkContext.addJobTag(in_flight["tag"])
             try:
                 result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
-            except (CommitConflictError, StalePlanError) as err:
-                ledger.record_outcome(plan, SUPERSEDED, message=str(err)[:4000])
-                log.warning("step=replan pipeline=%s batch=%s reason=\"%s\"", config.name, plan.batch_id, err)
-                continue
             except LeaseLostError as err:
-                ledger.record_outcome(plan, FAILED, message=f"abandoned: {err}"[:4000])
+                ledger.record_outcome(plan, BatchStatus.FAILED, message=f"abandoned: {err}"[:4000])
                 raise
-            except Exception as err:  # noqa: BLE001 - decided below: abandoned on request, else a failure
+            except Exception as err:  # noqa: BLE001 - decided below: abandoned on request, else the outcome
                 if stop.abandon.is_set():
-                    ledger.record_outcome(plan, FAILED, message=(
+                    ledger.record_outcome(plan, BatchStatus.FAILED, message=(
                         f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
                         f"nothing was committed, the next run reads these offsets again"))
                     report.abandoned.append(plan.batch_id)
-                    log.warning("step=abandoned pipeline=%s batch=%s", config.name, plan.batch_id)
+                    log_line(log, "abandoned", plan=plan, level=logging.WARNING)
                     break
-                record_failure(ledger, plan, err)
+                if record_outcome(ledger, plan, err) == BatchStatus.SUPERSEDED:
+                    log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
+                    continue
                 if isinstance(err, TRANSIENT):
                     wait_out(err)
                     continue
@@ -240,8 +223,8 @@ def run_stream(
         return report
     finally:
         lease.release()
-        log.info("step=stream_stop pipeline=%s run_id=%s batches=%d records=%d reason=\"%s\"",
-                 config.name, run.run_id, report.batches, report.records_read, stop.reason or "error")
+        log_line(log, "stream_stop", pipeline=config.name, run_id=run.run_id, batches=report.batches,
+                 records=report.records_read, reason=stop.reason or "error")
 
 
 def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamReport, emit: Callable) -> None:
@@ -249,11 +232,11 @@ def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamRep
     report.records_read += result.total("records_read")
     report.rows_written += result.total("rows_written")
     emit(result.summary())
-    if result.status == "committed":
+    if result.status == COMMITTED:
         ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
         try:  # informational (lag tools); the txn versions are the truth
             commit_group_offsets(config.kafka_client_config(), config.name, ends)
         except Exception as err:  # noqa: BLE001
-            log.warning("step=group_offsets pipeline=%s not published: %s", config.name, err)
+            log_line(log, "group_offsets", "not published", level=logging.WARNING, pipeline=config.name, reason=str(err))
     release_memory()
 

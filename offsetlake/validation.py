@@ -39,8 +39,10 @@ from typing import Any
 
 import yaml
 
-from offsetlake.config import COORDINATE_COLUMNS, PipelineConfig
-from offsetlake.errors import ConfigError, OffsetlakeError
+from offsetlake import storage
+from offsetlake.config import PipelineConfig
+from offsetlake.coordinates import COORDINATE_COLUMNS
+from offsetlake.errors import OffsetlakeError, SuiteError, ValidationFailedError
 from offsetlake.plan import BatchPlan
 
 # GX sends usage analytics unless told not to; a data pipeline must not phone home.
@@ -60,20 +62,6 @@ QUARANTINABLE = {
     "expect_column_values_to_be_unique",
 }
 _EXAMPLE_TEXT = 120  # characters kept of each example value
-
-
-class SuiteError(ConfigError):
-    """The expectation suite file cannot be turned into GX expectations."""
-
-
-class ValidationFailedError(OffsetlakeError):
-    """Invariant 9: the batch failed its expectations and nothing was committed."""
-
-    exit_code = 3
-
-    def __init__(self, message: str, summary: dict) -> None:
-        super().__init__(message)
-        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -403,7 +391,7 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
     """
     from pyspark.sql import functions as F
 
-    from offsetlake.transform import REASON, dead_letter_rows
+    from offsetlake.formats import REASON, dead_letter_rows
 
     bad = quarantine_reasons(rows, validation.quarantine, validation.summary).persist()
     per_partition = {(r["_kafka_topic"], r["_kafka_partition"]): int(r["count"])
@@ -415,20 +403,17 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
     )
     quarantined = parsed.drop(REASON).join(coordinates, ["topic", "partition", "offset"]).withColumnRenamed("_q", REASON)
     validation.summary["quarantined_records"] = sum(per_partition.values())
-    return kept, dead_letter_rows(quarantined, config, batch_id), per_partition, bad
+    return kept, dead_letter_rows(quarantined, config.name, batch_id), per_partition, bad
 
 
 # ---- report -----------------------------------------------------------------------------------
 def write_report(config: PipelineConfig, plan: BatchPlan, summary: dict) -> str:
     """Write ``<lake>/_validation/<pipeline>/<batch>/<time>.html`` (+ ``.json``); returns its URI."""
-    from pyarrow import fs
-
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    folder = f"{config.validation_path}/{plan.batch_id}"
-    filesystem, root = fs.FileSystem.from_uri(folder if "://" in folder else Path(folder).resolve().as_uri())
+    folder = storage.child(config.validation_path, plan.batch_id)
+    filesystem, root = storage.filesystem(folder)
     filesystem.create_dir(root, recursive=True)
-    uri_base = folder if "://" in folder else Path(folder).resolve().as_uri()
-    report_uri = f"{uri_base}/{stamp}.html"
+    report_uri = storage.display_uri(storage.child(folder, f"{stamp}.html"))
     summary = {**summary, "report": report_uri}
     with filesystem.open_output_stream(f"{root}/{stamp}.json") as out:
         out.write(json.dumps({"pipeline": config.name, "batch_id": plan.batch_id, **summary}, indent=2, default=str).encode())

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from local_airflow import LocalAirflow  # noqa: E402
 
-from offsetlake.local_broker import LocalBroker  # noqa: E402
+from offsetlake.embedded.local_broker import LocalBroker  # noqa: E402
 
 
 def main() -> int:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from local_airflow import LocalAirflow  # noqa: E402
 
-from offsetlake.local_broker import LocalBroker, free_port  # noqa: E402
-from offsetlake.sample_data import ensure_topic, produce_orders, produce_transaction  # noqa: E402
+from offsetlake.embedded.local_broker import LocalBroker, free_port  # noqa: E402
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders, produce_transaction  # noqa: E402
 
 
 def offsetlake(*args: str, check: bool = True) -> int:

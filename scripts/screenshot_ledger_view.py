@@ -20,8 +20,8 @@ from headless_chromium import launch, open_logged_in  # noqa: E402
 from local_airflow import LocalAirflow  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from offsetlake.local_broker import LocalBroker, free_port  # noqa: E402
-from offsetlake.sample_data import produce_orders  # noqa: E402
+from offsetlake.embedded.local_broker import LocalBroker, free_port  # noqa: E402
+from offsetlake.embedded.sample_data import produce_orders  # noqa: E402
 
 NEW_ORDERS = 2_000
 

@@ -18,7 +18,7 @@ from headless_chromium import launch  # noqa: E402
 from local_airflow import LocalAirflow  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from offsetlake.local_broker import free_port  # noqa: E402
+from offsetlake.embedded.local_broker import free_port  # noqa: E402
 
 
 def main(out: str = "docs/backfill-trigger-form.png") -> int:

@@ -26,7 +26,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from offsetlake.config import PipelineConfig, load_pipeline  # noqa: E402
-from offsetlake.local_broker import LocalBroker  # noqa: E402
+from offsetlake.embedded.local_broker import LocalBroker  # noqa: E402
 
 
 @dataclass
@@ -140,7 +140,7 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     sys.path.insert(0, str(ROOT / "scripts"))
     from local_airflow import LocalAirflow
 
-    from offsetlake.local_broker import free_port
+    from offsetlake.embedded.local_broker import free_port
 
     tmp_path = tmp_path_factory.mktemp("running_airflow")
     folder = tmp_path / "airflow_pipelines"

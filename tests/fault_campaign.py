@@ -231,8 +231,8 @@ class Campaign:
 
     # ---- steps: running -------------------------------------------------------------------
     def run_in_process(self, to_the_end: bool = False) -> None:
-        from offsetlake.batch import run_pipeline
         from offsetlake.plan import RunContext
+        from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session
 
         run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
@@ -273,9 +273,9 @@ class Campaign:
 
     def backfill(self) -> None:
         from offsetlake.backfill import plan_backfill
-        from offsetlake.batch import execute_recorded_batch
         from offsetlake.ledger import Ledger
         from offsetlake.plan import RunContext
+        from offsetlake.runs import execute_recorded_batch
         from offsetlake.spark import spark_session
 
         ends = self._committed_ends()
@@ -543,7 +543,7 @@ def main() -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sys.path.insert(0, str(ROOT))
-    from offsetlake.local_broker import broker_for
+    from offsetlake.embedded.local_broker import broker_for
     from offsetlake.spark import stop_spark
 
     work = args.work or Path(tempfile.mkdtemp(prefix="offsetlake-torture-"))

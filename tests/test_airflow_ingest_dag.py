@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 ROOT = Path(__file__).resolve().parent.parent
 

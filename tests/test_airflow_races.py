@@ -10,7 +10,7 @@ from collections import Counter
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, read_topic
 
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
 def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airflow, pipeline):

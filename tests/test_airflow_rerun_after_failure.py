@@ -14,7 +14,7 @@ import yaml
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, dead_letter_coordinates, ledger_rows, read_topic, sink_coordinates
 
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
 def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow, pipeline):

@@ -8,10 +8,10 @@ import time
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.lease import RELEASED, current_lease, live_lease
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 def _wait_for(what: str, condition, timeout: float = 180):

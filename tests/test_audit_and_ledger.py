@@ -7,10 +7,10 @@ import shutil
 from deltalake import DeltaTable, write_deltalake
 from kafka_truth import ledger_rows
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 def test_audit_reports_a_row_copied_behind_its_back(pipeline, spark):

@@ -11,10 +11,10 @@ from deltalake import DeltaTable
 from kafka_truth import ledger_rows
 
 from offsetlake.backfill import plan_backfill
-from offsetlake.batch import execute_recorded_batch, run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 TRANSFORM = '''
 from pyspark.sql import functions as F
@@ -141,10 +141,10 @@ def test_rows_kept_by_a_backfill_reach_spark_whatever_the_chunking(spark):
     assert sorted(r["_kafka_offset"] for r in frame.collect()) == [709, 710]
 
 
-def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_files(pipeline, spark, monkeypatch, caplog):
+def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_files(pipeline, spark, caplog):
     import logging
 
-    import offsetlake.batch as batch_module
+    from offsetlake import failpoints
     from offsetlake.maintenance import maintain
 
     config = pipeline.write(max_records_per_batch=300)
@@ -153,18 +153,14 @@ def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_fil
     assert len(run_pipeline(config, RunContext("ingest"), lambda: spark)) == 4
     before = _rows(config)
     compactions = []
-    real_write_rows = batch_module.write_rows
 
-    def write_then_compact(*args, **kwargs):
-        files = real_write_rows(*args, **kwargs)
+    def compact_once(_name: str) -> None:
         if not compactions:  # between the first attempt's file list and its commit
             compactions.append(next(r for r in maintain(config, vacuum=False) if r.table == "sink"))
-        return files
 
-    monkeypatch.setattr(batch_module, "write_rows", write_then_compact)
     plan = plan_backfill(config, RunContext("backfill-racing-compaction"), [0], 100, 700)
     Ledger(config.ledger_path, config.name).record_plan(plan)
-    with caplog.at_level(logging.INFO, logger="offsetlake.batch"):
+    with caplog.at_level(logging.INFO, logger="offsetlake.batch"), failpoints.on("after_files_written", compact_once):
         assert execute_recorded_batch(config, plan.batch_id, lambda: spark).status == "committed"
     assert compactions[0].compacted_from >= 2, "the compaction must have replaced the files the backfill read"
     assert "step=retry_commit" in caplog.text and "attempt=1" in caplog.text

@@ -21,10 +21,10 @@ from conftest import Pipeline
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.batch import run_pipeline
-from offsetlake.local_broker import LocalBroker
+from offsetlake.embedded.local_broker import LocalBroker
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 @pytest.fixture

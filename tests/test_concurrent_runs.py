@@ -7,7 +7,7 @@ import json
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
 def test_two_runs_started_together_end_exactly_once(pipeline):
@@ -39,9 +39,9 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
     """
     import pytest
 
-    from offsetlake.batch import execute_recorded_batch, plan_for_dag_run, publishable_batch, run_pipeline
     from offsetlake.errors import StalePlanError
     from offsetlake.plan import RunContext
+    from offsetlake.runs import execute_recorded_batch, plan_for_dag_run, publishable_batch, run_pipeline
 
     config = pipeline.write(max_records_per_batch=1_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)

@@ -6,9 +6,9 @@ import json
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders, produce_transaction
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders, produce_transaction
+from offsetlake.runs import run_pipeline
 
 
 def _contiguous_from_zero(rows: list[dict], lso: dict[int, int]) -> None:

@@ -7,10 +7,10 @@ import signal
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.failpoints import NAMES
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline, spark):

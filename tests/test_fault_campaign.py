@@ -12,7 +12,7 @@ import os
 
 from fault_campaign import Campaign
 
-from offsetlake.local_broker import broker_for
+from offsetlake.embedded.local_broker import broker_for
 
 SEED = int(os.environ.get("OFFSETLAKE_CAMPAIGN_SEED", "20261122"))
 STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "20"))

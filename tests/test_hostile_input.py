@@ -13,8 +13,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import ROOT
 from deltalake import DeltaTable
 
-from offsetlake.batch import run_pipeline
 from offsetlake.plan import RunContext
+from offsetlake.runs import run_pipeline
 
 BIG = 1_300_000  # bytes: above the 1 MiB default limits of Kafka clients and brokers
 
@@ -152,20 +152,20 @@ PARSE_CASES = [
 
 def test_values_parsed_in_the_read_tasks_get_exactly_sparks_answers(pipeline, spark):
     """The read tasks parse JSON with pyarrow and leave what it refuses to Spark's from_json
-    (offsetlake.transform.parse_json_values). Every value must end with the parsed fields and
+    (offsetlake.formats.json_records.parse_json_values). Every value must end with the parsed fields and
     dead-letter reason that Spark alone gives it, whichever parser took it: here each tricky
     value sits among good ones, so the halving that isolates it is exercised too."""
     import pyarrow as pa
 
-    from offsetlake.transform import PARSED_IN_READ, REASON, parse_json, parse_json_values, parsed_struct_type
+    from offsetlake.formats import PARSED_IN_READ, REASON, decoder_for
 
     config = pipeline.write()
-    struct = parsed_struct_type(config)
-    assert struct is not None, "the test pipeline's schema must be one the read tasks parse"
+    decoder = decoder_for(config)
+    assert decoder.read_type() is not None, "the test pipeline's schema must be one the read tasks parse"
     values = []
     for case in PARSE_CASES:
         values += [_order(1000 + len(values) + i) for i in range(150)] + [case]
-    in_read = parse_json_values(values, struct)
+    in_read = decoder.decode_chunk(values)
     assert len(in_read) == len(values)
     left_to_spark = [i for i, v in enumerate(in_read.is_null().to_pylist()) if v]
     assert 0 < len(left_to_spark) < len(values) // 4, "pyarrow should parse the good values and refuse the odd ones"
@@ -174,8 +174,8 @@ def test_values_parsed_in_the_read_tasks_get_exactly_sparks_answers(pipeline, sp
     plain = spark.createDataFrame(table)
     with_read = spark.createDataFrame(table.append_column(PARSED_IN_READ, in_read))
     columns = ["offset", "_parsed", REASON]
-    expected = {r["offset"]: r for r in parse_json(plain, config).select(*columns).collect()}
-    got = {r["offset"]: r for r in parse_json(with_read, config).select(*columns).collect()}
+    expected = {r["offset"]: r for r in decoder.decode_in_spark(plain).select(*columns).collect()}
+    got = {r["offset"]: r for r in decoder.decode_in_spark(with_read).select(*columns).collect()}
     assert len(got) == len(values)
     for offset, value in enumerate(values):
         # compared as text so NaN equals NaN

@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 from kafka_truth import last_stable_offsets, ledger_rows
 
 from offsetlake.config import PipelineConfig
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -56,9 +56,9 @@ def _delete_before(bootstrap: str, topic: str, partition: int, offset: int) -> N
 
 
 def _make_ledger(pipeline: Pipeline, spark) -> tuple[PipelineConfig, str, str, int]:
-    from offsetlake.batch import execute_recorded_batch, plan_for_dag_run, run_pipeline
+    from offsetlake.errors import ValidationFailedError
     from offsetlake.plan import RunContext
-    from offsetlake.validation import ValidationFailedError
+    from offsetlake.runs import execute_recorded_batch, plan_for_dag_run, run_pipeline
 
     def config(**overrides: object) -> PipelineConfig:
         # The YAML names a dead broker: the plugin only finds Kafka through the Airflow connection.
@@ -92,7 +92,7 @@ def _make_ledger(pipeline: Pipeline, spark) -> tuple[PipelineConfig, str, str, i
 def scene(broker, spark, tmp_path_factory: pytest.TempPathFactory):
     from local_airflow import LocalAirflow
 
-    from offsetlake.local_broker import free_port
+    from offsetlake.embedded.local_broker import free_port
 
     folder = tmp_path_factory.mktemp("ledger_view")
     (folder / "pipelines").mkdir()

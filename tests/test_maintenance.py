@@ -12,10 +12,10 @@ from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.backfill import plan_backfill
-from offsetlake.batch import execute_recorded_batch, run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 
 def _staged_files(config, batch_ids: set[str]) -> list[Path]:

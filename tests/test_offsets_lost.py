@@ -7,9 +7,9 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 from kafka_truth import ledger_rows
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 def _delete_before(bootstrap: str, topic: str, partition: int, offset: int) -> None:

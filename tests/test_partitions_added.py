@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from kafka_truth import assert_exactly_once, read_topic
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 
 def test_partition_added_between_runs_arrives(pipeline, spark):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from offsetlake.kafka import PartitionOffsets
-from offsetlake.plan import OffsetRange, plan_ranges, share_fairly
+from offsetlake.plan import OffsetRange, PartitionOffsets
+from offsetlake.planner import plan_ranges, share_fairly
 from offsetlake.reader import split_ranges
 
 

@@ -14,13 +14,13 @@ from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.audit import audit_pipeline
-from offsetlake.batch import execute_recorded_batch, run_pipeline
-from offsetlake.errors import StalePlanError
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.errors import RewindError, StalePlanError
+from offsetlake.history import sink_commits
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.rewind import RewindError, rewind_pipeline
-from offsetlake.sample_data import ensure_topic, produce_orders
-from offsetlake.sink import sink_commits
+from offsetlake.rewind import rewind_pipeline
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ import pyspark
 import pytest
 from kafka_truth import assert_exactly_once, read_topic
 
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 

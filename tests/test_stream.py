@@ -20,12 +20,13 @@ from deltalake.exceptions import TableNotFoundError
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.backfill import plan_backfill
-from offsetlake.batch import execute_recorded_batch, run_pipeline
 from offsetlake.cli import main
-from offsetlake.lease import RELEASED, StreamOwnsPipelineError, current_lease, live_lease
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.errors import StreamOwnsPipelineError
+from offsetlake.lease import RELEASED, current_lease, live_lease
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 from offsetlake.stream import StopControl, StreamOptions, run_stream
 
 TTL = "4s"
@@ -197,7 +198,7 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
 
-def test_an_idle_stream_runs_no_spark_job_and_a_second_stop_abandons_the_batch(pipeline, spark, monkeypatch):
+def test_an_idle_stream_runs_no_spark_job_and_a_second_stop_abandons_the_batch(pipeline, spark):
     config = pipeline.write(max_records_per_batch=400_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 500)
@@ -214,19 +215,15 @@ def test_an_idle_stream_runs_no_spark_job_and_a_second_stop_abandons_the_batch(p
 
     # both stops arrive while the big batch is in flight (after its read, before its commit):
     # deterministic, where polling the ledger from here lost the race under CI load
-    import offsetlake.failpoints as failpoints
+    from offsetlake import failpoints
 
-    real_failpoint = failpoints.failpoint
+    def stop_twice(_name: str) -> None:
+        stop.request("test stop")
+        stop.request("test stop")
 
-    def stop_twice_after_read(name: str) -> None:
-        if name == "after_read":
-            stop.request("test stop")
-            stop.request("test stop")
-        real_failpoint(name)
-
-    monkeypatch.setattr(failpoints, "failpoint", stop_twice_after_read)
-    produce_orders(pipeline.bootstrap, pipeline.topic, 300_000, first_id=next_id)
-    worker.join(120)
+    with failpoints.on("after_read", stop_twice):
+        produce_orders(pipeline.bootstrap, pipeline.topic, 300_000, first_id=next_id)
+        worker.join(120)
     planned = [r for r in _stream_batches(config, "planned") if r["batch_id"] not in _committed_batch_ids(config)]
     assert len({r["batch_id"] for r in planned}) == 1, planned
     assert not worker.is_alive()

@@ -7,9 +7,9 @@ import time
 from confluent_kafka import Producer
 from kafka_truth import assert_exactly_once, last_stable_offsets, read_topic, sink_coordinates
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, order_event, produce_orders, produce_transaction
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, order_event, produce_orders, produce_transaction
+from offsetlake.runs import run_pipeline
 
 
 def test_open_transaction_at_tail_is_left_for_the_next_run(pipeline, spark):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from offsetlake.local_broker import free_port
+from offsetlake.embedded.local_broker import free_port
 
 
 def _no_lake_written(lake: Path) -> None:

@@ -17,9 +17,9 @@ import yaml
 from deltalake import DeltaTable
 from kafka_truth import dead_letter_coordinates, read_topic, sink_coordinates
 
-from offsetlake.batch import run_pipeline
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
-from offsetlake.sample_data import ensure_topic, produce_orders
+from offsetlake.runs import run_pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -221,7 +221,8 @@ def test_quarantine_flags_exactly_the_rows_great_expectations_counts(pipeline, s
 
 
 def test_a_gx_json_suite_loads_and_its_errors_name_the_entry(pipeline):
-    from offsetlake.validation import SuiteError, load_suite
+    from offsetlake.errors import SuiteError
+    from offsetlake.validation import load_suite
 
     suite_file = pipeline.folder / "orders_suite.json"
     suite_file.write_text(json.dumps({"name": "orders_suite", "expectations": [

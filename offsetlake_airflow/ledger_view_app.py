@@ -14,32 +14,28 @@ Plugin endpoints are not protected by the API server, so every route here (but t
 resolves the caller with Airflow's ``get_user``: a bearer JWT from ``POST /auth/token``, or the
 UI's ``_token`` cookie when the page is opened inside the Airflow UI. No credential: 401; an
 invalid one: 403. A pipeline is shown only to users who may read the runs of its
-``<pipeline>_ingest`` DAG. The data comes from ``offsetlake.ledger_view`` (read-only); this file
-only authenticates, adds Airflow links and renders.
+``<pipeline>_ingest`` DAG. The data comes from ``offsetlake.ledger_view`` (read-only); this module
+only authenticates, adds Airflow links and renders. ``plugins/offsetlake_plugins.py`` registers it.
 """
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, unquote, urlparse
 
-from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-PLUGINS_DIR = Path(__file__).resolve().parent
-if str(PLUGINS_DIR) not in sys.path:  # the API server puts the plugins folder on sys.path; tests may not
-    sys.path.insert(0, str(PLUGINS_DIR))
-
-from offsetlake_airflow import load_config, pipelines_folder  # noqa: E402
+from offsetlake.config import PipelineConfig
+from offsetlake_airflow import pipelines_folder
+from offsetlake_airflow.connections import load_config
 
 URL_PREFIX = "/offsetlake"
 UI_ROUTE = "offsetlake-ledger"
-ASSETS = PLUGINS_DIR / "ledger_view"
+ASSETS = Path(__file__).resolve().parent / "ledger_view"
 
 app = FastAPI(title="offsetlake offset ledger", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -92,7 +88,7 @@ def visible_pipelines(user: Any) -> list[str]:
     return [path.stem for path in all_pipeline_files(pipelines_folder()) if may_read(user, path.stem)]
 
 
-def readable_config(user: Any, pipeline: str):
+def readable_config(user: Any, pipeline: str) -> PipelineConfig:
     """The pipeline's config (Kafka connection overrides applied); 404 unknown, 403 not allowed."""
     from offsetlake.config import all_pipeline_files
 
@@ -201,15 +197,3 @@ def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse | 
     if request.url.path.startswith(f"{request.scope.get('root_path', '')}/ledger"):
         return render(request, "error.html", status_code=err.status_code, status=err.status_code, detail=err.detail)
     return JSONResponse({"detail": err.detail}, status_code=err.status_code, headers=err.headers)
-
-
-class OffsetlakeLedgerViewPlugin(AirflowPlugin):
-    name = "offsetlake_ledger_view"
-    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "offsetlake offset ledger"}]
-    external_views = [{
-        "name": "Offset ledger",
-        "href": f"{URL_PREFIX}/ledger",
-        "url_route": UI_ROUTE,
-        "destination": "nav",
-        "icon": f"{URL_PREFIX}/static/ledger.svg",
-    }]

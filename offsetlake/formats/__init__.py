@@ -1,0 +1,83 @@
+"""Record formats: how a Kafka record's value becomes typed columns, or a dead letter with a reason.
+
+A decoder turns the values of one consumed chunk into Arrow columns inside the Spark read task
+(``decode_chunk``, never record by record in the driver), and finishes in Spark whatever the read
+task left undecided (``decode_in_spark``), producing the struct column ``PARSED`` and the column
+``REASON``: null for a good record, the dead-letter reason otherwise (invariant 8: nothing is
+dropped). ``good_rows`` and ``dead_letter_rows`` split the result the same way for every format.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import pyarrow as pa
+
+from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from offsetlake.config import PipelineConfig
+
+REASON = "_dead_letter_reason"  # null for a good record, else why it is a dead letter
+PARSED = "_parsed"  # the decoded value: a struct of the format's fields
+PARSED_IN_READ = "_parsed_in_read"  # what the read task decoded (null: left to Spark)
+
+
+class Decoder(Protocol):
+    """One pipeline's record format."""
+
+    def fields(self) -> list[str]:
+        """The sink columns a decoded value gives, in order."""
+        ...
+
+    def read_type(self) -> pa.StructType | None:
+        """The Arrow type ``decode_chunk`` returns, or None when the read tasks decode nothing."""
+        ...
+
+    def decode_chunk(self, values: list[bytes | None]) -> pa.StructArray:
+        """Runs in the read task: one chunk's values -> their decoded structs (null = undecided)."""
+        ...
+
+    def decode_in_spark(self, raw: DataFrame) -> DataFrame:
+        """``raw`` (the read columns, with PARSED_IN_READ if ``read_type``) plus PARSED and REASON."""
+        ...
+
+
+def decoder_for(config: PipelineConfig) -> Decoder:
+    """The decoder of the pipeline's ``format``."""
+    from offsetlake.formats.json_records import JsonDecoder
+
+    return JsonDecoder(config.format)
+
+
+def good_rows(decoded: DataFrame, decoder: Decoder) -> DataFrame:
+    """Decoded records as sink rows: the format's fields plus the coordinate columns."""
+    from pyspark.sql import functions as F
+
+    return decoded.where(F.col(REASON).isNull()).select(
+        *[F.col(f"{PARSED}.`{name}`").alias(name) for name in decoder.fields()],
+        F.col("topic").alias(TOPIC),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+        F.col("timestamp").alias(TIMESTAMP),
+    )
+
+
+def dead_letter_rows(decoded: DataFrame, pipeline: str, batch_id: str) -> DataFrame:
+    """Records with a REASON as dead-letter rows (raw key, value and headers kept)."""
+    from pyspark.sql import functions as F
+
+    return decoded.where(F.col(REASON).isNotNull()).select(
+        F.col("topic").alias(TOPIC),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+        F.col("timestamp").alias(TIMESTAMP),
+        "key",
+        "value",
+        "headers",
+        F.col(REASON).alias("reason"),
+        F.lit(pipeline).alias("pipeline"),
+        F.lit(batch_id).alias("batch_id"),
+    )

@@ -1,0 +1,210 @@
+"""The sink's commit history: the source of truth of what every batch committed (invariant 4).
+
+Each offsetlake commit on a sink carries its batch's **ledger entry** in
+``commitInfo.userMetadata`` (invariant 2), marked as offsetlake's. This module owns that entry —
+``ledger_entry`` builds it, ``entry_json`` serializes it with the marker — and reading it back:
+``sink_commits`` lists a pipeline's commits (with a cache, see there), ``commit_version`` finds
+the version of one batch's commit, and ``covering_batch`` / ``rewound_batches`` answer "which
+batch committed this offset" and "which batches did a rewind undo" from that history alone.
+``offsetlake.sink`` (the commit) and ``offsetlake.ledger`` (the projection) both build on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from deltalake import DeltaTable
+from pyarrow import fs as pafs
+
+from offsetlake import storage
+from offsetlake.plan import BatchKind, BatchPlan, RangeCounts, ranges_with_counts
+
+log = logging.getLogger("offsetlake.history")
+
+MARKER = "offsetlake"  # userMetadata[MARKER] == 1: the commit is offsetlake's, its entry a ledger entry
+CACHE_FOLDER = "_offsetlake_history"  # inside the table folder: Delta and vacuum ignore "_" paths
+
+
+@dataclass(frozen=True)
+class SinkCommit:
+    """One offsetlake commit found in the sink table's history."""
+
+    version: int
+    entry: dict[str, Any]  # the ledger entry stored as userMetadata
+
+    @property
+    def batch_id(self) -> str:
+        return str(self.entry["batch_id"])
+
+    @property
+    def kind(self) -> BatchKind:
+        return BatchKind(self.entry.get("kind", BatchKind.INGEST))
+
+
+# ---- the ledger entry -------------------------------------------------------------------------
+def ledger_entry(
+    plan: BatchPlan,
+    per_range: dict[tuple[str, int], RangeCounts] | None = None,
+    started: float | None = None,
+    validation: dict | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ledger entry of ``plan`` as its sink commit records it: who planned it, when, its
+    ranges with their counts, its validation summary; ``extra`` adds kind-specific facts (a
+    gap's or a backfill's message, a rewind's targets). ``started`` is the batch's
+    ``time.monotonic()`` start, for its duration."""
+    now = datetime.now(UTC)
+    entry: dict[str, Any] = {
+        "pipeline": plan.pipeline,
+        "batch_id": plan.batch_id,
+        "kind": str(plan.kind),
+        "run_id": plan.run.run_id,
+        "dag_id": plan.run.dag_id,
+        "try_number": plan.run.try_number,
+        "planned_at": plan.planned_at.isoformat(),
+        "committed_at": now.isoformat(),
+        "duration_ms": int((time.monotonic() - started) * 1000) if started is not None else 0,
+        "ranges": ranges_with_counts(plan, per_range or {}),
+    }
+    if validation is not None:
+        entry["validation"] = validation
+    entry.update(extra)
+    return entry
+
+
+def entry_json(entry: dict[str, Any]) -> str:
+    """The entry as the commit's userMetadata: compact JSON with offsetlake's marker."""
+    return json.dumps({**entry, MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def _entry_of(info: dict, pipeline: str) -> dict | None:
+    raw = info.get("userMetadata")
+    if not raw:
+        return None
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(entry, dict) and entry.get(MARKER) == 1 and entry.get("pipeline") == pipeline:
+        return entry
+    return None
+
+
+# ---- reading history --------------------------------------------------------------------------
+def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
+    """offsetlake's commits on the sink (oldest first), each with its ledger entry.
+
+    Commits never change once written, so the ones already seen are kept in a cache file inside
+    the table folder (``_offsetlake_history/<pipeline>.json``) and only newer versions are read
+    from the log: every plan reconciles with this history, and reading all of it made planning
+    slower with every batch. The cache is only an accelerator, keyed by the table's id; when it
+    is missing, unreadable or from another table, the whole history is read.
+    """
+    if table is None:
+        return []
+    version = table.version()
+    table_id = table.metadata().id
+    cache = storage.child(storage.table_location(table), CACHE_FOLDER, f"{pipeline}.json")
+    cached = _read_cache(cache, table_id, version)
+    if cached is None:
+        seen, commits = -1, _commits_in(table.history(), pipeline)
+    else:
+        seen, commits = cached
+        commits = commits + _commits_in(table.history(version - seen) if version > seen else [], pipeline, after=seen)
+    if version > seen:
+        _write_cache(cache, table_id, version, commits)
+    return commits
+
+
+def _commits_in(history: list[dict], pipeline: str, after: int = -1) -> list[SinkCommit]:
+    commits = []
+    for info in history:
+        if int(info["version"]) <= after:
+            continue
+        entry = _entry_of(info, pipeline)
+        if entry is not None:
+            commits.append(SinkCommit(version=int(info["version"]), entry=entry))
+    return sorted(commits, key=lambda c: c.version)
+
+
+def _read_cache(location: str, table_id: str, version: int) -> tuple[int, list[SinkCommit]] | None:
+    try:
+        fs, path = storage.filesystem(location)
+        with fs.open_input_stream(path) as handle:
+            data = json.loads(handle.read())
+        if data["table_id"] != table_id or data["version"] > version:
+            return None
+        return data["version"], [SinkCommit(version=v, entry=e) for v, e in data["commits"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(location: str, table_id: str, version: int, commits: list[SinkCommit]) -> None:
+    body = json.dumps({"table_id": table_id, "version": version, "commits": [[c.version, c.entry] for c in commits]})
+    try:
+        fs, path = storage.filesystem(location)
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if isinstance(fs, pafs.LocalFileSystem):
+            # readers see the old or the new cache, never half of one: write aside, then rename
+            temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+            with fs.open_output_stream(temporary) as out:
+                out.write(body.encode())
+            fs.move(temporary, path)
+        else:  # object stores replace a whole object at once
+            with fs.open_output_stream(path) as out:
+                out.write(body.encode())
+    except OSError as err:
+        log.debug("history cache not written at %s: %s", location, err)
+
+
+def commit_version(location: str, batch_id: str) -> int:
+    """The version of the sink commit holding ``batch_id``'s entry (a DeltaTable does not say
+    which version its own commit got); raises RuntimeError if there is none."""
+    fresh = storage.table(location)
+    needle = f'"batch_id":"{batch_id}"'
+    for limit in (20, None):
+        for info in fresh.history(limit):
+            if needle in (info.get("userMetadata") or ""):
+                return int(info["version"])
+    raise RuntimeError(f"commit of batch {batch_id} not found in the history of {location}")
+
+
+# ---- questions answered from history ----------------------------------------------------------
+def rewound_batches(commits: Iterable[SinkCommit]) -> dict[str, SinkCommit]:
+    """Batch id -> the rewind commit that undid it, from the ``rewound`` list every rewind commit
+    carries in its entry. Sink history is the truth (invariant 4): this is how the ledger learns
+    which committed batches no longer count."""
+    undone: dict[str, SinkCommit] = {}
+    for commit in sorted(commits, key=lambda c: c.version):
+        if commit.kind == BatchKind.REWIND:
+            for batch_id in commit.entry.get("rewound", []):
+                undone.setdefault(batch_id, commit)
+    return undone
+
+
+def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, offset: int) -> str | None:
+    """The first commit whose ranges hold ``offset`` (rewound batches skipped: a rewind commit
+    covering it is named instead)."""
+    commits = list(commits)
+    rewound = rewound_batches(commits)
+    for commit in commits:
+        if commit.batch_id in rewound:
+            continue
+        for r in commit.entry.get("ranges", []):
+            if r["topic"] == topic and r["partition"] == partition and r["start"] <= offset < r["end"]:
+                return commit.batch_id
+    return None
+
+
+def live_commits(commits: Iterable[SinkCommit]) -> list[SinkCommit]:
+    """The commits that still count: not rewind commits, not undone by one."""
+    commits = list(commits)
+    rewound = rewound_batches(commits)
+    return [c for c in commits if c.kind != BatchKind.REWIND and c.batch_id not in rewound]

@@ -1,0 +1,332 @@
+"""Runs: a batch executed by kind, a run of batches until caught up, and how each batch ended.
+
+A batch flows once through plan -> read -> decode -> transform -> validate -> stage -> commit ->
+record. ``execute_batch`` dispatches a recorded plan by its kind: ``ingest`` and ``stream``
+append their files and move the committed ends (``offsetlake.sink.commit_batch``), ``gap``
+moves them over lost offsets without rows, ``backfill`` replaces rows below them
+(``offsetlake.backfill``). ``record_outcome`` is the one place a batch that did not commit gets
+its ledger row — ``superseded`` when another writer won (invariants 3 and 10), else ``failed`` —
+for the CLI, the spark-submit job, the Airflow tasks and the stream alike. Spark starts only when
+a plan has records to read, so a run with nothing new costs a few Kafka and Delta round trips.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+
+from offsetlake import failpoints
+from offsetlake.backfill import execute_backfill
+from offsetlake.config import PipelineConfig
+from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
+from offsetlake.kafka import current_offsets
+from offsetlake.lease import refuse_if_stream_owns
+from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
+from offsetlake.log_lines import log_line, log_step
+from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
+from offsetlake.planner import plan_next_batch
+from offsetlake.process import process_ranges, stage_files
+from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end, ensure_table, open_table
+from offsetlake.spark import release_memory
+from offsetlake.validation import load_suite
+
+log = logging.getLogger("offsetlake.runs")
+MAX_CONFLICT_REPLANS = 5
+COMMITTED, ALREADY_COMMITTED, SUPERSEDED = "committed", "already_committed", "superseded"  # BatchResult.status
+
+
+# ---- how a batch ended ------------------------------------------------------------------------
+def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> BatchStatus:
+    """Record why ``plan`` did not commit; returns the status recorded.
+
+    Another writer won (CommitConflictError, invariant 10) or moved the committed ends past the
+    plan (StalePlanError, invariant 3): ``superseded`` — the plan can never apply again, a rerun
+    plans anew. Anything else: ``failed``, with our errors' message verbatim and, for a failed
+    validation, its summary and report.
+    """
+    if isinstance(err, CommitConflictError | StalePlanError):
+        ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=str(err)[:4000])
+        return BatchStatus.SUPERSEDED
+    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000], validation=getattr(err, "summary", None) or None)
+    return BatchStatus.FAILED
+
+
+# ---- one batch --------------------------------------------------------------------------------
+def execute_batch(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable,
+    before_commit: Callable[[], None] = lambda: None,
+) -> BatchResult:
+    """Execute exactly ``plan``'s ranges, by the plan's kind; never anything else.
+
+    If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
+    Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
+    if another writer won the commit race (invariant 10); nothing is committed then. Errors raised
+    inside Spark tasks (a range no longer readable, a read timeout) surface as themselves.
+    ``before_commit`` runs right before the sink commit; raising there commits nothing (a stream
+    checks its lease there).
+    """
+    from offsetlake.reader import errors_from_spark_tasks
+
+    with errors_from_spark_tasks():
+        if plan.kind == BatchKind.BACKFILL:
+            return _execute_backfill(config, plan, ledger, spark_factory)
+        return _execute_forward(config, plan, ledger, spark_factory, before_commit)
+
+
+def _execute_forward(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, before_commit: Callable[[], None],
+) -> BatchResult:
+    """An ingest, stream or gap batch: files (none for a gap) + committed ends moved to the plan's
+    ends + its ledger entry, in one sink commit."""
+    started = time.monotonic()
+    if not check_plan_applies(open_table(config.sink_path), config, plan):
+        return _plan_already_held(config, plan, ledger, started, {"total": 0})
+    if plan.kind == BatchKind.GAP:
+        return _commit_gap(config, plan, ledger, started, before_commit)
+    suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
+    spark = spark_factory()
+    processed = process_ranges(config, plan, spark, suite)
+    try:
+        files = stage_files(config, plan, processed, processed.rows, spark)
+        t = time.monotonic()
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        table = ensure_table(config, to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False))
+        if not check_plan_applies(table, config, plan):
+            return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
+        entry = ledger_entry(plan, processed.per_range, started, processed.validation)
+        before_commit()
+        version = commit_batch(table, config, plan, files, entry)
+        processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
+    finally:
+        processed.release()
+    failpoints.failpoint("after_commit")
+    ledger.record_commit(SinkCommit(version, entry))
+    failpoints.failpoint("after_ledger")
+    processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
+    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+
+
+def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float,
+                before_commit: Callable[[], None]) -> BatchResult:
+    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only).
+
+    Dead letters a crashed batch left in the lost range are removed first: those offsets are now
+    recorded as never ingested, and no later batch will read (and so replace) them again.
+    """
+    replace_dead_letters(config, list(plan.ranges), DEAD_LETTER_SCHEMA.empty_table())
+    table = open_table(config.sink_path)
+    lost = ", ".join(str(r) for r in plan.ranges)
+    entry = ledger_entry(plan, {}, started,
+                         message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion")
+    before_commit()
+    if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
+        raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")
+    version = commit_batch(table, config, plan, WrittenFiles.none(), entry)
+    ledger.record_commit(SinkCommit(version, entry))
+    log_line(log, "gap", plan=plan, level=logging.WARNING, lost=lost, sink_version=version)
+    return BatchResult(plan, COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
+
+
+def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+    """Run a recorded backfill plan; a rerun after its commit writes nothing and succeeds."""
+    started = time.monotonic()
+    done = {c.batch_id: c for c in sink_commits(open_table(config.sink_path), config.name)}
+    if plan.batch_id in done:
+        reconcile_ledger(config, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
+    version, entry, processed = execute_backfill(config, plan, spark_factory)
+    failpoints.failpoint("after_commit")
+    ledger.record_commit(SinkCommit(version, entry))
+    failpoints.failpoint("after_ledger")
+    processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
+    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+
+
+def _plan_already_held(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]
+) -> BatchResult:
+    """The sink holds every range of ``plan`` (txn version >= end): a no-op that succeeds.
+
+    Either this batch committed them (a rerun after the commit) or another batch committed the
+    very same ranges first, e.g. a CLI run that planned from the same committed ends; then this
+    plan is recorded as ``superseded`` by that batch and nothing is written.
+    """
+    commits = sink_commits(open_table(config.sink_path), config.name)
+    mine = [c for c in commits if c.batch_id == plan.batch_id]
+    if mine:
+        reconcile_ledger(config, ledger)
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
+    first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
+    winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
+    ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=(
+        f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"
+    ))
+    log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
+    return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
+
+
+# ---- a run ------------------------------------------------------------------------------------
+def run_pipeline(
+    config: PipelineConfig,
+    run: RunContext,
+    spark_factory: Callable,
+    max_batches: int | None = None,
+    emit: Callable[[dict], None] = lambda summary: print(json.dumps(summary), flush=True),
+) -> list[BatchResult]:
+    """Run batches until caught up with the LSO seen at the start (or ``max_batches``).
+
+    Raises StreamOwnsPipelineError (before anything is planned) while a live stream owns the
+    pipeline. Each batch's plan is in the ledger before it reads. A commit lost to a concurrent
+    writer is recorded as ``superseded`` and the run re-plans from the new committed ends. A run
+    id that left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan
+    first.
+    """
+    ledger = Ledger.of(config)
+    started = time.monotonic()
+    refuse_if_stream_owns(config)
+    reconcile_ledger(config, ledger)
+    limit = {p: o.last_stable for p, o in current_offsets(config).items()}
+    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
+    results: list[BatchResult] = []
+    conflicts = 0
+    # Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one that
+    # failed validation, with exactly its recorded ranges (invariant 3).
+    recorded = ledger.run_plan(run, BatchKind.INGEST)
+    resume = recorded[0] if recorded and recorded[1] in (BatchStatus.PLANNED, BatchStatus.FAILED) else None
+    while max_batches is None or len(results) < max_batches:
+        t = time.monotonic()
+        if resume is not None:
+            plan, resume = resume, None
+            log_step("plan", plan, t, reused="true", offsets=plan.offsets)
+        else:
+            next_plan = plan_next_batch(config, run, limit)
+            if next_plan is None:
+                log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
+                break
+            plan = next_plan
+            ledger.record_plan(plan)
+            log_step("plan", plan, t, kind=str(plan.kind), offsets=plan.offsets)
+        failpoints.failpoint("after_plan")
+        try:
+            result = execute_batch(config, plan, ledger, spark_factory)
+        except Exception as err:
+            if record_outcome(ledger, plan, err) != BatchStatus.SUPERSEDED:
+                raise
+            conflicts += 1
+            log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
+            if conflicts > MAX_CONFLICT_REPLANS:
+                raise
+            continue
+        results.append(result)
+        emit(result.summary())
+        release_memory()
+    reconcile_ledger(config, ledger)
+    return results
+
+
+# ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----
+def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | None:
+    """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
+
+    Invariant 3: a retry or a UI rerun of the same dag run gets exactly the same ranges. Returns
+    None when nothing is new (the caller short-circuits, so no Spark starts). A new plan is
+    refused with StreamOwnsPipelineError while a live stream owns the pipeline.
+    """
+    ledger = Ledger.of(config)
+    started = time.monotonic()
+    reconcile_ledger(config, ledger)
+    recorded = ledger.run_plan(run, BatchKind.INGEST) or ledger.run_plan(run, BatchKind.GAP)
+    if recorded is not None:
+        log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
+        return recorded[0]
+    refuse_if_stream_owns(config)  # a retry above still finishes its recorded plan
+    plan = plan_next_batch(config, run)
+    if plan is None:
+        log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
+        return None
+    ledger.record_plan(plan)
+    log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+    failpoints.failpoint("after_plan")
+    return plan
+
+
+def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
+    """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised."""
+    ledger = Ledger.of(config)
+    plan = ledger.plan_by_batch_id(batch_id)
+    if plan is None:
+        raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
+    try:
+        _refuse_rewound(config, plan)
+        return execute_batch(config, plan, ledger, spark_factory)
+    except Exception as err:
+        record_outcome(ledger, plan, err)
+        raise
+
+
+def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
+    """A recorded plan (an Airflow retry or clear) whose batch a rewind undid never applies again.
+
+    Checked here, where old plans come back, not per batch of a run: a run's plans are new.
+    """
+    rewind = rewound_batches(sink_commits(open_table(config.sink_path), config.name)).get(plan.batch_id)
+    if rewind is not None:
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
+            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends"
+        )
+
+
+@dataclass(frozen=True)
+class PublishableBatch:
+    """A batch whose ranges the sink holds: its summary, and the committed ends of its partitions
+    (what the Airflow publish task commits as consumer-group offsets, for ingest batches)."""
+
+    summary: dict
+    committed_ends: dict[tuple[str, int], int]
+
+
+def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch:
+    """The summary of a batch whose ranges the sink holds, for the Airflow publish task.
+
+    The batch either committed them itself, or was superseded by a batch that committed the very
+    same ranges first (invariant 3: then this run is a no-op that succeeds, and the summary says
+    which batch committed them). Anything else raises, naming the batch's state and why.
+    """
+    ledger = Ledger.of(config)
+    reconcile_ledger(config, ledger)
+    rows = ledger.batches(pc.field("batch_id") == batch_id)
+    table = open_table(config.sink_path)
+    ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
+    held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
+    status = rows[0]["status"] if rows else "unknown"
+    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == SUPERSEDED and held)):
+        states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
+        why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
+        raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
+    if status == SUPERSEDED:
+        log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
+    batch = summarize_batch(rows)
+    summary = {
+        "pipeline": config.name, "batch_id": batch_id, "kind": batch["kind"], "status": batch["status"],
+        "sink_version": batch["sink_version"],
+        "records_read": batch["records_read"] or 0, "rows_written": batch["rows_written"] or 0,
+        "dead_letters": batch["dead_letters"] or 0,
+        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch["ranges"]],
+        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if batch["kind"] == BatchKind.INGEST else {},
+        "validation": (batch["validation"] or {}).get("outcome", "no suite"),
+        "validation_report": batch["validation_report"],
+        "message": batch["message"],
+    }
+    return PublishableBatch(summary, {k: v for k, v in ends.items() if v is not None})

@@ -1,0 +1,113 @@
+"""offsetlake's operators: the spark-submit ingest job and the long-running stream."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from offsetlake_airflow import pipelines_folder, project_dir
+from offsetlake_airflow.connections import kafka_overrides_env, load_config, spark_master
+from offsetlake_airflow.tasks import superseded_message
+
+log = logging.getLogger("offsetlake.airflow")
+
+
+class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
+    """SparkSubmitOperator that hands the job the pipeline's Kafka connection through the
+    environment ($OFFSETLAKE_KAFKA_OVERRIDES), resolved at run time inside the task, and that
+    does not retry a batch another writer superseded (its plan can never apply again)."""
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def execute(self, context: Any) -> Any:
+        overrides = kafka_overrides_env(self.pipeline)
+        if overrides:  # never on the command line, which the hook logs
+            self.env_vars = {**(self.env_vars or {}), **overrides}
+        try:
+            return super().execute(context)
+        except AirflowException:
+            superseded = superseded_message(self.pipeline, context["ti"].xcom_pull(task_ids="plan"))
+            if superseded is None:
+                raise
+            # Retrying this task would re-execute a plan that can never apply again.
+            raise AirflowFailException(
+                f"{superseded}. Not retried: clear the whole dag run "
+                f"(plan task included) to plan again from the committed ends."
+            ) from None
+
+
+class OffsetlakeStreamOperator(BaseOperator):
+    """Runs ``offsetlake stream`` as a child process for the length of the task.
+
+    The stream runs in its own session with its output in a file that the task copies into its
+    log, so Airflow's escalation (SIGTERM to the task, SIGKILL 5 s later) never kills the stream
+    mid-batch: ``on_kill`` (mark failed / clear in the UI, a timeout) sends the stream one
+    SIGTERM, the stream finishes its batch in flight, releases its lease and exits, and a stream
+    whose task process died stops on its own (``--parent-pid``).
+    """
+
+    template_fields = ("trigger_interval", "max_records_per_batch", "max_duration_minutes")
+
+    def __init__(self, *, pipeline: str, trigger_interval: str, max_records_per_batch: str,
+                 max_duration_minutes: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.trigger_interval = trigger_interval
+        self.max_records_per_batch = max_records_per_batch
+        self.max_duration_minutes = max_duration_minutes
+        self._process: subprocess.Popen | None = None
+
+    def execute(self, context: Any) -> Any:
+        config = load_config(self.pipeline)
+        dag_run, ti = context["dag_run"], context["ti"]
+        env = {**os.environ, **kafka_overrides_env(self.pipeline)}
+        command = [
+            sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipelines_folder()), "stream", self.pipeline,
+            "--trigger-interval", str(self.trigger_interval),
+            "--max-duration", f"{float(self.max_duration_minutes)}m",
+            "--parent-pid", str(os.getpid()), "--run-id", dag_run.run_id, "--dag-id", dag_run.dag_id,
+        ]
+        if str(self.max_records_per_batch or "").strip() not in ("", "None", "0"):
+            command += ["--max-records-per-batch", str(int(self.max_records_per_batch))]
+        master = spark_master()
+        if master:
+            command += ["--master", master]
+        output = Path(config.stream_log_path) / f"{dag_run.run_id}.try{ti.try_number}.log"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting: %s (output also in %s)", " ".join(command), output)
+        with open(output, "w") as sink, open(output) as tail:
+            self._process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True, cwd=project_dir())
+            last = ""
+            while True:
+                finished = self._process.poll() is not None
+                for line in tail:
+                    last = line.strip() or last
+                    log.info("%s", line.rstrip())
+                if finished:
+                    break
+                time.sleep(0.5)
+        if self._process.returncode != 0:
+            raise AirflowException(f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; "
+                                   f"see the lines above ({output})")
+        return json.loads(last).get("stream") if last.startswith("{") else None
+
+    def on_kill(self) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            log.warning("stopping the stream of pipeline %s (pid %d): it finishes its batch in flight, "
+                        "then releases its lease", self.pipeline, process.pid)
+            os.kill(process.pid, signal.SIGTERM)
