@@ -21,7 +21,7 @@ $(STAMP): requirements.lock pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: setup ## the whole suite: starts its own broker, one Spark session, temp lakes
+test: setup lint ## lint, then the whole suite: starts its own broker, one Spark session, temp lakes
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 SEED ?= 1
@@ -45,8 +45,10 @@ demo: setup ## embedded default: broker + generated orders + Airflow runs (incl.
 airflow: setup ## Airflow UI and services on 127.0.0.1 (AIRFLOW_PORT, default 8080); prints the login
 	$(PY) scripts/airflow_ui.py
 
-lint: setup
-	$(VENV)/bin/ruff check offsetlake jobs dags plugins pipelines tests scripts bench
+lint: setup ## ruff, mypy (offsetlake, offsetlake_airflow) and the import-linter contracts in pyproject.toml
+	$(VENV)/bin/ruff check offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 lock: ## re-resolve requirements.txt into requirements.lock
 	rm -rf .lockvenv && $(PYTHON) -m venv .lockvenv && .lockvenv/bin/pip install -q -r requirements.txt

@@ -83,6 +83,7 @@ def plan_backfill(
     starts: dict[int, int]
     stops: dict[int, int]
     if by_time:
+        assert from_time and to_time  # checked above
         start_ms, stop_ms = _parse_time(from_time, "from_time", where), _parse_time(to_time, "to_time", where)
         if stop_ms <= start_ms:
             raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
@@ -92,6 +93,7 @@ def plan_backfill(
         starts = {p: found_start[p] if found_start[p] >= 0 else offsets[p].last_stable for p in chosen}
         stops = {p: found_stop[p] if found_stop[p] >= 0 else offsets[p].last_stable for p in chosen}
     else:
+        assert from_offset is not None and to_offset is not None  # checked above
         if to_offset <= from_offset:
             raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
         starts = {p: from_offset for p in chosen}
@@ -203,7 +205,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
                   started: float) -> tuple[int, dict]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
-    table = open_table(config.sink_path)
+    table = storage.table(config.sink_path)
     removed = touched_files(table, list(plan.ranges))
     rows = processed.rows
     kept_count = 0
@@ -225,7 +227,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):
-        latest = open_table(config.sink_path)
+        latest = storage.table(config.sink_path)
         if {f["path"] for f in touched_files(latest, list(plan.ranges))} != {f["path"] for f in removed}:
             raise CommitConflictError(
                 f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "

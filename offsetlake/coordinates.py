@@ -77,9 +77,7 @@ def file_may_hold(stats: Mapping[str, Any], ranges: Iterable[OffsetRange]) -> bo
     """
     low_p, high_p = stats.get(f"min.{PARTITION}"), stats.get(f"max.{PARTITION}")
     low_o, high_o = stats.get(f"min.{OFFSET}"), stats.get(f"max.{OFFSET}")
-    for r in _sized(ranges):
-        if None in (low_p, high_p, low_o, high_o):
-            return True
-        if low_p <= r.partition <= high_p and low_o < r.end and high_o >= r.start:
-            return True
-    return False
+    sized = _sized(ranges)
+    if low_p is None or high_p is None or low_o is None or high_o is None:
+        return bool(sized)
+    return any(low_p <= r.partition <= high_p and low_o < r.end and high_o >= r.start for r in sized)

@@ -134,7 +134,7 @@ def _commits_in(history: list[dict], pipeline: str, after: int = -1) -> list[Sin
     return sorted(commits, key=lambda c: c.version)
 
 
-def _read_cache(location: str, table_id: str, version: int) -> tuple[int, list[SinkCommit]] | None:
+def _read_cache(location: str, table_id: object, version: int) -> tuple[int, list[SinkCommit]] | None:
     try:
         fs, path = storage.filesystem(location)
         with fs.open_input_stream(path) as handle:
@@ -146,7 +146,7 @@ def _read_cache(location: str, table_id: str, version: int) -> tuple[int, list[S
         return None
 
 
-def _write_cache(location: str, table_id: str, version: int, commits: list[SinkCommit]) -> None:
+def _write_cache(location: str, table_id: object, version: int, commits: list[SinkCommit]) -> None:
     body = json.dumps({"table_id": table_id, "version": version, "commits": [[c.version, c.entry] for c in commits]})
     try:
         fs, path = storage.filesystem(location)

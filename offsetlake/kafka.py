@@ -91,7 +91,7 @@ def offsets_for_time(
         raise KafkaUnavailableError(f"pipeline {pipeline}: offsets_for_times on '{topic}' failed: {err.args[0]}") from None
     finally:
         consumer.close()
-    return {tp.partition: tp.offset for tp in found}
+    return {tp.partition: tp.offset if tp.offset is not None else -1 for tp in found}
 
 
 # A range read needs no deep prefetch: these bound each read task's librdkafka buffers on a
@@ -160,15 +160,21 @@ def read_range(
             records = [m for m in messages if m.error() is None]
             if len(records) != len(messages):
                 position = _raise_or_skip_errors(messages, position, where)
-            if records and records[-1].offset() >= end:  # offsets ascend: the range is done
+            if records and _offset(records[-1]) >= end:  # offsets ascend: the range is done
                 position = end
-                records = [m for m in records if m.offset() < end]
+                records = [m for m in records if _offset(m) < end]
             elif records:
-                position = max(position, records[-1].offset() + 1)
+                position = max(position, _offset(records[-1]) + 1)
             if records:
                 yield records
     finally:
         consumer.close()
+
+
+def _offset(message: Message) -> int:
+    """A consumed record's (or partition event's) offset; librdkafka always sets it there."""
+    offset = message.offset()
+    return offset if offset is not None else -1
 
 
 def _raise_or_skip_errors(messages: list[Message], position: int, where: str) -> int:
@@ -179,7 +185,7 @@ def _raise_or_skip_errors(messages: list[Message], position: int, where: str) ->
         if error is None:
             continue
         if error.code() == KafkaError._PARTITION_EOF:
-            position = max(position, message.offset())
+            position = max(position, _offset(message))
             continue
         if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
             raise OffsetsLostError(

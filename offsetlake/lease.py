@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Transaction
@@ -147,6 +148,7 @@ class StreamLease:
                     if current is not None and current.state == HELD:
                         log_line(log, "lease", f"took over the expired lease of {current.describe()}",
                                  level=logging.WARNING, pipeline=self.config.name, owner=self.owner)
+                    assert self.state is not None  # _write set it
                     log_line(log, "lease", "acquired", pipeline=self.config.name, owner=self.owner,
                              generation=self.state.generation, ttl_s=self.ttl)
                     return self.state
@@ -204,12 +206,12 @@ class StreamLease:
             if self.lost:
                 raise LeaseLostError(self.lost)
             table, current = _read(self.path)
-            if current is None or current.owner != self.owner or current.state != HELD:
+            if table is None or current is None or current.owner != self.owner or current.state != HELD:
                 self._lose(f"now {current.describe() if current else 'missing'}")
             if not self._write(table, current, HELD):
                 self._lose("another process changed it while this stream renewed it")
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str) -> NoReturn:
         self.lost = (f"pipeline {self.config.name}: stream {self.owner} lost its lease ({why}); "
                      f"it stops without committing again")
         log_line(log, "lease", self.lost, level=logging.ERROR)
@@ -247,7 +249,7 @@ class StreamLease:
                 return
             for _ in range(5):
                 table, current = _read(self.path)
-                if current is None or current.owner != self.owner:
+                if table is None or current is None or current.owner != self.owner:
                     return
                 if self._write(table, current, RELEASED):
                     log_line(log, "lease", "released", pipeline=self.config.name, owner=self.owner)

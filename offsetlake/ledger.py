@@ -81,14 +81,17 @@ class Ledger:
         table = pa.Table.from_pylist(rows, schema=LEDGER_SCHEMA)
         # Ledgers written before a column existed gain it once (a metadata change); every other
         # append stays a plain append so concurrent writers never conflict on metadata.
-        merge = None
+        merge = False
         if not self._schema_current:
             try:
                 have = set(storage.table(self.path).schema().to_arrow().names)
             except TableNotFoundError:
                 have = set(LEDGER_SCHEMA.names)
-            merge = "merge" if set(LEDGER_SCHEMA.names) - have else None
-        write_deltalake(self.path, table, mode="append", partition_by=["pipeline"], schema_mode=merge)
+            merge = bool(set(LEDGER_SCHEMA.names) - have)
+        if merge:
+            write_deltalake(self.path, table, mode="append", partition_by=["pipeline"], schema_mode="merge")
+        else:
+            write_deltalake(self.path, table, mode="append", partition_by=["pipeline"])
         self._schema_current = True
 
     def record_plan(self, plan: BatchPlan) -> None:
@@ -133,7 +136,7 @@ class Ledger:
         that run plans anew. The one home of "reuse this run's recorded plan".
         """
         events = self.rows(_run_filter(run.dag_id, run.run_id) & (pc.field("kind") == str(kind))).to_pylist()
-        final = {}
+        final: dict[str, list[BatchStatus]] = {}
         for row in _best_outcomes(events):
             final.setdefault(row["batch_id"], []).append(BatchStatus(row["status"]))
         usable = {b for b, states in final.items()

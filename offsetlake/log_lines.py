@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from offsetlake.plan import BatchPlan
 
 _NEEDS_QUOTES = (" ", '"', "=", "\n", "\t", "\\")
-
-
-class _Plan(Protocol):  # what a line needs of a batch plan (offsetlake.plan.BatchPlan)
-    pipeline: str
-    batch_id: str
-
-    def describe(self) -> str: ...
 
 
 def quote(value: object) -> str:
@@ -31,7 +27,7 @@ def quote(value: object) -> str:
     return f'"{escaped}"'
 
 
-def format_line(step: str, message: str | None = None, plan: _Plan | None = None, **fields: object) -> str:
+def format_line(step: str, message: str | None = None, plan: BatchPlan | None = None, **fields: object) -> str:
     """``step=<step> [message] [pipeline= batch= ranges=] key=value ...``; None values are left out."""
     parts = [f"step={step}"]
     if message:
@@ -43,7 +39,7 @@ def format_line(step: str, message: str | None = None, plan: _Plan | None = None
 
 
 def log_line(
-    logger: logging.Logger, step: str, message: str | None = None, *, plan: _Plan | None = None,
+    logger: logging.Logger, step: str, message: str | None = None, *, plan: BatchPlan | None = None,
     level: int = logging.INFO, **fields: object,
 ) -> None:
     if logger.isEnabledFor(level):
@@ -53,8 +49,9 @@ def log_line(
 _STEPS = logging.getLogger("offsetlake.batch")
 
 
-def log_step(step: str, plan: _Plan | None, started: float, **fields: object) -> int:
+def log_step(step: str, plan: BatchPlan | None, started: float, **fields: object) -> int:
     """Log one batch step with its duration since ``started`` (``time.monotonic()``); returns the ms."""
     elapsed = int((time.monotonic() - started) * 1000)
-    log_line(_STEPS, step, plan=plan, **fields, duration_ms=elapsed)
+    if _STEPS.isEnabledFor(logging.INFO):
+        _STEPS.info(format_line(step, None, plan, **fields, duration_ms=elapsed))
     return elapsed

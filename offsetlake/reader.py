@@ -123,6 +123,7 @@ def read_ranges(
     from pyspark.sql.pandas.types import from_arrow_type
 
     parsed_type = decoder.read_type() if decoder is not None else None
+    decode_chunk = decoder.decode_chunk if decoder is not None and parsed_type is not None else None
     splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
     rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
     split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
@@ -145,8 +146,8 @@ def read_ranges(
             for batch in batches:
                 for split in batch.to_pylist():
                     for values, columns in _read_split(config, pipeline, split, timeout_s, read_range):
-                        if parsed_type is not None:
-                            columns.append(decoder.decode_chunk(values))
+                        if decode_chunk is not None:
+                            columns.append(decode_chunk(values))
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:

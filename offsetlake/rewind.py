@@ -146,6 +146,8 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     """
     where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
     table = table if table is not None else open_table(config.sink_path)
+    if table is None:
+        raise RewindError(f"{where}: the sink {config.sink_path} does not exist")
     commits = sink_commits(table, config.name)
     undone = rewound_batches(commits)
     target = next((c for c in commits if c.batch_id == to_batch), None)

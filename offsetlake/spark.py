@@ -57,8 +57,9 @@ def release_memory() -> None:
     import gc
 
     gc.collect()
-    if _SESSION is not None:
-        _SESSION.sparkContext._jvm.System.gc()
+    jvm = _SESSION.sparkContext._jvm if _SESSION is not None else None
+    if jvm is not None:
+        jvm.System.gc()
 
 
 def stop_spark() -> None:

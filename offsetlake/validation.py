@@ -283,7 +283,11 @@ def _run_gx(rows, suite: Suite, expectations: list[Expectation], result_format: 
         gx_suite.add_expectation(expectation)
     batch = batch_definition.get_batch(batch_parameters={"dataframe": rows})
     outcome = batch.validate(gx_suite, result_format=result_format)
-    by_index = {r.expectation_config.meta["offsetlake_entry"]: r.to_json_dict() for r in outcome.results}
+    by_index: dict[int, dict] = {}
+    for r in outcome.results:
+        entry = (r.expectation_config.meta or {}).get("offsetlake_entry") if r.expectation_config else None
+        if entry is not None:
+            by_index[int(entry)] = dict(r.to_json_dict())
     if len(by_index) != len(expectations):
         raise OffsetlakeError(f"{suite.path}: Great Expectations returned {len(by_index)} results for {len(expectations)} entries")
     return by_index

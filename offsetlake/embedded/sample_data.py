@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -69,7 +70,7 @@ def produce_orders(
         value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed else order_event(
             order_id, rng, base, customer=not no_customer)
         key = f"c{order_id % 997}".encode()
-        kwargs = {"partition": partition} if partition is not None else {}
+        kwargs: dict[str, Any] = {"partition": partition} if partition is not None else {}
         while True:
             try:
                 producer.produce(topic, value=value, key=key, headers=[("source", b"sample")], **kwargs)
@@ -94,7 +95,7 @@ def produce_transaction(
     producer.init_transactions(30)
     producer.begin_transaction()
     for i in range(count):
-        kwargs = {"partition": partition} if partition is not None else {}
+        kwargs: dict[str, Any] = {"partition": partition} if partition is not None else {}
         producer.produce(topic, value=order_event(first_id + i, rng, base), key=f"c{(first_id + i) % 997}".encode(), **kwargs)
     producer.flush(30)
     if commit:
