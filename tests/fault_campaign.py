@@ -246,14 +246,41 @@ class Campaign:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def crash_at_failpoint(self) -> None:
+        """A CLI run that dies at a random failpoint. The failpoint only fires in a batch, so
+        the step first makes sure there is something to ingest: on a broker whose last stable
+        offset lags a commit by some milliseconds (Apache Kafka), a step that ran on the
+        campaign's timing alone often found nothing new and crashed nowhere."""
         name = self.rng.choice(FAILPOINTS)
-        process = self._cli("run", "--max-batches", "1", env={"OFFSETLAKE_FAILPOINT": name})
-        out, err = process.communicate(timeout=600)
-        _kill_group(process.pid)
-        if process.returncode == -signal.SIGKILL:
-            self.stats["failpoint_crashes"] += 1
-        elif process.returncode != 0:
-            raise InvariantBroken(f"run with failpoint {name} exited {process.returncode}: {err[-2000:]}")
+        for attempt in range(3):
+            self._ensure_pending()
+            process = self._cli("run", "--max-batches", "1", env={"OFFSETLAKE_FAILPOINT": name})
+            out, err = process.communicate(timeout=600)
+            _kill_group(process.pid)
+            if process.returncode == -signal.SIGKILL:
+                self.stats["failpoint_crashes"] += 1
+                return
+            if process.returncode != 0:
+                raise InvariantBroken(f"run with failpoint {name} exited {process.returncode}: {err[-2000:]}")
+            self.log(f"campaign: failpoint {name} did not fire (attempt {attempt + 1}), nothing was pending")
+        raise InvariantBroken(f"failpoint {name} never fired in 3 runs with records pending")
+
+    def _ensure_pending(self, timeout_s: float = 30.0) -> None:
+        """Produce records unless some partition's last stable offset is past its committed end
+        (or a gap is due), then wait until the broker reports them stable."""
+        def pending() -> bool:
+            ends = self._committed_ends()
+            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+            return any(lso[p] > (ends.get(p) or self.model.deleted_below.get(p, 0)) for p in lso)
+
+        if pending():
+            return
+        self.finish_open_txn()  # an open transaction holds the last stable offset back
+        self.produce()
+        deadline = time.monotonic() + timeout_s
+        while not pending():
+            if time.monotonic() > deadline:
+                raise InvariantBroken(f"records produced to {self.topic} did not become stable within {timeout_s}s")
+            time.sleep(0.1)
 
     def kill_cli_run(self) -> None:
         """SIGKILL an `offsetlake run` somewhere in planning, Spark start-up, reading, writing or
