@@ -1,7 +1,19 @@
-"""An independent check that the sink is exactly once and agrees with its ledger.
+"""An independent check that the sink is exactly once and agrees with its ledger — and with Kafka.
 
-Reads only Delta (sink, dead letters, ledger) through delta-rs and pyarrow, never Spark, so it
-also works as a quick check on a laptop. ``offsetlake audit`` exits 0 only if every check holds.
+``audit_pipeline`` reads only Delta (sink, dead letters, ledger) through delta-rs and pyarrow,
+so it is a quick check on a laptop. Exactly once is checked per source record and per row: a
+record is a sink row (or, with a transform, rows — each ``(record, _kafka_row)`` once) or a
+dead letter, never both, never twice; committed ranges are contiguous; every row and dead letter
+lies in a committed range; the sink's txn versions equal the ledger's ends. Dead-letter changes a
+crash left pending after their sink commit are counted as the next run will apply them.
+
+``against_kafka=True`` also reads the committed ranges back from Kafka with its own
+read_committed consumer and checks that every committed record Kafka still holds is in exactly
+one of the sink, the dead letters or a recorded gap, and that nothing else is: a row or dead
+letter at an offset Kafka does not serve (an aborted record, a transaction marker) is a problem,
+and so is a record in neither table. Offsets past retention are reported, not checked. With a
+transform, a record without rows may have been filtered on purpose: those records (only those)
+are decoded and transformed again on Spark, and the ones that do give rows are lost.
 """
 
 from __future__ import annotations
@@ -12,12 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import RECORD_KEY
+from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC
 from offsetlake.history import rewound_batches, sink_commits
+from offsetlake.kafka import current_offsets, read_range
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
-from offsetlake.sink import committed_end, open_table
+from offsetlake.sink import committed_end, open_table, table_schema
 
 _COORDS = list(RECORD_KEY)
 _SHOW = 10
@@ -30,6 +44,7 @@ class AuditReport:
     dead_letters: int = 0
     problems: list[str] = field(default_factory=list)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    against_kafka: dict | None = None  # what the Kafka check read and found
 
     @property
     def ok(self) -> bool:
@@ -40,51 +55,63 @@ class AuditReport:
             f"audit of pipeline {self.pipeline}: {self.rows} sink rows, {self.dead_letters} dead letters, "
             f"{len(self.committed)} partitions committed"
         )
-        ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
+        kafka = ""
+        if self.against_kafka is not None:
+            k = self.against_kafka
+            kafka = (f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
+                     f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
+                     f"the transform; {k['past_retention']} committed offsets are past retention (not checked)")
         if self.ok:
+            ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
             return (
                 f"{head}\nOK: no duplicates, ranges contiguous, every row inside a committed range, "
-                f"txn versions match the ledger\ncommitted ends: {ends}"
+                f"txn versions match the ledger{kafka}\ncommitted ends: {ends}"
             )
-        return f"{head}\nFAILED ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems)
+        return f"{head}\nFAILED ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems) + kafka
 
 
-def _coordinates(path: str) -> pa.Table:
-    table = open_table(path)
+def _sink_keys(config: PipelineConfig) -> pa.Table:
+    """Coordinates (and ``_kafka_row`` where the sink has it, -1 for rows without one) of every row."""
+    table = open_table(config.sink_path)
     if table is None:
-        return pa.table({"_kafka_topic": pa.array([], pa.string()), "_kafka_partition": pa.array([], pa.int32()),
-                         "_kafka_offset": pa.array([], pa.int64())})
-    return table.to_pyarrow_dataset().to_table(columns=_COORDS)
+        return pa.table({TOPIC: pa.array([], pa.string()), PARTITION: pa.array([], pa.int32()),
+                         OFFSET: pa.array([], pa.int64()), ROW_INDEX: pa.array([], pa.int32())})
+    has_index = ROW_INDEX in table_schema(table).names
+    data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *([ROW_INDEX] if has_index else [])])
+    index = pc.fill_null(data[ROW_INDEX], -1) if has_index else pa.array(np.full(data.num_rows, -1), pa.int32())
+    return data.select(_COORDS).append_column(ROW_INDEX, index.cast(pa.int32()))
 
 
-def _duplicates(coords: pa.Table) -> pa.Table:
-    counted = coords.group_by(_COORDS).aggregate([([], "count_all")])
+def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
+    counted = keys.group_by(columns).aggregate([([], "count_all")])
     return counted.filter(pc.field("count_all") > 1)
 
 
-def audit_pipeline(config: PipelineConfig) -> AuditReport:
+def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
     report = AuditReport(config.name)
     sink = open_table(config.sink_path)
     commits = sink_commits(sink, config.name)
-    rows = _coordinates(config.sink_path)
-    dead = _coordinates(config.dead_letter_path)
+    rows = _sink_keys(config)
+    dead = dead_letters.coordinates_applied(config, _COORDS)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
 
-    # 1. no two sink rows (or a sink row and a dead letter) share coordinates
-    for label, table in (("sink", rows), ("sink + dead letters", pa.concat_tables([rows, dead.cast(rows.schema)]))):
-        dupes = _duplicates(table)
+    # 1. each (record, row index) at most once in the sink, each record at most once in the dead
+    # letters, and no record in both
+    for label, table, columns in (("sink", rows, [*_COORDS, ROW_INDEX]), ("dead letters", dead, _COORDS)):
+        dupes = _duplicates(table, columns)
         for d in dupes.slice(0, _SHOW).to_pylist():
+            which = f" row {d[ROW_INDEX]}" if d.get(ROW_INDEX, -1) >= 0 else ""
             report.problems.append(
-                f"duplicate in {label}: {d['_kafka_topic']}[{d['_kafka_partition']}] offset {d['_kafka_offset']} "
-                f"appears {d['count_all']} times"
-            )
+                f"duplicate in {label}: {d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]}{which} appears {d['count_all']} times")
         if dupes.num_rows > _SHOW:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more duplicated coordinates in {label}")
-        if dupes.num_rows:
-            break
+    records = rows.select(_COORDS).group_by(_COORDS).aggregate([])
+    both = records.join(dead.select(_COORDS).cast(records.schema), _COORDS, join_type="inner")
+    for d in both.slice(0, _SHOW).to_pylist():
+        report.problems.append(f"{d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]} is both a sink row and a dead letter")
 
-    # 2. committed ranges per partition are contiguous with no overlap (ingest and gap batches;
-    # batches a later rewind commit undid no longer count: their offsets are read again)
+    # 2. committed ranges per partition are contiguous with no overlap (ingest, stream and gap
+    # batches; batches a later rewind commit undid no longer count: their offsets are read again)
     rewound = rewound_batches(commits)
     by_tp: dict[tuple[str, int], list[tuple[int, int, str, str]]] = {}
     for c in commits:
@@ -93,6 +120,7 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
         for r in c.entry["ranges"]:
             by_tp.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"], c.batch_id, c.kind))
     covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    gaps: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for tp, ranges in by_tp.items():
         ranges.sort()
         previous = None
@@ -103,12 +131,11 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
                     f"{word} in committed ranges of {tp[0]}[{tp[1]}]: batch {previous[2]} ends at {previous[1]}, "
                     f"batch {batch} starts at {start}"
                 )
-            if kind != BatchKind.GAP:
-                covered.setdefault(tp, []).append((start, end))
+            (gaps if kind == BatchKind.GAP else covered).setdefault(tp, []).append((start, end))
             previous = (start, end, batch)
 
     # 3. every sink row and dead letter lies inside a committed (non-gap) range
-    for label, table in (("sink row", rows), ("dead letter", dead)):
+    for label, table in (("sink row", records), ("dead letter", dead)):
         for (topic, partition), group in _group_offsets(table).items():
             stray = _outside(group, covered.get((topic, partition), []))
             if stray:
@@ -119,7 +146,7 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
 
     # 4. txn versions equal the ledger's last committed ends
     ledger_ends: dict[tuple[str, int], int] = {}
-    for row in Ledger.of(config).batches():
+    for row in Ledger.of(config).batches_as_reconciled(commits):  # a ledger write a crash left out is not a problem
         if BatchStatus(row["status"]).committed and row["kind"] in OFFSET_MOVING_KINDS:
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
@@ -132,7 +159,103 @@ def audit_pipeline(config: PipelineConfig) -> AuditReport:
                 f"{tp[0]}[{tp[1]}]: sink txn version is {txn} but the ledger's last committed end is "
                 f"{ledger_ends.get(tp)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
             )
+
+    if against_kafka:
+        _check_against_kafka(config, report, records, dead, covered, gaps)
     return report
+
+
+# ---- against Kafka ----------------------------------------------------------------------------
+def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: pa.Table, dead: pa.Table,
+                         covered: dict[tuple[str, int], list[tuple[int, int]]],
+                         gaps: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
+    """Every committed record Kafka still holds is in exactly one of sink, dead letters or a gap."""
+    found = {"records": 0, "in_sink": 0, "dead_letters": 0, "in_gaps": 0, "filtered": 0, "past_retention": 0}
+    report.against_kafka = found
+    offsets = current_offsets(config)
+    in_sink = _group_offsets(records)
+    in_dead = _group_offsets(dead)
+    unaccounted: list[tuple[int, list]] = []  # (partition, raw messages) of records in neither table
+    client = config.kafka_client_config()
+    for (topic, partition), spans in sorted(covered.items()):
+        if topic != config.topic or partition not in offsets:
+            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of {config.topic}")
+            continue
+        log_start = offsets[partition].log_start
+        sink_set = set(in_sink.get((topic, partition), np.array([], np.int64)).tolist())
+        dead_set = set(in_dead.get((topic, partition), np.array([], np.int64)).tolist())
+        served: set[int] = set()
+        missing: list = []
+        for start, end in spans:
+            if end <= log_start:
+                found["past_retention"] += end - start
+                continue
+            if start < log_start:
+                found["past_retention"] += log_start - start
+                start = log_start
+            for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
+                for message in chunk:
+                    offset = int(message.offset() or 0)  # always set on a consumed record
+                    served.add(offset)
+                    as_row, as_dead = offset in sink_set, offset in dead_set
+                    if as_row:
+                        found["in_sink"] += 1
+                    if as_dead:
+                        found["dead_letters"] += 1
+                    if not as_row and not as_dead:
+                        missing.append(message)
+        found["records"] += len(served)
+        retained = [(max(s, log_start), e) for s, e in spans if e > log_start]
+        phantoms = sorted(o for o in sink_set | dead_set if _inside(o, retained) and o not in served)
+        if phantoms:
+            report.problems.append(
+                f"{len(phantoms)} rows or dead letters of {topic}[{partition}] are at offsets Kafka does not serve to "
+                f"read_committed (aborted records or transaction markers), e.g. {phantoms[:5]}")
+        for start, end in gaps.get((topic, partition), []):
+            found["in_gaps"] += max(0, end - max(start, log_start)) if end > log_start else 0
+        if missing:
+            unaccounted.append((partition, missing))
+    lost = _lost_records(config, unaccounted, found)
+    for partition, offsets_lost in lost:
+        report.problems.append(
+            f"{len(offsets_lost)} committed records of {config.topic}[{partition}] that Kafka holds are in neither the sink "
+            f"nor the dead letters nor a recorded gap, e.g. offsets {offsets_lost[:5]}")
+
+
+def _lost_records(config: PipelineConfig, unaccounted: list[tuple[int, list]], found: dict) -> list[tuple[int, list[int]]]:
+    """The records of ``unaccounted`` that should have become rows or dead letters: all of them
+    without a transform; with one, those its decode + transform still turn into rows or dead letters."""
+    if not unaccounted:
+        return []
+    if not config.transform:
+        return [(p, sorted(m.offset() for m in messages)) for p, messages in unaccounted]
+    from pyspark.sql import functions as F
+
+    from offsetlake.formats import REASON, decoder_for, good_rows
+    from offsetlake.reader import raw_dataframe
+    from offsetlake.spark import spark_session
+    from offsetlake.transform import apply_transform
+
+    spark = spark_session()
+    decoder = decoder_for(config)
+    decoded = decoder.decode_in_spark(raw_dataframe(spark, config.topic, unaccounted, decoder))
+    decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
+    should_be_dead = {(r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())
+                      .select("partition", "offset").collect()}
+    with_rows = {(r[PARTITION], r[OFFSET]) for r in apply_transform(good_rows(decoded, decoder), config)
+                 .select(PARTITION, OFFSET).distinct().collect()}
+    decoded.unpersist()
+    lost = []
+    for partition, messages in unaccounted:
+        offsets = sorted(m.offset() for m in messages if (partition, m.offset()) in should_be_dead | with_rows)
+        found["filtered"] += len(messages) - len(offsets)
+        if offsets:
+            lost.append((partition, offsets))
+    return lost
+
+
+def _inside(offset: int, spans: list[tuple[int, int]]) -> bool:
+    return any(s <= offset < e for s, e in spans)
 
 
 def _outside(offsets: np.ndarray, spans: list[tuple[int, int]]) -> list[int]:
@@ -150,10 +273,8 @@ def _group_offsets(table: pa.Table) -> dict[tuple[str, int], np.ndarray]:
     if table.num_rows == 0:
         return {}
     out: dict[tuple[str, int], np.ndarray] = {}
-    keys = table.group_by(["_kafka_topic", "_kafka_partition"]).aggregate([]).to_pylist()
+    keys = table.group_by([TOPIC, PARTITION]).aggregate([]).to_pylist()
     for key in keys:
-        mask = pc.and_(
-            pc.equal(table["_kafka_topic"], key["_kafka_topic"]), pc.equal(table["_kafka_partition"], key["_kafka_partition"])
-        )
-        out[(key["_kafka_topic"], key["_kafka_partition"])] = table.filter(mask)["_kafka_offset"].to_numpy()
+        mask = pc.and_(pc.equal(table[TOPIC], key[TOPIC]), pc.equal(table[PARTITION], key[PARTITION]))
+        out[(key[TOPIC], key[PARTITION])] = table.filter(mask)[OFFSET].to_numpy()
     return out

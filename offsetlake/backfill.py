@@ -19,16 +19,26 @@ import pyarrow.dataset as pads
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from offsetlake import storage
+from offsetlake import dead_letters, storage
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import file_may_hold, ranges_arrow
+from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
 from offsetlake.history import commit_version, ledger_entry
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
-from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
+from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RecordTimeWindow, RunContext, new_batch_id
 from offsetlake.process import ProcessedBatch, process_ranges, stage_files
-from offsetlake.sink import CommitActions, WrittenFiles, commit, committed_ends, live_files, open_table, remove_actions
+from offsetlake.sink import (
+    CommitActions,
+    WrittenFiles,
+    commit,
+    committed_ends,
+    evolved_schema,
+    live_files,
+    open_table,
+    remove_actions,
+    table_schema,
+)
 from offsetlake.spark import dataframe_from_arrow
 from offsetlake.validation import load_suite
 
@@ -54,9 +64,13 @@ def plan_backfill(
 ) -> BatchPlan:
     """Validate the request and turn it into per-partition ranges below the committed end.
 
-    Offsets are half-open ``[from_offset, to_offset)``; times select the offsets whose record
-    timestamps fall in ``[from_time, to_time)`` (offsets_for_times). Raises BackfillParamsError
-    naming the pipeline and what to fix.
+    Offsets are half-open ``[from_offset, to_offset)``. Times select records by their own
+    timestamps, ``[from_time, to_time)``: record timestamps need not grow with offsets (producers
+    set them), so no offset bounds a time window from above. The plan reads, per partition,
+    from the first offset whose timestamp is at or after ``from_time`` (offsets_for_times; every
+    record before it is earlier) up to the committed end, and reprocesses — replaces — only the
+    records whose timestamps fall in the window; the plan's description says so. Raises
+    BackfillParamsError naming the pipeline and what to fix.
     """
     where = f"pipeline {config.name} backfill"
     by_offset = from_offset is not None or to_offset is not None
@@ -82,16 +96,22 @@ def plan_backfill(
 
     starts: dict[int, int]
     stops: dict[int, int]
+    window: RecordTimeWindow | None = None
     if by_time:
         assert from_time and to_time  # checked above
         start_ms, stop_ms = _parse_time(from_time, "from_time", where), _parse_time(to_time, "to_time", where)
         if stop_ms <= start_ms:
             raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
-        client = config.kafka_client_config()
-        found_start = offsets_for_time(client, config.topic, chosen, start_ms, config.name)
-        found_stop = offsets_for_time(client, config.topic, chosen, stop_ms, config.name)
-        starts = {p: found_start[p] if found_start[p] >= 0 else offsets[p].last_stable for p in chosen}
-        stops = {p: found_stop[p] if found_stop[p] >= 0 else offsets[p].last_stable for p in chosen}
+        window = RecordTimeWindow(start_ms, stop_ms)
+        if start_ms <= 0:
+            # offsets_for_times takes -1 and -2 as "latest"/"earliest", and any earlier time may
+            # match from the first record on: start from the log start
+            starts = {p: offsets[p].log_start for p in chosen}
+        else:
+            found = offsets_for_time(config.kafka_client_config(), config.topic, chosen, start_ms, config.name)
+            # -1: no record at or after from_time yet
+            starts = {p: found[p] if found[p] >= 0 else offsets[p].last_stable for p in chosen}
+        stops = {p: offsets[p].last_stable for p in chosen}
     else:
         assert from_offset is not None and to_offset is not None  # checked above
         if to_offset <= from_offset:
@@ -119,17 +139,19 @@ def plan_backfill(
             check_log_start(offsets[p], starts[p], config.name)
         ranges.append(OffsetRange(config.topic, p, starts[p], stops[p]))
     if all(r.size == 0 for r in ranges):
-        raise BackfillParamsError(f"{where}: the requested range selects no committed offsets ({', '.join(map(str, ranges))})")
-    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run)
+        what = f"{window}" if window is not None else "the requested range"
+        raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
+    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
+                     window=window)
 
 
-def touched_files(table: DeltaTable, ranges: list[OffsetRange]) -> list[dict[str, Any]]:
-    """Live files whose coordinate statistics overlap any range (those may hold rows to replace)."""
-    return [f for f in live_files(table) if file_may_hold(f, ranges)]
+def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:
+    """Live files whose statistics say they may hold selected rows (those may hold rows to replace)."""
+    return [f for f in live_files(table) if selected.file_may_hold(f)]
 
 
-def kept_rows(table: DeltaTable, files: list[dict[str, Any]], ranges: list[OffsetRange]) -> pa.Table:
-    """Rows of ``files`` outside ``ranges`` (with partition columns), to be rewritten.
+def kept_rows(table: DeltaTable, files: list[dict[str, Any]], selected: Selection) -> pa.Table:
+    """Rows of ``files`` that are not selected (with partition columns), to be rewritten.
 
     Raises OffsetlakeError if a file is missing from the table's dataset: rewriting without its
     kept rows would lose them.
@@ -142,8 +164,26 @@ def kept_rows(table: DeltaTable, files: list[dict[str, Any]], ranges: list[Offse
         raise OffsetlakeError(f"backfill: data files {sorted(wanted - found)[:5]} of the sink are not in its dataset; "
                               "nothing was committed")
     subset = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    outside = ranges_arrow(ranges)
-    return subset.to_table(filter=~outside) if outside is not None else subset.to_table()
+    outside = selected.outside()
+    return subset.to_table(filter=outside) if outside is not None else subset.to_table()
+
+
+def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> None:
+    """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
+    commit first: delta-rs writes a schema change only with an overwrite, which cannot carry the
+    replace's removes. Dying in between leaves an empty new column and nothing else; a column
+    whose type changed is refused (SchemaChangeError) before anything is written."""
+    from deltalake.schema import Field as DeltaField
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = evolved_schema(table, config, to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False),
+                            plan.batch_id)
+    if schema is None:
+        return
+    have = set(table_schema(table).names)
+    added = [f for f in schema if f.name not in have]
+    table.alter.add_columns([DeltaField.from_arrow(f) for f in added])
+    log_step("schema", plan, time.monotonic(), added=",".join(f.name for f in added))
 
 
 def commit_replace(
@@ -158,7 +198,7 @@ def commit_replace(
     """
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:
-        commit(table, config, actions, entry, max_commit_retries=0)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
@@ -206,14 +246,17 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
     table = storage.table(config.sink_path)
-    removed = touched_files(table, list(plan.ranges))
+    selected = Selection.of(plan)
+    removed = touched_files(table, selected)
     rows = processed.rows
     kept_count = 0
     if removed:
-        kept = kept_rows(table, removed, list(plan.ranges))
+        kept = kept_rows(table, removed, selected)
         kept_count = kept.num_rows
         if kept_count:
-            rows = rows.unionByName(dataframe_from_arrow(spark, kept).select(*rows.columns))
+            # the reprocessed rows may lack columns the kept ones have, or add some: both read null
+            rows = rows.unionByName(dataframe_from_arrow(spark, kept), allowMissingColumns=True)
+    _add_new_columns(config, table, rows, plan)
     files = stage_files(config, plan, processed, rows, spark)
     rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
     if rewritten != kept_count:
@@ -223,12 +266,13 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
         )
     t = time.monotonic()
     entry = ledger_entry(plan, processed.per_range, started, processed.validation,
-                         message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files")
+                         message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
+                         extra={dead_letters.STAGED: processed.dead_letter_files})
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):
         latest = storage.table(config.sink_path)
-        if {f["path"] for f in touched_files(latest, list(plan.ranges))} != {f["path"] for f in removed}:
+        if {f["path"] for f in touched_files(latest, selected)} != {f["path"] for f in removed}:
             raise CommitConflictError(
                 f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "
                 f"the files holding the range changed while it wrote (a compaction, rewind or another backfill)"

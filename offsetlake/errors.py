@@ -51,6 +51,12 @@ class TransformError(OffsetlakeError):
     """The pipeline's transform failed or dropped the Kafka coordinate columns."""
 
 
+class SchemaChangeError(OffsetlakeError):
+    """Invariant 12: the batch's rows change the sink's schema in a way Delta cannot take in place
+    (a column's type changed); nothing was committed. The message names the field, both types and
+    the ways forward."""
+
+
 class ValidationFailedError(OffsetlakeError):
     """Invariant 9: the batch failed its expectations and nothing was committed."""
 

@@ -54,11 +54,12 @@ def ledger_entry(
     per_range: dict[tuple[str, int], RangeCounts] | None = None,
     started: float | None = None,
     validation: dict | None = None,
-    **extra: Any,
+    extra: dict[str, Any] | None = None,
+    **facts: Any,
 ) -> dict[str, Any]:
     """The ledger entry of ``plan`` as its sink commit records it: who planned it, when, its
-    ranges with their counts, its validation summary; ``extra`` adds kind-specific facts (a
-    gap's or a backfill's message, a rewind's targets). ``started`` is the batch's
+    ranges with their counts, its validation summary; ``extra`` and ``facts`` add kind-specific
+    facts (a message, a rewind's targets, the dead-letter change the commit stands for). ``started`` is the batch's
     ``time.monotonic()`` start, for its duration."""
     now = datetime.now(UTC)
     entry: dict[str, Any] = {
@@ -75,7 +76,10 @@ def ledger_entry(
     }
     if validation is not None:
         entry["validation"] = validation
-    entry.update(extra)
+    if plan.window is not None:
+        entry["record_time"] = {"from_ms": plan.window.from_ms, "to_ms": plan.window.to_ms}
+    entry.update(extra or {})
+    entry.update(facts)
     return entry
 
 

@@ -25,7 +25,15 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
-from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, BatchStatus, OffsetRange, RunContext
+from offsetlake.plan import (
+    OFFSET_MOVING_KINDS,
+    BatchKind,
+    BatchPlan,
+    BatchStatus,
+    OffsetRange,
+    RecordTimeWindow,
+    RunContext,
+)
 from offsetlake.sink import committed_end_lookup
 
 log = logging.getLogger("offsetlake.ledger")
@@ -33,6 +41,7 @@ log = logging.getLogger("offsetlake.ledger")
 PLANNED, FAILED, SUPERSEDED = BatchStatus.PLANNED, BatchStatus.FAILED, BatchStatus.SUPERSEDED
 COMMITTED, GAP, REWOUND = BatchStatus.COMMITTED, BatchStatus.GAP, BatchStatus.REWOUND
 COMPACT_AFTER_FILES = 32  # per pipeline; see Ledger.compact_if_fragmented
+ABANDON_AFTER_S = 3600.0  # a planned backfill with no outcome this long after its plan: its process died
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -58,6 +67,9 @@ LEDGER_SCHEMA = pa.schema(
         # the Great Expectations summary (JSON) of the batch's last validation, and its report
         ("validation", pa.string()),
         ("validation_report", pa.string()),
+        # a backfill by time: the record timestamps it selects within its ranges, [from, to) in ms
+        ("record_time_from_ms", pa.int64()),
+        ("record_time_to_ms", pa.int64()),
     ]
 )
 
@@ -128,6 +140,20 @@ class Ledger:
         """
         return _best_outcomes(self.rows(where).to_pylist())
 
+    def batches_as_reconciled(self, sink_commits: list[SinkCommit]) -> list[dict]:
+        """``batches()`` as they will be once ``reconcile`` has recorded what the sink's history
+        holds (a commit whose ledger write a crash prevented, a rewind's ``rewound`` batches),
+        without writing anything: what read-only views and the audit show."""
+        rows = self.batches()
+        final = {r["batch_id"] for r in rows if BatchStatus(r["status"]).committed or r["status"] == REWOUND}
+        rewound = {r["batch_id"] for r in rows if r["status"] == REWOUND}
+        missing = [row for c in sink_commits if c.batch_id not in final for row in rows_for_commit(c)]
+        missing += [row for row in rewound_rows(sink_commits) if row["batch_id"] not in rewound]
+        if not missing:
+            return rows
+        replaced = {(r["batch_id"], r["topic"], r["partition"]) for r in missing}
+        return _best_outcomes([r for r in rows if (r["batch_id"], r["topic"], r["partition"]) not in replaced] + missing)
+
     def run_plan(self, run: RunContext, kind: BatchKind) -> tuple[BatchPlan, BatchStatus] | None:
         """The latest plan this run recorded that can still apply, with the batch's status: what a
         rerun of the run executes again (invariant 3) — an Airflow retry or clear of the dag run,
@@ -154,14 +180,18 @@ class Ledger:
         return _plan_from_rows(rows, self.pipeline) if rows else None
 
     # ---- reconciliation ------------------------------------------------------------------
-    def reconcile(self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None]) -> int:
+    def reconcile(self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None],
+                  abandon_after_s: float = ABANDON_AFTER_S) -> int:
         """Make the ledger agree with the sink; returns the number of rows appended.
 
         Adds ``committed`` rows for sink commits the ledger lacks (a crash after the commit
         but before the ledger write), ``rewound`` rows for batches a later rewind commit lists
-        (so re-reading history never resurrects them as committed), and ``superseded`` rows for
+        (so re-reading history never resurrects them as committed), ``superseded`` rows for
         planned batches that can no longer apply because a partition's committed end moved past
-        their start.
+        their start, and ``failed`` rows for other planned batches (backfills) left without any
+        outcome for ``abandon_after_s``: their process died. A backfill still running past that
+        time is only shown failed until it commits (committed outranks failed), and a failed
+        plan can still be run again (an Airflow clear).
         """
         events = self.rows()
         status = events["status"]
@@ -197,10 +227,23 @@ class Ledger:
                 )
                 now = datetime.now(UTC)
                 rows.extend({**r, "status": str(SUPERSEDED), "message": message, "recorded_at": now} for r in mine)
+        rows.extend(self._abandoned(events, decided | in_sink, abandon_after_s))
         self._append(rows)
         if rows:
             log.info("ledger reconciled pipeline=%s rows_added=%d", self.pipeline, len(rows))
         return len(rows)
+
+    def _abandoned(self, events: pa.Table, decided: set[str], abandon_after_s: float) -> list[dict]:
+        """``failed`` rows for planned batches not planned from the committed ends (backfills)
+        that have no outcome and were planned more than ``abandon_after_s`` ago."""
+        now = datetime.now(UTC)
+        forward = {str(k) for k in OFFSET_MOVING_KINDS}
+        planned = [r for r in events.filter(pc.equal(events["status"], str(PLANNED))).to_pylist()
+                   if r["batch_id"] not in decided and r["kind"] not in forward]
+        stale = [r for r in planned if r["planned_at"] is None or (now - r["planned_at"]).total_seconds() >= abandon_after_s]
+        message = ("failed: no outcome was recorded and nothing of it was committed; the process running it stopped "
+                   "(killed?) before its commit. Run it again (Airflow: clear the dag run) if it is still wanted")
+        return [{**r, "status": str(FAILED), "message": message, "recorded_at": now} for r in stale]
 
     def compact_if_fragmented(self, max_files: int = COMPACT_AFTER_FILES) -> bool:
         """Rewrite this pipeline's ledger files into one once there are more than ``max_files``.
@@ -238,11 +281,11 @@ class Ledger:
         return len(rows)
 
 
-def reconcile_ledger(config: PipelineConfig, ledger: Ledger | None = None) -> int:
+def reconcile_ledger(config: PipelineConfig, ledger: Ledger | None = None, abandon_after_s: float = ABANDON_AFTER_S) -> int:
     """Invariant 4: bring the pipeline's ledger projection in line with the sink's history."""
     ledger = ledger or Ledger.of(config)
     table = storage.open_table(config.sink_path)
-    added = ledger.reconcile(sink_commits(table, config.name), committed_end_lookup(table, config))
+    added = ledger.reconcile(sink_commits(table, config.name), committed_end_lookup(table, config), abandon_after_s)
     if table is not None:
         ledger.compact_if_fragmented()
     return added
@@ -257,6 +300,7 @@ def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
     """The plan that ``planned`` rows recorded (the earliest batch among them)."""
     first_batch = min(rows, key=lambda r: r["planned_at"])["batch_id"]
     mine = [r for r in rows if r["batch_id"] == first_batch]
+    time_from, time_to = mine[0].get("record_time_from_ms"), mine[0].get("record_time_to_ms")
     return BatchPlan(
         pipeline=pipeline,
         batch_id=first_batch,
@@ -264,6 +308,7 @@ def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
         ranges=tuple(sorted(OffsetRange(r["topic"], r["partition"], r["start_offset"], r["end_offset"]) for r in mine)),
         run=RunContext(run_id=mine[0]["run_id"], dag_id=mine[0]["dag_id"], try_number=mine[0]["try_number"]),
         planned_at=mine[0]["planned_at"],
+        window=RecordTimeWindow(time_from, time_to) if time_from is not None and time_to is not None else None,
     )
 
 
@@ -301,6 +346,8 @@ def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | 
         "duration_ms": entry.get("duration_ms"),
         "message": entry.get("message"),
         **_validation_columns(entry.get("validation")),
+        "record_time_from_ms": (entry.get("record_time") or {}).get("from_ms"),
+        "record_time_to_ms": (entry.get("record_time") or {}).get("to_ms"),
         **columns,
     }
     return [

@@ -21,7 +21,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import sink_commits
 from offsetlake.kafka import current_offsets
-from offsetlake.ledger import Ledger, rows_for_commit, summarize_batch
+from offsetlake.ledger import Ledger, summarize_batch
 from offsetlake.plan import BatchKind, BatchStatus
 from offsetlake.sink import committed_ends, open_table
 
@@ -51,13 +51,7 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
 def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[dict]:
     """One row per (batch, topic, partition) with its most final outcome, the sink's commits
     included even where the ledger projection has not caught up with them yet."""
-    rows = Ledger.of(config).batches()
-    recorded = {r["batch_id"] for r in rows if BatchStatus(r["status"]).committed or r["status"] == BatchStatus.REWOUND}
-    unrecorded = [row for c in sink_commits(table, config.name) if c.batch_id not in recorded for row in rows_for_commit(c)]
-    if unrecorded:
-        replaced = {(r["batch_id"], r["topic"], r["partition"]) for r in unrecorded}
-        rows = [r for r in rows if (r["batch_id"], r["topic"], r["partition"]) not in replaced] + unrecorded
-    return rows
+    return Ledger.of(config).batches_as_reconciled(sink_commits(table, config.name))
 
 
 def summarize_batches(rows: list[dict]) -> list[dict]:

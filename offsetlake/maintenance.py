@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.log_lines import log_line
@@ -58,6 +59,8 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
             f"pipeline {config.name} maintenance: retention {retention_hours} h is below {MIN_RETENTION_HOURS} h; "
             "vacuum could delete the staged files of a batch still in flight"
         )
+    # A dead-letter change a crash left pending names staged files vacuum would otherwise take.
+    dead_letters.apply_pending(config)
     reports = []
     for label, path, mine in (
         ("sink", config.sink_path, None),

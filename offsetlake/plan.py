@@ -96,6 +96,27 @@ class RunContext:
 
 
 @dataclass(frozen=True)
+class RecordTimeWindow:
+    """``[from_ms, to_ms)`` of record timestamps (Kafka milliseconds): a backfill by time selects,
+    within its offset ranges, only the records whose timestamp falls in it."""
+
+    from_ms: int
+    to_ms: int
+
+    def contains(self, timestamp_ms: int | None) -> bool:
+        return timestamp_ms is not None and self.from_ms <= timestamp_ms < self.to_ms
+
+    def __str__(self) -> str:
+        return f"record times [{_iso_ms(self.from_ms)}, {_iso_ms(self.to_ms)})"
+
+
+def _iso_ms(ms: int) -> str:
+    from datetime import timedelta
+
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     pipeline: str
     batch_id: str
@@ -103,6 +124,7 @@ class BatchPlan:
     ranges: tuple[OffsetRange, ...]
     run: RunContext
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    window: RecordTimeWindow | None = None  # a backfill by time: only records with these timestamps
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", BatchKind(self.kind))
@@ -116,7 +138,8 @@ class BatchPlan:
         return sum(r.size for r in self.ranges)
 
     def describe(self) -> str:
-        return ", ".join(str(r) for r in self.ranges if r.size) or "nothing"
+        ranges = ", ".join(str(r) for r in self.ranges if r.size) or "nothing"
+        return f"{ranges}, {self.window}" if self.window is not None else ranges
 
 
 def new_batch_id(pipeline: str) -> str:

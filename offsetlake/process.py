@@ -10,18 +10,17 @@ files are inert until a commit names them (invariant 2), and a batch that fails 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import failpoints
+from offsetlake import dead_letters, failpoints
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import PARTITION, TOPIC, ranges_spark
-from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
+from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import REASON, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import WrittenFiles, add_actions, staging_dir
-from offsetlake.transform import apply_transform
+from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
 
 if TYPE_CHECKING:
@@ -37,6 +36,7 @@ class ProcessedBatch:
     per_range: dict[tuple[str, int], RangeCounts]
     timings_ms: dict[str, int]
     validation: dict | None = None  # the Great Expectations summary, None without a suite
+    dead_letter_files: list[dict] = field(default_factory=list)  # staged; the sink commit's entry lists them
 
     def release(self) -> None:
         for frame in self.cached:
@@ -46,9 +46,10 @@ class ProcessedBatch:
 
 def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None) -> ProcessedBatch:
     """Read the plan's ranges once, count them, decode, transform, validate (invariant 9), then
-    replace their dead letters (undecodable and quarantined records) in one write.
+    stage their dead letters (undecodable and quarantined records): files no commit names yet,
+    that the dead-letter table takes after the batch's sink commit (``offsetlake.dead_letters``).
 
-    Raises ValidationFailedError when the batch must not commit; nothing was written then.
+    Raises ValidationFailedError when the batch must not commit; nothing was staged then.
     """
     from pyspark.sql import functions as F
 
@@ -65,7 +66,12 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     t = time.monotonic()
     decoder = decoder_for(config)
     raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder)
-    decoded = decoder.decode_in_spark(raw)
+    # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
+    decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    if plan.window is not None:  # a backfill by time reprocesses only the records of its window
+        decoded = decoded.where(
+            (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
+            & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms))))
     if suite is None or config.validation.on_failure != "quarantine":
         # only dead letters and quarantined records need the original bytes: a cache without
         # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
@@ -88,6 +94,8 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     failpoints.failpoint("after_read")
 
     rows = apply_transform(good_rows(decoded, decoder), config)
+    if config.transform:  # a record may become several rows: number them (offsetlake.transform)
+        rows = number_rows_per_record(rows)
     dead = dead_letter_rows(decoded, config.name, plan.batch_id) if any(v["dead_letters"] for v in per_range.values()) else None
     try:
         if suite is not None and records:
@@ -98,9 +106,9 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         raise
 
     t = time.monotonic()
-    table = dead.toArrow() if dead is not None else DEAD_LETTER_SCHEMA.empty_table()
-    replace_dead_letters(config, sized, table)
-    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows)
+    table = dead.toArrow() if dead is not None else dead_letters.DEAD_LETTER_SCHEMA.empty_table()
+    processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
+    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
     processed.rows = rows
     return processed
 
@@ -144,7 +152,7 @@ def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     files = add_actions(config.sink_path, folder)
     if files.rows:
         written = spark.read.parquet(folder)
-        for row in written.where(ranges_spark(plan.ranges)).groupBy(TOPIC, PARTITION).count().collect():
+        for row in written.where(Selection.of(plan).spark()).groupBy(TOPIC, PARTITION).count().collect():
             processed.per_range[(row[TOPIC], row[PARTITION])]["rows_written"] = int(row["count"])
     processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")

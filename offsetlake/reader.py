@@ -41,6 +41,9 @@ RAW_SCHEMA = StructType(
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("timestamp", TimestampType()),
+        # why the record itself (not its value) cannot become a row: unreadable headers, a
+        # timestamp the sink's type cannot hold; null for almost every record
+        StructField("read_problem", StringType()),
     ]
 )
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -53,9 +56,16 @@ _ARROW_SCHEMA = pa.schema(
         pa.field("partition", pa.int32(), nullable=False),
         pa.field("offset", pa.int64(), nullable=False),
         ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("read_problem", pa.string()),
     ]
 )
 _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
+_PROBLEM = _ARROW_SCHEMA.get_field_index("read_problem")
+# What the sink's timestamp type (Spark's TimestampType, Delta's timestamp) holds: years 1 to 9999.
+# A Kafka timestamp is any int64 of milliseconds (-1: none); one outside this range makes its
+# record a dead letter instead of an overflow that stops the batch.
+TIMESTAMP_MIN_MS, TIMESTAMP_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
+NO_TIMESTAMP = -1
 _SPLIT_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
@@ -123,7 +133,7 @@ def read_ranges(
     from pyspark.sql.pandas.types import from_arrow_type
 
     parsed_type = decoder.read_type() if decoder is not None else None
-    decode_chunk = decoder.decode_chunk if decoder is not None and parsed_type is not None else None
+    decode_chunk = decoder.decode_chunk if decoder is not None else None
     splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
     rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
     split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
@@ -147,7 +157,11 @@ def read_ranges(
                 for split in batch.to_pylist():
                     for values, columns in _read_split(config, pipeline, split, timeout_s, read_range):
                         if decode_chunk is not None:
-                            columns.append(decode_chunk(values))
+                            decoded = decode_chunk(values)
+                            if decoded.problems is not None:
+                                columns[_PROBLEM] = _merge_problems(columns[_PROBLEM], decoded.problems)
+                            if parsed_type is not None:
+                                columns.append(decoded.parsed)
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:
@@ -156,20 +170,85 @@ def read_ranges(
     return split_df.mapInArrow(consume, spark_schema)
 
 
+def raw_dataframe(spark: SparkSession, topic: str, chunks: list[tuple[int, list]], decoder: Decoder) -> DataFrame:
+    """Records already consumed in the driver ((partition, messages) pairs) as the DataFrame a
+    read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    parsed_type = decoder.read_type()
+    arrow_schema = _ARROW_SCHEMA if parsed_type is None else _ARROW_SCHEMA.append(pa.field(PARSED_IN_READ, parsed_type))
+    batches = []
+    for partition, messages in chunks:
+        values, columns = record_columns(messages, topic, partition)
+        decoded = decoder.decode_chunk(values)
+        if decoded.problems is not None:
+            columns[_PROBLEM] = _merge_problems(columns[_PROBLEM], decoded.problems)
+        if parsed_type is not None:
+            columns.append(decoded.parsed)
+        batches.append(pa.RecordBatch.from_arrays(columns, schema=arrow_schema))
+    table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
+    schema = RAW_SCHEMA if parsed_type is None else StructType(
+        [*RAW_SCHEMA.fields, StructField(PARSED_IN_READ, from_arrow_type(parsed_type))])
+    return spark.createDataFrame(table, schema=schema)
+
+
 def _read_split(config, pipeline, split, timeout_s, read_range) -> Iterator[tuple[list, list[pa.Array]]]:
     """Each consumed chunk of one split: its values and its RAW_SCHEMA columns, built column by column
     (this loop is the read path's hot spot: a per-record append loop ran at a third of the
     consumer's own rate)."""
     topic, partition = split["topic"], split["partition"]
     for chunk in read_range(config, pipeline, topic, partition, split["start"], split["end"], timeout_s):
-        stamps = [m.timestamp() for m in chunk]
-        values = [m.value() for m in chunk]
-        yield values, [
-            pa.array([m.key() for m in chunk], pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([m.headers() for m in chunk], _HEADERS),
-            pa.array([topic] * len(chunk), pa.string()),
-            pa.array([partition] * len(chunk), pa.int32()),
-            pa.array([m.offset() for m in chunk], pa.int64()),
-            pa.array([s * 1000 if kind and s >= 0 else None for kind, s in stamps], _TIMESTAMP),
-        ]
+        yield record_columns(chunk, topic, partition)
+
+
+def record_columns(chunk: list, topic: str, partition: int) -> tuple[list, list[pa.Array]]:
+    """One consumed chunk of one partition as (values, RAW_SCHEMA's Arrow columns)."""
+    stamps = [m.timestamp() for m in chunk]
+    values = [m.value() for m in chunk]
+    problems: list[str | None] | None = None
+    try:
+        headers = [m.headers() for m in chunk]
+    except (SystemError, UnicodeDecodeError):  # a header key that is not UTF-8 (checked: SystemError)
+        headers, problems = _headers_one_by_one(chunk)
+    micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None
+              for kind, s in stamps]
+    if None in micros:  # rare: records without a timestamp, or with one out of range
+        for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
+            if us is None and kind and s != NO_TIMESTAMP:
+                problems = problems or [None] * len(chunk)
+                problems[i] = problems[i] or (
+                    f"record timestamp {s} ms is outside what the sink's timestamp type holds "
+                    "(0001-01-01 to 9999-12-31 UTC)")
+    return values, [
+        pa.array([m.key() for m in chunk], pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array(headers, _HEADERS),
+        pa.array([topic] * len(chunk), pa.string()),
+        pa.array([partition] * len(chunk), pa.int32()),
+        pa.array([m.offset() for m in chunk], pa.int64()),
+        pa.array(micros, _TIMESTAMP),
+        pa.array(problems, pa.string()) if problems is not None else pa.nulls(len(chunk), pa.string()),
+    ]
+
+
+def _merge_problems(known: pa.Array, found: list[str | None]) -> pa.Array:
+    """The read problems of a chunk with a decoder's added (the record's own come first)."""
+    if known.null_count == len(known):
+        return pa.array(found, pa.string())
+    return pa.array([k if k is not None else f for k, f in zip(known.to_pylist(), found, strict=True)], pa.string())
+
+
+def _headers_one_by_one(chunk: list) -> tuple[list, list[str | None]]:
+    """Headers of each record, None (with the reason) where confluent-kafka cannot decode them:
+    it returns header keys as str and fails on a key that is not UTF-8, so the raw key bytes
+    are not available; the record's key and value still go to its dead letter."""
+    headers: list = []
+    problems: list[str | None] = []
+    for m in chunk:
+        try:
+            headers.append(m.headers())
+            problems.append(None)
+        except (SystemError, UnicodeDecodeError):
+            headers.append(None)
+            problems.append("record headers cannot be read: a header key is not valid UTF-8")
+    return headers, problems

@@ -28,13 +28,13 @@ whose files are gone from disk (vacuumed): then nothing is written, never a half
 Rewinding to the latest live batch changes nothing and says so. Any batch kind may be the
 target (ingest, gap or backfill): the target is the table version that batch committed.
 
-Dead letters: the rows whose ``batch_id`` is a rewound ingest or gap batch are deleted from the
-dead-letter table in a second Delta commit, after the sink commit (Delta has no multi-table
-commit). If the process dies in between, nothing is lost: the stale dead letters lie at
-offsets the next run reads again, and its ``replace_dead_letters`` replaces exactly those
-coordinates; calling ``rewind`` again (now a no-op on the sink) deletes them too. Dead letters
-written by a rewound *backfill* are kept: that backfill had replaced the dead letters of its
-range, so they are the only ones left for offsets that stay committed.
+Dead letters go back with the sink: the rewind commit's entry says ``dead_letter_restore:
+{to_sink_version}``, and the dead-letter table is then restored to its version as of batch k in
+one commit on that table (``offsetlake.dead_letters``): dead letters later batches wrote go,
+and those a later backfill had replaced come back. Delta has no multi-table commit, so if the
+process dies in between, the next run, stream, Airflow task, maintenance or rewind applies the
+pending restore first. Dead-letter files of batch k's version that are gone (vacuumed) refuse
+the rewind before anything is written, as for the sink.
 
 Run it while no ingest or backfill of the pipeline is running: the commit is made with no
 retries on the table object it was computed from, so a concurrent commit makes it fail cleanly
@@ -53,9 +53,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from offsetlake import storage
+from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
-from offsetlake.dead_letters import count_dead_letters_of, delete_dead_letters_of
 from offsetlake.errors import CommitConflictError, RewindError
 from offsetlake.history import SinkCommit, commit_version, ledger_entry, rewound_batches, sink_commits
 from offsetlake.ledger import Ledger, reconcile_ledger
@@ -90,7 +89,8 @@ class RewindPlan:
     remove_files: list[str] = field(default_factory=list)
     readd_files: list[str] = field(default_factory=list)
     txn: list[TxnMove] = field(default_factory=list)
-    dead_letters: dict[str, int] = field(default_factory=dict)  # rewound batch id -> rows to delete
+    dead_letters: dict[str, int] = field(default_factory=dict)  # rewound batch id -> its dead letters that go
+    dead_letters_readded: int = 0  # dead letters later batches (backfills) had replaced, that come back
 
     @property
     def noop(self) -> bool:
@@ -120,7 +120,7 @@ class RewindResult:
         if p.noop:
             lines = [f"{head}: batch {p.to_batch} is already the latest live batch; nothing to rewind"]
             if self.dead_letters_removed:
-                lines.append(f"removed {self.dead_letters_removed} leftover dead letters of batches rewound earlier")
+                lines.append(f"applied the pending dead-letter restore of an earlier rewind ({self.dead_letters_removed} rows)")
             return "\n".join(lines)
         verb = "would" if self.dry_run else "did"
         lines = [f"{head}{' [dry run: nothing written]' if self.dry_run else f' = sink version {self.rewind_version}'}",
@@ -135,6 +135,7 @@ class RewindResult:
         lines += [f"  {m.topic}[{m.partition}]  {m.current} -> {m.target}  ({m.why})" for m in p.txn]
         lines.append(f"dead letters {verb} remove: {sum(p.dead_letters.values())}"
                      + "".join(f"\n  {b}: {n}" for b, n in p.dead_letters.items() if n))
+        lines.append(f"dead letters {verb} come back (later batches had replaced them): {p.dead_letters_readded}")
         return "\n".join(lines)
 
 
@@ -167,7 +168,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND
              and c.batch_id not in undone]
     plan.rewound = [{"batch_id": c.batch_id, "kind": c.entry.get("kind", "ingest"), "version": c.version} for c in later]
-    plan.dead_letters = count_dead_letters_of(config, _dead_letter_batches(commits, [c.batch_id for c in later]))
+    plan.dead_letters = dead_letters.count_by_batch(config, [c.batch_id for c in later])
     if plan.noop:
         return plan
 
@@ -182,6 +183,15 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
             f"{where}: {len(missing)} data files of sink version {target.version} are gone from disk "
             f"(vacuumed?), e.g. {', '.join(missing[:5])}; nothing was changed"
         )
+    dead_version = dead_letters.version_as_of(config, target.version)
+    if dead_version is not None:
+        gone = dead_letters.missing_files_as_of(config, dead_version)
+        if gone:
+            raise RewindError(
+                f"{where}: {len(gone)} dead-letter files of that batch's state are gone from disk (vacuumed?), "
+                f"e.g. {', '.join(gone[:5])}; nothing was changed"
+            )
+        plan.dead_letters_readded = dead_letters.rows_readded_by_restore(config, dead_version)
     plan.txn = _txn_moves(config, table, then, commits)
     return plan
 
@@ -219,11 +229,13 @@ def rewind_pipeline(
         log_line(log, "rewind", pipeline=config.name, rewind=result.rewind_id, to_batch=to_batch,
                  rewound=len(plan.rewound), removed_files=len(plan.remove_files), readded_files=len(plan.readd_files),
                  sink_version=result.rewind_version, duration_ms=int((time.monotonic() - started) * 1000))
+        failpoints.failpoint("after_commit")
+    # Second commit, on the dead-letter table (and any restore an earlier rewind left pending).
+    before = dead_letters.row_count(config)
+    dead_letters.apply_pending(config)
+    if plan.noop:
+        result.dead_letters_removed = max(0, before - dead_letters.row_count(config))
     reconcile_ledger(config, Ledger.of(config))
-    # Second commit, on the dead-letter table: every batch ever rewound, so a second call after a
-    # crash between the two commits finishes the job (see the module doc).
-    commits = sink_commits(open_table(config.sink_path), config.name)
-    result.dead_letters_removed = delete_dead_letters_of(config, _dead_letter_batches(commits, list(rewound_batches(commits))))
     return result
 
 
@@ -237,6 +249,7 @@ def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str
         batch, started=started,
         to_batch=plan.to_batch, to_version=plan.to_version, rewound=rewound, reason=reason, requested_by=requested_by,
         files_removed=len(plan.remove_files), files_readded=len(plan.readd_files),
+        extra={dead_letters.RESTORE: {"to_sink_version": plan.to_version}},
         message=f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
                 f"(sink version {plan.to_version}) for {requested_by}: {reason}",
     )
@@ -254,7 +267,7 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
         txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
     )
     try:
-        commit(table, config, actions, entry, max_commit_retries=0)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
@@ -281,12 +294,6 @@ def _txn_moves(config: PipelineConfig, now: DeltaTable, then: DeltaTable, commit
             target, why = first_start[(topic, partition)], "no txn at the target batch: its first recorded start"
         moves.append(TxnMove(topic, partition, current, target, why))
     return moves
-
-
-def _dead_letter_batches(commits: list[SinkCommit], batch_ids: list[str]) -> list[str]:
-    """The rewound batches whose dead letters go: ingest and gap ones (see the module doc)."""
-    kinds = {c.batch_id: c.kind for c in commits}
-    return [b for b in batch_ids if kinds.get(b) in OFFSET_MOVING_KINDS]
 
 
 def _ledger_status(config: PipelineConfig, batch_id: str) -> str | None:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from offsetlake import failpoints
+from offsetlake import dead_letters, failpoints
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
-from offsetlake.dead_letters import DEAD_LETTER_SCHEMA, replace_dead_letters
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
@@ -33,13 +32,31 @@ from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
 from offsetlake.process import process_ranges, stage_files
-from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end, ensure_table, open_table
+from offsetlake.sink import (
+    WrittenFiles,
+    check_plan_applies,
+    commit_batch,
+    committed_end,
+    ensure_table,
+    evolved_schema,
+    open_table,
+    table_schema,
+)
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.runs")
 MAX_CONFLICT_REPLANS = 5
 COMMITTED, ALREADY_COMMITTED, SUPERSEDED = "committed", "already_committed", "superseded"  # BatchResult.status
+
+
+# ---- projections of the sink's history --------------------------------------------------------
+def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
+    """Invariant 4: bring both projections of the sink's history in line with it before a run
+    reads them — the dead-letter table (a change a crash left pending after its sink commit) and
+    the ledger (commits it lacks, plans that can no longer apply)."""
+    dead_letters.apply_pending(config)
+    reconcile_ledger(config, ledger or Ledger.of(config))
 
 
 # ---- how a batch ended ------------------------------------------------------------------------
@@ -99,16 +116,21 @@ def _execute_forward(
         t = time.monotonic()
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        table = ensure_table(config, to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False))
+        rows_schema = to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False)
+        table = ensure_table(config, rows_schema)
         if not check_plan_applies(table, config, plan):
             return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-        entry = ledger_entry(plan, processed.per_range, started, processed.validation)
+        schema = evolved_schema(table, config, rows_schema, plan.batch_id)
+        entry = ledger_entry(plan, processed.per_range, started, processed.validation,
+                             extra={dead_letters.STAGED: processed.dead_letter_files})
         before_commit()
-        version = commit_batch(table, config, plan, files, entry)
-        processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows)
+        version = commit_batch(table, config, plan, files, entry, schema)
+        processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows,
+                                                  new_columns=",".join(schema.names[len(table_schema(table)):]) if schema else None)
     finally:
         processed.release()
     failpoints.failpoint("after_commit")
+    dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
@@ -119,18 +141,18 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
                 before_commit: Callable[[], None]) -> BatchResult:
     """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only).
 
-    Dead letters a crashed batch left in the lost range are removed first: those offsets are now
-    recorded as never ingested, and no later batch will read (and so replace) them again.
+    The gap replaces the dead letters of the lost range with none: those offsets are recorded as
+    never ingested, and no later batch will read (and so replace) them again.
     """
-    replace_dead_letters(config, list(plan.ranges), DEAD_LETTER_SCHEMA.empty_table())
     table = open_table(config.sink_path)
     lost = ", ".join(str(r) for r in plan.ranges)
-    entry = ledger_entry(plan, {}, started,
-                         message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion")
+    entry = ledger_entry(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion",
+                         extra={dead_letters.STAGED: []})
     before_commit()
     if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
         raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")
     version = commit_batch(table, config, plan, WrittenFiles.none(), entry)
+    dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     log_line(log, "gap", plan=plan, level=logging.WARNING, lost=lost, sink_version=version)
     return BatchResult(plan, COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
@@ -141,11 +163,12 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
     started = time.monotonic()
     done = {c.batch_id: c for c in sink_commits(open_table(config.sink_path), config.name)}
     if plan.batch_id in done:
-        reconcile_ledger(config, ledger)
+        reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
         return BatchResult(plan, ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
     version, entry, processed = execute_backfill(config, plan, spark_factory)
     failpoints.failpoint("after_commit")
+    dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
@@ -164,7 +187,7 @@ def _plan_already_held(
     commits = sink_commits(open_table(config.sink_path), config.name)
     mine = [c for c in commits if c.batch_id == plan.batch_id]
     if mine:
-        reconcile_ledger(config, ledger)
+        reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
         return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
     first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
@@ -195,7 +218,7 @@ def run_pipeline(
     ledger = Ledger.of(config)
     started = time.monotonic()
     refuse_if_stream_owns(config)
-    reconcile_ledger(config, ledger)
+    reconcile(config, ledger)
     limit = {p: o.last_stable for p, o in current_offsets(config).items()}
     log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
     results: list[BatchResult] = []
@@ -231,7 +254,7 @@ def run_pipeline(
         results.append(result)
         emit(result.summary())
         release_memory()
-    reconcile_ledger(config, ledger)
+    reconcile(config, ledger)
     return results
 
 
@@ -245,7 +268,7 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     """
     ledger = Ledger.of(config)
     started = time.monotonic()
-    reconcile_ledger(config, ledger)
+    reconcile(config, ledger)
     recorded = ledger.run_plan(run, BatchKind.INGEST) or ledger.run_plan(run, BatchKind.GAP)
     if recorded is not None:
         log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
@@ -264,6 +287,7 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
 def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
     """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised."""
     ledger = Ledger.of(config)
+    dead_letters.apply_pending(config)
     plan = ledger.plan_by_batch_id(batch_id)
     if plan is None:
         raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
@@ -305,7 +329,7 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
     which batch committed them). Anything else raises, naming the batch's state and why.
     """
     ledger = Ledger.of(config)
-    reconcile_ledger(config, ledger)
+    reconcile(config, ledger)
     rows = ledger.batches(pc.field("batch_id") == batch_id)
     table = open_table(config.sink_path)
     ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}

@@ -31,7 +31,7 @@ from pyarrow import fs as pafs
 
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import CommitConflictError, StalePlanError
+from offsetlake.errors import CommitConflictError, SchemaChangeError, StalePlanError
 from offsetlake.history import commit_version, covering_batch, entry_json, sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange
 
@@ -211,35 +211,51 @@ def _millis(value: Any) -> int:
 
 
 def file_stats(metadata: pq.FileMetaData) -> dict:
-    """Delta file statistics from the parquet footer: numRecords, nullCount, min/max."""
+    """Delta file statistics from the parquet footer: numRecords, nullCount, min/max.
+
+    Only top-level columns of simple types get statistics, found by their parquet leaf path (a
+    nested column before them has several leaves, so arrow field positions are not leaf
+    positions: reading by position gave ``_kafka_offset`` another column's statistics). A
+    column whose statistics cannot be stated (incomplete, or a value Python's datetime cannot
+    hold) gets none at all, which readers treat as "may hold anything".
+    """
     arrow_schema = metadata.schema.to_arrow_schema()
+    leaves = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
     mins: dict = {}
     maxs: dict = {}
     nulls: dict = {}
-    for index, column in enumerate(arrow_schema):
-        if not any(check(column.type) for check in _STAT_TYPES):
+    for column in arrow_schema:
+        index = leaves.get(column.name)
+        if index is None or not any(check(column.type) for check in _STAT_TYPES):
             continue
-        null_count = 0
-        low = high = None
-        complete = True
-        for rg in range(metadata.num_row_groups):
-            stats = metadata.row_group(rg).column(index).statistics
-            if stats is None or not stats.has_null_count:
-                complete = False
-                break
-            null_count += stats.null_count
-            if stats.has_min_max:
-                low = stats.min if low is None else min(low, stats.min)
-                high = stats.max if high is None else max(high, stats.max)
-        if not complete:
+        try:
+            null_count, low, high = _column_stats(metadata, index)
+        except (OverflowError, ValueError, TypeError):
             continue
-        nulls[column.name] = null_count
+        if null_count is None:
+            continue
         # Every column with values needs min and max: delta-rs turns a missing bound into a null
         # guarantee and its pyarrow dataset then prunes the file for any filter on that column
         # (seen here: a filter on _kafka_topic matched no rows).
         if low is not None:
             mins[column.name], maxs[column.name] = _stat_value(low), _stat_value(high)
+        nulls[column.name] = null_count
     return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _column_stats(metadata: pq.FileMetaData, index: int) -> tuple[int | None, Any, Any]:
+    """(null count, min, max) of one leaf column over all row groups; null count None if unknown."""
+    null_count = 0
+    low = high = None
+    for rg in range(metadata.num_row_groups):
+        stats = metadata.row_group(rg).column(index).statistics
+        if stats is None or not stats.has_null_count:
+            return None, None, None
+        null_count += stats.null_count
+        if stats.has_min_max:
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+    return null_count, low, high
 
 
 def _stat_value(value: object) -> object:
@@ -260,7 +276,8 @@ class CommitActions:
 
 
 def txns(config: PipelineConfig, ends: Iterable[tuple[OffsetRange | tuple[str, int], int]]) -> list[Transaction]:
-    """One txn action per topic-partition, version = its new committed end."""
+    """One txn action per topic-partition (appId ``<pipeline>:<topic>:<partition>``), version =
+    its new committed end."""
     out = []
     for where, end in ends:
         topic, partition = (where.topic, where.partition) if isinstance(where, OffsetRange) else where
@@ -268,30 +285,100 @@ def txns(config: PipelineConfig, ends: Iterable[tuple[OffsetRange | tuple[str, i
     return out
 
 
-def commit(table: DeltaTable, config: PipelineConfig, actions: CommitActions, entry: dict,
-           max_commit_retries: int | None = None) -> None:
-    """The one shape of every offsetlake sink commit (ingest, stream, gap, backfill, rewind):
-    file actions, txn actions and the ledger entry (with offsetlake's marker, see
-    ``offsetlake.history``) in ONE Delta commit, with a checkpoint and never a log cleanup.
+def txns_for(app_versions: Iterable[tuple[str, int]]) -> list[Transaction]:
+    """Txn actions for other appIds (the dead-letter table's applied sink version)."""
+    return [Transaction(app_id, version) for app_id, version in app_versions]
+
+
+def commit(table: DeltaTable, actions: CommitActions, entry: dict, *, partition_by: list[str] | None,
+           max_commit_retries: int | None = None, schema: pa.Schema | None = None) -> None:
+    """The one shape of every offsetlake commit (ingest, stream, gap, backfill, rewind on the
+    sink; applied changes on the dead-letter table): file actions, txn actions and the ledger
+    entry (with offsetlake's marker, see ``offsetlake.history``) in ONE Delta commit, with a
+    checkpoint and never a log cleanup.
+
+    ``schema``, when given, is the table's new schema (``evolved_schema``): the commit then also
+    carries the metaData action that changes it, so a column appears in the same commit as the
+    first rows that have it (invariant 12). delta-rs writes that action only for an "overwrite"
+    commit, so this one is an overwrite whose partition filter (``in []``) selects no file: it
+    removes nothing (checked here: rows, txns and userMetadata as for an append) and takes no
+    remove actions.
 
     Raises delta-rs's CommitFailedError on a conflict; callers say what that means for their kind.
     """
-    table.create_write_transaction(
-        actions.files,
-        mode="append",
-        schema=table.schema(),
-        partition_by=config.sink.partition_by or None,
-        commit_properties=CommitProperties(
-            custom_metadata={"userMetadata": entry_json(entry)},
-            app_transactions=actions.txns or None,
-            max_commit_retries=max_commit_retries,
-        ),
-        post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False),
+    properties = CommitProperties(
+        custom_metadata={"userMetadata": entry_json(entry)},
+        app_transactions=actions.txns or None,
+        max_commit_retries=max_commit_retries,
     )
+    hooks = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+    if schema is None:
+        table.create_write_transaction(actions.files, mode="append", schema=table.schema(),
+                                       partition_by=partition_by or None, commit_properties=properties,
+                                       post_commithook_properties=hooks)
+        return
+    if any(isinstance(a, RemoveAction) for a in actions.files):
+        raise ValueError("a commit that changes the schema cannot remove files")
+    nothing: Any = [(schema.names[0], "in", [])]
+    table.create_write_transaction(actions.files, mode="overwrite", schema=schema, partition_by=partition_by or None,
+                                   partition_filters=nothing, commit_properties=properties, post_commithook_properties=hooks)
 
 
-def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: dict) -> int:
-    """Commit data files + one txn per partition + the ledger entry as ONE Delta commit.
+def table_schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
+
+
+def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, batch_id: str) -> pa.Schema | None:
+    """The sink's schema with the batch's new columns (nullable) added, or None if it has none.
+
+    Raises SchemaChangeError for a column whose type differs from the sink's: Delta cannot take
+    that in place and nothing is ever cast silently.
+    """
+    current = table_schema(table)
+    have = {f.name: f for f in current}
+    changed = []
+    added = []
+    for column in rows:
+        old = have.get(column.name)
+        if old is None:
+            added.append(pa.field(column.name, column.type, nullable=True))
+        elif not _same_type(old.type, column.type):
+            changed.append((column.name, old.type, column.type))
+    if changed:
+        name, old_type, new_type = changed[0]
+        raise SchemaChangeError(
+            f"pipeline {config.name}: batch {batch_id} writes column '{name}' as {new_type}, but the sink "
+            f"{config.sink_path} holds it as {old_type}; Delta cannot change a column's type in place and offsetlake "
+            "never casts silently. Nothing was committed. Ways forward: a transform that casts the column back, "
+            f"or a new sink table (sink.table){' (' + str(len(changed) - 1) + ' more columns changed)' if len(changed) > 1 else ''}"
+        )
+    return pa.schema([*current, *added]) if added else None
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Equal as Delta types: string/large_string, list child names and nullability are not
+    differences (Delta and Spark name and flag them differently)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(t: pa.DataType) -> str:
+    if pa.types.is_large_string(t) or pa.types.is_string(t):
+        return "string"
+    if pa.types.is_large_binary(t) or pa.types.is_binary(t):
+        return "binary"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_canonical(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{_canonical(t.key_type)},{_canonical(t.item_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ",".join(f"{t.field(i).name}:{_canonical(t.field(i).type)}" for i in range(t.num_fields)) + ">"
+    return str(t)
+
+
+def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: dict,
+                 schema: pa.Schema | None = None) -> int:
+    """Commit data files + one txn per partition + the ledger entry as ONE Delta commit (with the
+    sink's new ``schema`` when the batch adds columns, see ``commit``).
 
     The only place offsets advance (invariant 2). ``table`` must be the object whose txn
     versions ``check_plan_applies`` just read: delta-rs then rejects this commit if another
@@ -300,7 +387,7 @@ def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, fil
     """
     actions = CommitActions(files=list(files.actions), txns=txns(config, ((r, r.end) for r in plan.ranges)))
     try:
-        commit(table, config, actions, entry, max_commit_retries=5)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=5, schema=schema)
     except CommitFailedError as err:
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"

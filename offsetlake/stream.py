@@ -35,11 +35,11 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import KafkaUnavailableError, LeaseLostError, ReadTimeoutError, StreamAbandoned
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
-from offsetlake.ledger import Ledger, reconcile_ledger
+from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
-from offsetlake.runs import COMMITTED, execute_batch, record_outcome
+from offsetlake.runs import COMMITTED, execute_batch, reconcile, record_outcome
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
@@ -163,7 +163,7 @@ def run_stream(
             lease.check()
 
         ledger = Ledger.of(config)
-        reconcile_ledger(config, ledger)
+        reconcile(config, ledger)
         log_line(log, "stream_start", pipeline=config.name, run_id=run.run_id, owner=owner,
                  trigger_s=options.trigger_interval, max_records_per_batch=config.max_records_per_batch)
         retries = 0

@@ -3,19 +3,24 @@
 A transform is a pure ``DataFrame -> DataFrame`` over the decoded sink rows (map / filter /
 explode). Every output row keeps the Kafka coordinates of the record it came from
 (``_kafka_topic``, ``_kafka_partition``, ``_kafka_offset``, ``_kafka_timestamp``), which is what
-lets a backfill replace exactly its range (invariant 6).
+lets a backfill replace exactly its range (invariant 6). A record may become no row (filter) or
+several (explode): the rows of a pipeline with a transform also get ``_kafka_row``, their index
+among their record's rows, so that exactly once is checkable per row — (record, index) appears
+once — and not only per record. The index is counted over consecutive rows of the same record
+within a Spark partition, which map, filter and explode keep together.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import COORDINATE_COLUMNS
+from offsetlake.coordinates import COORDINATE_COLUMNS, OFFSET, PARTITION, ROW_INDEX, TOPIC
 from offsetlake.errors import TransformError
 
 
@@ -60,3 +65,46 @@ def apply_transform(rows: DataFrame, config: PipelineConfig) -> DataFrame:
         if column not in result.columns:
             raise TransformError(f"pipeline {config.name}: partition column '{column}' is not in the transformed rows")
     return result
+
+
+def number_rows_per_record(rows: DataFrame) -> DataFrame:
+    """``rows`` with ``_kafka_row``: 0, 1, ... over the consecutive rows of each source record.
+
+    Vectorized over each Arrow batch (a running count that restarts where the record changes)
+    and carried across the batches of a Spark partition; no shuffle.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    source = rows.drop(ROW_INDEX) if ROW_INDEX in rows.columns else rows
+    schema = StructType([*source.schema.fields, StructField(ROW_INDEX, IntegerType(), False)])
+    arrow_schema = to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
+
+    def number(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+
+        last_key: tuple | None = None
+        last_index = -1
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            topics = batch.column(TOPIC).to_numpy(zero_copy_only=False)
+            partitions = batch.column(PARTITION).to_numpy(zero_copy_only=False)
+            offsets = batch.column(OFFSET).to_numpy(zero_copy_only=False)
+            starts = np.ones(n, dtype=bool)  # where a new record's rows begin
+            starts[1:] = (offsets[1:] != offsets[:-1]) | (partitions[1:] != partitions[:-1]) | (topics[1:] != topics[:-1])
+            first = (topics[0], int(partitions[0]), int(offsets[0]))
+            starts[0] = first != last_key
+            positions = np.arange(n)
+            run_start = np.maximum.accumulate(np.where(starts, positions, 0))
+            index = positions - run_start
+            if not starts[0]:  # the first record continues from the previous batch
+                head = run_start == 0
+                index[head] += last_index + 1
+            last_key = (topics[-1], int(partitions[-1]), int(offsets[-1]))
+            last_index = int(index[-1])
+            yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(index, pa.int32())], schema=arrow_schema)
+
+    return source.mapInArrow(number, schema)
+

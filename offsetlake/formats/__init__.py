@@ -9,6 +9,7 @@ dropped). ``good_rows`` and ``dead_letter_rows`` split the result the same way f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
@@ -25,6 +26,19 @@ PARSED = "_parsed"  # the decoded value: a struct of the format's fields
 PARSED_IN_READ = "_parsed_in_read"  # what the read task decoded (null: left to Spark)
 
 
+@dataclass(frozen=True)
+class DecodedChunk:
+    """What a read task decided about one chunk's values.
+
+    ``parsed``: the decoded values (``read_type()``), null where the task left a record to
+    ``decode_in_spark``; None when the decoder decodes nothing in the tasks. ``problems``: per
+    record, the dead-letter reason the task already knows (null: none), or None for no problem.
+    """
+
+    parsed: pa.StructArray | None
+    problems: list[str | None] | None
+
+
 class Decoder(Protocol):
     """One pipeline's record format."""
 
@@ -33,11 +47,12 @@ class Decoder(Protocol):
         ...
 
     def read_type(self) -> pa.StructType | None:
-        """The Arrow type ``decode_chunk`` returns, or None when the read tasks decode nothing."""
+        """The Arrow type of the values ``decode_chunk`` decodes, or None when it decodes none
+        (it may still find problems)."""
         ...
 
-    def decode_chunk(self, values: list[bytes | None]) -> pa.StructArray:
-        """Runs in the read task: one chunk's values -> their decoded structs (null = undecided)."""
+    def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
+        """Runs in the read task, for one chunk: decoded values and per-record problems."""
         ...
 
     def decode_in_spark(self, raw: DataFrame) -> DataFrame:

@@ -4,15 +4,26 @@ Most records are parsed in the read tasks by pyarrow's JSON reader (``decode_chu
 it does not parse is parsed by Spark's ``from_json`` (``decode_in_spark``), whose rules decide
 what becomes a dead letter: null value (tombstone), invalid UTF-8, not a JSON object, a value
 that does not match the schema, a required field missing or null.
+
+Whether a record becomes a row or a dead letter never depends on the records around it (which
+parser takes it follows chunk boundaries, and so fetch timing): where the two parsers would
+answer differently, the read task decides for every record alike. It makes a dead letter of a
+value nested deeper than ``MAX_DEPTH`` levels (Spark refuses those, pyarrow did not), a value
+with more than one JSON value in it (``{"a":1}{"a":2}``: Spark kept the first and dropped the
+rest silently), and a string holding an unpaired UTF-16 surrogate escape (``"\\ud800"``: Spark
+turned it into ``?``, and UTF-8 cannot hold it).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -21,6 +32,8 @@ if TYPE_CHECKING:
 
 _CORRUPT = "_corrupt_record"
 _MIN_PIECE = 64  # below this a failing piece of a chunk is left to Spark's from_json
+MAX_DEPTH = 1000  # Jackson's default nesting limit, which Spark's from_json keeps
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 # Spark types whose JSON reading pyarrow does the same way, or refuses (then Spark parses).
 _ARROW_TYPES = {
@@ -45,9 +58,16 @@ class JsonDecoder:
     def read_type(self) -> pa.StructType | None:
         return self._read_type
 
-    def decode_chunk(self, values: list[bytes | None]) -> pa.StructArray:
-        assert self._read_type is not None
-        return parse_json_values(values, self._read_type)
+    def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
+        parsed = parse_json_values(values, self._read_type) if self._read_type is not None else None
+        undecided = range(len(values)) if parsed is None else [i for i, n in enumerate(parsed.is_null().to_pylist()) if n]
+        problems: list[str | None] | None = None
+        for i in undecided:
+            problem = structure_problem(values[i])
+            if problem is not None:
+                problems = problems or [None] * len(values)
+                problems[i] = problem
+        return DecodedChunk(parsed, problems)
 
     def decode_in_spark(self, raw: DataFrame) -> DataFrame:
         return parse_json(raw, self.ddl, self.required)
@@ -63,6 +83,71 @@ def _parsed_struct_type(schema: dict[str, str]) -> pa.StructType | None:
             return None
         fields.append(pa.field(name, arrow_type))
     return pa.struct([*fields, pa.field(_CORRUPT, pa.string())])
+
+
+def structure_problem(value: bytes | None) -> str | None:
+    """The dead-letter reason of a value the read task decides on, or None to leave it to Spark."""
+    if value is None:
+        return None  # a tombstone: Spark's reason
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # Spark's reason
+    if len(value) > MAX_DEPTH and value.count(b"{") + value.count(b"[") > MAX_DEPTH:
+        depth = nesting_depth(value)
+        if depth > MAX_DEPTH:
+            return f"value nests JSON {depth} levels deep, more than the {MAX_DEPTH} the sink's parser reads"
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(max(limit, MAX_DEPTH * 3))
+        parsed = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data":
+            return f"value holds more than one JSON value (more text after character {err.pos})"
+        return None  # not JSON by Python's rules (single quotes, ...): Spark's rules decide
+    except (RecursionError, ValueError):
+        return None
+    finally:
+        sys.setrecursionlimit(limit)
+    if _SURROGATE_ESCAPE.search(value) and _has_lone_surrogate(parsed):
+        return "value holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which UTF-8 text cannot hold"
+    return None
+
+
+def nesting_depth(value: bytes) -> int:
+    """The deepest nesting of JSON objects and arrays in ``value`` (brackets inside strings ignored)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in value:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x7B, 0x5B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x7D, 0x5D):
+            depth -= 1
+    return deepest
+
+
+def _has_lone_surrogate(parsed: object) -> bool:
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _too_deep(piece: list[bytes]) -> bool:
+    """Whether a record of ``piece`` may nest deeper than MAX_DEPTH (pyarrow would parse it)."""
+    return any(len(v) > MAX_DEPTH and v.count(b"{") + v.count(b"[") > MAX_DEPTH and nesting_depth(v) > MAX_DEPTH
+               for v in piece)
 
 
 def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.StructArray:
@@ -94,6 +179,8 @@ def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.S
             # one line per record, each an object: pyarrow reads a line "null" as an empty row
             lines = len(piece) - 1
             ok = joined[:1] == b"{" and joined.count(b"\n") == lines and joined.count(b"\n{") == lines
+            # the read task decides on too-deep values for every record alike (see the module doc)
+            ok = ok and not (len(joined) > MAX_DEPTH and _too_deep(piece))  # type: ignore[arg-type]
         if ok:
             try:
                 joined.decode("utf-8")  # pyarrow's reader lets invalid UTF-8 in strings through
