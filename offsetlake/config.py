@@ -279,6 +279,10 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         raise ConfigError(f"{path}: {problems}") from None
     if path.stem != config.name:
         raise ConfigError(f"{path}: name: '{config.name}' must match the file name '{path.stem}'")
+    for field_name, location in (("lake", config.lake_path), ("sink.table", config.sink_path)):
+        problem = storage.location_problem(location)
+        if problem:
+            raise ConfigError(f"{path}: {field_name}: {location} {problem}")
     if config.validation.suite and not (config.transform_dir / config.validation.suite).is_file():
         raise ConfigError(f"{path}: validation.suite: {config.transform_dir / config.validation.suite} does not exist")
     for column in config.sink.partition_by:

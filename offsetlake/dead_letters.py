@@ -42,7 +42,7 @@ from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import OffsetlakeError
-from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.history import SinkCommit, commit_infos, sink_commits
 from offsetlake.log_lines import log_line
 from offsetlake.sink import (
     CommitActions,
@@ -201,7 +201,7 @@ def version_as_of(config: PipelineConfig, sink_version: int) -> int | None:
     if table is None:
         return None
     best = 0  # the empty table as created
-    for info in table.history():
+    for info in commit_infos(table, 0, table.version()):
         meta = _marked(info)
         version = int(info["version"])
         if meta is not None:

@@ -117,11 +117,8 @@ def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
     table_id = table.metadata().id
     cache = storage.child(storage.table_location(table), CACHE_FOLDER, f"{pipeline}.json")
     cached = _read_cache(cache, table_id, version)
-    if cached is None:
-        seen, commits = -1, _commits_in(table.history(), pipeline)
-    else:
-        seen, commits = cached
-        commits = commits + _commits_in(table.history(version - seen) if version > seen else [], pipeline, after=seen)
+    seen, commits = (-1, []) if cached is None else cached
+    commits = commits + _commits_in(commit_infos(table, seen + 1, version), pipeline, after=seen)
     if version > seen:
         _write_cache(cache, table_id, version, commits)
     return commits
@@ -168,13 +165,55 @@ def _write_cache(location: str, table_id: object, version: int, commits: list[Si
         log.debug("history cache not written at %s: %s", location, err)
 
 
+def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any]]:
+    """The ``commitInfo`` of versions ``first``..``last`` (each with its ``version``), oldest first.
+
+    Read from the commit files ``_delta_log/<version>.json`` themselves: delta-rs 1.6.6's
+    ``history()`` returns nothing for a table whose path holds ``#`` or ``?`` (checked here, while
+    reads, writes, optimize and vacuum work), and sinks keep every commit file (``KEEP_HISTORY``).
+    A commit file that is gone (log cleanup on a table offsetlake did not create) is taken from
+    ``history()``.
+    """
+    if last < first:
+        return []
+    log_dir = storage.child(storage.table_location(table), "_delta_log")
+    fs, root = storage.filesystem(log_dir)
+    infos: list[dict[str, Any]] = []
+    missing = []
+    for version in range(max(first, 0), last + 1):
+        try:
+            with fs.open_input_stream(f"{root}/{version:020d}.json") as handle:
+                text = handle.read().decode("utf-8")
+        except FileNotFoundError:
+            missing.append(version)
+            continue
+        info: dict[str, Any] = next(
+            (json.loads(line)["commitInfo"] for line in text.splitlines() if line.startswith('{"commitInfo"')), {})
+        infos.append({**info, "version": version})
+    if missing:
+        known = {int(h["version"]): h for h in table.history()}
+        infos += [known[v] for v in missing if v in known]
+    return sorted(infos, key=lambda i: int(i["version"]))
+
+
+def latest_commit_info(table: DeltaTable) -> dict[str, Any] | None:
+    """The ``commitInfo`` of the table's newest commit (which may be newer than ``table``'s version)."""
+    version = table.version()
+    fs, root = storage.filesystem(storage.child(storage.table_location(table), "_delta_log"))
+    while fs.get_file_info(f"{root}/{version + 1:020d}.json").type != pafs.FileType.NotFound:
+        version += 1
+    infos = commit_infos(table, version, version)
+    return infos[0] if infos else None
+
+
 def commit_version(location: str, batch_id: str) -> int:
     """The version of the sink commit holding ``batch_id``'s entry (a DeltaTable does not say
     which version its own commit got); raises RuntimeError if there is none."""
     fresh = storage.table(location)
     needle = f'"batch_id":"{batch_id}"'
-    for limit in (20, None):
-        for info in fresh.history(limit):
+    newest = fresh.version()
+    for first in (max(0, newest - 20), 0):
+        for info in reversed(commit_infos(fresh, first, newest)):
             if needle in (info.get("userMetadata") or ""):
                 return int(info["version"])
     raise RuntimeError(f"commit of batch {batch_id} not found in the history of {location}")

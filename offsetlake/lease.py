@@ -33,6 +33,7 @@ from deltalake.exceptions import CommitFailedError
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import LeaseHeldError, LeaseLostError, OffsetlakeError, StreamOwnsPipelineError
+from offsetlake.history import latest_commit_info
 from offsetlake.log_lines import log_line
 
 log = logging.getLogger("offsetlake.lease")
@@ -84,7 +85,8 @@ def _read(path: str) -> tuple[DeltaTable | None, LeaseState | None]:
         generation = table.transaction_version(_APP_ID)
         if generation is None:
             return table, None
-        raw = next((h.get("userMetadata") for h in table.history(1)), None)
+        info = latest_commit_info(table)
+        raw = info.get("userMetadata") if info else None
         state = LeaseState(**json.loads(raw)) if raw else None
         if state is not None and state.generation == generation:
             return table, state

@@ -205,11 +205,7 @@ def record_columns(chunk: list, topic: str, partition: int) -> tuple[list, list[
     """One consumed chunk of one partition as (values, RAW_SCHEMA's Arrow columns)."""
     stamps = [m.timestamp() for m in chunk]
     values = [m.value() for m in chunk]
-    problems: list[str | None] | None = None
-    try:
-        headers = [m.headers() for m in chunk]
-    except (SystemError, UnicodeDecodeError):  # a header key that is not UTF-8 (checked: SystemError)
-        headers, problems = _headers_one_by_one(chunk)
+    headers, problems = _headers(chunk)
     micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None
               for kind, s in stamps]
     if None in micros:  # rare: records without a timestamp, or with one out of range
@@ -238,17 +234,27 @@ def _merge_problems(known: pa.Array, found: list[str | None]) -> pa.Array:
     return pa.array([k if k is not None else f for k, f in zip(known.to_pylist(), found, strict=True)], pa.string())
 
 
-def _headers_one_by_one(chunk: list) -> tuple[list, list[str | None]]:
-    """Headers of each record, None (with the reason) where confluent-kafka cannot decode them:
-    it returns header keys as str and fails on a key that is not UTF-8, so the raw key bytes
-    are not available; the record's key and value still go to its dead letter."""
+def _headers(chunk: list) -> tuple[list, list[str | None] | None]:
+    """Headers of each record, None (with the reason) where confluent-kafka cannot decode them.
+
+    It returns header keys as str and fails on a key that is not UTF-8 (SystemError, "returned a
+    result with an exception set"), so the raw key bytes are not available; the record's key
+    and value still go to its dead letter. ``headers()`` is called exactly once per message:
+    calling it again on a message whose decoding failed returned a freed object and crashed the
+    read task (segmentation fault, seen here).
+    """
     headers: list = []
-    problems: list[str | None] = []
-    for m in chunk:
+    append = headers.append
+    problems: list[str | None] | None = None
+    position = 0
+    while position < len(chunk):
         try:
-            headers.append(m.headers())
-            problems.append(None)
+            for m in chunk[position:] if position else chunk:
+                append(m.headers())
+            break
         except (SystemError, UnicodeDecodeError):
-            headers.append(None)
-            problems.append("record headers cannot be read: a header key is not valid UTF-8")
+            problems = problems or [None] * len(chunk)
+            problems[len(headers)] = "record headers cannot be read: a header key is not valid UTF-8"
+            append(None)
+            position = len(headers)
     return headers, problems

@@ -16,7 +16,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
@@ -264,24 +263,34 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
 
     Invariant 3: a retry or a UI rerun of the same dag run gets exactly the same ranges. Returns
     None when nothing is new (the caller short-circuits, so no Spark starts). A new plan is
-    refused with StreamOwnsPipelineError while a live stream owns the pipeline.
+    refused with StreamOwnsPipelineError while a live stream owns the pipeline. Offsets lost under
+    ``on_offsets_lost: skip`` come back from planning as a gap batch, which this task commits
+    right away (it needs no Spark: no rows, only the committed ends and the ledger entry) before
+    it plans the run's ingest batch.
     """
     ledger = Ledger.of(config)
     started = time.monotonic()
     reconcile(config, ledger)
-    recorded = ledger.run_plan(run, BatchKind.INGEST) or ledger.run_plan(run, BatchKind.GAP)
+    recorded = ledger.run_plan(run, BatchKind.INGEST)
     if recorded is not None:
         log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
         return recorded[0]
     refuse_if_stream_owns(config)  # a retry above still finishes its recorded plan
-    plan = plan_next_batch(config, run)
-    if plan is None:
-        log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
-        return None
-    ledger.record_plan(plan)
-    log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
-    failpoints.failpoint("after_plan")
-    return plan
+    while True:
+        plan = plan_next_batch(config, run)
+        if plan is None:
+            log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
+            return None
+        ledger.record_plan(plan)
+        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+        if plan.kind != BatchKind.GAP:
+            failpoints.failpoint("after_plan")
+            return plan
+        try:
+            execute_batch(config, plan, ledger, lambda: None)
+        except Exception as err:
+            record_outcome(ledger, plan, err)
+            raise
 
 
 def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
@@ -312,13 +321,14 @@ def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
         )
 
 
-@dataclass(frozen=True)
-class PublishableBatch:
-    """A batch whose ranges the sink holds: its summary, and the committed ends of its partitions
-    (what the Airflow publish task commits as consumer-group offsets, for ingest batches)."""
+class PublishableBatch(dict):
+    """A batch whose ranges the sink holds: its summary (this dict, what the publish task logs)
+    and ``committed_ends``, the committed ends of its partitions (what the Airflow publish task
+    commits as consumer-group offsets, for ingest batches)."""
 
-    summary: dict
-    committed_ends: dict[tuple[str, int], int]
+    def __init__(self, summary: dict, committed_ends: dict[tuple[str, int], int]) -> None:
+        super().__init__(summary)
+        self.committed_ends = committed_ends
 
 
 def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch:

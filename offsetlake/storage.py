@@ -60,16 +60,24 @@ def display_uri(location: str) -> str:
 def location_problem(location: str) -> str | None:
     """Why delta-rs cannot address ``location``, or None when it can.
 
-    Checked here with deltalake 1.6.6: a ``%`` in a local folder name is decoded (``x%20y``
-    became ``x y``: "File not found") and a control character is refused as an illegal path
-    segment. Both are refused when a pipeline loads, never half-way through a batch.
+    Checked here with deltalake 1.6.6 on local folders, each character in a folder name: ``%``
+    is decoded as an escape (``x%20y`` became ``x y``: "File not found"), ``\\`` too, ``[ ] ^ |``
+    make it panic ("Invalid object store url"), and a control character is an illegal path
+    segment. ``#``, ``?``, spaces, quotes and non-ASCII letters work (see ``history``). These are
+    refused when a pipeline loads, never half-way through a batch.
     """
-    if not is_uri(location) and "%" in location:
-        return "contains '%', which delta-rs decodes as an escape and so cannot address; rename the folder"
-    bad = [c for c in location if unicodedata.category(c) == "Cc"]
-    if bad:
-        return f"contains the control character {bad[0]!r}, which delta-rs refuses in paths"
+    if not is_uri(location):
+        bad = sorted({c for c in location if c in _UNADDRESSABLE})
+        if bad:
+            shown = " ".join(repr(c) for c in bad)
+            return f"contains {shown}, which delta-rs cannot open a table under; rename the folder"
+    control = [c for c in location if unicodedata.category(c) == "Cc"]
+    if control:
+        return f"contains the control character {control[0]!r}, which delta-rs refuses in paths"
     return None
+
+
+_UNADDRESSABLE = "%[]^|\\"
 
 
 # ---- filesystems ------------------------------------------------------------------------------

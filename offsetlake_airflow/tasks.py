@@ -91,10 +91,10 @@ def publish_batch(pipeline: str, batch_id: str, **context: Any) -> dict:
 
     config = load_config(pipeline)
     batch = publishable_batch(config, batch_id)
-    if batch.summary["kind"] == BatchKind.INGEST:
+    if batch["kind"] == BatchKind.INGEST:
         commit_group_offsets(config.kafka_client_config(), config.name, batch.committed_ends)
-    log.info("batch summary %s", json.dumps(batch.summary))
-    return batch.summary
+    log.info("batch summary %s", json.dumps(batch))
+    return dict(batch)
 
 
 def rewind_run(pipeline: str, **context: Any) -> dict:

@@ -57,7 +57,7 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
     assert second_rows and all(first.batch_id in r["message"] for r in second_rows)
     published = publishable_batch(config, second.batch_id)
     assert published["status"] == "superseded" and first.batch_id in published["message"]
-    assert published["_ends"] == {(r.topic, r.partition): r.end for r in first.ranges}
+    assert published.committed_ends == {(r.topic, r.partition): r.end for r in first.ranges}
     assert publishable_batch(config, first.batch_id)["status"] == "committed"
 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_500, first_id=next_id)
