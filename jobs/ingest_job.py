@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     from offsetlake.config import kafka_overrides_from_env, load_pipeline
-    from offsetlake.errors import OffsetlakeError
+    from offsetlake.errors import OffsetlakeError, describe_unexpected
     from offsetlake.runs import execute_recorded_batch
     from offsetlake.spark import spark_session, stop_spark
 
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     except OffsetlakeError as err:
         print(f"ingest_job: error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as err:  # noqa: BLE001 - not ours: one line (the traceback goes to the log) and exit 2
+        logging.getLogger("offsetlake.job").info("details of the error below", exc_info=True)
+        print(f"ingest_job: error: {describe_unexpected(err)}", file=sys.stderr)
+        return 2
     finally:
         stop_spark()
     print(json.dumps(result.summary()), flush=True)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from offsetlake.config import PipelineConfig, load_pipeline
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import OffsetlakeError, describe_unexpected
 from offsetlake.log_lines import log_line
 from offsetlake.validation import load_suite
 
@@ -316,6 +316,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         if r["lost"]:
             print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")
+        elif r["removed_before_start"]:
+            print(f"note: {r['topic']}[{r['partition']}] offsets [0, {r['log_start']}) were removed from Kafka before this "
+                  f"pipeline committed anything there; it begins at {r['log_start'] if config.start == 'earliest' else 'the LSO'}")
     return 0
 
 
@@ -410,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     except OffsetlakeError as err:
         print(f"offsetlake {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as err:  # noqa: BLE001 - not ours: one line and exit 2, never 1 (the audit's "problems found")
+        log.debug("traceback of the unexpected error", exc_info=True)
+        print(f"offsetlake {args.command}: error: {describe_unexpected(err)}", file=sys.stderr)
+        return 2
 
 
 def entrypoint() -> None:

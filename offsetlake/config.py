@@ -23,11 +23,11 @@ from offsetlake.errors import ConfigError
 PIPELINE_NAME = re.compile(r"^[a-z0-9_]+$")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_KEY = re.compile(r"(password|secret|jaas|token|key\.pem|keystore|truststore|credential)", re.I)
+# Spark SQL's type names (its DDL grammar; char/varchar read as string)
 _PRIMITIVE_TYPES = {
-    "string", "long", "bigint", "int", "integer", "short", "byte", "double", "float",
-    "boolean", "timestamp", "timestamp_ntz", "date", "binary",
+    "string", "long", "bigint", "int", "integer", "short", "smallint", "byte", "tinyint", "double", "float", "real",
+    "boolean", "timestamp", "timestamp_ltz", "timestamp_ntz", "date", "binary",
 }
-_COMPLEX_TYPE = re.compile(r"^(decimal\(\s*\d+\s*,\s*\d+\s*\)|(array|map|struct)<.+>)$", re.I)
 PARTITION_COLUMN_TYPES = {"string", "date", "int", "integer", "long", "bigint", "boolean"}
 
 
@@ -69,9 +69,9 @@ class JsonFormat(_Strict):
         for name, type_name in value.items():
             if name.startswith("_kafka_"):
                 raise ValueError(f"field '{name}': names starting with _kafka_ are reserved for coordinates")
-            normalized = str(type_name).strip().lower()
-            if normalized not in _PRIMITIVE_TYPES and not _COMPLEX_TYPE.match(normalized):
-                raise ValueError(f"field '{name}': unknown type '{type_name}'")
+            problem = spark_type_problem(str(type_name))
+            if problem:
+                raise ValueError(f"field '{name}': type '{type_name}': {problem}")
         return value
 
     @model_validator(mode="after")
@@ -84,6 +84,113 @@ class JsonFormat(_Strict):
     def ddl(self) -> str:
         """The schema as a Spark DDL string, e.g. ``order_id long, customer string``."""
         return ", ".join(f"`{name}` {type_name}" for name, type_name in self.schema_.items())
+
+
+def spark_type_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a Spark SQL data type (its DDL grammar), or None.
+
+    Checked when a pipeline loads, so a typo (``array<strng>``), a precision Spark refuses
+    (``decimal(40,2)``) or a struct field without a type fails naming the field, before anything
+    is planned or read; the read step checks once more with Spark's own parser.
+    """
+    parser = _TypeParser(text)
+    try:
+        parser.type()
+        parser.end()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+class _TypeParser:
+    _TOKEN = re.compile(r"\s*(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:]|\S)")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = [t for t in self._TOKEN.findall(text) if t.strip()]
+        self.i = 0
+
+    def peek(self) -> str:
+        return self.tokens[self.i] if self.i < len(self.tokens) else ""
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if expected is not None and token.lower() != expected:
+            raise ValueError(f"'{expected}' expected {self.where()}")
+        if not token:
+            raise ValueError("ends too early")
+        self.i += 1
+        return token
+
+    def where(self) -> str:
+        return f"at '{self.peek()}'" if self.peek() else "at its end"
+
+    def end(self) -> None:
+        if self.peek():
+            raise ValueError(f"unexpected text {self.where()}")
+
+    def type(self) -> None:
+        name = self.take().lower()
+        if name in _PRIMITIVE_TYPES:
+            return
+        if name in ("decimal", "dec", "numeric"):
+            if self.peek() == "(":
+                self.take("(")
+                precision = self.number()
+                scale = 0
+                if self.peek() == ",":
+                    self.take(",")
+                    scale = self.number()
+                self.take(")")
+                if not 1 <= precision <= 38:
+                    raise ValueError(f"precision {precision}: Spark's decimals hold 1 to 38 digits")
+                if scale > precision:
+                    raise ValueError(f"scale {scale} is above the precision {precision}")
+            return
+        if name in ("char", "varchar"):
+            self.take("(")
+            self.number()
+            self.take(")")
+            return
+        if name == "array":
+            self.take("<")
+            self.type()
+            self.take(">")
+            return
+        if name == "map":
+            self.take("<")
+            self.type()
+            self.take(",")
+            self.type()
+            self.take(">")
+            return
+        if name == "struct":
+            self.take("<")
+            if self.peek() == ">":
+                self.take(">")
+                return
+            while True:
+                field_name = self.take()
+                if not (field_name.startswith("`") or re.match(r"^[A-Za-z_]\w*$", field_name)):
+                    raise ValueError(f"struct field name '{field_name}' is not one Spark reads")
+                if self.peek() == ":":
+                    self.take(":")
+                if self.peek() in (",", ">", ""):
+                    raise ValueError(f"struct field '{field_name.strip('`')}' has no type")
+                self.type()
+                if self.peek() == ",":
+                    self.take(",")
+                    continue
+                self.take(">")
+                return
+        raise ValueError(f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
+                         "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)")
+
+    def number(self) -> int:
+        token = self.take()
+        if not token.isdigit():
+            raise ValueError(f"a number expected, not '{token}'")
+        return int(token)
 
 
 class SinkSettings(_Strict):
@@ -128,7 +235,12 @@ class PipelineConfig(_Strict):
     @field_validator("transform")
     @classmethod
     def _transform_ref(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", value):
+        if value is None:
+            return value
+        if re.match(r"^[A-Za-z_][\w]*\.[\w.]*:", value):
+            raise ValueError(f"'{value}' names a module in a package; a transform is one module file next to the "
+                             "YAML (module:function, the module without dots), which Spark ships to its tasks")
+        if not re.match(r"^[A-Za-z_]\w*:[A-Za-z_]\w*$", value):
             raise ValueError(f"'{value}' must look like module:function")
         return value
 
@@ -285,6 +397,16 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
             raise ConfigError(f"{path}: {field_name}: {location} {problem}")
     if config.validation.suite and not (config.transform_dir / config.validation.suite).is_file():
         raise ConfigError(f"{path}: validation.suite: {config.transform_dir / config.validation.suite} does not exist")
+    if config.transform:
+        module = config.transform_dir / f"{config.transform.split(':')[0]}.py"
+        if not module.is_file():
+            raise ConfigError(f"{path}: transform: {module} does not exist (the module goes next to the YAML)")
+    else:
+        fields = set(config.format.schema_)
+        missing = [c for c in config.sink.partition_by if c not in fields]
+        if missing:
+            raise ConfigError(f"{path}: sink.partition_by: column '{missing[0]}' is not a field of format.schema "
+                              "(without a transform the rows have only those fields)")
     for column in config.sink.partition_by:
         declared = config.format.schema_.get(column)
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:

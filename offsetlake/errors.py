@@ -99,3 +99,14 @@ class AuditFailedError(OffsetlakeError):
     """``offsetlake audit`` found a duplicate, an overlap, a gap or a stray row."""
 
     exit_code = 1
+
+
+def describe_unexpected(err: BaseException) -> str:
+    """One readable line for an error that is not offsetlake's own (a full disk inside a JVM
+    stack, a library's exception), for the CLI and the spark-submit job, which exit 2 with it."""
+    text = str(err)
+    if "No space left on device" in text or getattr(err, "errno", None) == 28:
+        return ("no space left on device; free space on the lake's disk (or the Spark temp folder), then run again: "
+                "a batch that did not commit wrote nothing that counts, and the next run repairs the rest")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"unexpected {type(err).__name__}: {first[:500]} (run with --log-level DEBUG for the traceback)"

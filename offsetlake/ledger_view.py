@@ -33,7 +33,10 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
 
     Lag is ``last_stable - committed_end`` (from the log start when nothing was committed yet),
     never negative. ``lost`` flags a committed end below the log start: those offsets are gone
-    from Kafka (invariant 7). Raises KafkaUnavailableError when the broker cannot be asked.
+    from Kafka (invariant 7). ``removed_before_start`` counts the offsets below the log start of
+    a partition the pipeline never committed: records removed before it read any (with ``start:
+    earliest`` it begins at the log start; nothing offsetlake read was lost, but a lag of 0 alone
+    would hide them). Raises KafkaUnavailableError when the broker cannot be asked.
     """
     offsets = current_offsets(config)
     table = table if table is not None else open_table(config.sink_path)
@@ -44,7 +47,8 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
         lag = o.last_stable - (committed if committed is not None else o.log_start)
         rows.append({"topic": o.topic, "partition": p, "committed_end": committed, "log_start": o.log_start,
                      "last_stable": o.last_stable, "lag": max(lag, 0),
-                     "lost": committed is not None and committed < o.log_start})
+                     "lost": committed is not None and committed < o.log_start,
+                     "removed_before_start": o.log_start if committed is None else 0})
     return rows
 
 

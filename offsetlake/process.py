@@ -65,6 +65,7 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
 
     t = time.monotonic()
     decoder = decoder_for(config)
+    decoder.check_types(config.source_file or config.name)  # before anything is read
     raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder)
     # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))

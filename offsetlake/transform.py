@@ -54,7 +54,9 @@ def apply_transform(rows: DataFrame, config: PipelineConfig) -> DataFrame:
     except Exception as err:
         raise TransformError(f"pipeline {config.name}: transform {config.transform} failed: {err}") from err
     if not isinstance(result, DataFrame):
-        raise TransformError(f"pipeline {config.name}: transform {config.transform} returned {type(result).__name__}, not a DataFrame")
+        kind = f"{type(result).__module__.split('.')[0]}.{type(result).__name__}"
+        raise TransformError(f"pipeline {config.name}: transform {config.transform} returned a {kind}; a transform "
+                             "returns a Spark DataFrame (pyspark.sql.DataFrame), e.g. rows.withColumn(...)")
     missing = [c for c in COORDINATE_COLUMNS if c not in result.columns]
     if missing:
         raise TransformError(

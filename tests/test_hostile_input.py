@@ -150,35 +150,53 @@ PARSE_CASES = [
 ]
 
 
-def test_values_parsed_in_the_read_tasks_get_exactly_sparks_answers(pipeline, spark):
-    """The read tasks parse JSON with pyarrow and leave what it refuses to Spark's from_json
-    (offsetlake.formats.json_records.parse_json_values). Every value must end with the parsed fields and
-    dead-letter reason that Spark alone gives it, whichever parser took it: here each tricky
-    value sits among good ones, so the halving that isolates it is exercised too."""
+def _decisions(spark, decoder, values: list) -> list[str]:
+    """What one chunk of ``values`` becomes, value by value: (parsed fields, dead-letter reason),
+    as text so NaN equals NaN. Built as a read task builds it (decode_chunk), finished by Spark."""
     import pyarrow as pa
 
-    from offsetlake.formats import PARSED_IN_READ, REASON, decoder_for
+    from offsetlake.formats import PARSED, PARSED_IN_READ, REASON
+
+    chunk = decoder.decode_chunk(values)
+    problems = chunk.problems or [None] * len(values)
+    table = pa.table({"value": pa.array(values, pa.binary()), "offset": pa.array(range(len(values)), pa.int64()),
+                      "read_problem": pa.array(problems, pa.string()), PARSED_IN_READ: chunk.parsed})
+    from pyspark.sql import functions as F
+
+    frame = decoder.decode_in_spark(spark.createDataFrame(table)).withColumn(
+        REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    rows = {r["offset"]: r for r in frame.select("offset", PARSED, REASON).collect()}
+    return [str((rows[i][PARSED] if rows[i][REASON] is None else None, rows[i][REASON])) for i in range(len(values))]
+
+
+def test_what_a_value_becomes_never_depends_on_the_values_around_it(pipeline, spark):
+    """The read tasks parse JSON with pyarrow and leave what it refuses to Spark's from_json
+    (offsetlake.formats.json_records); which one takes a value follows chunk boundaries, so
+    fetch timing. Found by an adversarial run (issue 15, bug 8): JSON nested 5,000 levels deep
+    was a row when its chunk parsed in pyarrow and a dead letter when a malformed neighbour sent
+    the chunk to Spark. Every tricky value here must get the same answer alone, among good
+    values (pyarrow takes the piece) and next to a malformed one (Spark takes it)."""
+    from offsetlake.formats import decoder_for
 
     config = pipeline.write()
     decoder = decoder_for(config)
     assert decoder.read_type() is not None, "the test pipeline's schema must be one the read tasks parse"
-    values = []
-    for case in PARSE_CASES:
-        values += [_order(1000 + len(values) + i) for i in range(150)] + [case]
-    in_read = decoder.decode_chunk(values)
-    assert len(in_read) == len(values)
-    left_to_spark = [i for i, v in enumerate(in_read.is_null().to_pylist()) if v]
-    assert 0 < len(left_to_spark) < len(values) // 4, "pyarrow should parse the good values and refuse the odd ones"
-
-    table = pa.table({"value": pa.array(values, pa.binary()), "offset": pa.array(range(len(values)), pa.int64())})
-    plain = spark.createDataFrame(table)
-    with_read = spark.createDataFrame(table.append_column(PARSED_IN_READ, in_read))
-    columns = ["offset", "_parsed", REASON]
-    expected = {r["offset"]: r for r in decoder.decode_in_spark(plain).select(*columns).collect()}
-    got = {r["offset"]: r for r in decoder.decode_in_spark(with_read).select(*columns).collect()}
-    assert len(got) == len(values)
-    for offset, value in enumerate(values):
-        # compared as text so NaN equals NaN
-        assert str(got[offset]) == str(expected[offset]), f"value {value!r}: read-task parse {got[offset]} != Spark {expected[offset]}"
-    reasons = {expected[i][REASON] for i in range(len(values))}
-    assert len(reasons) >= 5, f"the cases should cover several dead-letter reasons: {reasons}"
+    deep = [1_000, 1_001, 5_000]  # nesting levels, the value's outer object included
+    cases = PARSE_CASES + [b'{"order_id": 30, "x": ' + b"[" * (d - 1) + b"]" * (d - 1) + b"}" for d in deep] + [
+        b'{"order_id": 31, "customer": "\\ud800x"}', b'{"order_id": 32, "customer": "\\udc00"}',
+        b'{"order_id": 33, "customer": "\\ud83d\\ude00"}', b'{"order_id": 34, "customer": "a\\\\ud800"}',
+    ]
+    alone = [_decisions(spark, decoder, [case])[0] for case in cases]
+    good = [_order(1000 + i) for i in range(150)]
+    among_good = _decisions(spark, decoder, [v for case in cases for v in (*good, case)])[150::151]
+    among_bad = _decisions(spark, decoder, [v for case in cases for v in (b"{broken", case, *good[:40])])[1::42]
+    for case, a, g, b in zip(cases, alone, among_good, among_bad, strict=True):
+        assert a == g == b, f"value {case[:80]!r}: alone {a}, among good values {g}, next to a malformed one {b}"
+    decided = dict(zip(cases, alone, strict=True))
+    assert "more than one JSON value" in decided[b'{"order_id": 9}{"order_id": 10}'], "the second object must not vanish"
+    assert "unpaired UTF-16 surrogate" in decided[cases[-4]] and "unpaired UTF-16 surrogate" in decided[cases[-3]]
+    assert "None)" in decided[cases[-2]] and "None)" in decided[cases[-1]], "a valid pair and an escaped backslash are rows"
+    assert decided[cases[-7]].endswith("None)"), "1,000 levels is what Spark reads: a row"
+    assert "nests JSON 1001 levels deep" in decided[cases[-6]] and "nests JSON 5000 levels deep" in decided[cases[-5]]
+    reasons = {a.rsplit(", ", 1)[-1] for a in alone}
+    assert len(reasons) >= 8, f"the cases should cover several dead-letter reasons: {reasons}"

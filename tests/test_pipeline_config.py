@@ -76,3 +76,38 @@ def test_example_orders_pipeline_loads():
 
     config = load_pipeline(str(Path(__file__).resolve().parent.parent / "pipelines" / "orders.yaml"))
     assert config.name == "orders" and config.sink.partition_by == ["order_date"]
+
+
+@pytest.mark.parametrize(("declared", "said"), [
+    ("decimal(40,2)", "precision 40: Spark's decimals hold 1 to 38 digits"),
+    ("array<strng>", "unknown type 'strng'"),
+    ("struct<a int, b>", "struct field 'b' has no type"),
+    ("map<string>", "',' expected at '>'"),
+])
+def test_types_spark_cannot_read_fail_at_load_naming_the_field(tmp_path, declared, said):
+    """Found by an adversarial run (issue 15): these passed the YAML check and failed only after
+    planning and reading, with Spark's message naming another field ("near 'long'")."""
+    schema = {"order_id": "long", "amount": declared, "customer": "string"}
+    path = write(tmp_path, {**BASE, "format": {"type": "json", "schema": schema}})
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(str(path))
+    assert f"format.schema: field 'amount': type '{declared}': {said}" in str(err.value), str(err.value)
+
+
+def test_every_spark_type_name_loads(tmp_path):
+    schema = {"a": "timestamp_ltz", "b": "timestamp_ntz", "c": "tinyint", "d": "smallint", "e": "decimal(38,38)",
+              "f": "map<string, array<struct<x: long, `y z`: decimal(10,2)>>>", "g": "varchar(10)", "h": "real"}
+    config = load_pipeline(str(write(tmp_path, {**BASE, "format": {"type": "json", "schema": schema}})))
+    assert set(config.format.schema_) == set(schema)
+
+
+def test_transforms_that_can_never_run_and_partitions_the_rows_lack_fail_at_load(tmp_path):
+    with pytest.raises(ConfigError, match="transform: .* names a module in a package"):
+        load_pipeline(str(write(tmp_path, {**BASE, "transform": "mypkg.tf:fn"})))
+    with pytest.raises(ConfigError, match=r"transform: .*missing_module\.py does not exist"):
+        load_pipeline(str(write(tmp_path, {**BASE, "transform": "missing_module:fn"})))
+    with pytest.raises(ConfigError, match="sink.partition_by: column 'order_date' is not a field of format.schema"):
+        load_pipeline(str(write(tmp_path, {**BASE, "sink": {"partition_by": ["order_date"]}})))
+    (tmp_path / "tf.py").write_text("def fn(rows):\n    return rows\n")
+    config = load_pipeline(str(write(tmp_path, {**BASE, "transform": "tf:fn", "sink": {"partition_by": ["order_date"]}})))
+    assert config.transform == "tf:fn", "with a transform, partition columns may be ones it adds"

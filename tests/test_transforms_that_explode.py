@@ -81,3 +81,16 @@ def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_se
         schema=table.schema(), commit_properties=CommitProperties(custom_metadata={"userMetadata": "a bad copy"}))
     report = audit_pipeline(config)
     assert not report.ok and "duplicate in sink" in report.text() and " row " in report.text(), report.text()
+
+
+def test_a_transform_returning_pandas_is_told_what_to_return(pipeline, spark):
+    import pytest
+
+    from offsetlake.errors import TransformError
+
+    (pipeline.folder / "pandas_transform.py").write_text("def to_pandas(rows):\n    return rows.toPandas()\n")
+    config = pipeline.write(transform="pandas_transform:to_pandas")
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    _produce(pipeline.bootstrap, pipeline.topic, 3)
+    with pytest.raises(TransformError, match="returned a pandas.DataFrame; a transform returns a Spark DataFrame"):
+        run_pipeline(config, RunContext("pandas"), lambda: spark)

@@ -40,3 +40,36 @@ def test_bad_yaml_names_file_and_field(pipeline):
     pipeline.file.write_text("name: [unclosed\n")
     result = pipeline.cli("status")
     assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_error_that_is_not_offsetlakes_is_one_line_and_exit_2_not_the_audits_1(pipeline):
+    """Found by an adversarial run (issue 15): errors from libraries (a full disk inside a JVM
+    stack, ...) ended the CLI with a traceback and exit 1, which means "the audit found problems"."""
+    from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 10)
+    not_a_folder = pipeline.lake.parent / "lake-is-a-file"
+    not_a_folder.write_text("not a folder")
+    pipeline.write(lake=str(not_a_folder))
+    result = pipeline.cli("run", timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("offsetlake run: error: unexpected ") and "--log-level DEBUG" in last, last
+    assert "Traceback" not in result.stderr
+
+
+def test_status_says_when_records_were_removed_before_the_pipeline_read_any(pipeline):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100, partition=0)
+    admin = AdminClient({"bootstrap.servers": pipeline.bootstrap})
+    for future in admin.delete_records([TopicPartition(pipeline.topic, 0, 100)]).values():
+        future.result(30)
+    result = pipeline.cli("status")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"note: {pipeline.topic}[0] offsets [0, 100) were removed from Kafka before this pipeline committed" in result.stdout

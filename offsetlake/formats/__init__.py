@@ -59,6 +59,10 @@ class Decoder(Protocol):
         """``raw`` (the read columns, with PARSED_IN_READ if ``read_type``) plus PARSED and REASON."""
         ...
 
+    def check_types(self, where: str) -> None:
+        """Before a batch reads: the format's types through Spark's own parser (ConfigError if not)."""
+        ...
+
 
 def decoder_for(config: PipelineConfig) -> Decoder:
     """The decoder of the pipeline's ``format``."""

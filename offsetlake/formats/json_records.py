@@ -39,7 +39,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _ARROW_TYPES = {
     "string": pa.string(), "long": pa.int64(), "bigint": pa.int64(), "int": pa.int32(), "integer": pa.int32(),
     "short": pa.int16(), "byte": pa.int8(), "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ltz": pa.timestamp("us", tz="UTC"),
 }
 
 
@@ -71,6 +71,20 @@ class JsonDecoder:
 
     def decode_in_spark(self, raw: DataFrame) -> DataFrame:
         return parse_json(raw, self.ddl, self.required)
+
+    def check_types(self, where: str) -> None:
+        """Each declared type through Spark's own parser (a session must be running); raises
+        ConfigError naming the field, where Spark's ``from_json`` would name the wrong one."""
+        from pyspark.sql.types import _parse_datatype_string
+
+        from offsetlake.errors import ConfigError
+
+        for name, type_name in self.schema.items():
+            try:
+                _parse_datatype_string(type_name)
+            except Exception as err:  # noqa: BLE001 - Spark's parse errors come in several types
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(f"{where}: format.schema.{name}: Spark cannot read the type '{type_name}': {first}") from None
 
 
 def _parsed_struct_type(schema: dict[str, str]) -> pa.StructType | None:
