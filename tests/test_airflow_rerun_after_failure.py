@@ -59,7 +59,7 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     mine = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "committed"]
     assert mine and {r["sink_version"] for r in mine} == {version_after_commit}
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
-    assert pipeline.cli("audit").returncode == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0
 
     # 3. nulls in a not-null column fail validation: the ingest task fails with the summary in its
     #    log, nothing moves; switched to quarantine, clearing the task commits the same ranges
@@ -95,4 +95,4 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     assert len(every) == len(set(every)) and set(every) == set(truth.good) | truth.bad
     reasons = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
     assert reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 25
-    assert pipeline.cli("audit").returncode == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0

@@ -71,7 +71,7 @@ def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(p
     Ledger(config.ledger_path, config.name).record_plan(again)
     assert execute_recorded_batch(config, again.batch_id, lambda: spark).status == "committed"
     assert _rows(config) == after, "repeating a backfill must leave the content identical"
-    assert pipeline.cli("audit").returncode == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0
 
 
 def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, spark):
@@ -167,4 +167,4 @@ def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_fil
     assert compactions[0].compacted_from >= 2, "the compaction must have replaced the files the backfill read"
     assert "step=retry_commit" in caplog.text and "attempt=1" in caplog.text
     assert _rows(config) == before, "the retried backfill must replace exactly its range once"
-    assert pipeline.cli("audit").returncode == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0

@@ -160,7 +160,7 @@ def test_broker_restarted_mid_read_within_the_read_bound_lands_exactly_once(faul
         rerun = faulty.cli("run")
         assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
-    assert faulty.cli("audit").returncode == 0
+    assert faulty.cli("audit", "--against-kafka").returncode == 0
 
 
 def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_exactly_once(faulty, own_broker, spark):
@@ -185,7 +185,7 @@ def test_broker_outage_longer_than_the_read_bound_fails_clearly_then_rerun_is_ex
     own_broker.start().wait_for_topics({faulty.topic: 2})
     assert run_pipeline(config, RunContext("after-the-outage"), lambda: spark)
     assert_exactly_once(config, read_topic(faulty.bootstrap, faulty.topic))
-    assert faulty.cli("audit").returncode == 0
+    assert faulty.cli("audit", "--against-kafka").returncode == 0
 
 
 def test_a_stream_waits_out_a_broker_outage_and_stays_exactly_once(faulty, own_broker):

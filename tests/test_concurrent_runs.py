@@ -26,7 +26,7 @@ def test_two_runs_started_together_end_exactly_once(pipeline):
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     statuses = {r["status"] for r in ledger_rows(config)}
     assert "committed" in statuses
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout
 
 

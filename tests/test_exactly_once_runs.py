@@ -52,7 +52,7 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
         o["batch_id"] == r["batch_id"] and o["status"] != "planned" for o in ledger_rows(config)
     ) for r in ledger_rows(config))
 
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "OK" in audit.stdout
 

@@ -37,5 +37,5 @@ def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline, spark):
     assert not dangling, f"planned ledger rows without an outcome: {sorted(dangling)}"
     # batches killed before their commit were re-planned over, so the ledger says they were superseded
     assert {"committed", "superseded"} <= {r["status"] for r in rows}
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout

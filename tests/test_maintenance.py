@@ -82,5 +82,5 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=next_id)
     assert run_pipeline(config, RunContext("maintenance-2"), lambda: spark), "the dead attempts' ranges and the new records"
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout

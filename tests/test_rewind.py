@@ -113,7 +113,7 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     ledger.rebuild(sink_commits(DeltaTable(config.sink_path), config.name))
     rebuilt = {r["batch_id"]: r["status"] for r in ledger.batches(pc.field("batch_id").isin(batches))}
     assert [rebuilt[b] for b in batches] == ["committed", "committed", "rewound", "rewound"]
-    final = audit_pipeline(config)
+    final = audit_pipeline(config, against_kafka=True)
     assert final.ok, final.text()
 
     # files of the target version gone from disk (vacuumed): refused whole, nothing written

@@ -93,4 +93,4 @@ def test_a_run_on_a_standalone_cluster_is_exactly_once(pipeline, standalone_clus
     apps = _state(ui_port)["completedapps"]
     assert len([a for a in apps if a["name"] == "offsetlake"]) == 2, apps
     assert all(a["cores"] >= 1 for a in apps), apps
-    assert pipeline.cli("audit").returncode == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0

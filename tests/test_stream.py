@@ -194,7 +194,7 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
     assert_exactly_once(config, truth)
     _contiguous_txn_batches(config)
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
 

@@ -112,7 +112,7 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert len(final) == 2, "one committed ledger row per partition of the rerun batch"
     quarantined = json.loads(final[0]["validation"])
     assert quarantined["outcome"] == "quarantined" and quarantined["quarantined_records"] == 24
-    audit = pipeline.cli("audit")
+    audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
 
