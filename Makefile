@@ -27,8 +27,11 @@ test: setup lint ## lint, then the whole suite: starts its own broker, one Spark
 SEED ?= 1
 STEPS ?= 200
 MINUTES ?= 600
-torture: setup ## long randomized fault campaign: make torture SEED=7 STEPS=2000 [MINUTES=90] (figures appended to torture-figures.jsonl)
-	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --figures torture-figures.jsonl
+EXAMPLES ?= 100
+AUDIT_EVERY ?= 10
+torture: setup ## long randomized fault campaign (audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
+	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
+	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
 
 RECORDS ?= 2000000
 REPEATS ?= 3

@@ -1,5 +1,6 @@
 """The CI version of the randomized fault campaign (tests/fault_campaign.py): a fixed seed,
-every kind of step at least once, invariants checked by an independent model after each step.
+every kind of step at least once, invariants checked after each step by an independent model
+and by offsetlake's audit against Kafka.
 
 It restarts its broker, so it runs on a private noida-db broker (restarting the session broker
 would make it save and reload every other test's data), or on KAFKA_BOOTSTRAP_SERVERS without
@@ -24,9 +25,14 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
         figures = campaign.run()
     assert figures["duplicates_found"] == 0 and figures["records_lost"] == 0
     assert figures["steps"] == STEPS and figures["checks"] == STEPS + 1
+    assert figures["audits_against_kafka"] == STEPS + 1
     kinds = set(figures["steps_by_kind"])
     expected = {"produce", "produce_txn_committed", "produce_txn_aborted", "open_txn", "finish_open_txn", "run",
-                "crash_at_failpoint", "kill_cli_run", "backfill", "add_partition", "delete_records"}
+                "crash_at_failpoint", "kill_cli_run", "backfill", "backfill_by_time", "rewind", "maintenance",
+                "schema_change", "add_partition", "delete_records"}
     assert expected <= kinds, f"every kind of step must run at least once: missing {expected - kinds}"
     assert figures["records_in_sink"] > 0 and figures["batches_committed"] > 0
     assert figures["failpoint_crashes"] > 0 and figures["backfills"] > 0, "the faults must have happened, not been no-ops"
+    assert figures["rewinds"] > 0 and figures["batches_rewound"] > 0, f"no rewind happened: {figures['skipped_steps']}"
+    assert figures["backfills_by_time"] > 0, f"no backfill by time happened: {figures['skipped_steps']}"
+    assert figures["maintenance_runs"] > 0 and figures["schema_changes"] > 0
