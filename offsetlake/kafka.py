@@ -227,3 +227,98 @@ def commit_group_offsets(client_config: dict[str, str], pipeline: str, ends: dic
         consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
     finally:
         consumer.close()
+
+
+# ---- record headers, read without confluent-kafka's decoder ------------------------------------
+# confluent-kafka's Message.headers() decodes header keys as strict UTF-8 and, on a key that is
+# not, returns its half-built list with the exception still set (its c_headers_to_py does not
+# check PyUnicode_FromString). CPython then raises SystemError there or at a later, unrelated
+# call, and the read task crashed (segmentation fault and stray SystemErrors, seen here). So the
+# headers are read from librdkafka itself, through the rd_kafka_headers_t the Message holds, and
+# Message.headers() is never called.
+class _RawHeaders:
+    """librdkafka's header accessors, from the library confluent-kafka loaded."""
+
+    def __init__(self) -> None:
+        import ctypes
+        import glob
+        import os
+
+        import confluent_kafka
+
+        folder = os.path.join(os.path.dirname(os.path.dirname(confluent_kafka.__file__)), "confluent_kafka.libs")
+        found = glob.glob(os.path.join(folder, "librdkafka*.so*"))
+        if not found:
+            raise ImportError(f"no librdkafka next to confluent_kafka in {folder}")
+        lib = ctypes.CDLL(found[0])
+        self.count = lib.rd_kafka_header_cnt
+        self.count.restype, self.count.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+        self.get_all = lib.rd_kafka_header_get_all
+        self.get_all.restype = ctypes.c_int
+        self.get_all.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        self.ctypes = ctypes
+        # confluent-kafka 2.16's Message: PyObject_HEAD, then topic, value, key, headers (PyObject*),
+        # then c_headers (rd_kafka_headers_t*): checked against headers() on a valid record (see verify)
+        self.offset = 6 * ctypes.sizeof(ctypes.c_void_p)
+        self.verified: bool | None = None
+
+        # one set of out-parameters, reused: creating them per record cost more than the calls
+        self._name, self._value, self._size = ctypes.c_char_p(), ctypes.c_void_p(), ctypes.c_size_t()
+        self._refs = (ctypes.byref(self._name), ctypes.byref(self._value), ctypes.byref(self._size))
+        self._address = ctypes.c_void_p.from_address
+        self._string_at = ctypes.string_at
+
+    def pointer(self, message: Message) -> int | None:
+        return self._address(id(message) + self.offset).value
+
+    def read(self, message: Message) -> list[tuple[str, bytes | None]] | None:
+        """One message's headers, None when it has none."""
+        pointer = self._address(id(message) + self.offset).value
+        if not pointer:
+            return None
+        name, value, size = self._name, self._value, self._size
+        get_all, refs, string_at = self.get_all, self._refs, self._string_at
+        out: list[tuple[str, bytes | None]] = []
+        index = 0
+        while get_all(pointer, index, *refs) == 0:
+            index += 1
+            # a key that is not UTF-8 is kept readable, its odd bytes escaped (\xff): header keys
+            # are text in the dead-letter table, and they are never part of a sink row
+            key = (name.value or b"").decode("utf-8", "backslashreplace")
+            out.append((key, string_at(value.value, size.value) if value.value else None))
+        return out
+
+    def verify(self, message: Message) -> bool:
+        """Once per process: the raw read equals Message.headers() on a message whose keys decode."""
+        raw = self.read(message)
+        if raw is None or any("\\x" in key for key, _ in raw):
+            return False  # decide on another message
+        self.verified = [tuple(h) for h in (message.headers() or [])] == [tuple(h) for h in raw]
+        return True
+
+
+_RAW: _RawHeaders | None = None
+
+
+def record_headers(chunk: list[Message], wanted: list[bool] | None = None) -> list:
+    """Headers of each message ((key, value) pairs, or None); a key that is not UTF-8 comes back
+    with its odd bytes escaped. ``wanted``: read only these messages' headers (None for the
+    others): reading them costs about 3 µs a record, and a record that becomes a row does not
+    keep them."""
+    global _RAW
+    if _RAW is None:
+        _RAW = _RawHeaders()
+    raw = _RAW
+    headers: list = []
+    for i, message in enumerate(chunk):
+        if wanted is not None and not wanted[i]:
+            headers.append(None)
+        elif raw.verified is None and raw.pointer(message) and raw.verify(message):
+            if not raw.verified:
+                raise RuntimeError("confluent-kafka's Message layout is not the one offsetlake reads headers from "
+                                   "(its version changed?); pin confluent-kafka==2.16.1")
+            headers.append(message.headers())  # verify() read it already; its keys decode
+        else:
+            headers.append(raw.read(message))
+    return headers

@@ -66,14 +66,16 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     t = time.monotonic()
     decoder = decoder_for(config)
     decoder.check_types(config.source_file or config.name)  # before anything is read
-    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder)
+    keep_raw = _may_dead_letter_good_records(config, suite)
+    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder,
+                      headers_of_rows=keep_raw)
     # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
     if plan.window is not None:  # a backfill by time reprocesses only the records of its window
         decoded = decoded.where(
             (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
             & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms))))
-    if not _may_dead_letter_good_records(config, suite):
+    if not keep_raw:
         # only dead letters and quarantined records need the original bytes: a cache without
         # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
         good = F.col(REASON).isNull()

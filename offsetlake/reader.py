@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 
 from offsetlake import errors
 from offsetlake.formats import PARSED_IN_READ, Decoder
+from offsetlake.kafka import record_headers
 from offsetlake.plan import OffsetRange
 
 RAW_SCHEMA = StructType(
@@ -60,7 +61,6 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
-_PROBLEM = _ARROW_SCHEMA.get_field_index("read_problem")
 # What the sink's timestamp type (Spark's TimestampType, Delta's timestamp) holds: years 1 to 9999.
 # A Kafka timestamp is any int64 of milliseconds (-1: none); one outside this range makes its
 # record a dead letter instead of an overflow that stops the batch.
@@ -123,17 +123,18 @@ def read_ranges(
     pipeline: str,
     timeout_s: float,
     decoder: Decoder | None = None,
+    headers_of_rows: bool = True,
 ) -> DataFrame:
     """A DataFrame (RAW_SCHEMA) of every committed record in ``ranges``; lazy until an action.
 
     When the decoder decodes in the read tasks (``decoder.read_type()``), the tasks also decode
     each chunk's values into the column ``PARSED_IN_READ`` (null where they left the record to
-    Spark).
+    Spark). ``headers_of_rows=False``: records the decoder already knows become rows get no
+    headers (only dead letters keep them, unless the pipeline may dead-letter a good record).
     """
     from pyspark.sql.pandas.types import from_arrow_type
 
     parsed_type = decoder.read_type() if decoder is not None else None
-    decode_chunk = decoder.decode_chunk if decoder is not None else None
     splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
     rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
     split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
@@ -155,13 +156,9 @@ def read_ranges(
         try:
             for batch in batches:
                 for split in batch.to_pylist():
-                    for values, columns in _read_split(config, pipeline, split, timeout_s, read_range):
-                        if decode_chunk is not None:
-                            decoded = decode_chunk(values)
-                            if decoded.problems is not None:
-                                columns[_PROBLEM] = _merge_problems(columns[_PROBLEM], decoded.problems)
-                            if parsed_type is not None:
-                                columns.append(decoded.parsed)
+                    topic, partition = split["topic"], split["partition"]
+                    for chunk in read_range(config, pipeline, topic, partition, split["start"], split["end"], timeout_s):
+                        columns = record_columns(chunk, topic, partition, decoder, headers_of_rows)
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:
@@ -177,45 +174,38 @@ def raw_dataframe(spark: SparkSession, topic: str, chunks: list[tuple[int, list]
 
     parsed_type = decoder.read_type()
     arrow_schema = _ARROW_SCHEMA if parsed_type is None else _ARROW_SCHEMA.append(pa.field(PARSED_IN_READ, parsed_type))
-    batches = []
-    for partition, messages in chunks:
-        values, columns = record_columns(messages, topic, partition)
-        decoded = decoder.decode_chunk(values)
-        if decoded.problems is not None:
-            columns[_PROBLEM] = _merge_problems(columns[_PROBLEM], decoded.problems)
-        if parsed_type is not None:
-            columns.append(decoded.parsed)
-        batches.append(pa.RecordBatch.from_arrays(columns, schema=arrow_schema))
+    batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder), schema=arrow_schema)
+               for partition, messages in chunks]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
     schema = RAW_SCHEMA if parsed_type is None else StructType(
         [*RAW_SCHEMA.fields, StructField(PARSED_IN_READ, from_arrow_type(parsed_type))])
     return spark.createDataFrame(table, schema=schema)
 
 
-def _read_split(config, pipeline, split, timeout_s, read_range) -> Iterator[tuple[list, list[pa.Array]]]:
-    """Each consumed chunk of one split: its values and its RAW_SCHEMA columns, built column by column
-    (this loop is the read path's hot spot: a per-record append loop ran at a third of the
-    consumer's own rate)."""
-    topic, partition = split["topic"], split["partition"]
-    for chunk in read_range(config, pipeline, topic, partition, split["start"], split["end"], timeout_s):
-        yield record_columns(chunk, topic, partition)
-
-
-def record_columns(chunk: list, topic: str, partition: int) -> tuple[list, list[pa.Array]]:
-    """One consumed chunk of one partition as (values, RAW_SCHEMA's Arrow columns)."""
+def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
+                   headers_of_rows: bool = True) -> list[pa.Array]:
+    """One consumed chunk of one partition as RAW_SCHEMA's Arrow columns (plus PARSED_IN_READ when
+    the decoder decodes in the read task), built column by column: this loop is the read path's
+    hot spot (a per-record append loop ran at a third of the consumer's own rate)."""
     stamps = [m.timestamp() for m in chunk]
     values = [m.value() for m in chunk]
-    headers, problems = _headers(chunk)
+    problems: list[str | None] | None = None
     micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None
               for kind, s in stamps]
     if None in micros:  # rare: records without a timestamp, or with one out of range
         for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
             if us is None and kind and s != NO_TIMESTAMP:
                 problems = problems or [None] * len(chunk)
-                problems[i] = problems[i] or (
-                    f"record timestamp {s} ms is outside what the sink's timestamp type holds "
-                    "(0001-01-01 to 9999-12-31 UTC)")
-    return values, [
+                problems[i] = (f"record timestamp {s} ms is outside what the sink's timestamp type holds "
+                               "(0001-01-01 to 9999-12-31 UTC)")
+    decoded = decoder.decode_chunk(values) if decoder is not None else None
+    if decoded is not None and decoded.problems is not None:
+        problems = _merge(problems, decoded.problems)
+    wanted = None  # which records need their headers (None: all)
+    if not headers_of_rows and decoded is not None and decoded.settled is not None:
+        wanted = [not row or (problems is not None and problems[i] is not None) for i, row in enumerate(decoded.settled)]
+    headers = record_headers(chunk, wanted)
+    columns = [
         pa.array([m.key() for m in chunk], pa.binary()),
         pa.array(values, pa.binary()),
         pa.array(headers, _HEADERS),
@@ -225,36 +215,13 @@ def record_columns(chunk: list, topic: str, partition: int) -> tuple[list, list[
         pa.array(micros, _TIMESTAMP),
         pa.array(problems, pa.string()) if problems is not None else pa.nulls(len(chunk), pa.string()),
     ]
+    if decoded is not None and decoded.parsed is not None and decoder is not None and decoder.read_type() is not None:
+        columns.append(decoded.parsed)
+    return columns
 
 
-def _merge_problems(known: pa.Array, found: list[str | None]) -> pa.Array:
-    """The read problems of a chunk with a decoder's added (the record's own come first)."""
-    if known.null_count == len(known):
-        return pa.array(found, pa.string())
-    return pa.array([k if k is not None else f for k, f in zip(known.to_pylist(), found, strict=True)], pa.string())
-
-
-def _headers(chunk: list) -> tuple[list, list[str | None] | None]:
-    """Headers of each record, None (with the reason) where confluent-kafka cannot decode them.
-
-    It returns header keys as str and fails on a key that is not UTF-8 (SystemError, "returned a
-    result with an exception set"), so the raw key bytes are not available; the record's key
-    and value still go to its dead letter. ``headers()`` is called exactly once per message:
-    calling it again on a message whose decoding failed returned a freed object and crashed the
-    read task (segmentation fault, seen here).
-    """
-    headers: list = []
-    append = headers.append
-    problems: list[str | None] | None = None
-    position = 0
-    while position < len(chunk):
-        try:
-            for m in chunk[position:] if position else chunk:
-                append(m.headers())
-            break
-        except (SystemError, UnicodeDecodeError):
-            problems = problems or [None] * len(chunk)
-            problems[len(headers)] = "record headers cannot be read: a header key is not valid UTF-8"
-            append(None)
-            position = len(headers)
-    return headers, problems
+def _merge(first: list[str | None] | None, then: list[str | None] | None) -> list[str | None] | None:
+    """Per-record reasons, the first list's winning where both have one."""
+    if first is None or then is None:
+        return first if then is None else then
+    return [a if a is not None else b for a, b in zip(first, then, strict=True)]

@@ -37,6 +37,7 @@ class DecodedChunk:
 
     parsed: pa.StructArray | None
     problems: list[str | None] | None
+    settled: list[bool] | None = None  # per record: certainly a row (decoded, required fields present)
 
 
 class Decoder(Protocol):

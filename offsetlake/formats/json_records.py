@@ -22,6 +22,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
 
@@ -67,7 +68,15 @@ class JsonDecoder:
             if problem is not None:
                 problems = problems or [None] * len(values)
                 problems[i] = problem
-        return DecodedChunk(parsed, problems)
+        settled = None
+        if parsed is not None:
+            valid = parsed.is_valid()
+            for name in self.required:
+                valid = pc.and_(valid, parsed.field(name).is_valid())
+            settled = valid.to_pylist()
+            if problems is not None:
+                settled = [s and p is None for s, p in zip(settled, problems, strict=True)]
+        return DecodedChunk(parsed, problems, settled)
 
     def decode_in_spark(self, raw: DataFrame) -> DataFrame:
         return parse_json(raw, self.ddl, self.required)
