@@ -37,6 +37,9 @@ def _ms(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
 
 
+# Records stamped weeks (or decades) ago would be deleted by the broker's time-based retention
+# (7 days by default) as soon as it checks: the topic keeps them.
+KEEP_OLD_RECORDS = {"retention.ms": "-1"}
 STAMPS = ([_ms("2026-11-01T00:00:00")] * 10 + [_ms("3000-01-01T00:00:00")] + [_ms("2026-11-01T01:00:00")] * 10
           + [-5] + [_ms("2026-11-01T02:00:00")] * 10)
 
@@ -54,7 +57,7 @@ def _tagged(config) -> list[int]:
 ])
 def test_a_time_window_reprocesses_only_the_records_whose_timestamps_fall_in_it(pipeline, spark, start, end, selected):
     config = pipeline.write(max_records_per_batch=1_000)
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1, config=KEEP_OLD_RECORDS)
     producer = Producer({"bootstrap.servers": pipeline.bootstrap})
     for offset, stamp in enumerate(STAMPS):
         producer.produce(pipeline.topic, value=json.dumps({"order_id": offset}).encode(), partition=0, timestamp=stamp)
@@ -79,7 +82,7 @@ def test_a_time_window_reprocesses_only_the_records_whose_timestamps_fall_in_it(
 
 def test_a_time_window_with_no_committed_offsets_is_refused(pipeline, spark):
     config = pipeline.write()
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1, config=KEEP_OLD_RECORDS)
     producer = Producer({"bootstrap.servers": pipeline.bootstrap})
     producer.produce(pipeline.topic, value=b'{"order_id": 1}', partition=0, timestamp=_ms("2026-11-01T00:00:00"))
     assert producer.flush(30) == 0

@@ -24,6 +24,9 @@ from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
 YEAR_10000_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z
+# Records stamped weeks (or decades) ago would be deleted by the broker's time-based retention
+# (7 days by default) as soon as it checks: the topic keeps them.
+KEEP_OLD_RECORDS = {"retention.ms": "-1"}
 
 
 def _order(order_id: int) -> bytes:
@@ -33,7 +36,7 @@ def _order(order_id: int) -> bytes:
 
 def test_poison_records_become_dead_letters_and_the_pipeline_moves_on(pipeline, spark):
     config = pipeline.write()
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1, config=KEEP_OLD_RECORDS)
     producer = Producer({"bootstrap.servers": pipeline.bootstrap})
     producer.produce(pipeline.topic, value=_order(0), partition=0)  # offset 0: fine
     assert producer.flush(30) == 0

@@ -17,7 +17,10 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 CURRENCIES = ("EUR", "USD", "GBP", "INR")
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, str] | None = None) -> None:
+def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, str] | None = None,
+                 config: dict[str, str] | None = None) -> None:
+    """Create ``topic`` with ``partitions`` (and the topic ``config``), or add partitions up to
+    that many; ``extra`` is admin-client config."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
     existing = admin.list_topics(timeout=15).topics
     if topic in existing:
@@ -25,7 +28,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, s
         if have < partitions:
             admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(15)
         return
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(15)
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})])[topic].result(15)
 
 
 def order_event(order_id: int, rng: random.Random, base: datetime, customer: bool = True) -> bytes:
