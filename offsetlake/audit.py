@@ -88,6 +88,7 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
 
 
 def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
+    config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.sink_path)
     commits = sink_commits(sink, config.name)

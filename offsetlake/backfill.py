@@ -72,6 +72,7 @@ def plan_backfill(
     records whose timestamps fall in the window; the plan's description says so. Raises
     BackfillParamsError naming the pipeline and what to fix.
     """
+    config.check_storage()
     where = f"pipeline {config.name} backfill"
     by_offset = from_offset is not None or to_offset is not None
     by_time = bool(from_time) or bool(to_time)

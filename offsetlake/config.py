@@ -214,6 +214,10 @@ class PipelineConfig(_Strict):
     topic: str = Field(min_length=1)
     kafka: KafkaSettings
     lake: str = "lake"
+    # Object-store settings for a lake (or sink.table) on s3:// (or gs://, az://), passed to
+    # delta-rs and pyarrow: AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    # AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP, ... (``offsetlake.storage``). Never logged.
+    storage: dict[str, str] = Field(default_factory=dict)
     start: Literal["earliest", "latest"] = "earliest"
     max_records_per_batch: int = Field(default=500_000, gt=0)
     read_timeout_seconds: float = Field(default=120.0, gt=0)
@@ -231,6 +235,21 @@ class PipelineConfig(_Strict):
         if not PIPELINE_NAME.match(value):
             raise ValueError(f"'{value}' is not allowed: pipeline names are [a-z0-9_]+")
         return value
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _storage_options(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError("expected a mapping of object-store settings (AWS_ENDPOINT_URL: ..., AWS_REGION: ...)")
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) or item is None:
+                raise ValueError(f"{key}: expected a plain value")
+            problem = storage.option_problem(str(key), str(item))
+            if problem:
+                raise ValueError(f"{key}: {problem}")
+        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
 
     @field_validator("transform")
     @classmethod
@@ -321,6 +340,34 @@ class PipelineConfig(_Strict):
         })
         return self.model_copy(update={"kafka": kafka})
 
+    def with_storage_overrides(self, options: dict[str, str]) -> PipelineConfig:
+        """This config with storage settings from elsewhere (an Airflow connection) on top."""
+        if not options:
+            return self
+        try:
+            checked = PipelineConfig._storage_options({**self.storage, **options})
+        except ValueError as err:
+            raise ConfigError(f"pipeline {self.name}: storage connection: {err}") from None
+        merged = self.model_copy(update={"storage": checked})
+        merged.register_storage()
+        return merged
+
+    def register_storage(self) -> None:
+        """Make this pipeline's storage settings the ones used for its lake and sink locations."""
+        for location in {self.lake_path, self.sink_path}:
+            if storage.is_uri(location) and not location.startswith("file://"):
+                storage.register_options(location, self.storage)
+
+    def check_storage(self) -> None:
+        """Refuse an object store that cannot be used or cannot commit safely (``storage.check_store``),
+        before anything is read from Kafka; nothing to do for a local lake."""
+        for location in dict.fromkeys([self.lake_path, self.sink_path]):
+            if not any(location.startswith(root + "/") for root in {self.lake_path} - {location}):
+                storage.check_store(location, self.name)
+
+    def redacted_storage_options(self) -> dict[str, str]:
+        return storage.shown_options(self.storage)
+
     def __repr__(self) -> str:  # keep secrets out of tracebacks and debug logs
         return f"PipelineConfig(name={self.name!r}, topic={self.topic!r}, file={self.source_file!r})"
 
@@ -395,6 +442,11 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         problem = storage.location_problem(location)
         if problem:
             raise ConfigError(f"{path}: {field_name}: {location} {problem}")
+    if config.storage and not any(storage.is_uri(loc) and not loc.startswith("file://")
+                                  for loc in (config.lake_path, config.sink_path)):
+        raise ConfigError(f"{path}: storage: settings for object storage, but lake {config.lake_path} is a local folder "
+                          "(use lake: s3://bucket/prefix)")
+    config.register_storage()
     if config.validation.suite and not (config.transform_dir / config.validation.suite).is_file():
         raise ConfigError(f"{path}: validation.suite: {config.transform_dir / config.validation.suite} does not exist")
     if config.transform:

@@ -26,6 +26,11 @@ class SuiteError(ConfigError):
 
 
 # ---- Kafka -----------------------------------------------------------------------------------
+class StorageError(OffsetlakeError):
+    """The lake's object store cannot be used (unknown bucket, credentials refused, unreachable
+    endpoint) or cannot commit safely (no put-if-absent); raised before anything is read."""
+
+
 class KafkaUnavailableError(OffsetlakeError):
     """The broker cannot be reached or does not know the topic."""
 

@@ -168,9 +168,9 @@ class StreamLease:
 
     def _create(self) -> DeltaTable:
         try:
-            DeltaTable.create(self.path, pa.schema([("unused", pa.int8())]), mode="ignore",
-                              description=f"offsetlake stream lease of pipeline {self.config.name}",
-                              configuration=_TABLE_CONFIG)
+            storage.create_table(self.path, pa.schema([("unused", pa.int8())]), mode="ignore",
+                                 description=f"offsetlake stream lease of pipeline {self.config.name}",
+                                 configuration=_TABLE_CONFIG)
         except Exception:  # noqa: BLE001 - a concurrent create; the open decides
             if storage.open_table(self.path) is None:
                 raise

@@ -19,7 +19,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from offsetlake import storage
@@ -101,9 +100,9 @@ class Ledger:
                 have = set(LEDGER_SCHEMA.names)
             merge = bool(set(LEDGER_SCHEMA.names) - have)
         if merge:
-            write_deltalake(self.path, table, mode="append", partition_by=["pipeline"], schema_mode="merge")
+            storage.append(self.path, table, partition_by=["pipeline"], schema_mode="merge")
         else:
-            write_deltalake(self.path, table, mode="append", partition_by=["pipeline"])
+            storage.append(self.path, table, partition_by=["pipeline"])
         self._schema_current = True
 
     def record_plan(self, plan: BatchPlan) -> None:
@@ -274,7 +273,7 @@ class Ledger:
         """Recreate this pipeline's rows from sink history alone (invariant 4), rewound batches
         included as ``rewound``."""
         rows = [row for commit in sink_commits for row in rows_for_commit(commit)] + rewound_rows(sink_commits)
-        if DeltaTable.is_deltatable(self.path):
+        if storage.is_table(self.path):
             table = storage.table(self.path)
             table.delete(f"pipeline = '{self.pipeline}'")
         self._append(rows)

@@ -54,6 +54,7 @@ class TableReport:
 
 def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HOURS, vacuum: bool = True) -> list[TableReport]:
     """Compact, checkpoint and (unless ``vacuum=False``) vacuum the sink, dead letters and ledger."""
+    config.check_storage()
     if retention_hours < MIN_RETENTION_HOURS:
         raise OffsetlakeError(
             f"pipeline {config.name} maintenance: retention {retention_hours} h is below {MIN_RETENTION_HOURS} h; "

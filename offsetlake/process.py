@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, failpoints
+from offsetlake import dead_letters, failpoints, staging
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import REASON, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
-from offsetlake.sink import WrittenFiles, add_actions, staging_dir
+from offsetlake.sink import WrittenFiles, add_actions_for, staging_dir
 from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
 
@@ -207,16 +207,17 @@ def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataF
 
 def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, rows: DataFrame,
                 spark: SparkSession) -> WrittenFiles:
-    """Spark writes ``rows`` as parquet into a fresh folder inside the table (inert until a commit
-    names them); counts the rows written per range of the plan."""
+    """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
+    (``offsetlake.staging``: inert until a commit names them, on a local folder or object
+    storage alike); counts the rows written per range of the plan."""
     t = time.monotonic()
     folder = staging_dir(config, plan.batch_id)
-    rows.write.mode("errorifexists").partitionBy(*config.sink.partition_by).parquet(folder)
-    files = add_actions(config.sink_path, folder)
-    if files.rows:
-        written = spark.read.parquet(folder)
-        for row in written.where(Selection.of(plan).spark()).groupBy(TOPIC, PARTITION).count().collect():
-            processed.per_range[(row[TOPIC], row[PARTITION])]["rows_written"] = int(row["count"])
+    staged = staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan))
+    files = add_actions_for(config.sink_path, [f.path for f in staged])
+    for staged_file in staged:
+        for key, count in staged_file.counts.items():
+            if key in processed.per_range:
+                processed.per_range[key]["rows_written"] += count
     processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")
     return files

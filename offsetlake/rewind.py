@@ -145,6 +145,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     Raises RewindError for an unknown, uncommitted or rewound batch, a rewind commit, or files
     of the target version that are gone from disk (nothing could be restored whole then).
     """
+    config.check_storage()
     where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
     table = table if table is not None else open_table(config.sink_path)
     if table is None:

@@ -53,7 +53,9 @@ COMMITTED, ALREADY_COMMITTED, SUPERSEDED = "committed", "already_committed", "su
 def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     """Invariant 4: bring both projections of the sink's history in line with it before a run
     reads them — the dead-letter table (a change a crash left pending after its sink commit) and
-    the ledger (commits it lacks, plans that can no longer apply)."""
+    the ledger (commits it lacks, plans that can no longer apply). First, an object store that
+    cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``)."""
+    config.check_storage()
     dead_letters.apply_pending(config)
     reconcile_ledger(config, ledger or Ledger.of(config))
 
@@ -214,6 +216,7 @@ def run_pipeline(
     id that left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan
     first.
     """
+    config.check_storage()  # a store that cannot work is named before Kafka or the lake is read
     ledger = Ledger.of(config)
     started = time.monotonic()
     refuse_if_stream_owns(config)
@@ -268,6 +271,7 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     right away (it needs no Spark: no rows, only the committed ends and the ledger entry) before
     it plans the run's ingest batch.
     """
+    config.check_storage()
     ledger = Ledger.of(config)
     started = time.monotonic()
     reconcile(config, ledger)
@@ -295,6 +299,7 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
 
 def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
     """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised."""
+    config.check_storage()
     ledger = Ledger.of(config)
     dead_letters.apply_pending(config)
     plan = ledger.plan_by_batch_id(batch_id)

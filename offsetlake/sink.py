@@ -110,8 +110,8 @@ def create_table_once(location: str, schema: pa.Schema, partition_by: list[str],
     if table is not None:
         return table
     try:
-        DeltaTable.create(location, schema, partition_by=partition_by or None, mode="ignore", description=description,
-                          configuration=KEEP_HISTORY)
+        storage.create_table(location, schema, partition_by=partition_by or None, mode="ignore",
+                             description=description, configuration=KEEP_HISTORY)
     except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
         if open_table(location) is None:
             raise
@@ -133,22 +133,31 @@ def staging_dir(config: PipelineConfig, batch_id: str) -> str:
 
 # ---- file actions -----------------------------------------------------------------------------
 def add_actions(table_root: str, folder: str) -> WrittenFiles:
-    """Add actions (with stats) for every non-empty parquet file written under ``folder``."""
+    """Add actions (with stats) for every non-empty parquet file under ``folder``."""
     fs, root = storage.filesystem(table_root)
     _, base = storage.filesystem(folder)
     infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    relatives = [i.path[len(root.rstrip("/")) + 1:] for i in infos
+                 if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")]
+    return add_actions_for(table_root, relatives)
+
+
+def add_actions_for(table_root: str, relatives: Iterable[str]) -> WrittenFiles:
+    """Add actions (with stats from each footer) for exactly these files under the table (paths
+    relative to it, unescaped); empty files are left out. A file that is not there raises
+    FileNotFoundError: a batch never commits without every file it wrote (issue 15, bug 1)."""
+    fs, root = storage.filesystem(table_root)
     actions: list[AddAction] = []
     rows = 0
-    schema: pa.Schema | None = None
-    for info in infos:
-        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
-            continue
-        with fs.open_input_file(info.path) as handle:
+    for relative in relatives:
+        path = f"{root.rstrip('/')}/{relative}"
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(f"staged data file {storage.child(table_root, relative)} is missing; nothing committed")
+        with fs.open_input_file(path) as handle:
             metadata = pq.read_metadata(handle)
         if metadata.num_rows == 0:
             continue
-        schema = schema or metadata.schema.to_arrow_schema()
-        relative = info.path[len(root.rstrip("/")) + 1:]
         actions.append(
             AddAction(
                 path=relative,  # the real relative path: delta-rs encodes it for the log
@@ -160,7 +169,7 @@ def add_actions(table_root: str, folder: str) -> WrittenFiles:
             )
         )
         rows += metadata.num_rows
-    return WrittenFiles(actions=actions, rows=rows, schema=schema or pa.schema([]))
+    return WrittenFiles(actions=actions, rows=rows, schema=pa.schema([]))
 
 
 def live_files(table: DeltaTable) -> list[dict[str, Any]]:

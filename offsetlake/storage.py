@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import os
 import unicodedata
+import uuid
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from deltalake import DeltaTable
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from pyarrow import fs as pafs
+
+from offsetlake.errors import StorageError
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Spark names the folder of a null partition value
 
@@ -80,16 +86,136 @@ def location_problem(location: str) -> str | None:
 _UNADDRESSABLE = "%[]^|\\"
 
 
+# ---- storage options ----------------------------------------------------------------------------
+# Object-store settings (delta-rs / object_store keys such as AWS_ENDPOINT_URL, AWS_REGION,
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP), registered once per lake root when
+# a pipeline loads, and looked up by location here, so no caller passes credentials around and
+# none reaches a log line, the ledger or a table's metadata.
+_OPTIONS: dict[str, dict[str, str]] = {}
+
+# Keys offsetlake refuses: each would make a commit on object storage unsafe or hang a run.
+UNSAFE_OPTIONS = {
+    "aws_conditional_put": "offsetlake commits only with put-if-absent; leave it unset (the default, If-None-Match)",
+    "aws_s3_allow_unsafe_rename": "an unsafe rename lets two writers overwrite each other's commit; "
+                                  "offsetlake commits with put-if-absent instead, so leave it unset",
+    "aws_s3_locking_provider": "deltalake 1.6 ignores lock providers (commits are put-if-absent); remove it",
+    "aws_copy_if_not_exists": "offsetlake commits with put-if-absent, not copy-if-not-exists; remove it",
+}
+# Keys whose values are not secrets (shown in status output and errors); every other value is.
+_SHOWN_OPTIONS = {
+    "aws_endpoint_url", "aws_endpoint", "endpoint", "endpoint_url", "aws_region", "region",
+    "aws_allow_http", "allow_http", "aws_virtual_hosted_style_request", "virtual_hosted_style_request",
+    "timeout", "connect_timeout", "max_retries", "retry_timeout", "aws_default_region",
+}
+# Without these, one unreachable endpoint holds a run for minutes (object_store's defaults:
+# 10 retries, 180 s); a user's own value wins.
+_DEFAULT_OPTIONS = {"timeout": "30s", "connect_timeout": "10s", "max_retries": "3", "retry_timeout": "60s"}
+
+
+def normalized_options(options: dict[str, str]) -> dict[str, str]:
+    """Option keys in object_store's lower-case form (delta-rs accepts either)."""
+    return {str(k).lower(): str(v) for k, v in options.items()}
+
+
+def option_problem(key: str, value: str) -> str | None:
+    """Why offsetlake refuses this storage option, or None."""
+    key = key.lower()
+    if key in UNSAFE_OPTIONS:
+        return UNSAFE_OPTIONS[key]
+    return None
+
+
+def register_options(root: str, options: dict[str, str]) -> None:
+    """Use ``options`` for every location under ``root`` (a lake URI) in this process."""
+    _OPTIONS[root.rstrip("/")] = {**_DEFAULT_OPTIONS, **normalized_options(options)}
+
+
+def options_for(location: str) -> dict[str, str] | None:
+    """The storage options for ``location`` (the longest registered root holding it); None for a
+    local folder. A URI nothing registered gets the defaults, so the library still applies its
+    timeouts and reads credentials from the environment the way delta-rs does."""
+    if not is_uri(location) or location.startswith("file://"):
+        return None
+    best = max((root for root in _OPTIONS if location == root or location.startswith(root + "/")),
+               key=len, default=None)
+    return dict(_OPTIONS[best]) if best is not None else dict(_DEFAULT_OPTIONS)
+
+
+def shown_options(options: dict[str, str]) -> dict[str, str]:
+    """``options`` for people: secrets (every value not known to be harmless) as ``***``."""
+    return {k: (v if k.lower() in _SHOWN_OPTIONS else "***") for k, v in options.items()}
+
+
+def scheme(location: str) -> str:
+    """``file`` for local folders, else the URI scheme (``s3``, ``gs``, ``az``, ``abfss``, ...)."""
+    return urlsplit(location).scheme.lower() if is_uri(location) else "file"
+
+
 # ---- filesystems ------------------------------------------------------------------------------
-def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(location: str, options: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem holding ``location`` and the location's path on it.
 
-    A local folder is a plain path on ``LocalFileSystem`` (never parsed as a URI); a URI goes to
-    the filesystem pyarrow has for its scheme.
+    A local folder is a plain path on ``LocalFileSystem`` (never parsed as a URI); an ``s3://``
+    location gets an ``S3FileSystem`` built from its registered options (the same settings
+    delta-rs uses), or from ``options`` when given (Spark tasks: their processes have no
+    registered options, the driver ships them); other URIs go to the filesystem pyarrow has for
+    their scheme.
     """
     if not is_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)
+    if scheme(location) in ("s3", "s3a"):
+        parts = urlsplit(location)
+        settings = options if options is not None else options_for(location) or {}
+        return s3_filesystem(settings), f"{parts.netloc}{unquote(parts.path)}".rstrip("/")
     return pafs.FileSystem.from_uri(location)
+
+
+def s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
+    """pyarrow's S3 client configured from object_store's keys (endpoint, region, credentials,
+    http, addressing style, timeouts)."""
+    o = normalized_options(options)
+
+    def get(*keys: str) -> str | None:
+        return next((o[k] for k in keys if o.get(k)), None)
+
+    kwargs: dict[str, object] = {}
+    endpoint = get("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+    if endpoint:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = parts.netloc + parts.path.rstrip("/")
+        kwargs["scheme"] = parts.scheme
+    region = get("aws_region", "region", "aws_default_region")
+    if region:
+        kwargs["region"] = region
+    key, secret = get("aws_access_key_id", "access_key_id"), get("aws_secret_access_key", "secret_access_key")
+    if key and secret:
+        kwargs["access_key"], kwargs["secret_key"] = key, secret
+        token = get("aws_session_token", "session_token", "aws_token", "token")
+        if token:
+            kwargs["session_token"] = token
+    kwargs["force_virtual_addressing"] = (get("aws_virtual_hosted_style_request", "virtual_hosted_style_request")
+                                          or "false").lower() == "true"
+    timeout = _seconds(get("timeout"))
+    if timeout:
+        kwargs["request_timeout"] = timeout
+    connect = _seconds(get("connect_timeout"))
+    if connect:
+        kwargs["connect_timeout"] = connect
+    retries = get("max_retries")
+    if retries is not None and retries.isdigit():
+        kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=int(retries) + 1)
+    return pafs.S3FileSystem(**kwargs)
+
+
+def _seconds(text: str | None) -> float | None:
+    """object_store durations ("30s", "500ms", "2m", "1.5") in seconds."""
+    if not text:
+        return None
+    text = text.strip().lower()
+    for unit, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(text[: -len(unit)]) * factor
+    return float(text) if text.replace(".", "", 1).isdigit() else None
 
 
 def exists(location: str) -> bool:
@@ -101,14 +227,28 @@ def exists(location: str) -> bool:
 def open_table(location: str, version: int | None = None) -> DeltaTable | None:
     """The Delta table at ``location`` (at ``version``), or None when there is none yet."""
     try:
-        return DeltaTable(location, version=version)
+        return table(location, version)
     except TableNotFoundError:
         return None
 
 
 def table(location: str, version: int | None = None) -> DeltaTable:
     """The Delta table at ``location``; raises TableNotFoundError when there is none."""
-    return DeltaTable(location, version=version)
+    return DeltaTable(location, version=version, storage_options=options_for(location))
+
+
+def create_table(location: str, schema: pa.Schema, **kwargs: Any) -> None:
+    """``DeltaTable.create`` at ``location`` with its storage options."""
+    DeltaTable.create(location, schema, storage_options=options_for(location), **kwargs)
+
+
+def append(location: str, data: pa.Table, **kwargs: Any) -> None:
+    """``write_deltalake(mode="append")`` at ``location`` with its storage options."""
+    write_deltalake(location, data, mode="append", storage_options=options_for(location), **kwargs)
+
+
+def is_table(location: str) -> bool:
+    return DeltaTable.is_deltatable(location, storage_options=options_for(location))
 
 
 def table_location(delta_table: DeltaTable) -> str:
@@ -146,3 +286,95 @@ def partition_values_from_path(relative: str) -> dict[str, str | None]:
         if sep:
             values[unquote(key)] = None if value == HIVE_NULL else unquote(value)
     return values
+
+
+# ---- the safety probe -------------------------------------------------------------------------
+_CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "connect_timeout", "timeout", "proxy_url",
+                "proxy_ca_certificate", "proxy_excludes", "user_agent", "pool_idle_timeout", "read_timeout"}
+_PROBED: set[str] = set()
+
+
+def check_store(location: str, pipeline: str) -> None:
+    """Refuse an object store offsetlake cannot commit to safely, before anything is read.
+
+    Every Delta commit on object storage is a put-if-absent of the next log file (delta-rs sends
+    ``If-None-Match: *``); exactly-once (invariant 10: two writers at one version, one wins)
+    holds only if the store rejects the second put. This writes a probe object under
+    ``<location>/_offsetlake_probe/`` with put-if-absent twice, through object_store (the
+    same client delta-rs commits with, same settings), and requires the second to be refused;
+    then deletes it. It also turns an unknown bucket, refused credentials and an unreachable
+    endpoint into one clear error naming the pipeline and the setting. Done once per location
+    per process; local folders need no probe (delta-rs commits there with an atomic
+    rename-if-absent).
+    """
+    if scheme(location) == "file" or location in _PROBED:
+        return
+    import obstore
+    from obstore.exceptions import AlreadyExistsError
+
+    where = f"pipeline {pipeline}: lake {location}"
+    options = options_for(location) or {}
+    try:
+        store = _object_store(location, options)
+        key = f"_offsetlake_probe/{os.getpid()}-{uuid.uuid4().hex}"
+        obstore.put(store, key, b"1", mode="create")
+        try:
+            obstore.put(store, key, b"2", mode="create")
+        except AlreadyExistsError:
+            pass
+        else:
+            obstore.delete(store, key)
+            raise StorageError(
+                f"{where}: the store accepted a second put-if-absent of the same object, so two writers could "
+                "overwrite each other's Delta commit; offsetlake needs conditional writes (If-None-Match on PUT, "
+                "as AWS S3, MinIO and Ceph RGW support); use a store or version that supports them")
+        obstore.delete(store, key)
+    except StorageError:
+        raise
+    except NotImplementedError as err:
+        raise StorageError(f"{where}: put-if-absent is disabled by the storage settings ({_first_line(err)}); "
+                           "remove the setting") from None
+    except Exception as err:  # noqa: BLE001 - each store client error becomes one clear line
+        raise StorageError(f"{where}: {_store_problem(err, location, options)}") from None
+    _PROBED.add(location)
+
+
+def _object_store(location: str, options: dict[str, str]) -> Any:
+    from obstore.store import from_url
+
+    config: dict[str, Any] = {}
+    client: dict[str, Any] = {}
+    retry: dict[str, Any] = {}
+    for key, value in normalized_options(options).items():
+        bare = key.removeprefix("aws_")
+        if bare in _CLIENT_KEYS:
+            client[bare] = value.lower() == "true" if bare in ("allow_http", "allow_invalid_certificates") else value
+        elif key == "max_retries":
+            retry["max_retries"] = int(value)
+        elif key == "retry_timeout":
+            retry["retry_timeout"] = timedelta(seconds=_seconds(value) or 60)
+        else:
+            config[key] = value
+    open_store: Any = from_url  # its overloads want literal keys; these come from the user's settings
+    return open_store(location, config=config, client_options=client, retry_config=retry or None)
+
+
+def _store_problem(err: Exception, location: str, options: dict[str, str]) -> str:
+    text = str(err)
+    bucket = urlsplit(location).netloc
+    endpoint = options.get("aws_endpoint_url") or options.get("aws_endpoint") or "the default endpoint"
+    if "NoSuchBucket" in text:
+        return f"bucket '{bucket}' does not exist at {endpoint} (create it, or fix lake:)"
+    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden",
+                               "lacked the necessary privileges", "Unauthenticated")) \
+            or type(err).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+        return (f"the credentials were refused by {endpoint} for bucket '{bucket}' (check AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY in storage: or the storage connection)")
+    if any(s in text for s in ("error sending request", "Connection refused", "timed out", "dns error",
+                               "tcp connect")):
+        return f"cannot reach the object store at {endpoint} (check AWS_ENDPOINT_URL and the network)"
+    return f"the object store refused a test write: {_first_line(err)}"
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__

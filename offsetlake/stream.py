@@ -139,6 +139,7 @@ def run_stream(
     if options.max_records_per_batch:
         config = config.model_copy(update={"max_records_per_batch": options.max_records_per_batch})
     load_suite(config)  # a broken suite fails before the lease is taken or anything is read
+    config.check_storage()  # so does a store that cannot work or cannot commit safely
     owner = default_owner()
     run = RunContext(run_id=options.run_id or f"stream-{datetime.now(UTC):%Y%m%dT%H%M%S}-{owner.rsplit(':', 1)[-1]}",
                      dag_id=options.dag_id)

@@ -58,6 +58,18 @@ def spark():
     stop_spark()
 
 
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    """The embedded S3-compatible server (moto), started once for the tests that use it."""
+    from offsetlake.embedded.local_s3 import LocalS3
+
+    server = LocalS3(tmp_path_factory.mktemp("s3") / "s3.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @dataclass
 class Pipeline:
     """A pipeline under test: its YAML file, topic, lake and broker."""

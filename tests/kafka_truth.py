@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from deltalake import DeltaTable
+
+from offsetlake import storage  # only for the lake's storage options: DeltaTable as delta-rs opens it
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,15 @@ def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, 
 
 def sink_coordinates(path: str) -> list[tuple[int, int, int]]:
     """(partition, offset, order_id) of every live sink row, duplicates kept."""
-    data = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
+    data = storage.table(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
     return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), data["order_id"].to_pylist(),
                     strict=True))
 
 
 def dead_letter_coordinates(path: str) -> list[tuple[int, int]]:
-    if not DeltaTable.is_deltatable(path):
+    if not storage.is_table(path):
         return []
-    data = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
+    data = storage.table(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
     return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), strict=True))
 
 
@@ -94,5 +95,5 @@ def assert_exactly_once(config, truth: TopicTruth) -> None:
 
 
 def ledger_rows(config) -> list[dict]:
-    table = DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
+    table = storage.table(config.ledger_path).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
     return table.to_pylist()

@@ -1,0 +1,147 @@
+"""A batch's data files, written by the Spark tasks themselves with pyarrow: one write path for a
+local lake and for object storage, with no Hadoop filesystem connector (``hadoop-aws`` is a
+Maven download that nothing here, nor many users' clusters, can install).
+
+Each task sorts nothing and shuffles nothing: the rows arrive sorted by the partition columns
+(``sortWithinPartitions``, as Spark's own writer does), so a task has one file open at a time
+and writes one file per partition value it sees, under Hive-style ``column=value/`` folders
+escaped exactly as Spark escapes them (``PARTITION_ESCAPES``). A task returns the files it
+wrote (path under the table, rows, and rows per topic-partition inside the plan's ranges); the
+driver commits exactly those files. Files of a failed or speculative task attempt are never
+returned, so they are never committed (they are inert, and vacuum removes them later), and a
+file returned but missing makes the commit refuse (``sink.add_actions_for``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow.fs import LocalFileSystem
+
+from offsetlake import storage
+from offsetlake.coordinates import PARTITION, TOPIC, Selection
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+# The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder.
+PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
+_RESULT_SCHEMA = "path string, rows long, counts string"
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    path: str  # relative to the table root, unescaped (what an AddAction takes)
+    rows: int
+    counts: dict[tuple[str, int], int]  # rows inside the plan's ranges, per topic-partition
+
+
+def escape_partition_value(value: str) -> str:
+    return "".join(f"%{ord(c):02X}" if c in PARTITION_ESCAPES else c for c in value)
+
+
+def partition_folder(column: str, value: Any) -> str:
+    """``column=value`` as Spark names the folder (null and "" both as Hive's default partition)."""
+    if value is None or value == "":
+        text = storage.HIVE_NULL
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, datetime):
+        text = value.isoformat(sep=" ")
+    elif isinstance(value, date):
+        text = value.isoformat()
+    else:
+        text = escape_partition_value(str(value))
+    return f"{escape_partition_value(column)}={text}"
+
+
+def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list[str],
+               selection: Selection) -> list[StagedFile]:
+    """Write ``rows`` as parquet files under ``folder`` (inside ``table_root``) from the Spark
+    tasks; the files written, for one commit."""
+    options = storage.options_for(table_root)
+    relative_folder = folder[len(table_root.rstrip("/")) + 1:]
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
+        fs, root = storage.filesystem(table_root, options)
+        inside = selection.arrow()
+        done: list[_OpenFile] = []
+        current: _OpenFile | None = None
+        for batch in batches:
+            for key, part in _runs(batch, partition_by):
+                if current is None or current.key != key:
+                    if current is not None:
+                        done.append(current.close())
+                    sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
+                    relative = "/".join(p for p in (relative_folder, sub, f"part-{attempt}.c000.snappy.parquet") if p)
+                    path = f"{root}/{relative}"
+                    if isinstance(fs, LocalFileSystem):  # object stores have no folders to make
+                        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                    current = _OpenFile(key, relative, fs.open_output_stream(path),
+                                        pa.schema([f for f in part.schema if f.name not in partition_by]))
+                current.write(part.drop_columns(partition_by) if partition_by else part,
+                              part if inside is None else part.filter(inside))
+        if current is not None:
+            done.append(current.close())
+        if done:
+            yield pa.RecordBatch.from_pydict({
+                "path": [f.relative for f in done], "rows": [f.rows for f in done],
+                "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
+            })
+
+    ordered = rows.sortWithinPartitions(*partition_by) if partition_by else rows
+    files = []
+    for row in ordered.mapInArrow(write, _RESULT_SCHEMA).collect():
+        counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
+        files.append(StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts))
+    return files
+
+
+class _OpenFile:
+    """One parquet file a task is writing: its partition key, path, rows and per-range counts."""
+
+    def __init__(self, key: tuple, relative: str, stream: Any, schema: pa.Schema) -> None:
+        self.key, self.relative, self.stream = key, relative, stream
+        self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
+        self.rows = 0
+        self.counts: Counter[tuple[str, int]] = Counter()
+
+    def write(self, data: pa.Table, inside: pa.Table) -> None:
+        self.writer.write_table(data)
+        self.rows += data.num_rows
+        if inside.num_rows:
+            for row in inside.group_by([TOPIC, PARTITION]).aggregate([([], "count_all")]).to_pylist():
+                self.counts[(row[TOPIC], row[PARTITION])] += row["count_all"]
+
+    def close(self) -> _OpenFile:
+        self.writer.close()
+        self.stream.close()
+        return self
+
+
+def _runs(batch: pa.RecordBatch, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
+    """Consecutive slices of ``batch`` with one value of the partition columns each."""
+    if batch.num_rows == 0:
+        return
+    table = pa.Table.from_batches([batch])
+    if not partition_by:
+        yield (), table
+        return
+    keys = list(zip(*(table.column(c).to_pylist() for c in partition_by), strict=True))
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            yield keys[start], table.slice(start, i - start)
+            start = i

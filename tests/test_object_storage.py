@@ -1,0 +1,119 @@
+"""The lake on S3-compatible object storage (the embedded moto server): exactly once, safe
+commits, and clear errors for storage settings that cannot work (issue 17)."""
+
+from __future__ import annotations
+
+import json
+
+import obstore
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from obstore.exceptions import AlreadyExistsError
+from s3_tools import ForgetfulProxy
+
+from offsetlake import storage
+from offsetlake.embedded.local_s3 import LocalS3
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.errors import ConfigError, StorageError
+from offsetlake.plan import RunContext
+from offsetlake.runs import run_pipeline
+
+
+def _on_s3(pipeline, s3, **overrides):
+    bucket = s3.bucket()
+    return pipeline.write(lake=f"s3://{bucket}/lake", storage=s3.options(), **overrides)
+
+
+def test_the_embedded_server_refuses_a_second_put_if_absent_and_a_stale_delta_commit(s3, tmp_path):
+    bucket = s3.bucket()
+    options = {k.lower(): v for k, v in s3.options().items()}
+    root = f"s3://{bucket}/t"
+    storage.register_options(root, options)
+    store = storage._object_store(root, storage.options_for(root) or {})
+    obstore.put(store, "k", b"first", mode="create")
+    with pytest.raises(AlreadyExistsError):
+        obstore.put(store, "k", b"second", mode="create")
+    assert bytes(obstore.get(store, "k").bytes()) == b"first"
+
+    import pyarrow as pa
+    write_deltalake(root, pa.table({"a": [0]}), storage_options=storage.options_for(root))
+    first, second = storage.table(root), storage.table(root)  # both at version 0
+    write_deltalake(first, pa.table({"a": [1]}), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
+    with pytest.raises(CommitFailedError):
+        write_deltalake(second, pa.table({"a": [2]}), mode="append",
+                        commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
+    assert sorted(storage.table(root).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
+
+
+def test_a_pipeline_on_s3_lands_every_record_once_through_backfill_rewind_and_maintenance(pipeline, spark, s3):
+    config = _on_s3(pipeline, s3, max_records_per_batch=4_000, sink={"partition_by": ["currency"]})
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, malformed_every=499)
+    first = run_pipeline(config, RunContext("s3-1"), lambda: spark)
+    assert len(first) >= 2
+    produce_orders(pipeline.bootstrap, pipeline.topic, 2_000, first_id=10_000, malformed_every=499)
+    run_pipeline(config, RunContext("s3-2"), lambda: spark)
+    truth = read_topic(pipeline.bootstrap, pipeline.topic)
+    assert_exactly_once(config, truth)
+    assert config.sink_path.startswith("s3://") and storage.is_table(config.sink_path)
+
+    backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "100", "--to-offset", "900")
+    assert backfill.returncode == 0, backfill.stderr
+    assert_exactly_once(config, truth)
+    committed = [r["batch_id"] for r in ledger_rows(config) if r["status"] == "committed" and r["kind"] == "ingest"]
+    rewind = pipeline.cli("rewind", "--to-batch", committed[0])
+    assert rewind.returncode == 0, rewind.stderr
+    maintenance = pipeline.cli("maintenance", "--retention-hours", "1", "--json")
+    assert maintenance.returncode == 0, maintenance.stderr
+    again = pipeline.cli("run")
+    assert again.returncode == 0, again.stderr
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    audit = pipeline.cli("audit", "--against-kafka")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    status = pipeline.cli("status")
+    assert status.returncode == 0 and s3.secret_key not in status.stdout + status.stderr
+
+
+@pytest.mark.parametrize("case", ["unknown bucket", "unreachable endpoint"])
+def test_storage_that_cannot_work_is_named_before_kafka_is_read(pipeline, s3, case):
+    options = s3.options()
+    lake = f"s3://{s3.bucket()}/lake"
+    if case == "unknown bucket":
+        lake, said = "s3://no-such-bucket-here/lake", "bucket 'no-such-bucket-here' does not exist"
+    else:
+        options["AWS_ENDPOINT_URL"], said = "http://127.0.0.1:9", "cannot reach the object store at http://127.0.0.1:9"
+    pipeline.write(lake=lake, storage=options)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 10)
+    run = pipeline.cli("run", timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"pipeline {pipeline.name}" in run.stderr and said in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and s3.secret_key not in run.stderr
+
+
+def test_credentials_the_store_refuses_are_named(pipeline, tmp_path):
+    server = LocalS3(tmp_path / "auth-s3.log", auth=True).start()
+    try:
+        bucket = server.bucket()
+        pipeline.write(lake=f"s3://{bucket}/lake", storage={**server.options(), "AWS_SECRET_ACCESS_KEY": "wrong"})
+        run = pipeline.cli("run", timeout=120)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert "the credentials were refused" in run.stderr and pipeline.name in run.stderr, run.stderr
+        assert "wrong" not in run.stderr
+    finally:
+        server.stop()
+
+
+def test_settings_that_make_commits_unsafe_are_refused(pipeline, s3):
+    for key, value in (("AWS_S3_ALLOW_UNSAFE_RENAME", "true"), ("aws_conditional_put", "disabled")):
+        with pytest.raises(ConfigError, match=f"storage: {key}: "):
+            pipeline.write(lake=f"s3://{s3.bucket()}/lake", storage={**s3.options(), key: value})
+    with ForgetfulProxy(s3.endpoint) as proxy:
+        config = pipeline.write(lake=f"s3://{s3.bucket()}/lake", storage={**s3.options(), "AWS_ENDPOINT_URL": proxy.endpoint})
+        with pytest.raises(StorageError, match="accepted a second put-if-absent"):
+            config.check_storage()
+    report = json.dumps(config.redacted_storage_options())
+    assert s3.secret_key not in report and "***" in report
