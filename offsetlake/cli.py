@@ -236,12 +236,12 @@ def _duration(text: str) -> float:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from offsetlake.config import kafka_overrides_from_env
+    from offsetlake.config import with_orchestrator_settings
     from offsetlake.spark import spark_session, stop_spark
     from offsetlake.stream import StopControl, StreamOptions, run_stream
 
-    # an orchestrator (the <pipeline>_stream DAG) hands over Kafka secrets in the environment
-    config = _load(args, args.pipeline).with_kafka_overrides(*kafka_overrides_from_env())
+    # an orchestrator (the <pipeline>_stream DAG) hands over Kafka and storage secrets in the environment
+    config = with_orchestrator_settings(_load(args, args.pipeline))
     options = StreamOptions(
         trigger_interval=args.trigger_interval, max_records_per_batch=args.max_records_per_batch,
         max_duration=args.max_duration, lease_ttl=args.lease_ttl, parent_pid=args.parent_pid,

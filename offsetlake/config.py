@@ -485,6 +485,28 @@ def kafka_overrides_from_env() -> tuple[str | None, dict[str, str]]:
     return data.get("bootstrap_servers"), {str(k): str(v) for k, v in (data.get("options") or {}).items()}
 
 
+STORAGE_OVERRIDES_ENV = "OFFSETLAKE_STORAGE_OVERRIDES"
+
+
+def storage_overrides_from_env() -> dict[str, str]:
+    """``$OFFSETLAKE_STORAGE_OVERRIDES`` = {"AWS_ACCESS_KEY_ID": ..., ...}: the storage settings an
+    orchestrator keeps as secrets (an Airflow connection), handed to a job in its environment."""
+    raw = os.environ.get(STORAGE_OVERRIDES_ENV)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"${STORAGE_OVERRIDES_ENV} is not JSON") from None
+    return {str(k): str(v) for k, v in (data or {}).items()}
+
+
+def with_orchestrator_settings(config: PipelineConfig) -> PipelineConfig:
+    """``config`` with the Kafka and storage settings an orchestrator handed over in the
+    environment (``$OFFSETLAKE_KAFKA_OVERRIDES``, ``$OFFSETLAKE_STORAGE_OVERRIDES``) on top."""
+    return config.with_kafka_overrides(*kafka_overrides_from_env()).with_storage_overrides(storage_overrides_from_env())
+
+
 def all_pipeline_files(directory: Path | None = None) -> list[Path]:
     folder = directory or pipelines_dir()
     # orders.expectations.yaml (a suite) sits beside orders.yaml; only [a-z0-9_]+ stems are pipelines

@@ -3,8 +3,11 @@
 Kafka credentials can live in an Airflow connection instead of the pipeline YAML: a connection
 ``kafka_<pipeline>`` (or ``kafka_default``) whose extra JSON holds librdkafka options such as
 ``{"security.protocol": "SASL_SSL", "sasl.username": "...", "sasl.password": "..."}`` and whose
-host (``host:port``) overrides ``bootstrap_servers``. ``spark_default`` says where ingest jobs
-and streams run.
+host (``host:port``) overrides ``bootstrap_servers``. Object-storage settings likewise: a
+connection ``offsetlake_storage_<pipeline>`` (or ``offsetlake_storage_default``) whose extra JSON
+holds the ``storage:`` keys (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...), whose login and password
+are the access key id and secret, and whose host (a URL) is the endpoint. ``spark_default`` says
+where ingest jobs and streams run.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from offsetlake.config import KAFKA_OVERRIDES_ENV, PipelineConfig, load_pipeline
+from offsetlake.config import KAFKA_OVERRIDES_ENV, STORAGE_OVERRIDES_ENV, PipelineConfig, load_pipeline
 from offsetlake_airflow import pipelines_folder
 
 log = logging.getLogger("offsetlake.airflow")
@@ -34,19 +37,45 @@ def kafka_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
     return None, {}
 
 
-def kafka_overrides_env(pipeline: str) -> dict[str, str]:
-    """The environment that hands a child process (spark-submit job, stream) the connection's
-    Kafka settings: never its command line, which Airflow logs."""
+def storage_overrides(pipeline: str) -> dict[str, str]:
+    """Object-storage settings from the pipeline's storage connection, if any."""
+    from airflow.sdk import BaseHook
+
+    for conn_id in (f"offsetlake_storage_{pipeline}", "offsetlake_storage_default"):
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception:  # noqa: BLE001 - not defined: the YAML alone configures storage
+            continue
+        options = {str(k): str(v) for k, v in (conn.extra_dejson or {}).items()}
+        if conn.login:
+            options["AWS_ACCESS_KEY_ID"] = conn.login
+        if conn.password:
+            options["AWS_SECRET_ACCESS_KEY"] = conn.password
+        if conn.host:
+            host = conn.host if "://" in conn.host else f"https://{conn.host}"
+            options["AWS_ENDPOINT_URL"] = f"{host}:{conn.port}" if conn.port else host
+        log.info("storage settings of pipeline %s come from connection %s (keys: %s)", pipeline, conn_id, sorted(options))
+        return options
+    return {}
+
+
+def overrides_env(pipeline: str) -> dict[str, str]:
+    """The environment that hands a child process (spark-submit job, stream) the connections'
+    Kafka and storage settings: never its command line, which Airflow logs."""
+    env = {}
     servers, options = kafka_overrides(pipeline)
-    if not servers and not options:
-        return {}
-    return {KAFKA_OVERRIDES_ENV: json.dumps({"bootstrap_servers": servers, "options": options})}
+    if servers or options:
+        env[KAFKA_OVERRIDES_ENV] = json.dumps({"bootstrap_servers": servers, "options": options})
+    stored = storage_overrides(pipeline)
+    if stored:
+        env[STORAGE_OVERRIDES_ENV] = json.dumps(stored)
+    return env
 
 
 def load_config(pipeline: str) -> PipelineConfig:
-    """The pipeline's config with Kafka settings from an Airflow connection, if one exists."""
+    """The pipeline's config with Kafka and storage settings from Airflow connections, if they exist."""
     config = load_pipeline(pipeline, pipelines_folder())
-    return config.with_kafka_overrides(*kafka_overrides(config.name))
+    return config.with_kafka_overrides(*kafka_overrides(config.name)).with_storage_overrides(storage_overrides(config.name))
 
 
 def spark_master() -> str | None:

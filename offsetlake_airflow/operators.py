@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from offsetlake_airflow import pipelines_folder, project_dir
-from offsetlake_airflow.connections import kafka_overrides_env, load_config, spark_master
+from offsetlake_airflow.connections import load_config, overrides_env, spark_master
 from offsetlake_airflow.tasks import superseded_message
 
 log = logging.getLogger("offsetlake.airflow")
@@ -33,7 +33,7 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
         self.pipeline = pipeline
 
     def execute(self, context: Any) -> Any:
-        overrides = kafka_overrides_env(self.pipeline)
+        overrides = overrides_env(self.pipeline)
         if overrides:  # never on the command line, which the hook logs
             self.env_vars = {**(self.env_vars or {}), **overrides}
         try:
@@ -73,7 +73,7 @@ class OffsetlakeStreamOperator(BaseOperator):
     def execute(self, context: Any) -> Any:
         config = load_config(self.pipeline)
         dag_run, ti = context["dag_run"], context["ti"]
-        env = {**os.environ, **kafka_overrides_env(self.pipeline)}
+        env = {**os.environ, **overrides_env(self.pipeline)}
         command = [
             sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipelines_folder()), "stream", self.pipeline,
             "--trigger-interval", str(self.trigger_interval),
