@@ -51,7 +51,8 @@ import pyarrow.compute as pc
 import yaml
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
-from deltalake import DeltaTable
+
+from offsetlake import storage
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILPOINTS = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
@@ -534,9 +535,9 @@ class Campaign:
                                   f"{' against Kafka' if against_kafka else ''} failed:\n{report.text()}")
 
     def _committed_ends(self) -> dict[int, int | None]:
-        if not DeltaTable.is_deltatable(self.config.sink_path):
+        if not storage.is_table(self.config.sink_path):
             return {p: None for p in range(self.partitions)}
-        sink = DeltaTable(self.config.sink_path)
+        sink = storage.table(self.config.sink_path)
         return {p: sink.transaction_version(self.config.app_id(self.topic, p)) for p in range(self.partitions)}
 
     def check(self, clean_run: bool, final: bool = False) -> None:
@@ -545,8 +546,8 @@ class Campaign:
         problems: list[str] = []
         sink_rows: list[tuple[int, int, int, int | None]] = []  # partition, offset, order id, record time (ms)
         commits: list[dict] = []  # the ledger entries of the sink's commits, each with its "version"
-        if DeltaTable.is_deltatable(self.config.sink_path):
-            sink = DeltaTable(self.config.sink_path)
+        if storage.is_table(self.config.sink_path):
+            sink = storage.table(self.config.sink_path)
             dataset = sink.to_pyarrow_dataset()
             extra = [EXTRA_FIELD[0]] if EXTRA_FIELD[0] in dataset.schema.names else []
             data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp", *extra])
@@ -570,8 +571,8 @@ class Campaign:
         # "sink" says which sink version it holds). Meanwhile the audit counts the pending change.
         changes = [c["version"] for c in commits if "dead_letter_files" in c or "dead_letter_restore" in c]
         dead_pending = bool(changes)
-        if DeltaTable.is_deltatable(self.config.dead_letter_path):
-            dead_table = DeltaTable(self.config.dead_letter_path)
+        if storage.is_table(self.config.dead_letter_path):
+            dead_table = storage.table(self.config.dead_letter_path)
             d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
             dead = list(zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(), strict=True))
             applied = dead_table.transaction_version("sink")
@@ -633,8 +634,8 @@ class Campaign:
                     problems.append(f"partition {p}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) are not contiguous")
             if spans[-1][1] != ends.get(p):
                 problems.append(f"partition {p}: last committed range ends at {spans[-1][1]}, txn version {ends.get(p)}")
-        if clean_run and DeltaTable.is_deltatable(self.config.ledger_path):
-            ledger = [r for r in DeltaTable(self.config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+        if clean_run and storage.is_table(self.config.ledger_path):
+            ledger = [r for r in storage.table(self.config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
                       if r["pipeline"] == self.name]
             # the ledger is a log of events: a rewound batch keeps its committed event and gains a rewound one
             rewound_in_ledger = {r["batch_id"] for r in ledger if r["status"] == "rewound"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,6 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     import json
     import shutil
 
-    from deltalake import DeltaTable
 
     config = pipeline.write(schedule=None)
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
@@ -112,19 +112,19 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
     assert airflow(airflow_env, "dags", "test", f"{pipeline.name}_ingest").returncode == 0
-    rows_before = DeltaTable(config.sink_path).count()
+    rows_before = storage.table(config.sink_path).count()
     dag_id = f"{pipeline.name}_backfill"
-    version = DeltaTable(config.sink_path).version()
+    version = storage.table(config.sink_path).version()
 
     bad = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 50, "to_offset": 10}))
     bad_output = bad.stdout + bad.stderr
     assert "to_offset 10 must be greater than from_offset 50" in bad_output, bad_output[-3000:]
-    assert DeltaTable(config.sink_path).version() == version, "bad params must commit nothing"
+    assert storage.table(config.sink_path).version() == version, "bad params must commit nothing"
 
     good = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 10, "to_offset": 60}))
     assert good.returncode == 0, (good.stdout + good.stderr)[-4000:]
-    assert DeltaTable(config.sink_path).version() == version + 1
-    assert DeltaTable(config.sink_path).count() == rows_before
+    assert storage.table(config.sink_path).version() == version + 1
+    assert storage.table(config.sink_path).count() == rows_before
     backfills = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
     assert [(r["partition"], r["start_offset"], r["end_offset"], r["dag_id"]) for r in backfills] == [(0, 10, 60, dag_id)]
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))

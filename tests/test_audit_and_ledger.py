@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shutil
 
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from kafka_truth import ledger_rows
 
+from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
@@ -20,7 +21,7 @@ def test_audit_reports_a_row_copied_behind_its_back(pipeline, spark):
     run_pipeline(config, RunContext("r"), lambda: spark)
     assert pipeline.cli("audit").returncode == 0
 
-    sink = DeltaTable(config.sink_path)
+    sink = storage.table(config.sink_path)
     row = sink.to_pyarrow_dataset().head(1)
     write_deltalake(sink, row, mode="append")
 
@@ -41,11 +42,11 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
 
     # Compaction (what keeps planning flat as history grows) changes files, never rows.
     ledger = Ledger(config.ledger_path, config.name)
-    rows_before, files_before = ledger.rows().to_pylist(), len(DeltaTable(config.ledger_path).file_uris())
+    rows_before, files_before = ledger.rows().to_pylist(), len(storage.table(config.ledger_path).file_uris())
     assert files_before > 2
     assert ledger.compact_if_fragmented(max_files=2)
     assert ledger.rows().to_pylist() == rows_before
-    assert len(DeltaTable(config.ledger_path).file_uris()) == 1
+    assert len(storage.table(config.ledger_path).file_uris()) == 1
     assert not ledger.compact_if_fragmented(max_files=2)
 
     shutil.rmtree(config.ledger_path)

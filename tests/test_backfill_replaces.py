@@ -7,9 +7,9 @@ import time
 from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, TopicPartition
-from deltalake import DeltaTable
 from kafka_truth import ledger_rows
 
+from offsetlake import storage
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
@@ -26,13 +26,13 @@ def cents(rows):
 
 
 def _rows(config) -> list[tuple]:
-    table = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(
+    table = storage.table(config.sink_path).to_pyarrow_dataset().to_table(
         columns=["_kafka_partition", "_kafka_offset", "order_id", "amount"])
     return sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
 
 
 def _txns(config, partitions) -> dict[int, int | None]:
-    table = DeltaTable(config.sink_path)
+    table = storage.table(config.sink_path)
     return {p: table.transaction_version(config.app_id(config.topic, p)) for p in partitions}
 
 
@@ -44,7 +44,7 @@ def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(p
     run_pipeline(config, RunContext("ingest"), lambda: spark)
     before = _rows(config)
     txns = _txns(config, [0, 1])
-    dead_before = DeltaTable(config.dead_letter_path).count()
+    dead_before = storage.table(config.dead_letter_path).count()
 
     (pipeline.folder / "cents.py").write_text(TRANSFORM)
     config = pipeline.write(transform="cents:cents")
@@ -62,7 +62,7 @@ def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(p
         else:
             assert amount == old[(p, o)][1], f"row {p}/{o} outside the range changed"
     assert _txns(config, [0, 1]) == txns, "a backfill must never move txn versions"
-    assert DeltaTable(config.dead_letter_path).count() == dead_before
+    assert storage.table(config.dead_letter_path).count() == dead_before
     kinds = {(r["kind"], r["status"]) for r in ledger_rows(config)}
     assert ("backfill", "committed") in kinds
 
@@ -80,7 +80,7 @@ def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, 
     produce_orders(pipeline.bootstrap, pipeline.topic, 300)
     run_pipeline(config, RunContext("ingest"), lambda: spark)
     produce_orders(pipeline.bootstrap, pipeline.topic, 100, first_id=10_000, partition=0)
-    version = DeltaTable(config.sink_path).version()
+    version = storage.table(config.sink_path).version()
     committed = _txns(config, [0])[0]
     cases = [
         (["--from-offset", "50", "--to-offset", "50"], "must be greater than from_offset"),
@@ -95,7 +95,7 @@ def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, 
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert expected in result.stderr and pipeline.name in result.stderr, (args, result.stderr[-1500:])
         assert "Traceback" not in result.stderr
-    assert DeltaTable(config.sink_path).version() == version
+    assert storage.table(config.sink_path).version() == version
 
 
 def test_backfill_by_time_reads_from_the_offset_offsets_for_times_gives_and_selects_by_record_time(pipeline, spark):

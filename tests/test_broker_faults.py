@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pipeline
-from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake import storage
 from offsetlake.embedded.local_broker import LocalBroker
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
@@ -115,7 +115,7 @@ def _start_run(pipeline: Pipeline) -> Watched:
 
 def _sink_version(pipeline: Pipeline) -> int | None:
     path = str(pipeline.lake / pipeline.name)
-    return DeltaTable(path).version() if DeltaTable.is_deltatable(path) else None
+    return storage.table(path).version() if storage.is_table(path) else None
 
 
 def test_broker_down_at_plan_time_fails_clearly_and_writes_nothing(faulty, own_broker, spark):
@@ -202,7 +202,7 @@ def test_a_stream_waits_out_a_broker_outage_and_stays_exactly_once(faulty, own_b
         truth = read_topic(faulty.bootstrap, faulty.topic)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            table = DeltaTable(config.sink_path)
+            table = storage.table(config.sink_path)
             if all((table.transaction_version(config.app_id(faulty.topic, p)) or 0) >= end for p, end in truth.lso.items()):
                 break
             time.sleep(0.5)

@@ -10,10 +10,9 @@ Every check here ends with ``audit --against-kafka``, which reads the records ba
 from __future__ import annotations
 
 import pytest
-from deltalake import DeltaTable
 from kafka_truth import dead_letter_coordinates, ledger_rows
 
-from offsetlake import failpoints
+from offsetlake import failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -31,7 +30,7 @@ def _crash(_name: str) -> None:
 
 
 def _rows(config) -> int:
-    return DeltaTable(config.sink_path).to_pyarrow_dataset().count_rows()
+    return storage.table(config.sink_path).to_pyarrow_dataset().count_rows()
 
 
 def _audit_ok(config) -> None:
@@ -141,7 +140,7 @@ def test_audit_against_kafka_finds_records_in_neither_table(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0)
     run_pipeline(strict, RunContext("strict-ingest"), lambda: spark)
-    DeltaTable(strict.dead_letter_path).delete("_kafka_offset < 500")
+    storage.table(strict.dead_letter_path).delete("_kafka_offset < 500")
 
     assert audit_pipeline(strict).ok, "without Kafka the loss is invisible"
     report = audit_pipeline(strict, against_kafka=True)

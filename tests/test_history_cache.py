@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
+from offsetlake import storage
 from offsetlake.history import ledger_entry, sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
 from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
@@ -28,7 +28,7 @@ def _commit(config, start: int) -> str:
 
 def _uncached(config) -> list:
     """(version, entry) of this pipeline's commits, read straight from the Delta log."""
-    history = sorted(DeltaTable(config.sink_path).history(), key=lambda h: h["version"])
+    history = sorted(storage.table(config.sink_path).history(), key=lambda h: h["version"])
     entries = [(int(h["version"]), json.loads(h["userMetadata"])) for h in history if h.get("userMetadata")]
     return [(v, e) for v, e in entries if e.get("pipeline") == config.name]
 
@@ -38,15 +38,15 @@ def test_history_cache_returns_what_the_log_holds(pipeline):
     ids = [_commit(config, i) for i in range(5)]
     cache = Path(config.sink_path) / "_offsetlake_history" / f"{config.name}.json"
 
-    first = sink_commits(DeltaTable(config.sink_path), config.name)
+    first = sink_commits(storage.table(config.sink_path), config.name)
     assert [c.batch_id for c in first] == ids and cache.exists()
     assert [(c.version, c.entry) for c in first] == _uncached(config)
 
     ids += [_commit(config, i) for i in range(5, 8)]  # read incrementally on top of the cache
-    again = sink_commits(DeltaTable(config.sink_path), config.name)
+    again = sink_commits(storage.table(config.sink_path), config.name)
     assert [c.batch_id for c in again] == ids
     assert [(c.version, c.entry) for c in again] == _uncached(config)
-    assert json.loads(cache.read_text())["version"] == DeltaTable(config.sink_path).version()
+    assert json.loads(cache.read_text())["version"] == storage.table(config.sink_path).version()
 
     # a cache from another table at this path (the sink was deleted and recreated) is ignored
     saved = cache.read_text()
@@ -54,7 +54,7 @@ def test_history_cache_returns_what_the_log_holds(pipeline):
     fresh = [_commit(config, 0)]
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(saved)
-    assert [c.batch_id for c in sink_commits(DeltaTable(config.sink_path), config.name)] == fresh
+    assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh
 
     cache.write_text("{not json")  # an unreadable cache only costs a full read
-    assert [c.batch_id for c in sink_commits(DeltaTable(config.sink_path), config.name)] == fresh
+    assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh

@@ -12,9 +12,9 @@ import json
 
 import pytest
 from confluent_kafka import Producer
-from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, read_topic
 
+from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -60,7 +60,7 @@ def _produce_customers(bootstrap: str, topic: str, count: int) -> None:
 
 
 def _rows(config) -> list[tuple]:
-    data = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "customer"])
+    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "customer"])
     return sorted(zip(data["_kafka_offset"].to_pylist(), data["customer"].to_pylist(), strict=True))
 
 

@@ -8,9 +8,9 @@ import signal
 import time
 from pathlib import Path
 
-from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake import storage
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.ledger import Ledger
@@ -51,7 +51,7 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     fresh_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
     assert old_attempt and fresh_attempt
 
-    sink = DeltaTable(config.sink_path)
+    sink = storage.table(config.sink_path)
     txns_before = {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)}
     rows_before = sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition")
     history_before = [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")]
@@ -71,7 +71,7 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     assert not any(f.exists() for f in old_attempt), "staged files older than the retention were kept"
     assert all(f.exists() for f in fresh_attempt), "vacuum deleted the files of a batch that may be in flight"
 
-    sink = DeltaTable(config.sink_path)
+    sink = storage.table(config.sink_path)
     assert sink.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
     assert {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
     assert sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition").equals(rows_before)

@@ -21,7 +21,6 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from raw_records import produce_raw
@@ -119,10 +118,10 @@ def test_any_partition_value_is_a_row_or_a_dead_letter_through_backfill_and_rewi
     _audit(config)
     run_pipeline(config, RunContext("values-again"), lambda: spark, emit=lambda _: None)
     _audit(config)
-    sink = DeltaTable(config.sink_path)
+    sink = storage.table(config.sink_path)
     rows = {r["_kafka_offset"]: r["customer"] for r in sink.to_pyarrow_dataset().to_table().to_pylist()}
-    dead = {r["_kafka_offset"]: r["reason"] for r in DeltaTable(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if DeltaTable.is_deltatable(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.dead_letter_path) else {}
     for offset, value in enumerate(values):
         if offset in dead:
             assert "partition value of column 'customer'" in dead[offset], (value, dead[offset])
@@ -165,8 +164,8 @@ def test_any_header_and_timestamp_gives_a_row_or_a_dead_letter_with_its_reason(s
     for i, (headers, stamp) in enumerate(records):
         produce_raw(scene.bootstrap, scene.topic, 0, json.dumps({"order_id": i}).encode(), headers, timestamp_ms=stamp)
     [result] = run_pipeline(config, RunContext("headers"), lambda: spark, emit=lambda _: None)
-    dead = {r["_kafka_offset"]: r["reason"] for r in DeltaTable(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if DeltaTable.is_deltatable(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.dead_letter_path) else {}
     for offset, (headers, stamp) in enumerate(records):
         # header keys are never part of a row, UTF-8 or not; librdkafka stamps 0 (and -1) with the time of producing
         bad_time = stamp not in (0, -1) and not YEAR_1_MS <= stamp < YEAR_10000_MS

@@ -15,9 +15,9 @@ import time
 
 import pyarrow as pa
 from confluent_kafka import Producer
-from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties
 
+from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic
@@ -44,7 +44,7 @@ def _produce(bootstrap: str, topic: str, count: int) -> None:
 
 
 def _rows(config) -> list[tuple]:
-    data = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "_kafka_row", "item"])
+    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "_kafka_row", "item"])
     return sorted(zip(*(data[c].to_pylist() for c in data.column_names), strict=True))
 
 
@@ -72,7 +72,7 @@ def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_se
 
     # the same data file committed twice: every row of its records is there twice, which the
     # audit must see (per (record, _kafka_row)), explode or not
-    table = DeltaTable(config.sink_path)
+    table = storage.table(config.sink_path)
     source = next(f for f in pa.table(table.get_add_actions(flatten=True)).to_pylist() if f["num_records"])
     copy = source["path"].replace(".parquet", "-copy.parquet")
     shutil.copy(os.path.join(config.sink_path, source["path"]), os.path.join(config.sink_path, copy))

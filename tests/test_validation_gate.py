@@ -14,9 +14,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import yaml
-from deltalake import DeltaTable
 from kafka_truth import dead_letter_coordinates, read_topic, sink_coordinates
 
+from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
@@ -35,7 +35,7 @@ SUITE = {
 
 
 def ledger_rows(config, batch_id: str) -> list[dict]:
-    data = DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+    data = storage.table(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
     return [r for r in data if r["batch_id"] == batch_id]
 
 
@@ -61,7 +61,7 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert summary["outcome"] == "passed" and summary["rows_validated"] == 400 and summary["failed"] == []
     assert {e["type"] for e in summary["expectations"]} == {next(iter(e)) for e in SUITE["expectations"]}
     assert Path(urlparse(summary["report"]).path).is_file()
-    sink = DeltaTable(config.sink_path)
+    sink = storage.table(config.sink_path)
     metadata = json.loads(sink.history(1)[0]["userMetadata"])
     assert metadata["validation"]["outcome"] == "passed"
     version_before = sink.version()
@@ -74,10 +74,10 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert failed.returncode == 3, failed.stderr[-3000:]
     assert "expect_column_values_to_not_be_null(column=customer): 24 unexpected of 588 rows" in failed.stderr
     assert "nothing was committed" in failed.stderr and "report: file://" in failed.stderr
-    assert DeltaTable(config.sink_path).version() == version_before
-    after = DeltaTable(config.sink_path)
+    assert storage.table(config.sink_path).version() == version_before
+    after = storage.table(config.sink_path)
     assert {p: after.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
-    bad_rows = [r for r in DeltaTable(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+    bad_rows = [r for r in storage.table(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
                 if r["run_id"] == "bad-run" and r["status"] == "failed"]
     assert bad_rows, "the failed batch must have failed ledger rows"
     bad_batch = bad_rows[0]["batch_id"]
@@ -104,9 +104,9 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     every = [(p, o) for p, o, _ in sink_rows] + dead
     assert len(every) == len(set(every)), "a record is both in the sink and a dead letter, or twice in one"
     assert set(every) == set(truth.good) | truth.bad
-    dead_reasons = DeltaTable(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
+    dead_reasons = storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
     assert dead_reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 24
-    customers = DeltaTable(config.sink_path).to_pyarrow_dataset().to_table(columns=["customer"])["customer"]
+    customers = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["customer"])["customer"]
     assert customers.null_count == 0
     final = [r for r in ledger_rows(config, bad_batch) if r["status"] == "committed"]
     assert len(final) == 2, "one committed ledger row per partition of the rerun batch"
