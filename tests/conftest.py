@@ -77,8 +77,10 @@ class Pipeline:
     name: str
     topic: str
     folder: Path
-    lake: Path
+    lake: Path  # the local lake folder; with OFFSETLAKE_TEST_LAKE=s3 the lake is ``lake_uri`` instead
     bootstrap: str
+    lake_uri: str | None = None  # s3://bucket/lake on the embedded S3 server
+    storage: dict[str, str] | None = None  # that server's settings
 
     @property
     def file(self) -> Path:
@@ -89,7 +91,8 @@ class Pipeline:
             "name": self.name,
             "topic": self.topic,
             "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": f"test-{self.name}"}},
-            "lake": str(self.lake),
+            "lake": self.lake_uri or str(self.lake),
+            **({"storage": self.storage} if self.storage else {}),
             "start": "earliest",
             "max_records_per_batch": 100_000,
             "read_timeout_seconds": 30,
@@ -100,6 +103,8 @@ class Pipeline:
                 "required": ["order_id"],
             },
         }
+        if "lake" in overrides and "storage" not in overrides:
+            body.pop("storage", None)  # a test that names its own lake names its own storage
         body.update(overrides)
         self.file.write_text(yaml.safe_dump(body, sort_keys=False))
         return self.config()
@@ -125,12 +130,22 @@ class Pipeline:
         )
 
 
+TEST_LAKE = os.environ.get("OFFSETLAKE_TEST_LAKE", "local")  # "s3": every pipeline's lake on the embedded S3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
+
+
 @pytest.fixture
-def pipeline(broker: Broker, tmp_path: Path) -> Pipeline:
+def pipeline(broker: Broker, tmp_path: Path, request: pytest.FixtureRequest) -> Pipeline:
     suffix = uuid.uuid4().hex[:8]
     folder = tmp_path / "pipelines"
     folder.mkdir()
     p = Pipeline(name=f"p_{suffix}", topic=f"t_{suffix}", folder=folder, lake=tmp_path / "lake", bootstrap=broker.bootstrap)
+    if TEST_LAKE == "s3" and request.node.get_closest_marker("local_lake") is None:
+        server = request.getfixturevalue("s3")
+        p.lake_uri, p.storage = f"s3://{server.bucket()}/lake", server.options()
     p.write()
     return p
 

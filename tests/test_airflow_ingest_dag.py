@@ -59,6 +59,7 @@ def test_every_pipeline_file_becomes_an_ingest_dag_without_import_errors(airflow
     assert "offsetlake_dags.py" not in errors.stdout, errors.stdout
 
 
+@pytest.mark.local_lake
 def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(airflow_env, pipeline):
     import json
     import shutil

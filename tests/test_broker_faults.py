@@ -114,7 +114,7 @@ def _start_run(pipeline: Pipeline) -> Watched:
 
 
 def _sink_version(pipeline: Pipeline) -> int | None:
-    path = str(pipeline.lake / pipeline.name)
+    path = pipeline.config().sink_path
     return storage.table(path).version() if storage.is_table(path) else None
 
 

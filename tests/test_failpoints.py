@@ -7,6 +7,7 @@ import signal
 
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
+from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.failpoints import NAMES
 from offsetlake.plan import RunContext
@@ -21,7 +22,7 @@ def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline, spark):
         # each crashed run first recovers from the previous crash, then dies at the next step
         next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 4_000, first_id=next_id, malformed_every=250)
         planned_before = {r["batch_id"] for r in ledger_rows(config) if r["status"] == "planned"} \
-            if (pipeline.lake / "_offset_ledger").exists() else set()
+            if storage.is_table(config.ledger_path) else set()
         crashed = pipeline.cli("run", env={"OFFSETLAKE_FAILPOINT": failpoint})
         assert crashed.returncode == -signal.SIGKILL, (failpoint, crashed.stderr[-2000:])
         assert f"failpoint {failpoint} reached" in crashed.stderr

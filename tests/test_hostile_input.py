@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import ROOT
@@ -78,6 +79,7 @@ def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline, sp
     assert pipeline.cli("audit", "--against-kafka").returncode == 0
 
 
+@pytest.mark.local_lake
 def test_hostile_arguments_fail_with_a_message_and_write_nothing(pipeline):
     for args, message in [
         (["run", "../x"], "pipeline name '../x' is not allowed: pipeline names are [a-z0-9_]+"),
@@ -100,6 +102,7 @@ def test_hostile_arguments_fail_with_a_message_and_write_nothing(pipeline):
     assert not pipeline.lake.exists()
 
 
+@pytest.mark.local_lake
 def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
     """A marker password in the Kafka options: grep every output and every file the runs wrote."""
     marker = f"MARKER-{uuid.uuid4().hex}"

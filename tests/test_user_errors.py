@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from offsetlake.embedded.local_broker import free_port
 
 
@@ -11,6 +13,7 @@ def _no_lake_written(lake: Path) -> None:
     assert not (lake / "_offset_ledger").exists() and not any(lake.glob("p_*")), "a failed start must write nothing"
 
 
+@pytest.mark.local_lake
 def test_unreachable_broker_is_named(pipeline):
     dead = f"127.0.0.1:{free_port()}"
     pipeline.write(kafka={"bootstrap_servers": dead})
@@ -22,6 +25,7 @@ def test_unreachable_broker_is_named(pipeline):
     _no_lake_written(pipeline.lake)
 
 
+@pytest.mark.local_lake
 def test_missing_topic_is_named(pipeline):
     pipeline.write(topic=f"{pipeline.topic}_missing")
     result = pipeline.cli("run", timeout=120)
