@@ -299,8 +299,13 @@ class PipelineConfig(_Strict):
 
     @property
     def stream_log_path(self) -> str:
-        """Where the Airflow stream task keeps the output of its ``offsetlake stream`` process."""
-        return self._in_lake("_stream_logs", self.name)
+        """Where the Airflow stream task keeps the output of its ``offsetlake stream`` process: a
+        local folder (process logs stay on the machine): in the lake when the lake is a local
+        folder, else under ``$OFFSETLAKE_LOG_DIR`` (default ``~/.offsetlake/logs``)."""
+        if not storage.is_uri(self.lake_path):
+            return self._in_lake("_stream_logs", self.name)
+        base = os.environ.get("OFFSETLAKE_LOG_DIR") or str(Path.home() / ".offsetlake" / "logs")
+        return str(Path(base) / "_stream_logs" / self.name)
 
     @property
     def validation_path(self) -> str:
