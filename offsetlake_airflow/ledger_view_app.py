@@ -26,7 +26,7 @@ from typing import Annotated, Any
 from urllib.parse import quote, unquote, urlparse
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offsetlake.config import PipelineConfig
@@ -164,8 +164,10 @@ def page_pipeline(request: Request, user: PageUser, pipeline: str) -> HTMLRespon
 
 
 @app.get("/ledger/{pipeline}/reports/{batch_id}")
-def page_report(user: PageUser, pipeline: str, batch_id: str) -> FileResponse:
-    """The HTML validation report the batch's ledger row points to (local lakes only)."""
+def page_report(user: PageUser, pipeline: str, batch_id: str) -> Response:
+    """The HTML validation report the batch's ledger row points to, read from the lake (a local
+    folder or object storage) and only from under the pipeline's validation folder."""
+    from offsetlake import storage
     from offsetlake.ledger_view import validation_report
 
     config = readable_config(user, pipeline)
@@ -173,10 +175,18 @@ def page_report(user: PageUser, pipeline: str, batch_id: str) -> FileResponse:
     if uri is None:
         raise HTTPException(404, f"pipeline {pipeline}: batch {batch_id} has no validation report")
     parsed = urlparse(uri)
-    path = Path(unquote(parsed.path)).resolve() if parsed.scheme in ("", "file") else None
-    if path is None or not path.is_file() or not path.is_relative_to(Path(config.validation_path).resolve()):
-        raise HTTPException(404, f"pipeline {pipeline}: the report of batch {batch_id} is not readable here: {uri}")
-    return FileResponse(path, media_type="text/html")
+    if parsed.scheme in ("", "file"):
+        path = Path(unquote(parsed.path)).resolve()
+        if path.is_file() and path.is_relative_to(Path(config.validation_path).resolve()):
+            return FileResponse(path, media_type="text/html")
+    elif uri.startswith(config.validation_path.rstrip("/") + "/") and ".." not in uri:
+        fs, location = storage.filesystem(uri)
+        try:
+            with fs.open_input_stream(location) as report:
+                return Response(report.read(), media_type="text/html")
+        except OSError:
+            pass
+    raise HTTPException(404, f"pipeline {pipeline}: the report of batch {batch_id} is not readable here: {uri}")
 
 
 @app.get("/static/ledger.svg", include_in_schema=False)
