@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture bench bench-stream demo airflow lint lock clean
+.PHONY: setup debian test torture bench bench-stream demo demo-s3 airflow lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -44,6 +44,9 @@ bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s
 
 demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py
+
+demo-s3: setup ## the same story with the lake on the embedded S3 server (moto) instead of lake/
+	OFFSETLAKE_DEMO_LAKE=s3 $(PY) scripts/demo.py
 
 airflow: setup ## Airflow UI and services on 127.0.0.1 (AIRFLOW_PORT, default 8080); prints the login
 	$(PY) scripts/airflow_ui.py

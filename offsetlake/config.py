@@ -249,7 +249,8 @@ class PipelineConfig(_Strict):
             problem = storage.option_problem(str(key), str(item))
             if problem:
                 raise ValueError(f"{key}: {problem}")
-        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+        # an empty value (e.g. ${AWS_ENDPOINT_URL:-}) means the setting is not set
+        return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items() if str(v) != ""}
 
     @field_validator("transform")
     @classmethod

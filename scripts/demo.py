@@ -15,7 +15,8 @@
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
 touching pipelines/orders.yaml.
 
-With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of noida-db.
+With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of noida-db. With
+OFFSETLAKE_DEMO_LAKE=s3 (`make demo-s3`) the lake is on the embedded S3 server instead of lake/.
 """
 
 from __future__ import annotations
@@ -59,9 +60,27 @@ def run_dag(airflow: LocalAirflow, dag_id: str, conf: dict | None = None, expect
 
 
 def main() -> int:
-    lake = ROOT / "lake"
-    os.environ["OFFSETLAKE_LAKE"] = str(lake)
-    shutil.rmtree(lake, ignore_errors=True)
+    s3 = None
+    if os.environ.get("OFFSETLAKE_DEMO_LAKE") == "s3":
+        from offsetlake.embedded.local_s3 import LocalS3
+
+        (ROOT / ".s3").mkdir(exist_ok=True)
+        s3 = LocalS3(ROOT / ".s3" / "s3.log").start()
+        lake_location = f"s3://{s3.bucket('demo')}/lake"
+        os.environ.update(s3.options())  # orders.yaml's storage: block reads them
+        print(f"started the embedded S3 server on {s3.endpoint} (pid {s3.process.pid}); lake {lake_location}")
+    else:
+        lake_location = str(ROOT / "lake")
+        shutil.rmtree(ROOT / "lake", ignore_errors=True)
+    os.environ["OFFSETLAKE_LAKE"] = lake_location
+    try:
+        return _story(lake_location)
+    finally:
+        if s3 is not None:
+            s3.stop()
+
+
+def _story(lake: str) -> int:
     shutil.rmtree(ROOT / ".airflow", ignore_errors=True)
     pipelines = ROOT / ".airflow" / "pipelines"
     shutil.copytree(ROOT / "pipelines", pipelines, ignore=shutil.ignore_patterns("__pycache__"))
@@ -133,13 +152,18 @@ def main() -> int:
     airflow.stop()
     try:
         offsetlake("ledger", "orders")
-        from deltalake import DeltaTable
+        from pyarrow import fs as pafs
 
-        sink = DeltaTable(str(lake / "orders"))
-        dead = DeltaTable(str(lake / "_dead_letters" / "orders"))
+        from offsetlake import storage
+        from offsetlake.config import load_pipeline
+
+        config = load_pipeline("orders", pipelines)
+        sink, dead = storage.table(config.sink_path), storage.table(config.dead_letter_path)
         print(f"\nsink rows: {sink.count()}  dead letters: {dead.count()}  sink version: {sink.version()}")
-        reports = sorted((lake / "_validation" / "orders").glob("*/*.html"), key=lambda p: p.stat().st_mtime)
-        print(f"validation reports: {len(reports)} under {lake / '_validation' / 'orders'}; latest: {reports[-1].as_uri()}")
+        filesystem, folder = storage.filesystem(config.validation_path)
+        reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True))
+                   if i.path.endswith(".html")]
+        print(f"validation reports: {len(reports)} under {config.validation_path}")
         offsetlake("status", "orders")
         code = offsetlake("audit", "orders", check=False)
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
