@@ -15,14 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters, failpoints
+from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
 from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
@@ -73,7 +74,16 @@ def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> Batch
         ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=str(err)[:4000])
         return BatchStatus.SUPERSEDED
     message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
-    ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000], validation=getattr(err, "summary", None) or None)
+    try:
+        ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000],
+                              validation=getattr(err, "summary", None) or None)
+    except OSError as unrecorded:
+        if not isinstance(err, StorageError):
+            raise
+        # The store that failed the batch cannot take its outcome either: the batch stays
+        # `planned` until the next run's reconcile marks it (its plan no longer applies, or it
+        # committed after all); the store's error is the one to report.
+        log_line(log, "unrecorded", plan=plan, level=logging.WARNING, reason=storage.describe_store_error(unrecorded))
     return BatchStatus.FAILED
 
 
@@ -93,10 +103,27 @@ def execute_batch(
     """
     from offsetlake.reader import errors_from_spark_tasks
 
-    with errors_from_spark_tasks():
+    with errors_from_spark_tasks(), storage_errors_named(config, plan):
         if plan.kind == BatchKind.BACKFILL:
             return _execute_backfill(config, plan, ledger, spark_factory)
         return _execute_forward(config, plan, ledger, spark_factory, before_commit)
+
+
+@contextmanager
+def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[None]:
+    """An object store failing under a batch (down, timing out, refusing) becomes one clear
+    StorageError naming the pipeline, the batch, its offsets and the store; nothing of the batch
+    is visible unless its commit landed (a Delta commit is one put-if-absent: all or nothing),
+    and the next run finds out which from the sink's txns."""
+    try:
+        yield
+    except OSError as err:
+        if not storage.is_uri(config.lake_path) and not storage.is_uri(config.sink_path):
+            raise
+        raise StorageError(
+            f"pipeline {config.name}: batch {plan.batch_id} ({plan.offsets}): the object store failed: "
+            f"{storage.describe_store_error(err)}; the batch did not commit unless the ledger or `offsetlake status` "
+            "shows it committed; run again once the store answers") from err
 
 
 def _execute_forward(

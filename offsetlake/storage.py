@@ -378,3 +378,13 @@ def _store_problem(err: Exception, location: str, options: dict[str, str]) -> st
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+
+
+def describe_store_error(err: BaseException) -> str:
+    """One line from a delta-rs / pyarrow / object_store error: what was attempted and why it failed."""
+    lines = [line.strip(" ↳") for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if any(s in line for s in (
+        "Error performing", "Connection refused", "timed out", "Timeout", "error sending request", "AWS Error",
+        "When ", "403", "404", "500", "503"))]
+    text = useful[0] if useful else (lines[0] if lines else type(err).__name__)
+    return text[:400]

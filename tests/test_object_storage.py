@@ -11,7 +11,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 from obstore.exceptions import AlreadyExistsError
-from s3_tools import ForgetfulProxy
+from s3_tools import S3Proxy
 
 from offsetlake import storage
 from offsetlake.embedded.local_s3 import LocalS3
@@ -111,9 +111,63 @@ def test_settings_that_make_commits_unsafe_are_refused(pipeline, s3):
     for key, value in (("AWS_S3_ALLOW_UNSAFE_RENAME", "true"), ("aws_conditional_put", "disabled")):
         with pytest.raises(ConfigError, match=f"storage: {key}: "):
             pipeline.write(lake=f"s3://{s3.bucket()}/lake", storage={**s3.options(), key: value})
-    with ForgetfulProxy(s3.endpoint) as proxy:
+    with S3Proxy(s3.endpoint, forget_conditions=True) as proxy:
         config = pipeline.write(lake=f"s3://{s3.bucket()}/lake", storage={**s3.options(), "AWS_ENDPOINT_URL": proxy.endpoint})
         with pytest.raises(StorageError, match="accepted a second put-if-absent"):
             config.check_storage()
     report = json.dumps(config.redacted_storage_options())
     assert s3.secret_key not in report and "***" in report
+
+
+def _behind(proxy, pipeline, s3, **overrides):
+    """A pipeline whose lake is reached through ``proxy``, with short store timeouts."""
+    bucket = s3.bucket()
+    settings = {**s3.options(), "AWS_ENDPOINT_URL": proxy.endpoint, "max_retries": "1", "retry_timeout": "5s",
+                "timeout": "5s", "connect_timeout": "2s"}
+    return bucket, pipeline.write(lake=f"s3://{bucket}/lake", storage=settings, **overrides)
+
+
+def test_the_store_going_down_mid_batch_fails_the_run_and_the_next_run_lands_everything_once(pipeline, spark, s3):
+    from offsetlake import failpoints
+
+    with S3Proxy(s3.endpoint) as proxy:
+        _, config = _behind(proxy, pipeline, s3, max_records_per_batch=2_000)
+        ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+        produce_orders(pipeline.bootstrap, pipeline.topic, 3_000, malformed_every=101)
+
+        def stop_the_store(_: str) -> None:
+            proxy.down = True
+
+        with failpoints.on("after_files_written", stop_the_store), pytest.raises(Exception) as failed:
+            run_pipeline(config, RunContext("s3-outage"), lambda: spark)
+        assert proxy.down, failed.value
+        assert isinstance(failed.value, StorageError), failed.value
+        said = str(failed.value)
+        assert f"pipeline {pipeline.name}" in said and "the object store failed" in said and proxy.endpoint in said, said
+        proxy.down = False
+        rows_before = storage.table(config.sink_path).count() if storage.is_table(config.sink_path) else 0
+        run_pipeline(config, RunContext("s3-after-outage"), lambda: spark)
+        truth = read_topic(pipeline.bootstrap, pipeline.topic)
+        assert_exactly_once(config, truth)
+        assert storage.table(config.sink_path).count() > rows_before
+        audit = pipeline.cli("audit", "--against-kafka")
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_a_commit_applied_but_unanswered_is_never_applied_twice(pipeline, spark, s3):
+    with S3Proxy(s3.endpoint) as proxy:
+        bucket, config = _behind(proxy, pipeline, s3, max_records_per_batch=1_500)
+        ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+        produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
+        run_pipeline(config, RunContext("s3-first"), lambda: spark)
+        produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=5_000)
+        proxy.lose_next_commit_answer(f"/{bucket}/lake/{pipeline.name}/_delta_log/")
+        try:
+            run_pipeline(config, RunContext("s3-lost-answer"), lambda: spark)
+        except Exception:  # noqa: BLE001 - a writer that never heard back may fail; it must not duplicate
+            pass
+        assert proxy._lose is None, "the commit's answer was lost"
+        run_pipeline(config, RunContext("s3-after"), lambda: spark)
+        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+        audit = pipeline.cli("audit", "--against-kafka")
+        assert audit.returncode == 0, audit.stdout + audit.stderr
