@@ -23,7 +23,7 @@ from offsetlake import dead_letters, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
-from offsetlake.history import commit_version, ledger_entry
+from offsetlake.history import commit_version, landed_version, ledger_entry
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RecordTimeWindow, RunContext, new_batch_id
@@ -201,10 +201,11 @@ def commit_replace(
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
-        raise CommitConflictError(
-            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
-            f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
-        ) from None
+        if landed_version(config.sink_path, plan.batch_id) is None:  # else: applied, its answer lost
+            raise CommitConflictError(
+                f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
+                f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
+            ) from None
     return commit_version(config.sink_path, plan.batch_id)
 
 

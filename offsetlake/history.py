@@ -209,6 +209,19 @@ def latest_commit_info(table: DeltaTable) -> dict[str, Any] | None:
 def commit_version(location: str, batch_id: str) -> int:
     """The version of the sink commit holding ``batch_id``'s entry (a DeltaTable does not say
     which version its own commit got); raises RuntimeError if there is none."""
+    version = landed_version(location, batch_id)
+    if version is None:
+        raise RuntimeError(f"commit of batch {batch_id} not found in the history of {location}")
+    return version
+
+
+def landed_version(location: str, batch_id: str) -> int | None:
+    """The version of the sink commit holding ``batch_id``'s entry, or None.
+
+    Also how a writer whose commit failed learns that it landed after all: on object storage a
+    commit's answer can be lost after the store applied it (a dropped connection); the client
+    retries the put-if-absent, the store refuses it as a duplicate, and delta-rs reports a
+    conflict, with the writer's own commit on the table."""
     fresh = storage.table(location)
     needle = f'"batch_id":"{batch_id}"'
     newest = fresh.version()
@@ -216,7 +229,7 @@ def commit_version(location: str, batch_id: str) -> int:
         for info in reversed(commit_infos(fresh, first, newest)):
             if needle in (info.get("userMetadata") or ""):
                 return int(info["version"])
-    raise RuntimeError(f"commit of batch {batch_id} not found in the history of {location}")
+    return None
 
 
 # ---- questions answered from history ----------------------------------------------------------

@@ -56,7 +56,7 @@ from deltalake.exceptions import CommitFailedError
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, RewindError
-from offsetlake.history import SinkCommit, commit_version, ledger_entry, rewound_batches, sink_commits
+from offsetlake.history import SinkCommit, commit_version, landed_version, ledger_entry, rewound_batches, sink_commits
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
@@ -270,10 +270,11 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
-        raise CommitConflictError(
-            f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
-            f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
-        ) from None
+        if landed_version(config.sink_path, entry["batch_id"]) is None:  # else: applied, its answer lost
+            raise CommitConflictError(
+                f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
+                f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
+            ) from None
     return commit_version(config.sink_path, entry["batch_id"])
 
 

@@ -121,8 +121,8 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         if not storage.is_uri(config.lake_path) and not storage.is_uri(config.sink_path):
             raise
         raise StorageError(
-            f"pipeline {config.name}: batch {plan.batch_id} ({plan.offsets}): the object store failed: "
-            f"{storage.describe_store_error(err)}; the batch did not commit unless the ledger or `offsetlake status` "
+            f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
+            f"({storage.store_name(config.lake_path)}) failed: {storage.describe_store_error(err)}; the batch did not commit unless the ledger or `offsetlake status` "
             "shows it committed; run again once the store answers") from err
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -32,7 +33,7 @@ from pyarrow import fs as pafs
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StalePlanError
-from offsetlake.history import commit_version, covering_batch, entry_json, sink_commits
+from offsetlake.history import commit_version, covering_batch, entry_json, landed_version, sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange
 
 _STAT_TYPES = (
@@ -41,6 +42,8 @@ _STAT_TYPES = (
 # The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
 # old commit files when it writes a checkpoint (by default it does after 30 days).
 KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
+
+log = logging.getLogger(__name__)
 
 open_table = storage.open_table
 
@@ -398,9 +401,12 @@ def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, fil
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=5, schema=schema)
     except CommitFailedError as err:
-        raise CommitConflictError(
-            f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
-        ) from None
+        if landed_version(config.sink_path, plan.batch_id) is None:
+            raise CommitConflictError(
+                f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
+            ) from None
+        log.warning("pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
+                    config.name, plan.batch_id, str(err).splitlines()[0])
     version = commit_version(config.sink_path, plan.batch_id)
     after = storage.table(config.sink_path, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]

@@ -380,6 +380,13 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
+def store_name(location: str) -> str:
+    """``location`` and the endpoint that serves it, for messages (never a credential)."""
+    options = {k.lower(): v for k, v in (options_for(location) or {}).items()}
+    endpoint = next((options[k] for k in ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint") if options.get(k)), None)
+    return f"{location} at {endpoint}" if endpoint else location
+
+
 def describe_store_error(err: BaseException) -> str:
     """One line from a delta-rs / pyarrow / object_store error: what was attempted and why it failed."""
     lines = [line.strip(" ↳") for line in str(err).splitlines() if line.strip()]
