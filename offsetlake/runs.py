@@ -122,8 +122,8 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
             raise
         raise StorageError(
             f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
-            f"({storage.store_name(config.lake_path)}) failed: {storage.describe_store_error(err)}; the batch did not commit unless the ledger or `offsetlake status` "
-            "shows it committed; run again once the store answers") from err
+            f"({storage.store_name(config.lake_path)}) failed: {storage.describe_store_error(err)}; the batch did not "
+            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers") from err
 
 
 def _execute_forward(

@@ -15,9 +15,9 @@ the ends it moves — so a new sink mode (upsert) adds a composition, not a new 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime

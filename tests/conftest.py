@@ -135,15 +135,30 @@ TEST_LAKE = os.environ.get("OFFSETLAKE_TEST_LAKE", "local")  # "s3": every pipel
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
+    config.addinivalue_line("markers", "also_on_s3: the test runs twice, its lake local and on the embedded S3")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked ``also_on_s3`` run with the lake local and on S3 in every run (issue 17: the
+    exactly-once, crash, race, backfill, rewind, maintenance and rebuild tests hold on both)."""
+    if metafunc.definition.get_closest_marker("also_on_s3") is not None and TEST_LAKE == "local":
+        metafunc.fixturenames.append("lake_kind")
+        metafunc.parametrize("lake_kind", ["local", "s3"], indirect=True)
 
 
 @pytest.fixture
-def pipeline(broker: Broker, tmp_path: Path, request: pytest.FixtureRequest) -> Pipeline:
+def lake_kind(request: pytest.FixtureRequest) -> str:
+    """Where this test's pipeline lake lives: OFFSETLAKE_TEST_LAKE, or the test's parameter."""
+    return getattr(request, "param", TEST_LAKE)
+
+
+@pytest.fixture
+def pipeline(broker: Broker, tmp_path: Path, request: pytest.FixtureRequest, lake_kind: str) -> Pipeline:
     suffix = uuid.uuid4().hex[:8]
     folder = tmp_path / "pipelines"
     folder.mkdir()
     p = Pipeline(name=f"p_{suffix}", topic=f"t_{suffix}", folder=folder, lake=tmp_path / "lake", bootstrap=broker.bootstrap)
-    if TEST_LAKE == "s3" and request.node.get_closest_marker("local_lake") is None:
+    if lake_kind == "s3" and request.node.get_closest_marker("local_lake") is None:
         server = request.getfixturevalue("s3")
         p.lake_uri, p.storage = f"s3://{server.bucket()}/lake", server.options()
     p.write()

@@ -191,3 +191,19 @@ class S3Proxy:
     def __exit__(self, *exc: object) -> None:
         self._process.terminate()  # by its PID
         self._process.join(10)
+
+
+def delete_tree(location: str) -> None:
+    """Delete a folder of the lake and everything under it, local or on an object store."""
+    from offsetlake import storage
+
+    fs, path = storage.filesystem(location)
+    fs.delete_dir(path)
+
+
+def delete_file(uri: str) -> None:
+    """Delete one file of the lake (a ``file://`` or object-store URI, or a local path)."""
+    from offsetlake import storage
+
+    fs, path = storage.filesystem(uri.removeprefix("file://") if uri.startswith("file://") else uri)
+    fs.delete_file(path)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
-
+import pytest
 from deltalake import write_deltalake
 from kafka_truth import ledger_rows
+from s3_tools import delete_tree
 
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -31,6 +31,7 @@ def test_audit_reports_a_row_copied_behind_its_back(pipeline, spark):
     assert f"{pipeline.topic}[{partition}] offset {offset} appears 2 times" in audit.stdout
 
 
+@pytest.mark.also_on_s3
 def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     config = pipeline.write(max_records_per_batch=1_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -49,7 +50,7 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     assert len(storage.table(config.ledger_path).file_uris()) == 1
     assert not ledger.compact_if_fragmented(max_files=2)
 
-    shutil.rmtree(config.ledger_path)
+    delete_tree(config.ledger_path)
     rebuilt = pipeline.cli("ledger", "rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
     after = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])

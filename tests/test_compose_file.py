@@ -4,17 +4,23 @@ No Docker runs on this machine or in CI, so the production stack is checked stru
 file is validated against the part of the Compose specification it uses (service keys, their
 types, dependency conditions; an unknown key such as a misspelt ``healthcheck`` fails), then the
 wiring the pipelines rely on is asserted: every service exists, dependencies and named volumes
-resolve, the lake is one volume at one path on every Spark and Airflow node, ``spark_default``
-and ``kafka_default`` point at the services that exist, Kafka is reachable from containers and
-from the host, and nothing is published beyond 127.0.0.1. Values are read after Compose-style
-interpolation with the file's own defaults, i.e. as ``docker compose up`` with no .env sees them.
+resolve, the lake is one MinIO bucket (kept on a named volume, created by a one-shot service that
+Airflow waits for) at one URI on every Spark and Airflow node, the Airflow storage connection
+reaches MinIO with its root credentials (checked through Airflow's and offsetlake's own parsing),
+``spark_default`` and ``kafka_default`` point at the services that exist, Kafka is reachable from
+containers and from the host, and nothing is published beyond 127.0.0.1. Values are read after
+Compose-style interpolation with the file's own defaults, i.e. as ``docker compose up`` with no
+.env sees them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,13 +35,16 @@ DOCKERFILE = ROOT / "Dockerfile"
 
 KAFKA = "kafka"
 POSTGRES = "postgres"
+MINIO = "minio"
+MINIO_INIT = "minio-init"
 SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker"
 AIRFLOW_INIT = "airflow-init"
 AIRFLOW_SERVICES = (AIRFLOW_INIT, "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 SPARK_SERVICES = (SPARK_MASTER, SPARK_WORKER)
-REQUIRED_SERVICES = (KAFKA, POSTGRES, *SPARK_SERVICES, *AIRFLOW_SERVICES)
-LAKE_VOLUME = "lake"
+REQUIRED_SERVICES = (KAFKA, POSTGRES, MINIO, MINIO_INIT, *SPARK_SERVICES, *AIRFLOW_SERVICES)
+STORAGE_CONNECTION_ENV = "AIRFLOW_CONN_OFFSETLAKE_STORAGE_DEFAULT"
+MINIO_DEFAULT_API_PORT = 9000  # `minio server` without --address
 SPARK_MASTER_URL = "spark://spark-master:7077"
 LOOPBACK = "127.0.0.1"
 
@@ -334,14 +343,168 @@ def test_every_named_volume_is_declared(compose: dict[str, Any], services: dict[
                 assert source in declared, f"{name} mounts volume {source} at {target}, not declared under top-level volumes"
 
 
-def test_the_lake_is_one_volume_at_one_path_on_every_spark_and_airflow_node(services: dict[str, dict[str, Any]]) -> None:
-    lake_paths = {}
-    for name in (*SPARK_SERVICES, *AIRFLOW_SERVICES):
-        targets = [target for source, target, kind in _volume_mounts(services[name]) if kind == "volume" and source == LAKE_VOLUME]
-        assert len(targets) == 1, f"{name} must mount volume {LAKE_VOLUME} once, mounts: {_volume_mounts(services[name])}"
-        lake_paths[name] = targets[0]
-        assert _environment(services[name]).get("OFFSETLAKE_LAKE") == targets[0], f"{name}: OFFSETLAKE_LAKE is not the lake mount"
-    assert len(set(lake_paths.values())) == 1, f"the lake is mounted at different paths: {lake_paths}"
+def _minio_ports(services: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(S3 API port, console port) inside the minio container, from its `minio server` command."""
+    words = _command_words(services[MINIO])
+    api = int(_option(words, "--address").rsplit(":", 1)[1]) if "--address" in words else MINIO_DEFAULT_API_PORT
+    console = int(_option(words, "--console-address").rsplit(":", 1)[1])
+    return api, console
+
+
+def _minio_root(services: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    env = _environment(services[MINIO])
+    return env["MINIO_ROOT_USER"], env["MINIO_ROOT_PASSWORD"]
+
+
+def _lake(services: dict[str, dict[str, Any]]) -> str:
+    return _environment(services["airflow-scheduler"])["OFFSETLAKE_LAKE"]
+
+
+def _minio_init_commands(services: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """The lines minio-init's shell runs (``sh -c <script>``), as argv lists, with $VAR / ${VAR}
+    taken from the service's environment (what the shell expands)."""
+    service = services[MINIO_INIT]
+    entrypoint = service.get("entrypoint") or []
+    words = [*(shlex.split(entrypoint) if isinstance(entrypoint, str) else entrypoint), *_command_words(service)]
+    assert words[:2] in (["/bin/sh", "-c"], ["sh", "-c"], ["/bin/bash", "-c"], ["bash", "-c"]), f"{MINIO_INIT}: {words}"
+    env = _environment(service)
+
+    def expand(word: str) -> str:
+        return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1)) or "", word)
+
+    return [[expand(word) for word in shlex.split(line)] for line in words[2].splitlines() if line.strip()]
+
+
+def _storage_connection(services: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    value = _environment(services[name]).get(STORAGE_CONNECTION_ENV)
+    assert value, f"{name} has no {STORAGE_CONNECTION_ENV}"
+    try:
+        connection = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise AssertionError(f"{name}: {STORAGE_CONNECTION_ENV} is not JSON ({err}): {value}") from None
+    assert isinstance(connection, dict), f"{name}: {STORAGE_CONNECTION_ENV} must be a JSON object"
+    return connection
+
+
+def test_minio_keeps_its_data_on_a_named_volume_behind_a_healthcheck(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    minio = services[MINIO]
+    repository, _, tag = minio["image"].partition(":")
+    assert repository == "minio/minio"
+    assert re.fullmatch(r"RELEASE\.\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}Z", tag), f"pin a MinIO release, not {tag!r}"
+    words = _command_words(minio)
+    assert words[0] == "server", f"{MINIO} must run `minio server`: {words}"
+    option_values = {i + 1 for i, word in enumerate(words) if word.startswith("--") and "=" not in word}
+    data_dirs = [word for i, word in enumerate(words) if i > 0 and i not in option_values and not word.startswith("-")]
+    assert len(data_dirs) == 1, f"{MINIO}: expected one data folder in {words}"
+    data_dir = data_dirs[0]
+    mounts = {target: (source, kind) for source, target, kind in _volume_mounts(minio)}
+    assert data_dir in mounts, f"{MINIO} serves {data_dir}, which is not mounted: the lake would die with the container"
+    source, kind = mounts[data_dir]
+    assert kind == "volume" and source in (compose.get("volumes") or {}), f"{MINIO}: {data_dir} must be a declared named volume"
+    healthcheck = minio.get("healthcheck") or {}
+    assert healthcheck.get("test") and not healthcheck.get("disable"), f"{MINIO} needs a healthcheck (minio-init waits for it)"
+    user, password = _minio_root(services)
+    assert len(user) >= 3 and len(password) >= 8, "MinIO refuses a root user under 3 or a password under 8 characters"
+    assert minio.get("restart") == "unless-stopped"
+
+
+def test_the_lake_is_one_minio_bucket_at_one_uri_on_every_spark_and_airflow_node(services: dict[str, dict[str, Any]]) -> None:
+    lakes = {name: _environment(services[name]).get("OFFSETLAKE_LAKE") for name in (*SPARK_SERVICES, *AIRFLOW_SERVICES)}
+    assert len(set(lakes.values())) == 1 and None not in lakes.values(), f"OFFSETLAKE_LAKE differs between nodes: {lakes}"
+    lake = urlsplit(_lake(services))
+    assert lake.scheme == "s3" and lake.netloc and lake.path.strip("/"), f"the lake must be s3://<bucket>/<prefix>, not {_lake(services)}"
+
+
+def test_minio_init_creates_the_lakes_bucket_and_airflow_waits_for_it(services: dict[str, dict[str, Any]]) -> None:
+    init = services[MINIO_INIT]
+    repository, _, tag = init["image"].partition(":")
+    assert repository == "minio/mc" and re.fullmatch(r"RELEASE\.[0-9TZ-]+", tag), init["image"]
+    assert init["depends_on"][MINIO]["condition"] == "service_healthy"
+    assert init.get("restart", "no") == "no", f"{MINIO_INIT} is one-shot: restarted, it never completes"
+    lines = _minio_init_commands(services)
+    aliases = {argv[3]: argv[4:] for argv in lines if argv[:3] == ["mc", "alias", "set"]}
+    buckets = [argv[-1] for argv in lines if argv[:2] == ["mc", "mb"]]
+    assert buckets, f"{MINIO_INIT} creates no bucket: {lines}"
+    assert all("--ignore-existing" in argv or "-p" in argv for argv in lines if argv[:2] == ["mc", "mb"]), (
+        f"{MINIO_INIT} must not fail when the bucket exists (every `up` runs it again)"
+    )
+    bucket = urlsplit(_lake(services)).netloc
+    made = {target.split("/", 1)[1].rstrip("/"): target.split("/", 1)[0] for target in buckets}
+    assert bucket in made, f"{MINIO_INIT} creates {sorted(made)}, the lake is in bucket {bucket}"
+    alias = made[bucket]
+    assert alias in aliases, f"{MINIO_INIT} uses alias {alias} without `mc alias set {alias}`"
+    url, *credentials = aliases[alias]
+    api_port, _ = _minio_ports(services)
+    assert (urlsplit(url).hostname, urlsplit(url).port) == (MINIO, api_port), f"alias {alias} is {url}, not {MINIO}:{api_port}"
+    assert tuple(credentials[:2]) == _minio_root(services), f"alias {alias} does not log in as MinIO's root user"
+    for name in AIRFLOW_SERVICES:
+        conditions = services[name].get("depends_on") or {}
+        assert isinstance(conditions, dict) and MINIO_INIT in conditions, f"{name} must wait for {MINIO_INIT}"
+        assert conditions[MINIO_INIT]["condition"] == "service_completed_successfully", name
+
+
+def test_every_airflow_service_reaches_minio_through_the_storage_connection(services: dict[str, dict[str, Any]]) -> None:
+    connections = {name: _storage_connection(services, name) for name in AIRFLOW_SERVICES}
+    assert all(c == connections[AIRFLOW_INIT] for c in connections.values()), f"{STORAGE_CONNECTION_ENV} differs: {connections}"
+    connection = connections[AIRFLOW_INIT]
+    host = urlsplit(connection.get("host") or "")
+    api_port, _ = _minio_ports(services)
+    assert host.scheme == "http", f"give the endpoint's scheme (a bare host becomes https://): {connection.get('host')}"
+    assert (host.hostname, connection.get("port")) == (MINIO, api_port), (
+        f"the connection points at {connection.get('host')}:{connection.get('port')}, MinIO serves S3 on {MINIO}:{api_port}"
+    )
+    assert (connection.get("login"), connection.get("password")) == _minio_root(services), "not MinIO's root user/password"
+    extra = connection.get("extra") or {}
+    assert str(extra.get("AWS_ALLOW_HTTP")).lower() == "true", "a plain-http endpoint needs AWS_ALLOW_HTTP=true"
+    assert extra.get("AWS_REGION"), "delta-rs needs a region, also for MinIO"
+
+
+def test_airflow_and_offsetlake_read_the_storage_connection_as_minio(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """The real chain, in a child process with the scheduler's values: Airflow parses the env var
+    connection, offsetlake_airflow.connections maps it, pipelines/orders.yaml loads with it."""
+    scheduler = _environment(services["airflow-scheduler"])
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "AIRFLOW", "OFFSETLAKE_"))}
+    env.update({
+        "AIRFLOW_HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+        "OFFSETLAKE_PIPELINES_DIR": str(ROOT / "pipelines"),  # /opt/offsetlake/pipelines in the image
+        "OFFSETLAKE_LAKE": scheduler["OFFSETLAKE_LAKE"],
+        STORAGE_CONNECTION_ENV: scheduler[STORAGE_CONNECTION_ENV],
+    })
+    script = (
+        "import json; from offsetlake_airflow.connections import load_config; c = load_config('orders'); "
+        "print('RESULT ' + json.dumps({'lake': c.lake_path, 'storage': c.storage}))"
+    )
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(next(line[7:] for line in run.stdout.splitlines() if line.startswith("RESULT ")))
+    user, password = _minio_root(services)
+    api_port, _ = _minio_ports(services)
+    assert result["lake"] == scheduler["OFFSETLAKE_LAKE"]
+    assert result["storage"] == {
+        "AWS_ENDPOINT_URL": f"http://{MINIO}:{api_port}",
+        "AWS_ACCESS_KEY_ID": user,
+        "AWS_SECRET_ACCESS_KEY": password,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    for name in SPARK_SERVICES:  # the same settings as plain variables, for spark-submit by hand
+        spark = _environment(services[name])
+        shown = {key: spark.get(key) for key in result["storage"]}
+        assert shown == result["storage"], f"{name}: AWS_* differ from the Airflow connection: {shown}"
+
+
+def test_stream_process_logs_stay_on_a_volume_airflow_shares(services: dict[str, dict[str, Any]]) -> None:
+    """With the lake on object storage, an Airflow stream task writes its process's output under
+    $OFFSETLAKE_LOG_DIR (offsetlake.config.stream_log_path): on the task-log volume, not in the
+    container's writable layer."""
+    for name in AIRFLOW_SERVICES:
+        log_dir = _environment(services[name]).get("OFFSETLAKE_LOG_DIR")
+        assert log_dir, f"{name}: OFFSETLAKE_LOG_DIR unset (stream output would go to ~/.offsetlake in the container)"
+        volumes = [target for source, target, kind in _volume_mounts(services[name]) if kind == "volume" and source]
+        assert any(log_dir == target or log_dir.startswith(target.rstrip("/") + "/") for target in volumes), (
+            f"{name}: OFFSETLAKE_LOG_DIR={log_dir} is on no named volume ({volumes})"
+        )
 
 
 def test_spark_and_airflow_nodes_run_one_image_with_one_python(services: dict[str, dict[str, Any]]) -> None:
@@ -471,6 +634,9 @@ def test_airflow_services_share_one_configuration(services: dict[str, dict[str, 
 def test_published_ports_bind_to_loopback_only(services: dict[str, dict[str, Any]]) -> None:
     published = {name: _published_ports(service) for name, service in services.items() if service.get("ports")}
     assert (LOOPBACK, "8080", "8080") in published.get("airflow-apiserver", []), "the Airflow UI/API must be on 127.0.0.1:8080"
+    api_port, console_port = _minio_ports(services)
+    minio_targets = {target for _, _, target in published.get(MINIO, [])}
+    assert {str(api_port), str(console_port)} <= minio_targets, f"publish MinIO's S3 API and console: {published.get(MINIO)}"
     for name, ports in published.items():
         for host_ip, host_port, target in ports:
             assert host_ip == LOOPBACK, f"{name} publishes {host_port or target} on {host_ip or 'every interface'}, not {LOOPBACK}"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
+@pytest.mark.also_on_s3
 def test_two_runs_started_together_end_exactly_once(pipeline):
     config = pipeline.write(max_records_per_batch=8_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)

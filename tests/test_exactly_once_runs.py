@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
@@ -23,6 +24,7 @@ def _contiguous_from_zero(rows: list[dict], lso: dict[int, int]) -> None:
         assert spans[-1][1] == end, f"partition {partition} ends at {spans[-1][1]}, LSO is {end}"
 
 
+@pytest.mark.also_on_s3
 def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
     config = pipeline.write(max_records_per_batch=30_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)

@@ -6,9 +6,10 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from pyarrow import fs as pafs
 
 from offsetlake import storage
 from offsetlake.backfill import plan_backfill
@@ -18,10 +19,18 @@ from offsetlake.plan import RunContext
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 
-def _staged_files(config, batch_ids: set[str]) -> list[Path]:
-    """Parquet files a killed attempt staged in the sink folder (never committed)."""
-    data = Path(config.sink_path) / "data"
-    return [f for d in data.iterdir() if any(d.name.startswith(b) for b in batch_ids) for f in d.rglob("*.parquet")]
+def _staged_files(config, batch_ids: set[str]) -> list[str]:
+    """Parquet files a killed attempt staged in the sink's ``data/`` folder (never committed),
+    on a local folder or an object store."""
+    fs, data = storage.filesystem(storage.child(config.sink_path, "data"))
+    found = fs.get_file_info(pafs.FileSelector(data, recursive=True))
+    return [f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+            and any(f.path[len(data) + 1:].startswith(b) for b in batch_ids)]
+
+
+def _exists(config, path: str) -> bool:
+    fs, _ = storage.filesystem(config.sink_path)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def _killed_after_files_written(pipeline, config) -> set[str]:
@@ -31,7 +40,8 @@ def _killed_after_files_written(pipeline, config) -> set[str]:
     return {r["batch_id"] for r in ledger_rows(config)} - before
 
 
-def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pipeline, spark):
+@pytest.mark.also_on_s3
+def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pipeline, spark, lake_kind, request):
     # Runs that need no crash go in-process on the session's Spark (a CLI run starts a JVM).
     config = pipeline.write(max_records_per_batch=400)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -44,10 +54,18 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     # Two attempts died after staging their files: one three hours ago, one just now (as if
     # still in flight). Vacuum with a 1 h retention must delete the first's files only.
     next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 800, first_id=next_id)
-    old_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
-    three_hours_ago = time.time() - 3 * 3600
-    for f in old_attempt:
-        os.utime(f, (three_hours_ago, three_hours_ago))
+    if lake_kind == "s3":  # S3 cannot backdate an object: the server stamps this attempt's 3 h ago
+        server = request.getfixturevalue("s3")
+        server.shift_clock(-3 * 3600)
+        try:
+            old_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
+        finally:
+            server.shift_clock(0)
+    else:
+        old_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
+        three_hours_ago = time.time() - 3 * 3600
+        for f in old_attempt:
+            os.utime(f, (three_hours_ago, three_hours_ago))
     fresh_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
     assert old_attempt and fresh_attempt
 
@@ -68,15 +86,16 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
         assert report["files_after"] < report["files_before"], report
         assert report["checkpoint_version"] is not None and report["skipped"] is None
     assert reports["ledger"]["files_after"] == 1
-    assert not any(f.exists() for f in old_attempt), "staged files older than the retention were kept"
-    assert all(f.exists() for f in fresh_attempt), "vacuum deleted the files of a batch that may be in flight"
+    assert not any(_exists(config, f) for f in old_attempt), "staged files older than the retention were kept"
+    assert all(_exists(config, f) for f in fresh_attempt), "vacuum deleted the files of a batch that may be in flight"
 
     sink = storage.table(config.sink_path)
     assert sink.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
     assert {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
     assert sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition").equals(rows_before)
     assert [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")] == history_before
-    assert any(f.name.endswith(".checkpoint.parquet") for f in (Path(config.sink_path) / "_delta_log").iterdir())
+    log_fs, log_dir = storage.filesystem(storage.child(config.sink_path, "_delta_log"))
+    assert any(f.path.endswith(".checkpoint.parquet") for f in log_fs.get_file_info(pafs.FileSelector(log_dir)))
 
     # Runs go on from where they were, exactly once; the audit still finds every commit.
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=next_id)

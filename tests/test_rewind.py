@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from s3_tools import delete_file
 
 from offsetlake import storage
 from offsetlake.audit import audit_pipeline
@@ -40,6 +41,7 @@ def _dead_letter_batches(config) -> list[str]:
     return storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["batch_id"])["batch_id"].to_pylist()
 
 
+@pytest.mark.also_on_s3
 def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything(pipeline, spark):
     config = pipeline.write(max_records_per_batch=500)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -121,7 +123,7 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     compacted = storage.table(config.sink_path)
     assert compacted.optimize.compact()["numFilesRemoved"] > 0
     gone = storage.table(config.sink_path, version=first[0].sink_version).file_uris()[0]
-    os.remove(gone.removeprefix("file://"))
+    delete_file(gone)
     version = storage.table(config.sink_path).version()
     with pytest.raises(RewindError, match=f"batch {batches[0]}: 1 data files of sink version .* are gone from disk"):
         rewind_pipeline(config, batches[0])

@@ -6,6 +6,10 @@ CompleteMultipartUpload (a second put of the same key gets 412), which is what D
 object storage rely on; ``tests/test_object_storage.py`` checks it with two delta-rs writers.
 Credentials are not checked (any key works) unless ``auth=True``, which starts moto with its
 IAM checks on and creates a user whose key is the only one accepted.
+
+The server runs through this module (``python -m offsetlake.embedded.local_s3 PORT CLOCK``), which
+lets a test set the clock new objects are stamped with (``shift_clock``): S3 has no call that
+changes an object's LastModified, and vacuum decides by it which uncommitted files are old.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class LocalS3:
         self.auth = auth
         self.process: subprocess.Popen | None = None
         self.access_key, self.secret_key = ACCESS_KEY, SECRET_KEY
+        self.clock_file = self.log_path.with_suffix(".clock")
 
     @property
     def endpoint(self) -> str:
@@ -55,7 +60,7 @@ class LocalS3:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "offsetlake.embedded.local_s3", str(self.port), str(self.clock_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
         )
         log.close()
@@ -97,6 +102,10 @@ class LocalS3:
         self._client("s3").create_bucket(Bucket=name)
         return name
 
+    def shift_clock(self, seconds: float) -> None:
+        """Stamp objects written from now on ``seconds`` from the real time (negative: in the past)."""
+        self.clock_file.write_text(str(float(seconds)))
+
     def stop(self, timeout_s: float = 30) -> None:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
@@ -107,3 +116,29 @@ class LocalS3:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
+
+
+def _serve(port: str, clock_file: str) -> None:
+    """moto's server on ``port``, stamping new objects with the real time plus the seconds
+    ``clock_file`` holds (none: the real time)."""
+    from datetime import timedelta
+
+    import moto.s3.models as s3_models
+    from moto.core.utils import utcnow
+    from moto.server import main
+
+    clock = Path(clock_file)
+
+    def shifted():  # noqa: ANN202 - moto's own utcnow type
+        try:
+            offset = float(clock.read_text() or 0)
+        except (OSError, ValueError):
+            offset = 0.0
+        return utcnow() + timedelta(seconds=offset)
+
+    s3_models.utcnow = shifted  # FakeKey stamps LastModified with it
+    main(["-H", "127.0.0.1", "-p", port])
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], sys.argv[2])
