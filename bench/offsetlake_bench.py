@@ -1,7 +1,7 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,overhead,planning,memory]
+                                               [--only consume,write,steady,s3,overhead,planning,memory]
                                                [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
@@ -14,6 +14,9 @@ write     the same rows (the sink's columns, parsed beforehand) written as ONE D
 steady    offsetlake ingesting the whole topic (default batch cap) into a fresh lake, with the
           Spark session already up (records/s), and the same as a fresh `offsetlake run`
           process, so including JVM and session start;
+s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
+          run next to the same ingest into a local folder (local, S3, S3, local, ...): the
+          batch time of the same records on both, and their ratio;
 overhead  wall time of `offsetlake run` with nothing new and with 1,000 new records, and of
           `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
           and with 1,000 new records;
@@ -57,7 +60,7 @@ from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "overhead", "planning", "memory")
+SECTIONS = ("consume", "write", "steady", "s3", "overhead", "planning", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -73,7 +76,7 @@ def median_of(repeats: int, measure: Callable[[int], float]) -> tuple[float, lis
 
 
 # ---- pipelines --------------------------------------------------------------------------------
-def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path, **overrides: object) -> Path:
+def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path | str, **overrides: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = {
         "name": name, "topic": topic, "lake": str(lake), "start": "earliest", "read_timeout_seconds": 600,
@@ -324,6 +327,42 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                  warm=round(figures["steady_warm"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3),
                  with_session_start=round(figures["steady_with_session_start"]["records_per_s"]
                                           / figures["raw_consume"]["records_per_s"], 3))
+
+    if "s3" in only:
+        from offsetlake.embedded.local_s3 import LocalS3
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import run_pipeline
+        from offsetlake.spark import spark_session, stop_spark
+
+        server = LocalS3(work / "s3.log").start()
+        try:
+            spark_session()
+            ensure_topic(bootstrap, "bench_warmup_s3", 2)
+            produce_orders(bootstrap, "bench_warmup_s3", 20_000)
+            warm_lake = f"s3://{server.bucket()}/lake"
+            warm = load_pipeline(str(write_pipeline(work / "p", "bench_warmup_s3", "bench_warmup_s3", bootstrap, warm_lake,
+                                                    storage=server.options())))
+            run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
+            times: dict[str, list[float]] = {"local": [], "s3": []}
+            order = [("local", "s3"), ("s3", "local")]
+            for i in range(args.repeats):
+                for where in order[i % 2]:
+                    lake: Path | str = work / f"lake_s3cmp_{i}" if where == "local" else f"s3://{server.bucket()}/lake"
+                    storage_opts = {"storage": server.options()} if where == "s3" else {}
+                    config = load_pipeline(str(write_pipeline(work / "p", f"bench_{where}", topic, bootstrap, lake, **storage_opts)))
+                    t = time.monotonic()
+                    results = run_pipeline(config, RunContext(f"{where}-{i}"), spark_session, emit=lambda _: None)
+                    times[where].append(round(time.monotonic() - t, 3))
+                    assert sum(r.total("records_read") for r in results) == records
+                    if where == "local":
+                        shutil.rmtree(lake)
+            local_med, s3_med = statistics.median(times["local"]), statistics.median(times["s3"])
+            emit(figures, "steady_warm_local_vs_s3", local_median_s=round(local_med, 2), s3_median_s=round(s3_med, 2),
+                 local_samples_s=times["local"], s3_samples_s=times["s3"], s3_over_local=round(s3_med / local_med, 2),
+                 records=records)
+            stop_spark()
+        finally:
+            server.stop()
 
     if "memory" in only:
         cap = max(args.records // 10, 1)

@@ -197,7 +197,9 @@ class StreamLease:
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=True),
             )
         except CommitFailedError:
-            return False
+            landed = _read(self.path)[1]  # on object storage the store may have applied it and lost the answer
+            if landed is None or (landed.owner, landed.generation, landed.state) != (self.owner, generation, state):
+                return False
         self.state = new
         return True
 

@@ -48,35 +48,6 @@ def test_the_embedded_server_refuses_a_second_put_if_absent_and_a_stale_delta_co
     assert sorted(storage.table(root).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
 
 
-def test_a_pipeline_on_s3_lands_every_record_once_through_backfill_rewind_and_maintenance(pipeline, spark, s3):
-    config = _on_s3(pipeline, s3, max_records_per_batch=4_000, sink={"partition_by": ["currency"]})
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
-    produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, malformed_every=499)
-    first = run_pipeline(config, RunContext("s3-1"), lambda: spark)
-    assert len(first) >= 2
-    produce_orders(pipeline.bootstrap, pipeline.topic, 2_000, first_id=10_000, malformed_every=499)
-    run_pipeline(config, RunContext("s3-2"), lambda: spark)
-    truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    assert_exactly_once(config, truth)
-    assert config.sink_path.startswith("s3://") and storage.is_table(config.sink_path)
-
-    backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "100", "--to-offset", "900")
-    assert backfill.returncode == 0, backfill.stderr
-    assert_exactly_once(config, truth)
-    committed = [r["batch_id"] for r in ledger_rows(config) if r["status"] == "committed" and r["kind"] == "ingest"]
-    rewind = pipeline.cli("rewind", "--to-batch", committed[0])
-    assert rewind.returncode == 0, rewind.stderr
-    maintenance = pipeline.cli("maintenance", "--retention-hours", "1", "--json")
-    assert maintenance.returncode == 0, maintenance.stderr
-    again = pipeline.cli("run")
-    assert again.returncode == 0, again.stderr
-    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
-    audit = pipeline.cli("audit", "--against-kafka")
-    assert audit.returncode == 0, audit.stdout + audit.stderr
-    status = pipeline.cli("status")
-    assert status.returncode == 0 and s3.secret_key not in status.stdout + status.stderr
-
-
 @pytest.mark.parametrize("case", ["unknown bucket", "unreachable endpoint"])
 def test_storage_that_cannot_work_is_named_before_kafka_is_read(pipeline, s3, case):
     options = s3.options()
@@ -171,3 +142,68 @@ def test_a_commit_applied_but_unanswered_is_never_applied_twice(pipeline, spark,
         assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
         audit = pipeline.cli("audit", "--against-kafka")
         assert audit.returncode == 0, audit.stdout + audit.stderr
+        status = pipeline.cli("status")  # shows the store, never its secret
+        assert status.returncode == 0 and bucket in status.stdout, status.stdout + status.stderr
+        assert s3.secret_key not in status.stdout + status.stderr + audit.stdout + audit.stderr
+
+
+def test_the_writer_that_loses_the_commit_race_is_recorded_superseded(pipeline, spark, s3):
+    """Two runs on one pipeline: the second plans, reads and commits the same ranges while the
+    first is between writing its files and committing them. The second's commit stands; the first
+    commits nothing, is recorded ``superseded`` naming the winner and re-plans; nothing twice."""
+    from offsetlake import failpoints
+
+    config = _on_s3(pipeline, s3, max_records_per_batch=5_000)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 2_000, malformed_every=97)
+    raced: list[str] = []
+
+    def the_other_writer_commits_first(_: str) -> None:
+        if not raced:
+            raced.append("rival")
+            assert [r.status for r in run_pipeline(config, RunContext("rival"), lambda: spark)] == ["committed"]
+
+    with failpoints.on("after_files_written", the_other_writer_commits_first):
+        lost = run_pipeline(config, RunContext("loser"), lambda: spark)  # then re-plans: nothing left
+    assert [r.status for r in lost] == ["superseded"], lost
+    statuses = {(r["run_id"], r["status"]) for r in ledger_rows(config) if r["status"] != "planned"}
+    assert statuses == {("rival", "committed"), ("loser", "superseded")}, statuses
+    loser = next(r for r in ledger_rows(config) if r["run_id"] == "loser" and r["status"] == "superseded")
+    rival = next(r["batch_id"] for r in ledger_rows(config) if r["run_id"] == "rival")
+    assert f"already committed by batch {rival}" in loser["message"], loser  # names the winner
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+
+
+def test_runs_racing_on_a_store_without_conditional_writes_are_both_refused_at_start(pipeline, s3):
+    """A store that would let the second of two racing commits overwrite the first is refused
+    by every run before it reads Kafka or writes the lake: no race can happen on it."""
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100)
+    with S3Proxy(s3.endpoint, forget_conditions=True) as proxy:
+        bucket = s3.bucket()
+        config = pipeline.write(lake=f"s3://{bucket}/lake", storage={**s3.options(), "AWS_ENDPOINT_URL": proxy.endpoint})
+        racers = [pipeline.cli_start("run"), pipeline.cli_start("run")]
+        for racer in racers:
+            _, err = racer.communicate(timeout=300)
+            assert racer.returncode == 2, err[-3000:]
+            assert "accepted a second put-if-absent" in err and pipeline.name in err, err[-3000:]
+        assert not storage.is_table(config.sink_path) and not storage.is_table(config.ledger_path)
+
+
+def test_a_stream_lease_taken_whose_answer_was_lost_is_held(pipeline, s3):
+    """Taking a stream's lease is a commit too: one the store applied without answering must
+    leave its writer holding the lease, not waiting for itself to expire."""
+    from urllib.parse import urlsplit
+
+    from offsetlake.lease import StreamLease, current_lease
+
+    with S3Proxy(s3.endpoint) as proxy:
+        _, config = _behind(proxy, pipeline, s3)
+        first = StreamLease(config, "first-owner", "test", ttl_seconds=30)
+        first.acquire(wait_seconds=5)
+        first.release()
+        lease = urlsplit(config.stream_lease_path)
+        proxy.lose_next_commit_answer(f"/{lease.netloc}{lease.path}/_delta_log/")
+        state = StreamLease(config, "second-owner", "test", ttl_seconds=30).acquire(wait_seconds=5)
+        assert proxy.answer_lost
+        assert state.owner == "second-owner" and current_lease(config).owner == "second-owner"
