@@ -35,7 +35,7 @@ torture: setup ## long randomized fault campaign (audit --against-kafka every AU
 
 RECORDS ?= 2000000
 REPEATS ?= 3
-bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, overhead, planning, memory) -> bench-results.json
+bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, local vs S3, overhead, planning, memory) -> bench-results.json
 	$(PY) bench/offsetlake_bench.py --records $(RECORDS) --repeats $(REPEATS) --out bench-results.json
 	$(PY) bench/report.py bench-results.json
 

@@ -51,6 +51,13 @@ def render(f: dict) -> str:
     if f.get("steady_warm", {}).get("cpu_s"):
         splits = "; ".join(", ".join(f"{k} {v}" for k, v in sorted(s.items())) for s in f["steady_warm"]["cpu_s"])
         out.append(f"| CPU seconds of each warm run | | {splits} | |")
+    if "steady_warm_local_vs_s3" in f:
+        m = f["steady_warm_local_vs_s3"]
+        out.append(f"| offsetlake, warm, lake on a local folder (next to S3) | {m['local_median_s']} s | "
+                   f"{', '.join(map(str, m['local_samples_s']))} | {fmt(round(m['records'] / m['local_median_s']))} records/s |")
+        out.append(f"| offsetlake, warm, lake on the embedded S3 | {m['s3_median_s']} s | "
+                   f"{', '.join(map(str, m['s3_samples_s']))} | {fmt(round(m['records'] / m['s3_median_s']))} records/s "
+                   f"({m['s3_over_local']} × the local time) |")
     for label in ("1x", "10x"):
         key = f"memory_{label}"
         if key in f:

@@ -111,3 +111,22 @@ def test_transforms_that_can_never_run_and_partitions_the_rows_lack_fail_at_load
     (tmp_path / "tf.py").write_text("def fn(rows):\n    return rows\n")
     config = load_pipeline(str(write(tmp_path, {**BASE, "transform": "tf:fn", "sink": {"partition_by": ["order_date"]}})))
     assert config.transform == "tf:fn", "with a transform, partition columns may be ones it adds"
+
+
+def test_lake_locations_local_file_uri_and_object_store(tmp_path):
+    """``lake:`` and ``sink.table`` take a local path, a ``file://`` URI (decoded to the folder) or an
+    object-store URI; storage secrets stay out of the config's repr and shown settings."""
+    folder = tmp_path / "my lake"
+    as_uri = load_pipeline(str(write(tmp_path, {**BASE, "lake": folder.as_uri()})))
+    assert as_uri.lake_path == str(folder) and as_uri.sink_path == str(folder / "orders_x")
+    marker = "s3cr3t-STORAGE-42"
+    on_s3 = load_pipeline(str(write(tmp_path, {
+        **BASE, "lake": "s3://bucket/prefix/", "sink": {"table": "s3://other-bucket/orders"},
+        "storage": {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": marker, "AWS_ACCESS_KEY_ID": ""},
+    })))
+    assert on_s3.lake_path == "s3://bucket/prefix" and on_s3.sink_path == "s3://other-bucket/orders"
+    assert on_s3.ledger_path.startswith("s3://bucket/prefix/")
+    assert marker not in repr(on_s3) and marker not in str(on_s3)
+    shown = on_s3.redacted_storage_options()
+    assert shown["AWS_SECRET_ACCESS_KEY"] == "***" and shown["AWS_REGION"] == "eu-west-1"
+    assert "AWS_ACCESS_KEY_ID" not in shown  # an empty value is unset
