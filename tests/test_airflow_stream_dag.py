@@ -63,7 +63,7 @@ def test_the_stream_dag_owns_the_pipeline_until_marked_failed(running_airflow, p
     airflow.api("PATCH", f"/dags/{stream_dag}/dagRuns/{stream_run}/taskInstances/stream", {"new_state": "failed"})
     _wait_for("the stream to release its lease", lambda: current_lease(config).state == RELEASED, timeout=120)
     assert airflow.wait_for_run(stream_dag, stream_run, timeout_s=120) == "failed"
-    output = (config.lake_path + f"/_stream_logs/{config.name}/{stream_run}.try1.log")
+    output = f"{config.stream_log_path}/{stream_run}.try1.log"  # in a local lake, or $OFFSETLAKE_LOG_DIR
     with open(output) as handle:
         text = handle.read()
     assert "step=stop received SIGTERM" in text and "step=stream_stop" in text, text[-3000:]

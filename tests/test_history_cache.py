@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 import pyarrow as pa
+from s3_tools import delete_tree
 
 from offsetlake import storage
 from offsetlake.history import ledger_entry, sink_commits
@@ -36,25 +35,29 @@ def _uncached(config) -> list:
 def test_history_cache_returns_what_the_log_holds(pipeline):
     config = pipeline.write()
     ids = [_commit(config, i) for i in range(5)]
-    cache = Path(config.sink_path) / "_offsetlake_history" / f"{config.name}.json"
+    fs, cache = storage.filesystem(storage.child(config.sink_path, "_offsetlake_history", f"{config.name}.json"))
 
     first = sink_commits(storage.table(config.sink_path), config.name)
-    assert [c.batch_id for c in first] == ids and cache.exists()
+    assert [c.batch_id for c in first] == ids and fs.get_file_info(cache).is_file
     assert [(c.version, c.entry) for c in first] == _uncached(config)
 
     ids += [_commit(config, i) for i in range(5, 8)]  # read incrementally on top of the cache
     again = sink_commits(storage.table(config.sink_path), config.name)
     assert [c.batch_id for c in again] == ids
     assert [(c.version, c.entry) for c in again] == _uncached(config)
-    assert json.loads(cache.read_text())["version"] == storage.table(config.sink_path).version()
+    with fs.open_input_stream(cache) as handle:
+        assert json.loads(handle.read())["version"] == storage.table(config.sink_path).version()
 
     # a cache from another table at this path (the sink was deleted and recreated) is ignored
-    saved = cache.read_text()
-    shutil.rmtree(config.sink_path)
+    with fs.open_input_stream(cache) as handle:
+        saved = handle.read()
+    delete_tree(config.sink_path)
     fresh = [_commit(config, 0)]
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(saved)
+    fs.create_dir(cache.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(cache) as out:
+        out.write(saved)
     assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh
 
-    cache.write_text("{not json")  # an unreadable cache only costs a full read
+    with fs.open_output_stream(cache) as out:
+        out.write(b"{not json")  # an unreadable cache only costs a full read
     assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh

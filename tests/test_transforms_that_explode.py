@@ -9,8 +9,6 @@ and the audit checks (record, index) once. A record written twice still shows.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 
 import pyarrow as pa
@@ -75,7 +73,8 @@ def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_se
     table = storage.table(config.sink_path)
     source = next(f for f in pa.table(table.get_add_actions(flatten=True)).to_pylist() if f["num_records"])
     copy = source["path"].replace(".parquet", "-copy.parquet")
-    shutil.copy(os.path.join(config.sink_path, source["path"]), os.path.join(config.sink_path, copy))
+    fs, root = storage.filesystem(config.sink_path)
+    fs.copy_file(f"{root}/{source['path']}", f"{root}/{copy}")
     table.create_write_transaction(
         [AddAction(copy, source["size_bytes"], {}, int(time.time() * 1000), True, "{}")], mode="append",
         schema=table.schema(), commit_properties=CommitProperties(custom_metadata={"userMetadata": "a bad copy"}))
