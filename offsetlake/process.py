@@ -214,6 +214,8 @@ def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     folder = staging_dir(config, plan.batch_id)
     staged = staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan))
     files = add_actions_for(config.sink_path, [f.path for f in staged])
+    for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
+        counts["rows_written"] = 0
     for staged_file in staged:
         for key, count in staged_file.counts.items():
             if key in processed.per_range:
