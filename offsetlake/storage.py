@@ -77,6 +77,10 @@ def location_problem(location: str) -> str | None:
         if bad:
             shown = " ".join(repr(c) for c in bad)
             return f"contains {shown}, which delta-rs cannot open a table under; rename the folder"
+    elif "%" in location and not location.startswith("file://"):
+        # delta-rs decodes a %XX in the table's URI once, pyarrow (and the data files' folder
+        # names under it) take the key as written: the two would address different objects
+        return "contains '%'; write the characters themselves (s3://bucket/my lake, not my%20lake)"
     control = [c for c in location if unicodedata.category(c) == "Cc"]
     if control:
         return f"contains the control character {control[0]!r}, which delta-rs refuses in paths"
@@ -166,7 +170,8 @@ def filesystem(location: str, options: dict[str, str] | None = None) -> tuple[pa
     if scheme(location) in ("s3", "s3a"):
         parts = urlsplit(location)
         settings = options if options is not None else options_for(location) or {}
-        return s3_filesystem(settings), f"{parts.netloc}{unquote(parts.path)}".rstrip("/")
+        # the key as written: a data file's folder holds Spark's escapes (customer=a%2Fb) literally
+        return s3_filesystem(settings), f"{parts.netloc}{parts.path}".rstrip("/")
     return pafs.FileSystem.from_uri(location)
 
 
@@ -256,7 +261,8 @@ def table_location(delta_table: DeltaTable) -> str:
     uri = delta_table.table_uri.rstrip("/")
     if uri.startswith("file://"):
         return unquote(urlsplit(uri).path)
-    return uri
+    parts = urlsplit(uri)  # delta-rs gives the path URI-encoded (a space as %20); keys are written as is
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
 # ---- Delta's data file paths ------------------------------------------------------------------

@@ -64,6 +64,7 @@ def _rows(config) -> list[tuple]:
     return sorted(zip(data["_kafka_offset"].to_pylist(), data["customer"].to_pylist(), strict=True))
 
 
+@pytest.mark.also_on_s3  # folder names with Spark's %XX escapes are object keys as written
 def test_backfill_and_rewind_replace_rows_whatever_their_partition_values(pipeline, spark):
     config = pipeline.write(sink={"partition_by": ["customer"]}, max_records_per_batch=45)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)

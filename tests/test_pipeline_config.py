@@ -130,3 +130,5 @@ def test_lake_locations_local_file_uri_and_object_store(tmp_path):
     shown = on_s3.redacted_storage_options()
     assert shown["AWS_SECRET_ACCESS_KEY"] == "***" and shown["AWS_REGION"] == "eu-west-1"
     assert "AWS_ACCESS_KEY_ID" not in shown  # an empty value is unset
+    with pytest.raises(ConfigError, match=r"lake: s3://bucket/my%20lake contains '%'"):
+        load_pipeline(str(write(tmp_path, {**BASE, "lake": "s3://bucket/my%20lake"})))
