@@ -92,12 +92,7 @@ class LocalBroker:
             return
         # The launcher runs the server binary as its child, in the session we gave it: signal
         # that process group (its id is the launcher's PID) and wait for the launcher to exit.
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        stop_process_group(process, signal.SIGINT, timeout_s)
         deadline = time.monotonic() + timeout_s
         while _group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -150,3 +145,14 @@ def broker_for(data_dir: Path) -> Iterator[tuple[str, LocalBroker | None]]:
         yield broker.bootstrap, broker
     finally:
         broker.stop()
+
+
+def stop_process_group(process: subprocess.Popen, first: signal.Signals, timeout_s: float) -> None:
+    """Signal the process group a server was started in (its id is ``process``'s PID, never a
+    name) with ``first``; SIGKILL it if ``process`` has not exited within ``timeout_s``."""
+    os.killpg(process.pid, first)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)

@@ -25,7 +25,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from offsetlake.embedded.local_broker import free_port
+from offsetlake.embedded.local_broker import free_port, stop_process_group
 
 ACCESS_KEY = "offsetlake-test"
 SECRET_KEY = "offsetlake-test-secret"
@@ -110,12 +110,7 @@ class LocalS3:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+        stop_process_group(process, signal.SIGTERM, timeout_s)
 
 
 def _serve(port: str, clock_file: str) -> None:
