@@ -49,6 +49,38 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         local.stop()
 
 
+@dataclass
+class Registry:
+    """The Schema Registry the tests use: the harness's own (``local``), or a real one when
+    SCHEMA_REGISTRY_URL is set (with SCHEMA_REGISTRY_USER_INFO as user:password if it needs it)."""
+
+    settings: dict[str, str]  # the client options a pipeline's format.schema_registry takes
+    local: object | None  # tests/schema_registry_server.LocalSchemaRegistry, or None for a real registry
+
+    def client(self):  # noqa: ANN201 - confluent-kafka's SchemaRegistryClient
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        return SchemaRegistryClient(dict(self.settings))
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    external = os.environ.get("SCHEMA_REGISTRY_URL")
+    if external:
+        user_info = os.environ.get("SCHEMA_REGISTRY_USER_INFO")
+        yield Registry({"url": external, **({"basic.auth.user.info": user_info} if user_info else {})}, None)
+        return
+    from schema_registry_server import LocalSchemaRegistry
+
+    folder = tmp_path_factory.mktemp("schema_registry")
+    local = LocalSchemaRegistry(folder / "registry.log", user="offsetlake", password="registry-secret",
+                                state_file=folder / "state.json").start()
+    try:
+        yield Registry(local.client_config(), local)
+    finally:
+        local.stop()
+
+
 @pytest.fixture(scope="session")
 def spark():
     from offsetlake.spark import spark_session, stop_spark
