@@ -23,6 +23,7 @@ from offsetlake import dead_letters, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
+from offsetlake.formats import resolve_reader_schema
 from offsetlake.history import commit_version, landed_version, ledger_entry
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
@@ -142,8 +143,9 @@ def plan_backfill(
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
+    # an old range decodes into today's reader schema, recorded with the plan (invariant 12)
     return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
-                     window=window)
+                     window=window, reader_schema=resolve_reader_schema(config))
 
 
 def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:
@@ -178,7 +180,7 @@ def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = evolved_schema(table, config, to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False),
-                            plan.batch_id)
+                            plan)
     if schema is None:
         return
     have = set(table_schema(table).names)

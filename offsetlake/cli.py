@@ -20,6 +20,7 @@ from pathlib import Path
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake.errors import OffsetlakeError, describe_unexpected
 from offsetlake.log_lines import log_line
+from offsetlake.plan import ReaderSchema
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.cli")
@@ -348,10 +349,13 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             print(json.dumps(row, default=str))
         return 0
     print(f"ledger of pipeline {config.name} ({config.ledger_path})")
-    for row in rows:  # the validation summary is JSON; the table shows its outcome
+    for row in rows:  # the validation summary and reader schema are JSON; the table shows their gist
         row["validation"] = json.loads(row["validation"])["outcome"] if row.get("validation") else None
+        schema = ReaderSchema.from_dict(json.loads(row["reader_schema"])) if row.get("reader_schema") else None
+        row["reader_schema"] = schema.describe() if schema is not None else None
     _print_table(rows, ["batch_id", "kind", "status", "topic", "partition", "start_offset", "end_offset",
-                        "records_read", "rows_written", "dead_letters", "validation", "sink_version", "run_id"])
+                        "records_read", "rows_written", "dead_letters", "validation", "reader_schema", "sink_version",
+                        "run_id"])
     reports = {r["batch_id"]: r["validation_report"] for r in rows if r.get("validation_report") and r["status"] == "failed"}
     for batch_id, report in reports.items():
         print(f"failed validation: {batch_id}: {report}")

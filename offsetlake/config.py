@@ -86,6 +86,86 @@ class JsonFormat(_Strict):
         return ", ".join(f"`{name}` {type_name}" for name, type_name in self.schema_.items())
 
 
+# Schema Registry client options offsetlake passes on (confluent-kafka's SchemaRegistryClient);
+# numbers are given to it as numbers.
+REGISTRY_OPTIONS = {
+    "url", "basic.auth.user.info", "basic.auth.credentials.source", "bearer.auth.credentials.source",
+    "bearer.auth.token", "bearer.auth.logical.cluster", "bearer.auth.identity.pool.id", "ssl.ca.location",
+    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "proxy", "timeout", "max.retries",
+    "retries.wait.ms", "retries.max.wait.ms", "cache.latest.ttl.sec",
+}
+_REGISTRY_SECRET = re.compile(r"(user\.info|password|token|secret)", re.I)
+
+
+def registry_settings_problem(value: dict[str, str]) -> str | None:
+    """What is wrong with a ``schema_registry`` mapping, or None."""
+    unknown = sorted(set(value) - REGISTRY_OPTIONS)
+    if unknown:
+        return f"unknown option {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY_OPTIONS))})"
+    url = value.get("url", "")
+    if url and not all(u.strip().startswith(("http://", "https://")) for u in url.split(",")):
+        return f"url '{url}' must start with http:// or https://"
+    user_info = value.get("basic.auth.user.info")
+    if user_info is not None and ":" not in user_info:
+        return "basic.auth.user.info must be user:password"
+    return None
+
+
+def redacted_registry_settings(value: dict[str, str]) -> dict[str, str]:
+    """The registry settings as logs and messages may show them."""
+    return {k: ("***" if _REGISTRY_SECRET.search(k) else v) for k, v in value.items()}
+
+
+class AvroFormat(_Strict):
+    """Avro values: in the Confluent wire format with a Schema Registry (``schema_registry``, or
+    the Airflow connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), or
+    without one against a local ``schema_file`` (.avsc next to the YAML) as plain Avro binary or
+    Avro single-object encoding."""
+
+    type: Literal["avro"]
+    schema_registry: dict[str, str] = Field(default_factory=dict)
+    subject: str | None = None  # default: <topic>-value (the TopicNameStrategy)
+    version: int | Literal["latest"] = "latest"  # the reader schema: the subject's latest, or a pinned version
+    schema_file: str | None = None
+    encoding: Literal["confluent", "binary", "single_object"] | None = None  # default: confluent, or binary with schema_file
+
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _registry_options(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError("expected a mapping of client options (url: ..., basic.auth.user.info: ...)")
+        value = {str(k): str(v) for k, v in value.items() if str(v) != ""}
+        problem = registry_settings_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _positive_version(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("a pinned version is 1 or more (or 'latest')")
+        return value
+
+    @model_validator(mode="after")
+    def _one_schema_source(self) -> AvroFormat:
+        if self.schema_file and self.schema_registry:
+            raise ValueError("give schema_file (no registry) or schema_registry, not both")
+        if self.schema_file and self.encoding == "confluent":
+            raise ValueError("encoding confluent needs a schema registry; with schema_file use binary or single_object")
+        if not self.schema_file and self.encoding in ("binary", "single_object"):
+            raise ValueError(f"encoding {self.encoding} reads against a local schema_file (.avsc next to the YAML)")
+        if self.schema_file and (self.subject or self.version != "latest"):
+            raise ValueError("subject and version choose a registry schema; with schema_file leave them out")
+        return self
+
+    @property
+    def uses_registry(self) -> bool:
+        return not self.schema_file
+
+
 def spark_type_problem(text: str) -> str | None:
     """What is wrong with ``text`` as a Spark SQL data type (its DDL grammar), or None.
 
@@ -223,7 +303,10 @@ class PipelineConfig(_Strict):
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     on_offsets_lost: Literal["fail", "skip"] = "fail"
     schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
-    format: JsonFormat
+    format: JsonFormat | AvroFormat = Field(discriminator="type")
+    # A batch whose records bring a new field: evolve (the sink gains a nullable column in that
+    # batch's commit) or fail (the batch fails naming the change; nothing is committed).
+    on_schema_change: Literal["evolve", "fail"] = "evolve"
     transform: str | None = None  # "module:function" found next to the YAML file
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
@@ -234,6 +317,13 @@ class PipelineConfig(_Strict):
     def _safe_name(cls, value: str) -> str:
         if not PIPELINE_NAME.match(value):
             raise ValueError(f"'{value}' is not allowed: pipeline names are [a-z0-9_]+")
+        return value
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _json_by_default(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "type" not in value:
+            return {**value, "type": "json"}
         return value
 
     @field_validator("storage", mode="before")
@@ -358,6 +448,17 @@ class PipelineConfig(_Strict):
         merged.register_storage()
         return merged
 
+    def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
+        """This config with Schema Registry settings from elsewhere (an Airflow connection) on top;
+        only an Avro (registry) format has any."""
+        if not options or not isinstance(self.format, AvroFormat) or not self.format.uses_registry:
+            return self
+        merged = {**self.format.schema_registry, **{k: v for k, v in options.items() if v != ""}}
+        problem = registry_settings_problem(merged)
+        if problem:
+            raise ConfigError(f"pipeline {self.name}: schema registry connection: {problem}")
+        return self.model_copy(update={"format": self.format.model_copy(update={"schema_registry": merged})})
+
     def register_storage(self) -> None:
         """Make this pipeline's storage settings the ones used for its lake and sink locations."""
         for location in {self.lake_path, self.sink_path}:
@@ -423,6 +524,17 @@ def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path
     )
 
 
+FORMAT_TYPES = ("json", "avro")
+
+
+def _field_path(loc: tuple) -> tuple:
+    """A validation error's location as the YAML names it: pydantic puts the format's type (the
+    union's tag) after ``format``, where the file has none."""
+    if len(loc) > 1 and loc[0] == "format" and loc[1] in FORMAT_TYPES:
+        return (loc[0], *loc[2:])
+    return loc
+
+
 def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineConfig:
     """Load and validate one pipeline file; raises ConfigError naming the file and field."""
     path = find_pipeline_file(name_or_path, directory)
@@ -438,7 +550,7 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         config = PipelineConfig.model_validate(raw)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
+            f"{'.'.join(str(p) for p in _field_path(e['loc'])) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
             for e in err.errors()
         )
         raise ConfigError(f"{path}: {problems}") from None
@@ -459,14 +571,18 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         module = config.transform_dir / f"{config.transform.split(':')[0]}.py"
         if not module.is_file():
             raise ConfigError(f"{path}: transform: {module} does not exist (the module goes next to the YAML)")
-    else:
+    elif isinstance(config.format, JsonFormat):  # an Avro schema's fields are known when a batch is planned
         fields = set(config.format.schema_)
         missing = [c for c in config.sink.partition_by if c not in fields]
         if missing:
             raise ConfigError(f"{path}: sink.partition_by: column '{missing[0]}' is not a field of format.schema "
                               "(without a transform the rows have only those fields)")
+    if isinstance(config.format, AvroFormat) and config.format.schema_file:
+        avsc = config.transform_dir / config.format.schema_file
+        if not avsc.is_file():
+            raise ConfigError(f"{path}: format.schema_file: {avsc} does not exist (the .avsc goes next to the YAML)")
     for column in config.sink.partition_by:
-        declared = config.format.schema_.get(column)
+        declared = config.format.schema_.get(column) if isinstance(config.format, JsonFormat) else None
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
             raise ConfigError(
                 f"{path}: sink.partition_by: column '{column}' has type {declared}; "
@@ -507,10 +623,28 @@ def storage_overrides_from_env() -> dict[str, str]:
     return {str(k): str(v) for k, v in (data or {}).items()}
 
 
+REGISTRY_OVERRIDES_ENV = "OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES"
+
+
+def registry_overrides_from_env() -> dict[str, str]:
+    """``$OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES`` = {"url": ..., "basic.auth.user.info": ...}: the
+    Schema Registry settings an orchestrator keeps as secrets (an Airflow connection)."""
+    raw = os.environ.get(REGISTRY_OVERRIDES_ENV)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"${REGISTRY_OVERRIDES_ENV} is not JSON") from None
+    return {str(k): str(v) for k, v in (data or {}).items()}
+
+
 def with_orchestrator_settings(config: PipelineConfig) -> PipelineConfig:
-    """``config`` with the Kafka and storage settings an orchestrator handed over in the
-    environment (``$OFFSETLAKE_KAFKA_OVERRIDES``, ``$OFFSETLAKE_STORAGE_OVERRIDES``) on top."""
-    return config.with_kafka_overrides(*kafka_overrides_from_env()).with_storage_overrides(storage_overrides_from_env())
+    """``config`` with the Kafka, storage and Schema Registry settings an orchestrator handed over
+    in the environment (``$OFFSETLAKE_KAFKA_OVERRIDES``, ``$OFFSETLAKE_STORAGE_OVERRIDES``,
+    ``$OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES``) on top."""
+    config = config.with_kafka_overrides(*kafka_overrides_from_env()).with_storage_overrides(storage_overrides_from_env())
+    return config.with_registry_overrides(registry_overrides_from_env())
 
 
 def all_pipeline_files(directory: Path | None = None) -> list[Path]:

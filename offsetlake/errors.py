@@ -31,6 +31,11 @@ class StorageError(OffsetlakeError):
     endpoint) or cannot commit safely (no put-if-absent); raised before anything is read."""
 
 
+class SchemaRegistryUnavailableError(OffsetlakeError):
+    """The Schema Registry could not be reached or answered an error while a batch was planned or
+    read; nothing was committed and no record became a dead letter for it. Run again later."""
+
+
 class KafkaUnavailableError(OffsetlakeError):
     """The broker cannot be reached or does not know the topic."""
 

@@ -78,6 +78,8 @@ def ledger_entry(
         entry["validation"] = validation
     if plan.window is not None:
         entry["record_time"] = {"from_ms": plan.window.from_ms, "to_ms": plan.window.to_ms}
+    if plan.reader_schema is not None:
+        entry["reader_schema"] = plan.reader_schema.as_dict()
     entry.update(extra or {})
     entry.update(facts)
     return entry

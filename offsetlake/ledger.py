@@ -30,6 +30,7 @@ from offsetlake.plan import (
     BatchPlan,
     BatchStatus,
     OffsetRange,
+    ReaderSchema,
     RecordTimeWindow,
     RunContext,
 )
@@ -69,6 +70,8 @@ LEDGER_SCHEMA = pa.schema(
         # a backfill by time: the record timestamps it selects within its ranges, [from, to) in ms
         ("record_time_from_ms", pa.int64()),
         ("record_time_to_ms", pa.int64()),
+        # the reader schema its records decode into (JSON of ``offsetlake.plan.ReaderSchema``)
+        ("reader_schema", pa.string()),
     ]
 )
 
@@ -308,6 +311,7 @@ def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
         run=RunContext(run_id=mine[0]["run_id"], dag_id=mine[0]["dag_id"], try_number=mine[0]["try_number"]),
         planned_at=mine[0]["planned_at"],
         window=RecordTimeWindow(time_from, time_to) if time_from is not None and time_to is not None else None,
+        reader_schema=ReaderSchema.from_dict(json.loads(mine[0]["reader_schema"]) if mine[0].get("reader_schema") else None),
     )
 
 
@@ -347,6 +351,7 @@ def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | 
         **_validation_columns(entry.get("validation")),
         "record_time_from_ms": (entry.get("record_time") or {}).get("from_ms"),
         "record_time_to_ms": (entry.get("record_time") or {}).get("to_ms"),
+        "reader_schema": json.dumps(entry["reader_schema"], sort_keys=True) if entry.get("reader_schema") else None,
         **columns,
     }
     return [
@@ -420,7 +425,16 @@ def summarize_batch(rows: list[dict]) -> dict[str, Any]:
         "validation": validation_digest(next((r.get("validation") for r in rows if r.get("validation")), None)),
         "validation_report": next((r.get("validation_report") for r in rows if r.get("validation_report")), None),
         "message": next((r["message"] for r in rows if r["message"]), None),
+        "reader_schema": _schema_digest(next((r.get("reader_schema") for r in rows if r.get("reader_schema")), None)),
     }
+
+
+def _schema_digest(raw: str | None) -> dict | None:
+    """The reader schema a batch decoded with, as people read it (its text left out)."""
+    schema = ReaderSchema.from_dict(json.loads(raw)) if raw else None
+    if schema is None:
+        return None
+    return {**{k: v for k, v in schema.as_dict().items() if k != "text"}, "description": schema.describe()}
 
 
 def validation_digest(raw: str | None) -> dict | None:

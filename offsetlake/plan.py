@@ -117,6 +117,39 @@ def _iso_ms(ms: int) -> str:
 
 
 @dataclass(frozen=True)
+class ReaderSchema:
+    """The schema a batch decodes its records into, fixed when it is planned (invariant 12).
+
+    ``source``: ``registry`` (a Schema Registry subject's version, fetched again by ``id`` on a
+    rerun), ``file`` (a local ``.avsc``) or ``yaml`` (the pipeline file's JSON schema); for the
+    last two ``text`` is the schema itself, so a rerun decodes with it even after the file
+    changed. ``fingerprint`` tells two schemas apart whatever their source.
+    """
+
+    source: str
+    fingerprint: str
+    subject: str | None = None
+    version: int | None = None
+    id: int | None = None
+    text: str | None = None
+
+    def describe(self) -> str:
+        if self.source == "registry":
+            return f"subject {self.subject} version {self.version} (schema id {self.id})"
+        return f"{self.source} schema {self.fingerprint[:12]}"
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @staticmethod
+    def from_dict(data: dict | None) -> ReaderSchema | None:
+        if not data:
+            return None
+        return ReaderSchema(source=str(data["source"]), fingerprint=str(data["fingerprint"]), subject=data.get("subject"),
+                            version=data.get("version"), id=data.get("id"), text=data.get("text"))
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     pipeline: str
     batch_id: str
@@ -125,6 +158,7 @@ class BatchPlan:
     run: RunContext
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     window: RecordTimeWindow | None = None  # a backfill by time: only records with these timestamps
+    reader_schema: ReaderSchema | None = None  # what its records decode into (None: a batch that reads nothing)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", BatchKind(self.kind))

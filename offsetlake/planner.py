@@ -9,6 +9,7 @@ A run that is rerun gets its recorded plan back from ``offsetlake.ledger.Ledger.
 from __future__ import annotations
 
 from offsetlake.config import PipelineConfig
+from offsetlake.formats import resolve_reader_schema
 from offsetlake.kafka import check_log_start, current_offsets
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
 from offsetlake.sink import committed_ends, open_table
@@ -95,4 +96,6 @@ def plan_next_batch(
     anchors = [r for r in ranges if ends[r.partition] is None and config.start == "latest"]
     if all(r.size == 0 for r in ranges) and not anchors:
         return None
-    return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run)
+    # the reader schema is fixed here, with the ranges (invariant 12)
+    return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run,
+                     reader_schema=resolve_reader_schema(config))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from offsetlake import dead_letters, failpoints, staging
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
-from offsetlake.formats import REASON, dead_letter_rows, decoder_for, good_rows
+from offsetlake.formats import REASON, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import WrittenFiles, add_actions_for, staging_dir
@@ -64,9 +64,9 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         spark.sparkContext.addPyFile(str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
 
     t = time.monotonic()
-    decoder = decoder_for(config)
+    decoder = decoder_for(config, plan.reader_schema)  # the plan's schema: a rerun decodes identically
     decoder.check_types(config.source_file or config.name)  # before anything is read
-    keep_raw = _may_dead_letter_good_records(config, suite)
+    keep_raw = _may_dead_letter_good_records(config, suite, decoder)
     raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder,
                       headers_of_rows=keep_raw)
     # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
@@ -125,15 +125,23 @@ MAX_FOLDER_NAME_BYTES = 255
 _ESCAPED_BY_SPARK = "\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32))
 
 
-def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None) -> bool:
+def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, decoder: Decoder) -> bool:
     """Whether a record that decoded well may still become a dead letter (so its bytes are kept):
     quarantined by the suite, or a string partition value too long for a folder name."""
+    import pyarrow as pa
+
     if suite is not None and config.validation.on_failure == "quarantine":
         return True
     if not config.sink.partition_by:
         return False
-    return bool(config.transform) or any(
-        config.format.schema_.get(c, "").strip().lower() == "string" for c in config.sink.partition_by)
+    if config.transform:
+        return True
+    read_type = decoder.read_type()
+    if read_type is None:  # JSON with types the read tasks leave to Spark
+        declared = getattr(config.format, "schema_", {})
+        return any(declared.get(c, "").strip().lower() == "string" for c in config.sink.partition_by)
+    types = {f.name: f.type for f in read_type}
+    return any(c in types and pa.types.is_string(types[c]) for c in config.sink.partition_by)
 
 
 def _split_unwritable(config: PipelineConfig, plan: BatchPlan, rows: DataFrame, decoded: DataFrame,

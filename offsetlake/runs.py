@@ -148,7 +148,7 @@ def _execute_forward(
         table = ensure_table(config, rows_schema)
         if not check_plan_applies(table, config, plan):
             return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-        schema = evolved_schema(table, config, rows_schema, plan.batch_id)
+        schema = evolved_schema(table, config, rows_schema, plan)
         entry = ledger_entry(plan, processed.per_range, started, processed.validation,
                              extra={dead_letters.STAGED: processed.dead_letter_files})
         before_commit()

@@ -34,7 +34,7 @@ from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StalePlanError
 from offsetlake.history import commit_version, covering_batch, entry_json, landed_version, sink_commits
-from offsetlake.plan import BatchPlan, OffsetRange
+from offsetlake.plan import BatchPlan, OffsetRange, ReaderSchema
 
 _STAT_TYPES = (
     pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string, pa.types.is_boolean,
@@ -340,11 +340,13 @@ def table_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, batch_id: str) -> pa.Schema | None:
-    """The sink's schema with the batch's new columns (nullable) added, or None if it has none.
+def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, plan: BatchPlan) -> pa.Schema | None:
+    """The sink's schema with the batch's new columns (nullable) added, or None if it has none
+    (invariant 12). A column the batch no longer has stays; its new rows read null.
 
-    Raises SchemaChangeError for a column whose type differs from the sink's: Delta cannot take
-    that in place and nothing is ever cast silently.
+    Raises SchemaChangeError, naming the column, both types and the reader schemas involved, for a
+    column whose type differs from the sink's (Delta cannot take that in place and nothing is ever
+    cast silently), and under ``on_schema_change: fail`` for any added or missing column.
     """
     current = table_schema(table)
     have = {f.name: f for f in current}
@@ -356,15 +358,39 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, b
             added.append(pa.field(column.name, column.type, nullable=True))
         elif not _same_type(old.type, column.type):
             changed.append((column.name, old.type, column.type))
+    schemas = _schemas_involved(table, config, plan)
     if changed:
         name, old_type, new_type = changed[0]
+        more = f" ({len(changed) - 1} more columns changed)" if len(changed) > 1 else ""
         raise SchemaChangeError(
-            f"pipeline {config.name}: batch {batch_id} writes column '{name}' as {new_type}, but the sink "
-            f"{config.sink_path} holds it as {old_type}; Delta cannot change a column's type in place and offsetlake "
-            "never casts silently. Nothing was committed. Ways forward: a transform that casts the column back, "
-            f"or a new sink table (sink.table){' (' + str(len(changed) - 1) + ' more columns changed)' if len(changed) > 1 else ''}"
+            f"pipeline {config.name}: batch {plan.batch_id} writes column '{name}' as {new_type}, but the sink "
+            f"{config.sink_path} holds it as {old_type}{more}{schemas}; Delta cannot change a column's type in place and "
+            "offsetlake never casts silently. Nothing was committed. Ways forward: a new sink table (sink.table), or a "
+            "transform that casts the column back to the sink's type"
+        )
+    missing = [f.name for f in current if f.name not in rows.names]
+    if config.on_schema_change == "fail" and (added or missing):
+        what = "; ".join(part for part in (
+            f"new column{'s' if len(added) > 1 else ''} {', '.join(repr(f.name) for f in added)}" if added else "",
+            f"no column{'s' if len(missing) > 1 else ''} {', '.join(repr(n) for n in missing)} any more" if missing else "",
+        ) if part)
+        raise SchemaChangeError(
+            f"pipeline {config.name}: batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
+            "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
+            "is added in the batch's own commit), pin format.version to the schema the sink has, or a new sink table"
         )
     return pa.schema([*current, *added]) if added else None
+
+
+def _schemas_involved(table: DeltaTable, config: PipelineConfig, plan: BatchPlan) -> str:
+    """", reading with <this plan's reader schema>; the sink's last batch read with <its>", or ""."""
+    if plan.reader_schema is None:
+        return ""
+    before = next((c.entry.get("reader_schema") for c in reversed(sink_commits(table, config.name))
+                   if c.entry.get("reader_schema")), None)
+    last = ReaderSchema.from_dict(before)
+    said = f"; this batch reads with {plan.reader_schema.describe()}"
+    return said + (f", the sink's last batch read with {last.describe()}" if last is not None else "")
 
 
 def _same_type(a: pa.DataType, b: pa.DataType) -> bool:

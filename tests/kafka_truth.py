@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow.compute as pc
@@ -31,8 +32,14 @@ def last_stable_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     return {tp.partition: f.result().offset for tp, f in futures.items()}
 
 
-def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, timeout_s: float = 60) -> TopicTruth:
-    """Every committed record up to the LSO (or ``until``), read with a plain consumer."""
+def _json_order_id(value: bytes) -> int:
+    return int(json.loads(value)["order_id"])
+
+
+def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, timeout_s: float = 60,
+               order_id: Callable[[bytes], int] = _json_order_id) -> TopicTruth:
+    """Every committed record up to the LSO (or ``until``), read with a plain consumer; ``order_id``
+    decodes a value's order id (raising for a record that must be a dead letter)."""
     lso = until or last_stable_offsets(bootstrap, topic)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.time_ns()}", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True,
@@ -54,8 +61,8 @@ def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, 
                 done.add(p)
                 continue
             try:
-                good[(p, o)] = int(json.loads(m.value())["order_id"])
-            except (ValueError, TypeError, KeyError):
+                good[(p, o)] = order_id(m.value())
+            except Exception:  # noqa: BLE001 - whatever the decoder raises, the record is a dead letter
                 bad.add((p, o))
             if o + 1 >= lso[p]:
                 done.add(p)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from offsetlake.config import PipelineConfig
+    from offsetlake.plan import ReaderSchema
 
 REASON = "_dead_letter_reason"  # null for a good record, else why it is a dead letter
 PARSED = "_parsed"  # the decoded value: a struct of the format's fields
@@ -65,11 +66,35 @@ class Decoder(Protocol):
         ...
 
 
-def decoder_for(config: PipelineConfig) -> Decoder:
-    """The decoder of the pipeline's ``format``."""
-    from offsetlake.formats.json_records import JsonDecoder
+def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
+    """The reader schema a new plan records (invariant 12): the YAML schema for ``json``; the
+    subject's latest or pinned version, or the local ``.avsc``, for ``avro``. Raises
+    ConfigError (a schema that has no Delta mapping, a subject that does not exist) and
+    SchemaRegistryUnavailableError; nothing has been read then."""
+    from offsetlake.config import JsonFormat
 
-    return JsonDecoder(config.format)
+    if isinstance(config.format, JsonFormat):
+        from offsetlake.formats.json_records import yaml_reader_schema
+
+        return yaml_reader_schema(config.format)
+    from offsetlake.formats.avro_records import resolve_reader_schema as avro_reader_schema
+
+    return avro_reader_schema(config)
+
+
+def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = None) -> Decoder:
+    """The decoder of the pipeline's ``format``, decoding into ``reader_schema`` (a plan's; the
+    one a new plan would record when None)."""
+    from offsetlake.config import JsonFormat
+
+    reader_schema = reader_schema or resolve_reader_schema(config)
+    if isinstance(config.format, JsonFormat):
+        from offsetlake.formats.json_records import JsonDecoder, json_format_of
+
+        return JsonDecoder(json_format_of(reader_schema, config.format))
+    from offsetlake.formats.avro_records import AvroDecoder
+
+    return AvroDecoder(config, reader_schema)
 
 
 def good_rows(decoded: DataFrame, decoder: Decoder) -> DataFrame:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
+from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -42,6 +43,24 @@ _ARROW_TYPES = {
     "short": pa.int16(), "byte": pa.int8(), "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(),
     "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ltz": pa.timestamp("us", tz="UTC"),
 }
+
+
+def yaml_reader_schema(fmt: JsonFormat) -> ReaderSchema:
+    """The pipeline file's schema as a plan records it: its text, so a rerun decodes with it."""
+    import hashlib
+
+    text = json.dumps({"schema": fmt.schema_, "required": fmt.required}, separators=(",", ":"))  # field order kept
+    return ReaderSchema(source="yaml", fingerprint="sha256:" + hashlib.sha256(text.encode()).hexdigest(), text=text)
+
+
+def json_format_of(reader: ReaderSchema, current: JsonFormat) -> JsonFormat:
+    """The JSON format a plan recorded (``current`` when the plan recorded none of its own)."""
+    from offsetlake.config import JsonFormat
+
+    if reader.source != "yaml" or not reader.text:
+        return current
+    recorded = json.loads(reader.text)
+    return JsonFormat.model_validate({"type": "json", "schema": recorded["schema"], "required": recorded.get("required", [])})
 
 
 class JsonDecoder:

@@ -1,0 +1,391 @@
+"""``format.type: avro``: Avro values decoded in the read tasks, each with its own writer schema,
+resolved to the batch's reader schema (the one its plan recorded, invariant 12).
+
+Three encodings: ``confluent`` (the Confluent wire format: magic byte 0, a 4-byte big-endian
+schema id, the Avro binary; writer schemas fetched from the Schema Registry by id), ``binary``
+(plain Avro binary written with the pipeline's ``.avsc``) and ``single_object`` (Avro's
+single-object encoding: ``C3 01``, the writer schema's 8-byte CRC-64-AVRO fingerprint, the binary).
+
+A record that cannot become a row is a dead letter with its reason (invariant 8): a null value,
+a missing or wrong header, a schema id the registry does not hold, a payload that does not
+decode or leaves bytes over, a writer schema that does not resolve to the reader schema. A
+registry that cannot be reached fails the batch instead (``offsetlake.formats.registry``).
+
+The Avro-to-Arrow mapping (``arrow_type``) is the table in the README; what has no Delta type
+this project writes (a union of several non-null types, a field of type null) is refused when
+the batch is planned, naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from offsetlake.errors import ConfigError
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
+from offsetlake.formats import registry as sr
+from offsetlake.plan import ReaderSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from offsetlake.config import AvroFormat, PipelineConfig
+
+TOMBSTONE = "tombstone: record has a null value"
+_SINGLE_OBJECT = b"\xc3\x01"
+# Logical types decoded as their underlying number and converted in Arrow (one cast per chunk
+# instead of a Python datetime per value: fastavro's datetimes cost more than the decode itself).
+_CAST_IN_ARROW = {"date", "timestamp-millis", "timestamp-micros"}
+_KEPT_AS_NUMBER = {"time-millis", "time-micros", "timestamp-nanos", "local-timestamp-millis",
+                   "local-timestamp-micros", "local-timestamp-nanos"}
+_UTC_MICROS = pa.timestamp("us", tz="UTC")
+_STREAM_NAME = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
+def fingerprint(text: str) -> str:
+    """A stable name for a schema text (its canonical JSON's SHA-256)."""
+    try:
+        canonical = json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        canonical = text
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def subject_of(config: PipelineConfig) -> str:
+    fmt: AvroFormat = config.format  # type: ignore[assignment]
+    return fmt.subject or f"{config.topic}-value"
+
+
+def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
+    """The reader schema a new plan records: the subject's latest (or pinned) version from the
+    registry, or the local ``.avsc``. Raises SchemaRegistryUnavailableError, ConfigError."""
+    fmt: AvroFormat = config.format  # type: ignore[assignment]
+    if fmt.schema_file:
+        text = (config.transform_dir / fmt.schema_file).read_text()
+        schema = ReaderSchema(source="file", fingerprint=fingerprint(text), text=text)
+    else:
+        if not fmt.schema_registry.get("url"):
+            raise ConfigError(f"pipeline {config.name}: format avro reads through a Schema Registry but none is set: "
+                              f"give format.schema_registry.url, an Airflow connection schema_registry_{config.name} "
+                              "(or schema_registry_default), or a local format.schema_file")
+        subject = subject_of(config)
+        try:
+            found = sr.subject_version(config.name, fmt.schema_registry, subject, fmt.version)
+        except sr.SchemaNotFound as err:
+            raise ConfigError(f"pipeline {config.name}: the Schema Registry at {sr.registry_url(fmt.schema_registry)} has "
+                              f"no subject {subject} version {fmt.version} ({err}); set format.subject / format.version, "
+                              "or register the schema first") from None
+        if found.schema_type != "AVRO":
+            raise ConfigError(f"pipeline {config.name}: subject {subject} version {found.version} is a "
+                              f"{found.schema_type} schema; format.type is avro")
+        schema = ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject,
+                              version=found.version, id=found.schema_id)
+    AvroDecoder(config, schema).fields()  # its types map to Delta's, or ConfigError now, before anything is read
+    return schema
+
+
+def _strip(schema: Any) -> Any:
+    """The schema with the logical types that Arrow converts faster removed (see _CAST_IN_ARROW)."""
+    if isinstance(schema, list):
+        return [_strip(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strip(v) for k, v in schema.items() if k not in ("fields", "items", "values")}
+    if out.get("logicalType") in _CAST_IN_ARROW | _KEPT_AS_NUMBER | {"uuid"}:
+        out.pop("logicalType")
+    if "fields" in schema:
+        out["fields"] = [{**f, "type": _strip(f["type"])} for f in schema["fields"]]
+    for key in ("items", "values"):
+        if key in schema:
+            out[key] = _strip(schema[key])
+    return out
+
+
+class _Types:
+    """Arrow types of an Avro schema: the final column types and the raw types fastavro's
+    values (logical types stripped) are built into before one cast per chunk."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.named: dict[str, tuple[pa.DataType, pa.DataType]] = {}
+
+    def of(self, schema: Any, path: str, namespace: str | None = None) -> tuple[pa.DataType, pa.DataType]:
+        if isinstance(schema, str):
+            return self._named_or_primitive(schema, path, namespace)
+        if isinstance(schema, list):
+            members = [s for s in schema if s != "null"]
+            if len(members) != 1:
+                raise ConfigError(f"{self.where}: field '{path}' is a union of {len(members)} non-null types "
+                                  f"({', '.join(_type_name(m) for m in members)}); a sink column has one type. "
+                                  "Ways forward: a [null, T] union in the reader schema, or a transform")
+            return self.of(members[0], path, namespace)
+        kind = schema.get("type")
+        logical = schema.get("logicalType")
+        if kind == "record" or kind == "error":
+            name = _full_name(schema, namespace)
+            ns = name.rpartition(".")[0] or None
+            fields = [(f["name"], self.of(f["type"], f"{path}.{f['name']}" if path else f["name"], ns))
+                      for f in schema["fields"]]
+            result = (pa.struct([(n, t[0]) for n, t in fields]), pa.struct([(n, t[1]) for n, t in fields]))
+            self.named[name] = result
+            return result
+        if kind == "enum":
+            self.named[_full_name(schema, namespace)] = (pa.string(), pa.string())
+            return pa.string(), pa.string()
+        if kind == "fixed":
+            result = self._decimal(schema, path) if logical == "decimal" else (pa.binary(), pa.binary())
+            self.named[_full_name(schema, namespace)] = result
+            return result
+        if kind == "array":
+            item = self.of(schema["items"], f"{path}[]", namespace)
+            return pa.list_(item[0]), pa.list_(item[1])
+        if kind == "map":
+            value = self.of(schema["values"], f"{path}{{}}", namespace)
+            return pa.map_(pa.string(), value[0]), pa.map_(pa.string(), value[1])
+        if logical == "decimal" and kind == "bytes":
+            return self._decimal(schema, path)
+        base = self._named_or_primitive(kind, path, namespace)
+        if logical == "date" and kind == "int":
+            return pa.date32(), pa.date32()
+        if logical in ("timestamp-millis", "timestamp-micros") and kind == "long":
+            return _UTC_MICROS, pa.timestamp("ms" if logical == "timestamp-millis" else "us", tz="UTC")
+        return base
+
+    def _decimal(self, schema: dict, path: str) -> tuple[pa.DataType, pa.DataType]:
+        precision, scale = int(schema.get("precision", 0)), int(schema.get("scale", 0))
+        if not 1 <= precision <= 38:
+            raise ConfigError(f"{self.where}: field '{path}' is a decimal of precision {precision}; Delta's decimals hold "
+                              "1 to 38 digits")
+        return pa.decimal128(precision, scale), pa.decimal128(precision, scale)
+
+    def _named_or_primitive(self, name: str, path: str, namespace: str | None) -> tuple[pa.DataType, pa.DataType]:
+        primitive = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
+                     "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}.get(name)
+        if primitive is not None:
+            return primitive, primitive
+        if name == "null":
+            raise ConfigError(f"{self.where}: field '{path}' has type null; a sink column needs a type")
+        for candidate in (name, f"{namespace}.{name}" if namespace else name):
+            if candidate in self.named:
+                return self.named[candidate]
+        raise ConfigError(f"{self.where}: field '{path}' names type '{name}', which the schema does not define")
+
+
+def _full_name(schema: dict, namespace: str | None) -> str:
+    name = schema["name"]
+    if "." in name:
+        return name
+    ns = schema.get("namespace", namespace)
+    return f"{ns}.{name}" if ns else name
+
+
+def _type_name(schema: Any) -> str:
+    if isinstance(schema, dict):
+        return str(schema.get("name") or schema.get("type"))
+    return str(schema)
+
+
+class AvroDecoder:
+    """The Avro format of one pipeline, decoding into one reader schema."""
+
+    def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
+        fmt: AvroFormat = config.format  # type: ignore[assignment]
+        self.pipeline = config.name
+        self.where = config.source_file or config.name
+        self.settings = dict(fmt.schema_registry)
+        self.encoding = fmt.encoding or ("binary" if fmt.schema_file else "confluent")
+        self.reader = reader
+        self._reader_text = reader.text if reader.text is not None else self._registry_text(reader.id)
+        types = _Types(f"{self.where}: reader schema {reader.describe()}")
+        schema = json.loads(self._reader_text)
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            raise ConfigError(f"{self.where}: reader schema {reader.describe()} is not an Avro record; a sink row needs "
+                              "named fields")
+        final, raw = types.of(schema, "")
+        assert isinstance(final, pa.StructType) and isinstance(raw, pa.StructType)
+        self._final, self._raw = final, raw
+        self._names = [f["name"] for f in schema["fields"]]
+        self._runtime: dict[str, Any] | None = None
+
+    def _registry_text(self, schema_id: int | None) -> str:
+        if schema_id is None:
+            raise ConfigError(f"pipeline {self.pipeline}: a registry reader schema without an id")
+        found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
+        return _with_references(self.pipeline, self.settings, found)
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped to Spark tasks without parsed schemas
+        return {**self.__dict__, "_runtime": None}
+
+    def fields(self) -> list[str]:
+        return list(self._names)
+
+    def read_type(self) -> pa.StructType:
+        return self._final
+
+    def check_types(self, where: str) -> None:
+        """The types were mapped when the decoder was made (ConfigError naming the field then)."""
+
+    def decode_in_spark(self, raw: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        # every record was decided in the read task: problems are in read_problem
+        return raw.withColumnRenamed(PARSED_IN_READ, PARSED).withColumn(REASON, F.lit(None).cast("string"))
+
+    # ---- in the read task ---------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        if self._runtime is None:
+            import fastavro
+
+            raw_reader = fastavro.parse_schema(_strip(json.loads(self._reader_text)), named_schemas={})
+            self._runtime = {"reader": raw_reader, "writers": {}}
+            if self.encoding != "confluent":
+                parsed = fastavro.parse_schema(json.loads(self._reader_text), named_schemas={})
+                self._runtime["own"] = fastavro.parse_schema(_strip(json.loads(self._reader_text)), named_schemas={})
+                # the 8 bytes of the single-object header (fastavro gives them in that order)
+                canonical = fastavro.schema.to_parsing_canonical_form(parsed)
+                crc64 = fastavro.schema.fingerprint(canonical, "CRC-64-AVRO")
+                self._runtime["fingerprint"] = bytes.fromhex(crc64)
+        return self._runtime
+
+    def _writer(self, schema_id: int) -> tuple[Any, str | None]:
+        """The parsed writer schema of ``schema_id`` (stripped like the reader), or the reason a
+        record carrying it is a dead letter."""
+        import fastavro
+
+        writers = self._state()["writers"]
+        if schema_id not in writers:
+            try:
+                found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
+            except sr.SchemaNotFound:
+                writers[schema_id] = (None, f"schema id {schema_id} is not in the Schema Registry")
+            else:
+                if found.schema_type != "AVRO":
+                    writers[schema_id] = (None, f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
+                else:
+                    text = _with_references(self.pipeline, self.settings, found)
+                    try:
+                        writers[schema_id] = (fastavro.parse_schema(_strip(json.loads(text)), named_schemas={}), None)
+                    except Exception as err:  # noqa: BLE001 - fastavro's schema errors come in several types
+                        writers[schema_id] = (None, f"writer schema id {schema_id} is not a schema Avro reads: {err}")
+        return writers[schema_id]
+
+    def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
+        from fastavro import schemaless_reader
+        from fastavro._read_common import SchemaResolutionError
+
+        state = self._state()
+        reader = state["reader"]
+        records: list[dict | None] = []
+        problems: list[str | None] = []
+        for value in values:
+            record: dict | None = None
+            problem: str | None = None
+            writer: Any = None
+            described = ""
+            if value is None:
+                problem = TOMBSTONE
+            elif self.encoding == "confluent":
+                if len(value) < 5 or value[0] != 0:
+                    problem = ("value does not start with the Confluent wire-format header "
+                               "(magic byte 0 and a 4-byte schema id)")
+                else:
+                    schema_id = int.from_bytes(value[1:5], "big")
+                    writer, problem = self._writer(schema_id)
+                    described, start = f"writer schema id {schema_id}", 5
+            elif self.encoding == "single_object":
+                if len(value) < 10 or value[:2] != _SINGLE_OBJECT:
+                    problem = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
+                elif value[2:10] != state["fingerprint"]:
+                    problem = (f"writer schema fingerprint {value[2:10].hex()} is not the schema file's "
+                               f"({state['fingerprint'].hex()})")
+                else:
+                    writer, described, start = state["own"], "the schema file", 10
+            else:
+                writer, described, start = state["own"], "the schema file", 0
+            if writer is not None and value is not None:
+                stream = io.BytesIO(value)
+                stream.seek(start)
+                try:
+                    decoded = schemaless_reader(stream, writer, reader)
+                    record = decoded if isinstance(decoded, dict) else None
+                except SchemaResolutionError as err:
+                    problem = f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}"
+                except EOFError:
+                    problem = f"payload ends before the Avro record does ({described})"
+                except Exception as err:  # noqa: BLE001 - a bad payload fails in many ways inside fastavro
+                    said = _STREAM_NAME.sub("", str(err))  # the same reason for the same bytes, run after run
+                    problem = f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}"
+                else:
+                    left = len(value) - stream.tell()
+                    if left:
+                        record, problem = None, f"payload has {left} bytes left after the Avro record ({described})"
+            records.append(record)
+            problems.append(problem)
+        parsed, cast_problems = self._arrow(records)
+        for i, problem in cast_problems.items():
+            problems[i] = problem
+        settled = [p is None for p in problems]
+        return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, settled)
+
+    def _arrow(self, records: list[dict | None]) -> tuple[pa.StructArray, dict[int, str]]:
+        """The decoded records as the final struct type (built column by column from the raw
+        types, then cast); a record whose value the final type cannot hold (a timestamp past year
+        9999) becomes a dead letter instead of failing the chunk."""
+        raw_type = self._raw
+        mask = pa.array([r is None for r in records], pa.bool_())
+        columns = [pa.array([r[f.name] if r is not None else None for r in records], f.type) for f in raw_type]
+        raw = pa.StructArray.from_arrays(columns, fields=list(raw_type), mask=mask)
+        try:
+            return raw.cast(self._final), {}
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            problems: dict[int, str] = {}
+            for i in range(len(raw)):
+                try:
+                    raw.slice(i, 1).cast(self._final)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+                    problems[i] = f"a value does not fit its sink column type: {err}"
+            keep = pa.array([i not in problems and r is not None for i, r in enumerate(records)], pa.bool_())
+            cleaned = pa.StructArray.from_arrays(columns, fields=list(raw_type), mask=pa.compute.invert(keep))
+            return _cast_valid(cleaned, self._final, keep), problems
+
+
+def _cast_valid(raw: pa.StructArray, final: pa.DataType, keep: pa.BooleanArray) -> pa.StructArray:
+    """Cast with the rows not kept replaced by nulls all the way down (their values may not fit)."""
+    import pyarrow.compute as pc
+
+    nulls = pa.nulls(len(raw), raw.type)
+    return pc.if_else(keep, raw, nulls).cast(final)
+
+
+def _with_references(pipeline: str, settings: dict[str, str], schema: sr.RegisteredText) -> str:
+    """The schema text with the named types it references inlined where first used, so fastavro
+    (and the type mapping) see one self-contained schema."""
+    if not schema.references:
+        return schema.text
+    named: dict[str, Any] = {}
+    for ref in sr.referenced(pipeline, settings, schema):
+        parsed = json.loads(ref.text)
+        if isinstance(parsed, dict) and "name" in parsed:
+            named[_full_name(parsed, None)] = parsed
+            named.setdefault(parsed["name"], parsed)
+    used: set[str] = set()
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, str) and node in named and node not in used:
+            used.add(node)
+            return inline(named[node])
+        if isinstance(node, list):
+            return [inline(n) for n in node]
+        if isinstance(node, dict):
+            return {k: inline(v) if k in ("type", "items", "values", "fields") else v for k, v in node.items()}
+        return node
+
+    top = json.loads(schema.text)
+    if isinstance(top, dict) and "fields" in top:
+        top["fields"] = [{**f, "type": inline(f["type"])} for f in top["fields"]]
+    return json.dumps(top)

@@ -1,0 +1,134 @@
+"""The Schema Registry, as offsetlake uses it: the reader schema of a plan, writer schemas by id.
+
+confluent-kafka's ``SchemaRegistryClient`` speaks the REST API; this module decides what its
+answers mean for a batch. A schema id the registry does not know is a property of the record
+that carries it (a dead letter, invariant 8); a registry that cannot be reached or answers an
+error is an outage: the batch fails before anything is committed (``SchemaRegistryUnavailableError``)
+and no good record ever becomes a dead letter because of it. Settings carry secrets
+(``basic.auth.user.info``): messages show the URL only.
+
+Clients and schemas are cached per process (a driver, or a Spark Python worker that decodes many
+chunks): a schema id names one schema forever, so a fetched one never goes stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from offsetlake.errors import SchemaRegistryUnavailableError
+
+# Numbers the client wants as numbers; YAML and connections hand them over as text.
+_NUMERIC = {"timeout", "max.retries", "retries.wait.ms", "retries.max.wait.ms", "cache.latest.ttl.sec"}
+# A batch should fail within seconds when the registry is down, not after the client's default
+# backoff (3 retries, up to 20 s each); a user's own settings win.
+_DEFAULTS = {"timeout": 10, "max.retries": 2, "retries.wait.ms": 200, "retries.max.wait.ms": 2000}
+
+_lock = threading.Lock()
+_clients: dict[tuple, Any] = {}
+_by_id: dict[tuple, RegisteredText] = {}
+
+
+@dataclass(frozen=True)
+class RegisteredText:
+    """A schema as the registry holds it: its type, text and references, and where it was found."""
+
+    schema_id: int
+    schema_type: str  # AVRO, PROTOBUF, JSON
+    text: str
+    references: tuple[tuple[str, str, int], ...] = ()  # (name, subject, version)
+    subject: str | None = None
+    version: int | None = None
+
+
+class SchemaNotFound(Exception):  # noqa: N818 - an answer, not a failure: the caller decides
+    """The registry answered that the schema (id, or subject/version) does not exist."""
+
+
+def registry_url(settings: dict[str, str]) -> str:
+    return settings.get("url", "(no url)")
+
+
+def _client(settings: dict[str, str]) -> Any:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    key = tuple(sorted(settings.items()))
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            conf: dict[str, Any] = dict(_DEFAULTS)
+            for name, value in settings.items():
+                conf[name] = float(value) if name in _NUMERIC and "." in value else int(value) if name in _NUMERIC else value
+            client = _clients[key] = SchemaRegistryClient(conf)
+        return client
+
+
+def _call(pipeline: str, settings: dict[str, str], what: str, call: Any) -> Any:
+    """Run one registry request: its answer, SchemaNotFound for a 404 that means "no such
+    schema/subject/version", SchemaRegistryUnavailableError for anything else."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    try:
+        return call()
+    except SchemaRegistryError as err:
+        if err.http_status_code == 404 and err.error_code in (40401, 40402, 40403):
+            raise SchemaNotFound(err.error_message) from None
+        raise SchemaRegistryUnavailableError(
+            f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} answered HTTP {err.http_status_code} "
+            f"(error {err.error_code}: {err.error_message}) while {what}; nothing was committed, run again once it "
+            "answers") from None
+    except Exception as err:  # noqa: BLE001 - connection errors come from httpx in many types
+        raise SchemaRegistryUnavailableError(
+            f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} could not be reached while {what} "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); nothing was committed, run again "
+            "once it answers") from None
+
+
+def subject_version(pipeline: str, settings: dict[str, str], subject: str, version: int | str) -> RegisteredText:
+    """The subject's ``version`` (a number, or ``latest``) with its global schema id."""
+    client = _client(settings)
+    what = f"looking up subject {subject} version {version}"
+    found = _call(pipeline, settings, what, lambda: client.get_version(subject, version))
+    schema = found.schema
+    return RegisteredText(
+        schema_id=found.schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
+        references=tuple((r.name, r.subject, r.version) for r in schema.references or ()),
+        subject=found.subject, version=found.version)
+
+
+def schema_by_id(pipeline: str, settings: dict[str, str], schema_id: int) -> RegisteredText:
+    """The schema the registry holds under ``schema_id`` (cached for the life of the process)."""
+    key = (tuple(sorted(settings.items())), schema_id)
+    cached = _by_id.get(key)
+    if cached is not None:
+        return cached
+    client = _client(settings)
+    schema = _call(pipeline, settings, f"fetching schema id {schema_id}", lambda: client.get_schema(schema_id))
+    found = RegisteredText(schema_id=schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
+                           references=tuple((r.name, r.subject, r.version) for r in schema.references or ()))
+    _by_id[key] = found
+    return found
+
+
+def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText) -> list[RegisteredText]:
+    """The schemas ``schema`` references, depth first (each before the schemas that use it)."""
+    out: list[RegisteredText] = []
+    seen: set[tuple[str, int]] = set()
+
+    def visit(refs: tuple[tuple[str, str, int], ...]) -> None:
+        for _name, subject, version in refs:
+            if (subject, version) in seen:
+                continue
+            seen.add((subject, version))
+            try:
+                found = subject_version(pipeline, settings, subject, version)
+            except SchemaNotFound as err:
+                raise SchemaRegistryUnavailableError(
+                    f"pipeline {pipeline}: schema id {schema.schema_id} references subject {subject} version {version}, "
+                    f"which the Schema Registry at {registry_url(settings)} does not hold ({err})") from None
+            visit(found.references)
+            out.append(found)
+
+    visit(schema.references)
+    return out
