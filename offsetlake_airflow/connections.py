@@ -6,7 +6,10 @@ Kafka credentials can live in an Airflow connection instead of the pipeline YAML
 host (``host:port``) overrides ``bootstrap_servers``. Object-storage settings likewise: a
 connection ``offsetlake_storage_<pipeline>`` (or ``offsetlake_storage_default``) whose extra JSON
 holds the ``storage:`` keys (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...), whose login and password
-are the access key id and secret, and whose host (a URL) is the endpoint. ``spark_default`` says
+are the access key id and secret, and whose host (a URL) is the endpoint. A Schema Registry for
+``format.type: avro``: a connection ``schema_registry_<pipeline>`` (or ``schema_registry_default``)
+whose host (a URL) and port are the registry's address, login and password its basic-auth
+user, and extra JSON any other client option (``ssl.ca.location``, ...). ``spark_default`` says
 where ingest jobs and streams run.
 """
 
@@ -15,7 +18,13 @@ from __future__ import annotations
 import json
 import logging
 
-from offsetlake.config import KAFKA_OVERRIDES_ENV, STORAGE_OVERRIDES_ENV, PipelineConfig, load_pipeline
+from offsetlake.config import (
+    KAFKA_OVERRIDES_ENV,
+    REGISTRY_OVERRIDES_ENV,
+    STORAGE_OVERRIDES_ENV,
+    PipelineConfig,
+    load_pipeline,
+)
 from offsetlake_airflow import pipelines_folder
 
 log = logging.getLogger("offsetlake.airflow")
@@ -59,6 +68,27 @@ def storage_overrides(pipeline: str) -> dict[str, str]:
     return {}
 
 
+def registry_overrides(pipeline: str) -> dict[str, str]:
+    """Schema Registry client options from the pipeline's registry connection, if any."""
+    from airflow.sdk import BaseHook
+
+    for conn_id in (f"schema_registry_{pipeline}", "schema_registry_default"):
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception:  # noqa: BLE001 - not defined: the YAML alone names the registry
+            continue
+        options = {str(k): str(v) for k, v in (conn.extra_dejson or {}).items()}
+        if conn.host:
+            host = conn.host if "://" in conn.host else f"http://{conn.host}"
+            options["url"] = f"{host}:{conn.port}" if conn.port else host
+        if conn.login:
+            options["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
+        log.info("schema registry settings of pipeline %s come from connection %s (keys: %s)", pipeline, conn_id,
+                 sorted(options))
+        return options
+    return {}
+
+
 def overrides_env(pipeline: str) -> dict[str, str]:
     """The environment that hands a child process (spark-submit job, stream) the connections'
     Kafka and storage settings: never its command line, which Airflow logs."""
@@ -69,13 +99,18 @@ def overrides_env(pipeline: str) -> dict[str, str]:
     stored = storage_overrides(pipeline)
     if stored:
         env[STORAGE_OVERRIDES_ENV] = json.dumps(stored)
+    registry = registry_overrides(pipeline)
+    if registry:
+        env[REGISTRY_OVERRIDES_ENV] = json.dumps(registry)
     return env
 
 
 def load_config(pipeline: str) -> PipelineConfig:
-    """The pipeline's config with Kafka and storage settings from Airflow connections, if they exist."""
+    """The pipeline's config with Kafka, storage and Schema Registry settings from Airflow
+    connections, if they exist."""
     config = load_pipeline(pipeline, pipelines_folder())
-    return config.with_kafka_overrides(*kafka_overrides(config.name)).with_storage_overrides(storage_overrides(config.name))
+    config = config.with_kafka_overrides(*kafka_overrides(config.name)).with_storage_overrides(storage_overrides(config.name))
+    return config.with_registry_overrides(registry_overrides(config.name))
 
 
 def spark_master() -> str | None:

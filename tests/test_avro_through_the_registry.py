@@ -306,3 +306,59 @@ class _Proxied:
 
     def __init__(self, registry, url: str) -> None:
         self.settings = {**registry.settings, "url": url}
+
+
+def test_a_backfill_of_an_old_range_decodes_its_older_writers_into_the_new_reader_schema(pipeline, spark, schema_registry):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    _produce(pipeline.bootstrap, pipeline.topic,
+             [(_serializer(schema_registry, V1), {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(30)])
+    config = _avro(pipeline, schema_registry)
+    run_pipeline(config, RunContext("v1"), lambda: spark)
+    _produce(pipeline.bootstrap, pipeline.topic,
+             [(_serializer(schema_registry, V2), {"order_id": i, "customer": "c", "amount": 1.0, "coupon": "N"}) for i in range(30, 40)])
+    run_pipeline(config, RunContext("v2"), lambda: spark)
+
+    backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "0", "--to-offset", "30")
+    assert backfill.returncode == 0, backfill.stderr[-3000:]
+    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    assert sorted(r["order_id"] for r in rows) == list(range(40)), "replaced, not duplicated"
+    assert all(r["coupon"] is None for r in rows if r["order_id"] < 30)
+    [replaced] = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
+    assert json.loads(replaced["reader_schema"])["version"] == 2, "the backfill read with the subject's latest version"
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic, order_id=_order_id_reader(schema_registry)))
+
+
+def test_without_a_registry_plain_binary_and_single_object_encodings_read_against_a_local_avsc(pipeline, spark):
+    import io
+
+    import fastavro
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    (pipeline.folder / "orders.avsc").write_text(json.dumps(V1))
+    parsed = fastavro.parse_schema(V1)
+    crc = bytes.fromhex(fastavro.schema.fingerprint(fastavro.schema.to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+    def encode(order_id: int, header: bytes = b"") -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, parsed, {"order_id": order_id, "customer": "c", "amount": 0.5})
+        return header + out.getvalue()
+
+    _produce(pipeline.bootstrap, pipeline.topic, [(None, encode(i, b"\xc3\x01" + crc)) for i in range(5)]
+             + [(None, encode(5, b"\xc3\x01" + bytes(8))), (None, encode(6))])
+    config = pipeline.write(format={"type": "avro", "schema_file": "orders.avsc", "encoding": "single_object"})
+    [result] = run_pipeline(config, RunContext("single-object"), lambda: spark)
+    assert result.total("rows_written") == 5 and result.total("dead_letters") == 2
+    reasons = sorted(d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist())
+    assert reasons[0].startswith("value does not start with the Avro single-object header")
+    assert reasons[1] == f"writer schema fingerprint {bytes(8).hex()} is not the schema file's ({crc.hex()})"
+
+    # plain Avro binary (the schema file's own, no header) on a topic of its own
+    topic = f"{pipeline.topic}_plain"
+    ensure_topic(pipeline.bootstrap, topic, 1)
+    _produce(pipeline.bootstrap, topic, [(None, encode(i)) for i in range(100, 103)])
+    plain = pipeline.write(topic=topic, format={"type": "avro", "schema_file": "orders.avsc"}, sink={"table": "plain"})
+    [result] = run_pipeline(plain, RunContext("binary"), lambda: spark)
+    rows = storage.table(plain.sink_path).to_pyarrow_table().to_pylist()
+    assert sorted(r["order_id"] for r in rows) == [100, 101, 102] and result.total("dead_letters") == 0
+    [committed] = [r for r in ledger_rows(plain) if r["status"] == "committed" and r["topic"] == topic]
+    assert json.loads(committed["reader_schema"])["source"] == "file"
