@@ -42,7 +42,9 @@ SPARK_WORKER = "spark-worker"
 AIRFLOW_INIT = "airflow-init"
 AIRFLOW_SERVICES = (AIRFLOW_INIT, "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 SPARK_SERVICES = (SPARK_MASTER, SPARK_WORKER)
-REQUIRED_SERVICES = (KAFKA, POSTGRES, MINIO, MINIO_INIT, *SPARK_SERVICES, *AIRFLOW_SERVICES)
+SCHEMA_REGISTRY = "schema-registry"
+REQUIRED_SERVICES = (KAFKA, SCHEMA_REGISTRY, POSTGRES, MINIO, MINIO_INIT, *SPARK_SERVICES, *AIRFLOW_SERVICES)
+REGISTRY_CONNECTION_ENV = "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"
 STORAGE_CONNECTION_ENV = "AIRFLOW_CONN_OFFSETLAKE_STORAGE_DEFAULT"
 MINIO_DEFAULT_API_PORT = 9000  # `minio server` without --address
 SPARK_MASTER_URL = "spark://spark-master:7077"
@@ -640,3 +642,28 @@ def test_published_ports_bind_to_loopback_only(services: dict[str, dict[str, Any
     for name, ports in published.items():
         for host_ip, host_port, target in ports:
             assert host_ip == LOOPBACK, f"{name} publishes {host_port or target} on {host_ip or 'every interface'}, not {LOOPBACK}"
+
+
+def test_the_schema_registry_keeps_its_schemas_in_kafka_and_airflow_reaches_it(services: dict[str, dict[str, Any]],
+                                                                              tmp_path: Path) -> None:
+    """Avro pipelines without a registry in their YAML take ``schema_registry_default``: Airflow
+    parses the env var connection and offsetlake_airflow.connections maps it to the registry's URL."""
+    registry = services[SCHEMA_REGISTRY]
+    repository, _, tag = registry["image"].partition(":")
+    assert repository == "confluentinc/cp-schema-registry" and re.fullmatch(r"\d+\.\d+\.\d+", tag)
+    env = _environment(registry)
+    assert env["SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS"] == "PLAINTEXT://kafka:9092"
+    assert registry["depends_on"][KAFKA]["condition"] == "service_healthy"
+    listener = urlsplit(env["SCHEMA_REGISTRY_LISTENERS"])
+    scheduler = _environment(services["airflow-scheduler"])
+    child_env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OFFSETLAKE_"))}
+    child_env.update({"AIRFLOW_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+                      REGISTRY_CONNECTION_ENV: scheduler[REGISTRY_CONNECTION_ENV]})
+    script = ("import json; from offsetlake_airflow.connections import registry_overrides; "
+              "print('RESULT ' + json.dumps(registry_overrides('any_pipeline')))")
+    run = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(next(line[7:] for line in run.stdout.splitlines() if line.startswith("RESULT ")))
+    assert result == {"url": f"http://{SCHEMA_REGISTRY}:{listener.port}"}
+    assert all(_environment(services[name]).get(REGISTRY_CONNECTION_ENV) == scheduler[REGISTRY_CONNECTION_ENV]
+               for name in AIRFLOW_SERVICES)
