@@ -22,13 +22,16 @@ import hashlib
 import io
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
 from offsetlake.formats import registry as sr
+from offsetlake.formats.avro_columns import ColumnReader
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -190,6 +193,16 @@ def _type_name(schema: Any) -> str:
     return str(schema)
 
 
+@dataclass(frozen=True)
+class _Writer:
+    """A writer schema as the read task uses it: parsed for fastavro, with its columnar reader
+    (None: fastavro decodes its records), or the dead-letter reason of every record carrying it."""
+
+    parsed: Any
+    problem: str | None
+    columns: ColumnReader | None = None
+
+
 class AvroDecoder:
     """The Avro format of one pipeline, decoding into one reader schema."""
 
@@ -241,117 +254,174 @@ class AvroDecoder:
         if self._runtime is None:
             import fastavro
 
-            raw_reader = fastavro.parse_schema(_strip(json.loads(self._reader_text)), named_schemas={})
-            self._runtime = {"reader": raw_reader, "writers": {}}
+            reader_json = _strip(json.loads(self._reader_text))
+            raw_reader = fastavro.parse_schema(reader_json, named_schemas={})
+            self._runtime = {"reader": raw_reader, "reader_json": reader_json, "writers": {}}
             if self.encoding != "confluent":
                 parsed = fastavro.parse_schema(json.loads(self._reader_text), named_schemas={})
-                self._runtime["own"] = fastavro.parse_schema(_strip(json.loads(self._reader_text)), named_schemas={})
+                own = fastavro.parse_schema(reader_json, named_schemas={})
+                self._runtime["own"] = _Writer(own, None, ColumnReader.plan(reader_json, reader_json, self._raw))
                 # the 8 bytes of the single-object header (fastavro gives them in that order)
                 canonical = fastavro.schema.to_parsing_canonical_form(parsed)
                 crc64 = fastavro.schema.fingerprint(canonical, "CRC-64-AVRO")
                 self._runtime["fingerprint"] = bytes.fromhex(crc64)
         return self._runtime
 
-    def _writer(self, schema_id: int) -> tuple[Any, str | None]:
-        """The parsed writer schema of ``schema_id`` (stripped like the reader), or the reason a
-        record carrying it is a dead letter."""
+    def _writer(self, schema_id: int) -> _Writer:
+        """The writer schema of ``schema_id`` (stripped like the reader, parsed by fastavro, and its
+        columnar reader when it has one), or the reason a record carrying it is a dead letter."""
         import fastavro
 
-        writers = self._state()["writers"]
+        state = self._state()
+        writers = state["writers"]
         if schema_id not in writers:
             try:
                 found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
             except sr.SchemaNotFound:
-                writers[schema_id] = (None, f"schema id {schema_id} is not in the Schema Registry")
+                writers[schema_id] = _Writer(None, f"schema id {schema_id} is not in the Schema Registry")
             else:
                 if found.schema_type != "AVRO":
-                    writers[schema_id] = (None, f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
+                    writers[schema_id] = _Writer(None, f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
                 else:
-                    text = _with_references(self.pipeline, self.settings, found)
+                    stripped = _strip(json.loads(_with_references(self.pipeline, self.settings, found)))
                     try:
-                        writers[schema_id] = (fastavro.parse_schema(_strip(json.loads(text)), named_schemas={}), None)
+                        parsed = fastavro.parse_schema(stripped, named_schemas={})
                     except Exception as err:  # noqa: BLE001 - fastavro's schema errors come in several types
-                        writers[schema_id] = (None, f"writer schema id {schema_id} is not a schema Avro reads: {err}")
+                        writers[schema_id] = _Writer(None, f"writer schema id {schema_id} is not a schema Avro reads: {err}")
+                    else:
+                        columns = ColumnReader.plan(stripped, state["reader_json"], self._raw)
+                        writers[schema_id] = _Writer(parsed, None, columns)
         return writers[schema_id]
 
     def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
-        from fastavro import schemaless_reader
-        from fastavro._read_common import SchemaResolutionError
-
+        """Headers first (record by record: a few byte comparisons), then the payloads of each
+        writer schema together (``avro_columns``); fastavro decodes what that path does not take
+        and every record it found wrong, and names the reason."""
         state = self._state()
-        reader = state["reader"]
-        records: list[dict | None] = []
-        problems: list[str | None] = []
-        for value in values:
-            record: dict | None = None
-            problem: str | None = None
-            writer: Any = None
-            described = ""
+        problems: list[str | None] = [None] * len(values)
+        groups: dict[int, tuple[_Writer, str, list[int], list[bytes]]] = {}
+        for i, value in enumerate(values):
             if value is None:
-                problem = TOMBSTONE
-            elif self.encoding == "confluent":
+                problems[i] = TOMBSTONE
+                continue
+            if self.encoding == "confluent":
                 if len(value) < 5 or value[0] != 0:
-                    problem = ("value does not start with the Confluent wire-format header "
-                               "(magic byte 0 and a 4-byte schema id)")
-                else:
-                    schema_id = int.from_bytes(value[1:5], "big")
-                    writer, problem = self._writer(schema_id)
-                    described, start = f"writer schema id {schema_id}", 5
+                    problems[i] = ("value does not start with the Confluent wire-format header "
+                                   "(magic byte 0 and a 4-byte schema id)")
+                    continue
+                key, start = int.from_bytes(value[1:5], "big"), 5
             elif self.encoding == "single_object":
                 if len(value) < 10 or value[:2] != _SINGLE_OBJECT:
-                    problem = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
-                elif value[2:10] != state["fingerprint"]:
-                    problem = (f"writer schema fingerprint {value[2:10].hex()} is not the schema file's "
-                               f"({state['fingerprint'].hex()})")
-                else:
-                    writer, described, start = state["own"], "the schema file", 10
+                    problems[i] = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
+                    continue
+                if value[2:10] != state["fingerprint"]:
+                    problems[i] = (f"writer schema fingerprint {value[2:10].hex()} is not the schema file's "
+                                   f"({state['fingerprint'].hex()})")
+                    continue
+                key, start = -1, 10
             else:
-                writer, described, start = state["own"], "the schema file", 0
-            if writer is not None and value is not None:
-                stream = io.BytesIO(value)
-                stream.seek(start)
-                try:
-                    decoded = schemaless_reader(stream, writer, reader)
-                    record = decoded if isinstance(decoded, dict) else None
-                except SchemaResolutionError as err:
-                    problem = f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}"
-                except EOFError:
-                    problem = f"payload ends before the Avro record does ({described})"
-                except Exception as err:  # noqa: BLE001 - a bad payload fails in many ways inside fastavro
-                    said = _STREAM_NAME.sub("", str(err))  # the same reason for the same bytes, run after run
-                    problem = f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}"
-                else:
-                    left = len(value) - stream.tell()
-                    if left:
-                        record, problem = None, f"payload has {left} bytes left after the Avro record ({described})"
-            records.append(record)
-            problems.append(problem)
-        parsed, cast_problems = self._arrow(records)
-        for i, problem in cast_problems.items():
-            problems[i] = problem
+                key, start = -1, 0
+            group = groups.get(key)
+            if group is None:
+                writer = state["own"] if key == -1 else self._writer(key)
+                described = "the schema file" if key == -1 else f"writer schema id {key}"
+                group = groups[key] = (writer, described, [], [])
+            group[2].append(i)
+            group[3].append(value[start:] if start else value)
+
+        pieces: list[tuple[pa.StructArray, list[int | None]]] = []  # raw arrays, each row's record
+        slow_rows: list[int | None] = []
+        slow_records: list[dict | None] = []
+        for writer, described, indices, payloads in groups.values():
+            if writer.problem is not None:
+                for i in indices:
+                    problems[i] = writer.problem
+                continue
+            ok = None
+            if writer.columns is not None:
+                decoded, ok = writer.columns.decode(payloads)
+                pieces.append((decoded, [i if ok[row] else None for row, i in enumerate(indices)]))
+            for row, i in enumerate(indices):
+                if ok is None or not ok[row]:
+                    record, problems[i] = self._decode_one(payloads[row], writer.parsed, state["reader"], described)
+                    if record is not None:
+                        slow_rows.append(i)
+                        slow_records.append(record)
+        if slow_records:
+            pieces.append((self._raw_from_dicts(slow_records), slow_rows))
+        parsed = self._assemble(len(values), pieces, problems)
         settled = [p is None for p in problems]
         return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, settled)
 
-    def _arrow(self, records: list[dict | None]) -> tuple[pa.StructArray, dict[int, str]]:
-        """The decoded records as the final struct type (built column by column from the raw
-        types, then cast); a record whose value the final type cannot hold (a timestamp past year
-        9999) becomes a dead letter instead of failing the chunk."""
+    def _decode_one(self, payload: bytes, writer: Any, reader: Any, described: str) -> tuple[dict | None, str | None]:
+        """One payload through fastavro: its record, or why it is a dead letter."""
+        from fastavro import schemaless_reader
+        from fastavro._read_common import SchemaResolutionError
+
+        stream = io.BytesIO(payload)
+        try:
+            decoded = schemaless_reader(stream, writer, reader)
+        except SchemaResolutionError as err:
+            return None, f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}"
+        except EOFError:
+            return None, f"payload ends before the Avro record does ({described})"
+        except Exception as err:  # noqa: BLE001 - a bad payload fails in many ways inside fastavro
+            said = _STREAM_NAME.sub("", str(err))  # the same reason for the same bytes, run after run
+            return None, f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}"
+        left = len(payload) - stream.tell()
+        if left:
+            return None, f"payload has {left} bytes left after the Avro record ({described})"
+        if not isinstance(decoded, dict):
+            return None, f"payload does not decode to an Avro record with {described}"
+        return decoded, None
+
+    def _assemble(self, count: int, pieces: list[tuple[pa.StructArray, list[int | None]]],
+                  problems: list[str | None]) -> pa.StructArray:
+        """The chunk's records in their order, in the reader's final type (null for a dead letter),
+        out of raw pieces whose rows belong to the given records; a record whose value the final
+        type cannot hold (a timestamp past what microseconds hold) gets its reason in ``problems``."""
+        finals = []
+        index = np.zeros(count, np.int64)
+        valid = np.zeros(count, bool)
+        offset = 0
+        for raw, rows in pieces:
+            final, bad = self._to_final(raw)
+            finals.append(final)
+            for row, i in enumerate(rows):
+                if i is None:
+                    continue
+                if row in bad:
+                    problems[i] = bad[row]
+                    continue
+                index[i], valid[i] = offset + row, True
+            offset += len(raw)
+        if not finals:
+            return pa.nulls(count, self._final)
+        merged = pa.concat_arrays(finals) if len(finals) > 1 else finals[0]
+        return merged.take(pa.array(index, mask=~valid))
+
+    def _raw_from_dicts(self, records: list[dict | None]) -> pa.StructArray:
+        """fastavro's records as the reader's raw struct type, built column by column."""
         raw_type = self._raw
         mask = pa.array([r is None for r in records], pa.bool_())
         columns = [pa.array([r[f.name] if r is not None else None for r in records], f.type) for f in raw_type]
-        raw = pa.StructArray.from_arrays(columns, fields=list(raw_type), mask=mask)
+        return pa.StructArray.from_arrays(columns, fields=list(raw_type), mask=mask)
+
+    def _to_final(self, raw: pa.StructArray) -> tuple[pa.StructArray, dict[int, str]]:
+        """``raw`` cast to the final type in one go; when a value does not fit (a timestamp in
+        milliseconds beyond what microseconds hold), its row becomes a dead letter instead of
+        failing the chunk."""
         try:
             return raw.cast(self._final), {}
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            problems: dict[int, str] = {}
-            for i in range(len(raw)):
+            bad: dict[int, str] = {}
+            for row in range(len(raw)):
                 try:
-                    raw.slice(i, 1).cast(self._final)
+                    raw.slice(row, 1).cast(self._final)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                    problems[i] = f"a value does not fit its sink column type: {err}"
-            keep = pa.array([i not in problems and r is not None for i, r in enumerate(records)], pa.bool_())
-            cleaned = pa.StructArray.from_arrays(columns, fields=list(raw_type), mask=pa.compute.invert(keep))
-            return _cast_valid(cleaned, self._final, keep), problems
+                    bad[row] = f"a value does not fit its sink column type: {err}"
+            keep = pa.array([row not in bad for row in range(len(raw))], pa.bool_())
+            return _cast_valid(raw, self._final, keep), bad
 
 
 def _cast_valid(raw: pa.StructArray, final: pa.DataType, keep: pa.BooleanArray) -> pa.StructArray:
