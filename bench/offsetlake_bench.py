@@ -1,7 +1,7 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,s3,overhead,planning,memory]
+                                               [--only consume,write,steady,s3,avro,overhead,planning,memory]
                                                [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
@@ -25,6 +25,11 @@ planning  the plan step of a dag run (`plan_for_dag_run`: reconcile the ledger w
           batches. The batches are committed through offsetlake's own commit path (txn per
           partition + ledger entry in the commit, ledger rows appended) without data files,
           since planning reads only the Delta logs and the ledger;
+avro      the same orders as Avro in the Confluent wire format through a Schema Registry (the
+          test harness's), written with a newer schema version than the pipeline's pinned reader
+          (so every record is resolved): warm ingest of the Avro topic next to the JSON one
+          (json, avro, avro, json, ...), medians and their ratio, and the decode step alone on
+          100,000 records in one process (µs per record, median of 5);
 memory    peak RSS of a `offsetlake run` process tree (driver JVM + Python + Python workers,
           sampled every 100 ms) draining a backlog of 10 x max_records_per_batch, against a
           backlog of 1 x.
@@ -48,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow as pa
@@ -60,7 +66,7 @@ from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "s3", "overhead", "planning", "memory")
+SECTIONS = ("consume", "write", "steady", "s3", "avro", "overhead", "planning", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -364,6 +370,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         finally:
             server.stop()
 
+    if "avro" in only:
+        avro_vs_json(args, work, bootstrap, figures, topic, records)
+
     if "memory" in only:
         cap = max(args.records // 10, 1)
         ensure_topic(bootstrap, "bench_memory_1x", args.partitions)
@@ -403,6 +412,126 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             plan_s[target] = med
             emit(figures, f"plan_after_{target}_batches", median_s=round(med, 3), samples_s=samples)
         emit(figures, "ratio_plan_1000_to_10", ratio=round(plan_s[1_000] / plan_s[10], 3))
+
+
+ORDER_V1 = {"type": "record", "name": "Order", "namespace": "bench", "fields": [
+    {"name": "order_id", "type": "long"}, {"name": "customer", "type": ["null", "string"], "default": None},
+    {"name": "amount", "type": "double"}, {"name": "currency", "type": "string"},
+    {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+ORDER_V2 = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "note", "type": "string", "default": ""}]}
+
+
+def avro_records(values: list[bytes]) -> list[dict]:
+    from datetime import datetime
+
+    out = []
+    for value in values:
+        order = json.loads(value)
+        at = datetime.fromisoformat(order["created_at"].replace("Z", "+00:00"))
+        out.append({**order, "created_at": int(at.timestamp() * 1000)})
+    return out
+
+
+def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict, topic: str, records: int) -> None:
+    """The same orders as JSON and as Avro through the registry, ingested side by side."""
+    import io
+
+    import fastavro
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import Schema
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from schema_registry_server import LocalSchemaRegistry
+
+    from offsetlake.formats import decoder_for
+    from offsetlake.plan import RunContext
+    from offsetlake.runs import run_pipeline
+    from offsetlake.spark import spark_session, stop_spark
+
+    registry = LocalSchemaRegistry(work / "registry.log").start()
+    try:
+        client = registry.client_config()
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        sr = SchemaRegistryClient(client)
+        avro_topic = f"{topic}_avro"
+        sr.register_schema(f"{avro_topic}-value", Schema(json.dumps(ORDER_V1), "AVRO"))
+        writer_id = sr.register_schema(f"{avro_topic}-value", Schema(json.dumps(ORDER_V2), "AVRO"))
+        writer = fastavro.parse_schema(ORDER_V2)
+        header = b"\x00" + writer_id.to_bytes(4, "big")
+        ensure_topic(bootstrap, avro_topic, args.partitions)
+        _, json_bytes, values = raw_consume(bootstrap, topic, keep=True)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
+        avro_bytes = 0
+        payloads = []
+        for order in avro_records(values):
+            out = io.BytesIO()
+            fastavro.schemaless_writer(out, writer, order)
+            payload = header + out.getvalue()
+            avro_bytes += len(payload)
+            if len(payloads) < 100_000:
+                payloads.append(payload)
+            while True:
+                try:
+                    producer.produce(avro_topic, value=payload, key=f"c{order['order_id'] % 997}".encode())
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        assert producer.flush(120) == 0
+        sample_json = values[:100_000]
+        del values
+
+        def pipeline_of(kind: str, lake: Path, source: str | None = None) -> Any:
+            fmt = {"format": {"type": "avro", "schema_registry": client, "subject": f"{avro_topic}-value", "version": 1}} \
+                if kind == "avro" else {}
+            source = source or (avro_topic if kind == "avro" else topic)
+            return load_pipeline(str(write_pipeline(work / "p", f"bench_{kind}", source, bootstrap, lake, **fmt)))
+
+        # the decode step alone, in this process: what the read tasks do per chunk
+        decode_us = {}
+        for kind, sample in (("json", sample_json), ("avro", payloads)):
+            decoder = decoder_for(pipeline_of(kind, work / "lake_decode"))
+            samples = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for start in range(0, len(sample), 10_000):
+                    decoder.decode_chunk(sample[start:start + 10_000])
+                samples.append(time.perf_counter() - t)
+            decode_us[kind] = round(statistics.median(samples) / len(sample) * 1e6, 2)
+        emit(figures, "decode_json_vs_avro", json_us_per_record=decode_us["json"], avro_us_per_record=decode_us["avro"],
+             records=len(payloads), avro_over_json=round(decode_us["avro"] / decode_us["json"], 2))
+
+        spark_session()
+        warm_topics = {"json": "bench_warm_json", "avro": "bench_warm_avro"}
+        for warm_topic in warm_topics.values():
+            ensure_topic(bootstrap, warm_topic, 2)
+        produce_orders(bootstrap, warm_topics["json"], 20_000)
+        for payload in payloads[:20_000]:
+            producer.produce(warm_topics["avro"], value=payload)
+        assert producer.flush(60) == 0
+        for kind, warm_topic in warm_topics.items():  # both paths warm (worker imports, registry cache)
+            run_pipeline(pipeline_of(kind, work / f"lake_warm_{kind}", warm_topic), RunContext(f"warm-{kind}"),
+                         spark_session, emit=lambda _: None)
+        times: dict[str, list[float]] = {"json": [], "avro": []}
+        order = [("json", "avro"), ("avro", "json")]
+        for i in range(args.repeats):
+            for kind in order[i % 2]:
+                lake = work / f"lake_{kind}_{i}"
+                config = pipeline_of(kind, lake)
+                t = time.monotonic()
+                results = run_pipeline(config, RunContext(f"{kind}-{i}"), spark_session, emit=lambda _: None)
+                times[kind].append(round(time.monotonic() - t, 3))
+                assert sum(r.total("rows_written") for r in results) == records, (kind, [r.summary() for r in results])
+                shutil.rmtree(lake)
+        json_med, avro_med = statistics.median(times["json"]), statistics.median(times["avro"])
+        emit(figures, "steady_warm_json_vs_avro", json_median_s=round(json_med, 2), avro_median_s=round(avro_med, 2),
+             json_samples_s=times["json"], avro_samples_s=times["avro"], avro_over_json=round(avro_med / json_med, 2),
+             json_records_per_s=round(records / json_med), avro_records_per_s=round(records / avro_med),
+             json_mean_value_bytes=round(json_bytes / records, 1), avro_mean_value_bytes=round(avro_bytes / records, 1),
+             records=records)
+        stop_spark()
+    finally:
+        registry.stop()
 
 
 def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:

@@ -40,6 +40,7 @@ class _Node:
     fields: tuple[tuple[str, _Node], ...] = ()
     child: _Node | None = None
     null_branch: int = 0  # nullable: the index of "null" in the union
+    unused: frozenset[str] = frozenset()  # record: fields the reader does not take (only skipped)
 
 
 class _Chunk:
@@ -110,9 +111,13 @@ class _Chunk:
             return pa.array(node.symbols, pa.string()).take(pa.array(np.where(ok, index, 0))), pos
         if node.kind == "record":
             arrays = []
-            for _name, child in node.fields:
-                array, pos = self.decode(child, pos, end, ok)
-                arrays.append(array)
+            for name, child in node.fields:
+                if name in node.unused:
+                    pos = self.skip(child, pos, end, ok)
+                    arrays.append(pa.nulls(n))
+                else:
+                    array, pos = self.decode(child, pos, end, ok)
+                    arrays.append(array)
             return pa.StructArray.from_arrays(arrays, names=[name for name, _ in node.fields]), pos
         if node.kind == "nullable":
             assert node.child is not None
@@ -128,6 +133,33 @@ class _Chunk:
             rank = np.cumsum(present) - 1
             return values.take(pa.array(rank, mask=~present)), pos
         raise AssertionError(node.kind)
+
+
+    def skip(self, node: _Node, pos: np.ndarray, end: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """Positions after ``node``'s values, checked like ``decode`` but not built."""
+        if node.kind in ("int", "long", "enum"):
+            return self.varint(pos, end, ok)[1]
+        if node.kind in ("boolean", "float", "double"):
+            width = {"boolean": 1, "float": 4, "double": 8}[node.kind]
+            ok &= pos + width <= end
+            return pos + width
+        if node.kind in ("string", "bytes"):
+            size, pos = self.varint(pos, end, ok)
+            ok &= (size >= 0) & (pos + size <= end)
+            return pos + np.where(ok, size, 0)
+        if node.kind == "record":
+            for _name, child in node.fields:
+                pos = self.skip(child, pos, end, ok)
+            return pos
+        assert node.kind == "nullable" and node.child is not None
+        branch, pos = self.varint(pos, end, ok)
+        ok &= (branch == 0) | (branch == 1)
+        where = np.flatnonzero(ok & (branch != node.null_branch))
+        sub_ok = ok[where]
+        pos = pos.copy()
+        pos[where] = self.skip(node.child, pos[where], end[where], sub_ok)
+        ok[where] = sub_ok
+        return pos
 
 
 def _as_text(array: pa.Array, ok: np.ndarray) -> pa.Array:
@@ -223,6 +255,8 @@ def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[
     if writer.kind == "record":
         if kind != "record":
             return None
+        taken = {n for field in reader["fields"] for n in [field["name"], *field.get("aliases", [])]}
+        writer.unused = frozenset(n for n, _ in writer.fields if n not in taken)
         name = _full_name(reader, namespace)
         named[name] = reader
         scope = name.rpartition(".")[0] or None
@@ -260,6 +294,29 @@ def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[
     return None
 
 
+class ChunkBuffer:
+    """A chunk's values joined into one buffer (with 16 zero bytes after it, so a gather past
+    the last value stays inside), with each value's start and size."""
+
+    def __init__(self, values: list[bytes]) -> None:
+        self.sizes = np.fromiter((len(v) for v in values), np.int64, len(values))
+        self.ends = np.cumsum(self.sizes)
+        self.starts = self.ends - self.sizes
+        self.buffer = np.frombuffer(b"".join(values) + bytes(16), np.uint8)
+
+    def byte(self, at: int) -> np.ndarray:
+        """Each value's byte at offset ``at`` (0 past its end)."""
+        return np.where(self.sizes > at, self.buffer[np.minimum(self.starts + at, len(self.buffer) - 1)], 0)
+
+    def big_endian_u32(self, at: int) -> np.ndarray:
+        index = np.minimum(self.starts[:, None] + at + np.arange(4), len(self.buffer) - 1)
+        return np.ascontiguousarray(self.buffer[index]).view(">u4").ravel().astype(np.int64)
+
+    def equals(self, at: int, expected: bytes) -> np.ndarray:
+        index = np.minimum(self.starts[:, None] + at + np.arange(len(expected)), len(self.buffer) - 1)
+        return (self.buffer[index] == np.frombuffer(expected, np.uint8)).all(axis=1)
+
+
 class ColumnReader:
     """Decodes payloads written with one writer schema into the reader's raw struct type."""
 
@@ -281,13 +338,15 @@ class ColumnReader:
     def decode(self, payloads: list[bytes]) -> tuple[pa.StructArray, np.ndarray]:
         """The payloads' records (the reader's raw struct type) and, per record, whether it
         decoded cleanly; a record that did not is null here and left to the caller."""
-        sizes = np.fromiter((len(p) for p in payloads), np.int64, len(payloads))
-        end = np.cumsum(sizes)
-        start = end - sizes
-        buffer = np.frombuffer(b"".join(payloads) + bytes(16), np.uint8)
-        chunk = _Chunk(buffer, end)
-        ok = np.ones(len(payloads), bool)
-        array, pos = chunk.decode(self.writer, start, end, ok)
+        chunk = ChunkBuffer(payloads)
+        return self.decode_at(chunk, np.arange(len(payloads)), 0)
+
+    def decode_at(self, chunk: ChunkBuffer, members: np.ndarray, header: int) -> tuple[pa.StructArray, np.ndarray]:
+        """``decode`` for the values ``members`` of a joined chunk, each after ``header`` bytes."""
+        start = chunk.starts[members] + header
+        end = chunk.ends[members]
+        ok = np.ones(len(members), bool)
+        array, pos = _Chunk(chunk.buffer, end).decode(self.writer, start, end, ok)
         ok &= pos == end  # bytes left over, or read past the record
         resolved = self.resolve(array)
         children = [resolved.field(i) for i in range(resolved.type.num_fields)]

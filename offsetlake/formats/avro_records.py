@@ -31,7 +31,7 @@ import pyarrow as pa
 from offsetlake.errors import ConfigError
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
 from offsetlake.formats import registry as sr
-from offsetlake.formats.avro_columns import ColumnReader
+from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -294,62 +294,65 @@ class AvroDecoder:
         return writers[schema_id]
 
     def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
-        """Headers first (record by record: a few byte comparisons), then the payloads of each
-        writer schema together (``avro_columns``); fastavro decodes what that path does not take
-        and every record it found wrong, and names the reason."""
+        """Headers of the whole chunk at once (numpy over one joined buffer), then the payloads of
+        each writer schema together (``avro_columns``); fastavro decodes what that path does not
+        take and every record it found wrong, and names the reason."""
         state = self._state()
-        problems: list[str | None] = [None] * len(values)
-        groups: dict[int, tuple[_Writer, str, list[int], list[bytes]]] = {}
-        for i, value in enumerate(values):
-            if value is None:
-                problems[i] = TOMBSTONE
-                continue
-            if self.encoding == "confluent":
-                if len(value) < 5 or value[0] != 0:
-                    problems[i] = ("value does not start with the Confluent wire-format header "
-                                   "(magic byte 0 and a 4-byte schema id)")
-                    continue
-                key, start = int.from_bytes(value[1:5], "big"), 5
-            elif self.encoding == "single_object":
-                if len(value) < 10 or value[:2] != _SINGLE_OBJECT:
-                    problems[i] = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
-                    continue
-                if value[2:10] != state["fingerprint"]:
-                    problems[i] = (f"writer schema fingerprint {value[2:10].hex()} is not the schema file's "
-                                   f"({state['fingerprint'].hex()})")
-                    continue
-                key, start = -1, 10
-            else:
-                key, start = -1, 0
-            group = groups.get(key)
-            if group is None:
-                writer = state["own"] if key == -1 else self._writer(key)
-                described = "the schema file" if key == -1 else f"writer schema id {key}"
-                group = groups[key] = (writer, described, [], [])
-            group[2].append(i)
-            group[3].append(value[start:] if start else value)
+        count = len(values)
+        problems: list[str | None] = [None] * count
+        present = np.fromiter((v is not None for v in values), bool, count)
+        for missing in np.flatnonzero(~present):
+            problems[missing] = TOMBSTONE
+        rows = np.flatnonzero(present)
+        chunk = ChunkBuffer([v for v in values if v is not None])
+        header = {"confluent": 5, "single_object": 10}.get(self.encoding, 0)
+        if self.encoding == "confluent":
+            good = (chunk.sizes >= 5) & (chunk.byte(0) == 0)
+            keys = np.where(good, chunk.big_endian_u32(1), -1)
+            bad_reason = "value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)"
+        elif self.encoding == "single_object":
+            good = (chunk.sizes >= 10) & (chunk.byte(0) == 0xC3) & (chunk.byte(1) == 0x01)
+            keys = np.where(good, -1, -2)
+            bad_reason = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
+            wrong = good & ~chunk.equals(2, state["fingerprint"])
+            for j in np.flatnonzero(wrong):
+                found = values[rows[j]][2:10]
+                problems[rows[j]] = f"writer schema fingerprint {found.hex()} is not the schema file's ({state['fingerprint'].hex()})"
+            keys = np.where(wrong, -2, keys)
+            good &= ~wrong
+        else:
+            good = np.ones(len(rows), bool)
+            keys = np.full(len(rows), -1)
+            bad_reason = ""
+        for j in np.flatnonzero(~good):
+            problems[rows[j]] = problems[rows[j]] or bad_reason
 
         pieces: list[tuple[pa.StructArray, list[int | None]]] = []  # raw arrays, each row's record
         slow_rows: list[int | None] = []
         slow_records: list[dict | None] = []
-        for writer, described, indices, payloads in groups.values():
+        for key in np.unique(keys[good]).tolist():
+            members = np.flatnonzero(good & (keys == key))
+            writer = state["own"] if key == -1 else self._writer(key)
+            described = "the schema file" if key == -1 else f"writer schema id {key}"
             if writer.problem is not None:
-                for i in indices:
-                    problems[i] = writer.problem
+                for j in members:
+                    problems[rows[j]] = writer.problem
                 continue
             ok = None
             if writer.columns is not None:
-                decoded, ok = writer.columns.decode(payloads)
-                pieces.append((decoded, [i if ok[row] else None for row, i in enumerate(indices)]))
-            for row, i in enumerate(indices):
-                if ok is None or not ok[row]:
-                    record, problems[i] = self._decode_one(payloads[row], writer.parsed, state["reader"], described)
+                decoded, ok = writer.columns.decode_at(chunk, members, header)
+                pieces.append((decoded, [int(rows[j]) if ok[n] else None for n, j in enumerate(members)]))
+            for n, j in enumerate(members):
+                if ok is None or not ok[n]:
+                    at = int(rows[j])
+                    payload = values[at][header:]  # type: ignore[index]
+                    record, problems[at] = self._decode_one(payload, writer.parsed, state["reader"], described)
                     if record is not None:
-                        slow_rows.append(i)
+                        slow_rows.append(at)
                         slow_records.append(record)
         if slow_records:
             pieces.append((self._raw_from_dicts(slow_records), slow_rows))
-        parsed = self._assemble(len(values), pieces, problems)
+        parsed = self._assemble(count, pieces, problems)
         settled = [p is None for p in problems]
         return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, settled)
 
