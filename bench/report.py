@@ -58,6 +58,17 @@ def render(f: dict) -> str:
         out.append(f"| offsetlake, warm, lake on the embedded S3 | {m['s3_median_s']} s | "
                    f"{', '.join(map(str, m['s3_samples_s']))} | {fmt(round(m['records'] / m['s3_median_s']))} records/s "
                    f"({m['s3_over_local']} × the local time) |")
+    if "steady_warm_json_vs_avro" in f:
+        m = f["steady_warm_json_vs_avro"]
+        out.append(f"| offsetlake, warm, JSON orders (next to Avro; {m['json_mean_value_bytes']} B/value) | {m['json_median_s']} s | "
+                   f"{', '.join(map(str, m['json_samples_s']))} | {fmt(m['json_records_per_s'])} records/s |")
+        out.append(f"| offsetlake, warm, the same orders as Avro via the registry ({m['avro_mean_value_bytes']} B/value) | "
+                   f"{m['avro_median_s']} s | {', '.join(map(str, m['avro_samples_s']))} | "
+                   f"{fmt(m['avro_records_per_s'])} records/s ({m['avro_over_json']} × the JSON time) |")
+    if "decode_json_vs_avro" in f:
+        m = f["decode_json_vs_avro"]
+        out.append(f"| decode step alone, {m['records']:,} records in 10,000-record chunks | | JSON {m['json_us_per_record']} µs, "
+                   f"Avro {m['avro_us_per_record']} µs per record | Avro / JSON {m['avro_over_json']} |")
     for label in ("1x", "10x"):
         key = f"memory_{label}"
         if key in f:

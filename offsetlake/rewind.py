@@ -91,6 +91,9 @@ class RewindPlan:
     txn: list[TxnMove] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)  # rewound batch id -> its dead letters that go
     dead_letters_readded: int = 0  # dead letters later batches (backfills) had replaced, that come back
+    # columns later batches added: they stay (Delta drops a column only with column mapping, a table
+    # feature these tables keep off), and read null in the restored rows
+    kept_columns: list[str] = field(default_factory=list)
 
     @property
     def noop(self) -> bool:
@@ -136,6 +139,10 @@ class RewindResult:
         lines.append(f"dead letters {verb} remove: {sum(p.dead_letters.values())}"
                      + "".join(f"\n  {b}: {n}" for b, n in p.dead_letters.items() if n))
         lines.append(f"dead letters {verb} come back (later batches had replaced them): {p.dead_letters_readded}")
+        if p.kept_columns:
+            lines.append(f"schema: the columns {', '.join(p.kept_columns)} came after batch {p.to_batch} and stay in the "
+                         "sink's schema (Delta drops a column only with column mapping, a table feature these tables keep "
+                         "off); the restored rows read null there, and batches read again later fill them")
         return "\n".join(lines)
 
 
@@ -174,6 +181,8 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
         return plan
 
     then = storage.table(config.sink_path, version=target.version)
+    before = set(then.schema().to_arrow().names)
+    plan.kept_columns = [name for name in table.schema().to_arrow().names if name not in before]
     now_files = _files(table)
     then_files = _files(then)
     plan.remove_files = sorted(set(now_files) - set(then_files))
@@ -249,7 +258,7 @@ def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str
     return ledger_entry(
         batch, started=started,
         to_batch=plan.to_batch, to_version=plan.to_version, rewound=rewound, reason=reason, requested_by=requested_by,
-        files_removed=len(plan.remove_files), files_readded=len(plan.readd_files),
+        files_removed=len(plan.remove_files), files_readded=len(plan.readd_files), kept_columns=plan.kept_columns,
         extra={dead_letters.RESTORE: {"to_sink_version": plan.to_version}},
         message=f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
                 f"(sink version {plan.to_version}) for {requested_by}: {reason}",

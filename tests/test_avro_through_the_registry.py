@@ -110,6 +110,14 @@ def test_a_new_optional_field_arrives_in_one_commit_with_the_rows_that_carry_it(
     assert rerun.returncode == 0, rerun.stderr
     assert storage.table(config.sink_path).version() == second.sink_version
 
+    # a rewind to the batch before the column says why the column stays
+    from offsetlake.rewind import rewind_pipeline
+
+    rewound = rewind_pipeline(config, first.plan.batch_id, reason="test")
+    assert "the columns coupon came after batch" in rewound.text() and "column mapping" in rewound.text()
+    after = storage.table(config.sink_path)
+    assert sorted(r["order_id"] for r in after.to_pyarrow_table().to_pylist()) == list(range(50))
+
 
 ALL_TYPES = {"type": "record", "name": "Everything", "namespace": "types", "fields": [
     {"name": "b", "type": "boolean"},
