@@ -10,7 +10,11 @@
    which expectation, how many rows, where the report is) and commits nothing; the pipeline is
    switched to `on_failure: quarantine` and the failed task cleared: the same ranges commit,
    the failing records become dead letters;
-5. the ledger, row counts, the audit and where the tables and logs are.
+5. the ledger, row counts, the audit and where the tables and logs are;
+6. a second pipeline, `payments`: Avro in the Confluent wire format through a Schema Registry
+   (the test harness's, unless SCHEMA_REGISTRY_URL names one). Its producer registers a new
+   schema version mid-stream; the next run's commit adds the column together with its rows, the
+   ledger names both versions, the audit passes.
 
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
 touching pipelines/orders.yaml.
@@ -166,6 +170,7 @@ def _story(lake: str) -> int:
         print(f"validation reports: {len(reports)} under {config.validation_path}")
         offsetlake("status", "orders")
         code = offsetlake("audit", "orders", check=False)
+        code = max(code, _avro_story(bootstrap))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
         print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
         if broker is not None:
@@ -175,6 +180,88 @@ def _story(lake: str) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+PAYMENT_V1 = {"type": "record", "name": "Payment", "namespace": "demo", "fields": [
+    {"name": "payment_id", "type": "long"}, {"name": "order_id", "type": "long"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "currency", "type": {"type": "enum", "name": "Currency", "symbols": ["EUR", "USD", "GBP"]}},
+    {"name": "paid_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+# v2 adds an optional field: BACKWARD compatible, so the registry accepts it
+PAYMENT_V2 = {**PAYMENT_V1, "fields": [*PAYMENT_V1["fields"], {"name": "method", "type": ["null", "string"], "default": None}]}
+
+
+def _produce_payments(bootstrap: str, topic: str, registry: dict, first: int, count: int, every_v2: int = 0) -> int:
+    import json
+    from datetime import UTC, datetime, timedelta
+    from decimal import Decimal
+
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient(registry)
+    v1 = AvroSerializer(client, json.dumps(PAYMENT_V1), conf={"auto.register.schemas": True})
+    v2 = AvroSerializer(client, json.dumps(PAYMENT_V2), conf={"auto.register.schemas": True}) if every_v2 else None
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    context = SerializationContext(topic, MessageField.VALUE)
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    for i in range(first, first + count):
+        payment = {"payment_id": i, "order_id": i * 7 % 100_000, "amount": Decimal(i % 50_000) / 100,
+                   "currency": ("EUR", "USD", "GBP")[i % 3], "paid_at": base + timedelta(seconds=i)}
+        serializer = v1
+        if v2 is not None and i % every_v2 == 0:
+            serializer, payment = v2, {**payment, "method": ("card", "transfer")[i % 2]}
+        producer.produce(topic, value=serializer(payment, context), key=str(i % 101).encode())
+        if i % 5_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    return first + count
+
+
+def _avro_story(bootstrap: str) -> int:
+    import json
+
+    from offsetlake import storage
+    from offsetlake.config import load_pipeline
+
+    registry_server = None
+    if not os.environ.get("SCHEMA_REGISTRY_URL"):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from schema_registry_server import LocalSchemaRegistry
+
+        shutil.rmtree(ROOT / ".registry", ignore_errors=True)
+        (ROOT / ".registry").mkdir()
+        registry_server = LocalSchemaRegistry(ROOT / ".registry" / "registry.log").start()
+        os.environ["SCHEMA_REGISTRY_URL"] = registry_server.url
+        print(f"\nstarted the test harness's Schema Registry on {registry_server.url}")
+    registry = {"url": os.environ["SCHEMA_REGISTRY_URL"]}
+    if os.environ.get("SCHEMA_REGISTRY_USER_INFO"):
+        registry["basic.auth.user.info"] = os.environ["SCHEMA_REGISTRY_USER_INFO"]
+    topic = os.environ.setdefault("PAYMENTS_TOPIC", "payments")
+    try:
+        ensure_topic(bootstrap, topic, 3)
+        say(f"payments: 20,000 Avro events (schema v1, Confluent wire format) to '{topic}'; offsetlake run payments")
+        next_id = _produce_payments(bootstrap, topic, registry, 0, 20_000)
+        offsetlake("run", "payments")
+        say("a producer registers payment schema v2 (adds optional 'method') mid-stream: v1 and v2 records interleave")
+        _produce_payments(bootstrap, topic, registry, next_id, 10_000, every_v2=3)
+        offsetlake("run", "payments")
+        config = load_pipeline("payments", Path(os.environ["OFFSETLAKE_PIPELINES_DIR"]))
+        table = storage.table(config.sink_path)
+        filesystem, root = storage.filesystem(config.sink_path)
+        with filesystem.open_input_stream(f"{root}/_delta_log/{table.version():020d}.json") as log:
+            actions = [json.loads(line) for line in log.read().decode().splitlines()]
+        kinds = sorted({next(iter(a)) for a in actions})
+        schema = next(json.loads(a["metaData"]["schemaString"]) for a in actions if "metaData" in a)
+        print(f"sink version {table.version()}: one commit holding {', '.join(kinds)}; "
+              f"its schema now has {', '.join(f['name'] for f in schema['fields'] if not f['name'].startswith('_'))}")
+        offsetlake("ledger", "payments")
+        return offsetlake("audit", "payments", check=False)
+    finally:
+        if registry_server is not None:
+            registry_server.stop()
 
 
 if __name__ == "__main__":

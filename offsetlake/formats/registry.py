@@ -14,6 +14,7 @@ chunks): a schema id names one schema forever, so a fetched one never goes stale
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,13 @@ def registry_url(settings: dict[str, str]) -> str:
 
 
 def _client(settings: dict[str, str]) -> Any:
+    # authlib (imported by the client for OAuth) warns on import that httpx is deprecated, in
+    # every process and Spark worker; nothing offsetlake can act on. Its own "always" filter goes
+    # first when authlib.deprecate is imported, so ours is added after that import.
+    import authlib.deprecate
+
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated",
+                            category=authlib.deprecate.AuthlibDeprecationWarning)
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     key = tuple(sorted(settings.items()))
