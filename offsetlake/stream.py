@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import KafkaUnavailableError, LeaseLostError, ReadTimeoutError, StreamAbandoned
+from offsetlake.errors import (
+    KafkaUnavailableError,
+    LeaseLostError,
+    ReadTimeoutError,
+    SchemaRegistryUnavailableError,
+    StreamAbandoned,
+)
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
 from offsetlake.ledger import Ledger
@@ -48,7 +54,8 @@ log = logging.getLogger("offsetlake.stream")
 
 # A broker that is down or stalls is waited out: the batch is recorded failed, the stream sleeps
 # 1, 2, 4 … 30 s and plans again from the committed ends. Any other error stops the stream.
-TRANSIENT = (KafkaUnavailableError, ReadTimeoutError)
+# outages a stream waits out (with backoff) instead of stopping: the broker, a slow read, the registry
+TRANSIENT = (KafkaUnavailableError, ReadTimeoutError, SchemaRegistryUnavailableError)
 MAX_TRANSIENT_RETRIES = 8
 
 

@@ -370,3 +370,41 @@ def test_without_a_registry_plain_binary_and_single_object_encodings_read_agains
     assert sorted(r["order_id"] for r in rows) == [100, 101, 102] and result.total("dead_letters") == 0
     [committed] = [r for r in ledger_rows(plain) if r["status"] == "committed" and r["topic"] == topic]
     assert json.loads(committed["reader_schema"])["source"] == "file"
+
+
+def test_a_stream_waits_out_a_registry_outage_and_stays_exactly_once(pipeline, schema_registry):
+    import signal
+    import time
+
+    from test_broker_faults import Watched
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    serializer = _serializer(schema_registry, V1)
+    _produce(pipeline.bootstrap, pipeline.topic, [(serializer, {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(200)])
+    with S3Proxy(schema_registry.settings["url"]) as proxy:
+        config = _avro(pipeline, _Proxied(schema_registry, proxy.endpoint))
+        stream = Watched(pipeline.cli_start("stream", "--trigger-interval", "1s"))
+        try:
+            stream.wait_for("step=commit")
+            # a micro-batch with records plans with the subject's latest version: with the registry
+            # down, the next plan fails (a caught-up stream does not ask the registry)
+            proxy.down = True
+            _produce(pipeline.bootstrap, pipeline.topic,
+                     [(serializer, {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(200, 300)])
+            stream.wait_for("step=retry", timeout_s=90)
+            assert stream.process.poll() is None, "the stream stopped instead of waiting out the registry"
+            proxy.down = False
+            truth = read_topic(pipeline.bootstrap, pipeline.topic, order_id=_order_id_reader(schema_registry))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                table = storage.table(config.sink_path)
+                if all((table.transaction_version(config.app_id(pipeline.topic, p)) or 0) >= end for p, end in truth.lso.items()):
+                    break
+                time.sleep(0.5)
+            stream.process.send_signal(signal.SIGTERM)
+            assert stream.finish() == 0, stream.stderr()[-3000:]
+        finally:
+            if stream.process.poll() is None:
+                stream.process.kill()
+        assert "Schema Registry" in stream.stderr() and "could not be reached" in stream.stderr()
+    assert_exactly_once(config, truth)
