@@ -116,18 +116,14 @@ def redacted_registry_settings(value: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if _REGISTRY_SECRET.search(k) else v) for k, v in value.items()}
 
 
-class AvroFormat(_Strict):
-    """Avro values: in the Confluent wire format with a Schema Registry (``schema_registry``, or
-    the Airflow connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), or
-    without one against a local ``schema_file`` (.avsc next to the YAML) as plain Avro binary or
-    Avro single-object encoding."""
+class _RegistryFormat(_Strict):
+    """What every registry-backed format has: the registry's client options (or the Airflow
+    connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), the subject and the
+    version the reader schema is (the subject's latest when a batch is planned, or a pinned one)."""
 
-    type: Literal["avro"]
     schema_registry: dict[str, str] = Field(default_factory=dict)
     subject: str | None = None  # default: <topic>-value (the TopicNameStrategy)
-    version: int | Literal["latest"] = "latest"  # the reader schema: the subject's latest, or a pinned version
-    schema_file: str | None = None
-    encoding: Literal["confluent", "binary", "single_object"] | None = None  # default: confluent, or binary with schema_file
+    version: int | Literal["latest"] = "latest"
 
     @field_validator("schema_registry", mode="before")
     @classmethod
@@ -149,6 +145,16 @@ class AvroFormat(_Strict):
             raise ValueError("a pinned version is 1 or more (or 'latest')")
         return value
 
+
+class AvroFormat(_RegistryFormat):
+    """Avro values: in the Confluent wire format with a Schema Registry, or without one against a
+    local ``schema_file`` (.avsc next to the YAML) as plain Avro binary or Avro single-object
+    encoding."""
+
+    type: Literal["avro"]
+    schema_file: str | None = None
+    encoding: Literal["confluent", "binary", "single_object"] | None = None  # default: confluent, or binary with schema_file
+
     @model_validator(mode="after")
     def _one_schema_source(self) -> AvroFormat:
         if self.schema_file and self.schema_registry:
@@ -164,6 +170,18 @@ class AvroFormat(_Strict):
     @property
     def uses_registry(self) -> bool:
         return not self.schema_file
+
+
+class JsonSchemaFormat(_RegistryFormat):
+    """JSON values in the Confluent wire format (magic byte, schema id, JSON text) whose schemas
+    are JSON Schemas in a Schema Registry: each value is validated against its writer schema and
+    parsed into the columns the reader schema's properties give (``formats.json_schema_records``)."""
+
+    type: Literal["json_schema"]
+
+    @property
+    def uses_registry(self) -> bool:
+        return True
 
 
 def spark_type_problem(text: str) -> str | None:
@@ -303,7 +321,7 @@ class PipelineConfig(_Strict):
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     on_offsets_lost: Literal["fail", "skip"] = "fail"
     schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
-    format: JsonFormat | AvroFormat = Field(discriminator="type")
+    format: JsonFormat | AvroFormat | JsonSchemaFormat = Field(discriminator="type")
     # A batch whose records bring a new field: evolve (the sink gains a nullable column in that
     # batch's commit) or fail (the batch fails naming the change; nothing is committed).
     on_schema_change: Literal["evolve", "fail"] = "evolve"
@@ -451,7 +469,7 @@ class PipelineConfig(_Strict):
     def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
         """This config with Schema Registry settings from elsewhere (an Airflow connection) on top;
         only an Avro (registry) format has any."""
-        if not options or not isinstance(self.format, AvroFormat) or not self.format.uses_registry:
+        if not options or not isinstance(self.format, (AvroFormat, JsonSchemaFormat)) or not self.format.uses_registry:
             return self
         merged = {**self.format.schema_registry, **{k: v for k, v in options.items() if v != ""}}
         problem = registry_settings_problem(merged)
@@ -524,7 +542,7 @@ def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path
     )
 
 
-FORMAT_TYPES = ("json", "avro")
+FORMAT_TYPES = ("json", "avro", "json_schema")
 
 
 def _field_path(loc: tuple) -> tuple:

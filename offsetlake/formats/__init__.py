@@ -77,6 +77,10 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
         from offsetlake.formats.json_records import yaml_reader_schema
 
         return yaml_reader_schema(config.format)
+    if config.format.type == "json_schema":
+        from offsetlake.formats.json_schema_records import resolve_reader_schema as json_schema_reader_schema
+
+        return json_schema_reader_schema(config)
     from offsetlake.formats.avro_records import resolve_reader_schema as avro_reader_schema
 
     return avro_reader_schema(config)
@@ -92,6 +96,10 @@ def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = Non
         from offsetlake.formats.json_records import JsonDecoder, json_format_of
 
         return JsonDecoder(json_format_of(reader_schema, config.format))
+    if config.format.type == "json_schema":
+        from offsetlake.formats.json_schema_records import JsonSchemaDecoder
+
+        return JsonSchemaDecoder(config, reader_schema)
     from offsetlake.formats.avro_records import AvroDecoder
 
     return AvroDecoder(config, reader_schema)

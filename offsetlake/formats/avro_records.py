@@ -59,11 +59,6 @@ def fingerprint(text: str) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def subject_of(config: PipelineConfig) -> str:
-    fmt: AvroFormat = config.format  # type: ignore[assignment]
-    return fmt.subject or f"{config.topic}-value"
-
-
 def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
     """The reader schema a new plan records: the subject's latest (or pinned) version from the
     registry, or the local ``.avsc``. Raises SchemaRegistryUnavailableError, ConfigError."""
@@ -72,22 +67,7 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
         text = (config.transform_dir / fmt.schema_file).read_text()
         schema = ReaderSchema(source="file", fingerprint=fingerprint(text), text=text)
     else:
-        if not fmt.schema_registry.get("url"):
-            raise ConfigError(f"pipeline {config.name}: format avro reads through a Schema Registry but none is set: "
-                              f"give format.schema_registry.url, an Airflow connection schema_registry_{config.name} "
-                              "(or schema_registry_default), or a local format.schema_file")
-        subject = subject_of(config)
-        try:
-            found = sr.subject_version(config.name, fmt.schema_registry, subject, fmt.version)
-        except sr.SchemaNotFound as err:
-            raise ConfigError(f"pipeline {config.name}: the Schema Registry at {sr.registry_url(fmt.schema_registry)} has "
-                              f"no subject {subject} version {fmt.version} ({err}); set format.subject / format.version, "
-                              "or register the schema first") from None
-        if found.schema_type != "AVRO":
-            raise ConfigError(f"pipeline {config.name}: subject {subject} version {found.version} is a "
-                              f"{found.schema_type} schema; format.type is avro")
-        schema = ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject,
-                              version=found.version, id=found.schema_id)
+        schema = sr.registry_reader_schema(config, "AVRO", fingerprint, "or a local format.schema_file")
     AvroDecoder(config, schema).fields()  # its types map to Delta's, or ConfigError now, before anything is read
     return schema
 
