@@ -615,14 +615,19 @@ KAFKA_OVERRIDES_ENV = "OFFSETLAKE_KAFKA_OVERRIDES"
 def kafka_overrides_from_env() -> tuple[str | None, dict[str, str]]:
     """``$OFFSETLAKE_KAFKA_OVERRIDES`` = {"bootstrap_servers": ..., "options": {...}}, as an
     orchestrator hands a job the Kafka settings it keeps as secrets (never on a command line)."""
-    raw = os.environ.get(KAFKA_OVERRIDES_ENV)
-    if not raw:
-        return None, {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"${KAFKA_OVERRIDES_ENV} is not JSON") from None
+    data = _json_from_env(KAFKA_OVERRIDES_ENV)
     return data.get("bootstrap_servers"), {str(k): str(v) for k, v in (data.get("options") or {}).items()}
+
+
+def _json_from_env(name: str) -> dict:
+    """The JSON object in ``$name`` ({} when unset); ConfigError when it is not JSON."""
+    raw = os.environ.get(name)
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw) or {}
+    except ValueError:
+        raise ConfigError(f"${name} is not JSON") from None
 
 
 STORAGE_OVERRIDES_ENV = "OFFSETLAKE_STORAGE_OVERRIDES"
@@ -631,14 +636,7 @@ STORAGE_OVERRIDES_ENV = "OFFSETLAKE_STORAGE_OVERRIDES"
 def storage_overrides_from_env() -> dict[str, str]:
     """``$OFFSETLAKE_STORAGE_OVERRIDES`` = {"AWS_ACCESS_KEY_ID": ..., ...}: the storage settings an
     orchestrator keeps as secrets (an Airflow connection), handed to a job in its environment."""
-    raw = os.environ.get(STORAGE_OVERRIDES_ENV)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"${STORAGE_OVERRIDES_ENV} is not JSON") from None
-    return {str(k): str(v) for k, v in (data or {}).items()}
+    return {str(k): str(v) for k, v in _json_from_env(STORAGE_OVERRIDES_ENV).items()}
 
 
 REGISTRY_OVERRIDES_ENV = "OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES"
@@ -647,14 +645,7 @@ REGISTRY_OVERRIDES_ENV = "OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES"
 def registry_overrides_from_env() -> dict[str, str]:
     """``$OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES`` = {"url": ..., "basic.auth.user.info": ...}: the
     Schema Registry settings an orchestrator keeps as secrets (an Airflow connection)."""
-    raw = os.environ.get(REGISTRY_OVERRIDES_ENV)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ConfigError(f"${REGISTRY_OVERRIDES_ENV} is not JSON") from None
-    return {str(k): str(v) for k, v in (data or {}).items()}
+    return {str(k): str(v) for k, v in _json_from_env(REGISTRY_OVERRIDES_ENV).items()}
 
 
 def with_orchestrator_settings(config: PipelineConfig) -> PipelineConfig:

@@ -358,10 +358,10 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
             added.append(pa.field(column.name, column.type, nullable=True))
         elif not _same_type(old.type, column.type):
             changed.append((column.name, old.type, column.type))
-    schemas = _schemas_involved(table, config, plan)
     if changed:
         name, old_type, new_type = changed[0]
         more = f" ({len(changed) - 1} more columns changed)" if len(changed) > 1 else ""
+        schemas = _schemas_involved(table, config, plan)  # the history is read only to explain a refusal
         raise SchemaChangeError(
             f"pipeline {config.name}: batch {plan.batch_id} writes column '{name}' as {new_type}, but the sink "
             f"{config.sink_path} holds it as {old_type}{more}{schemas}; Delta cannot change a column's type in place and "
@@ -370,6 +370,7 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
         )
     missing = [f.name for f in current if f.name not in rows.names]
     if config.on_schema_change == "fail" and (added or missing):
+        schemas = _schemas_involved(table, config, plan)
         what = "; ".join(part for part in (
             f"new column{'s' if len(added) > 1 else ''} {', '.join(repr(f.name) for f in added)}" if added else "",
             f"no column{'s' if len(missing) > 1 else ''} {', '.join(repr(n) for n in missing)} any more" if missing else "",

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offsetlake.formats.avro_columns import ColumnReader
-from offsetlake.formats.avro_records import _strip, _Types
+from offsetlake.formats.avro_records import ArrowTypes, strip_logical_types
 
 WRITER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "order_id", "type": "long"},
@@ -64,7 +64,7 @@ _damage = st.one_of(st.none(), st.tuples(st.sampled_from(["cut", "extend", "flip
 
 def _write(schema: dict, record: dict) -> bytes:
     out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(_strip(schema), named_schemas={}), record)
+    fastavro.schemaless_writer(out, fastavro.parse_schema(strip_logical_types(schema), named_schemas={}), record)
     return out.getvalue()
 
 
@@ -91,14 +91,14 @@ def _same(a: object, b: object) -> bool:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(_record, _damage), min_size=1, max_size=40))
 def test_what_the_columnar_path_decodes_is_what_fastavro_decodes(items):
-    _, raw_type = _Types("test").of(READER, "")
-    reader = ColumnReader.plan(_strip(WRITER), _strip(READER), raw_type)
+    _, raw_type = ArrowTypes("test").of(READER, "")
+    reader = ColumnReader.plan(strip_logical_types(WRITER), strip_logical_types(READER), raw_type)
     assert reader is not None, "this schema pair is one the columnar path takes"
     payloads = [_damaged(_write(WRITER, record), damage) for record, damage in items]
     decoded, ok = reader.decode(payloads)
     rows = decoded.to_pylist()
-    writer = fastavro.parse_schema(_strip(WRITER), named_schemas={})
-    reader_schema = fastavro.parse_schema(_strip(READER), named_schemas={})
+    writer = fastavro.parse_schema(strip_logical_types(WRITER), named_schemas={})
+    reader_schema = fastavro.parse_schema(strip_logical_types(READER), named_schemas={})
     for (record, damage), payload, row, took in zip(items, payloads, rows, ok, strict=True):
         if damage is None or payload == _write(WRITER, record):
             assert took, f"an undamaged record left the columnar path: {record}"
@@ -114,11 +114,13 @@ def test_what_the_columnar_path_decodes_is_what_fastavro_decodes(items):
 
 
 def test_shapes_it_does_not_take_go_to_fastavro():
-    _, raw_type = _Types("test").of(READER, "")
+    _, raw_type = ArrowTypes("test").of(READER, "")
     with_array = {**WRITER, "fields": [*WRITER["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}}]}
-    assert ColumnReader.plan(_strip(with_array), _strip(READER), raw_type) is None
+    assert ColumnReader.plan(strip_logical_types(with_array), strip_logical_types(READER), raw_type) is None
     narrowed = {**WRITER, "fields": [{**f, "type": "string"} if f["name"] == "order_id" else f for f in WRITER["fields"]]}
-    assert ColumnReader.plan(_strip(narrowed), _strip(READER), raw_type) is None, "string does not resolve to long"
+    assert ColumnReader.plan(strip_logical_types(narrowed), strip_logical_types(READER), raw_type) is None, \
+        "string does not resolve to long"
     fewer_symbols = json.loads(json.dumps(READER).replace('"BLUE"', '"PURPLE"'))
-    _, fewer_type = _Types("test").of(fewer_symbols, "")
-    assert ColumnReader.plan(_strip(WRITER), _strip(fewer_symbols), fewer_type) is None, "BLUE has no reader symbol"
+    _, fewer_type = ArrowTypes("test").of(fewer_symbols, "")
+    assert ColumnReader.plan(strip_logical_types(WRITER), strip_logical_types(fewer_symbols), fewer_type) is None, \
+        "BLUE has no reader symbol"

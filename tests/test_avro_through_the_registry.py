@@ -17,7 +17,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic, wait_until_committed
 from s3_tools import S3Proxy
 
 from offsetlake import storage
@@ -374,7 +374,6 @@ def test_without_a_registry_plain_binary_and_single_object_encodings_read_agains
 
 def test_a_stream_waits_out_a_registry_outage_and_stays_exactly_once(pipeline, schema_registry):
     import signal
-    import time
 
     from test_broker_faults import Watched
 
@@ -395,12 +394,7 @@ def test_a_stream_waits_out_a_registry_outage_and_stays_exactly_once(pipeline, s
             assert stream.process.poll() is None, "the stream stopped instead of waiting out the registry"
             proxy.down = False
             truth = read_topic(pipeline.bootstrap, pipeline.topic, order_id=_order_id_reader(schema_registry))
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                table = storage.table(config.sink_path)
-                if all((table.transaction_version(config.app_id(pipeline.topic, p)) or 0) >= end for p, end in truth.lso.items()):
-                    break
-                time.sleep(0.5)
+            wait_until_committed(config, truth)
             stream.process.send_signal(signal.SIGTERM)
             assert stream.finish() == 0, stream.stderr()[-3000:]
         finally:

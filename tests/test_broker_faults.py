@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Pipeline
-from kafka_truth import assert_exactly_once, ledger_rows, read_topic
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic, wait_until_committed
 
 from offsetlake import storage
 from offsetlake.embedded.local_broker import LocalBroker
@@ -200,12 +200,7 @@ def test_a_stream_waits_out_a_broker_outage_and_stays_exactly_once(faulty, own_b
         own_broker.start().wait_for_topics({faulty.topic: 2})
         produce_orders(faulty.bootstrap, faulty.topic, 1_000, first_id=next_id)
         truth = read_topic(faulty.bootstrap, faulty.topic)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            table = storage.table(config.sink_path)
-            if all((table.transaction_version(config.app_id(faulty.topic, p)) or 0) >= end for p, end in truth.lso.items()):
-                break
-            time.sleep(0.5)
+        wait_until_committed(config, truth)
         stream.process.send_signal(signal.SIGTERM)
         assert stream.finish() == 0, stream.stderr()[-3000:]
     finally:

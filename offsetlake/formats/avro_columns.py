@@ -196,10 +196,10 @@ def _node(schema: Any, named: dict[str, _Node], namespace: str | None) -> _Node 
         return _Node(kind)
     if kind == "enum":
         node = _Node("enum", symbols=tuple(schema["symbols"]))
-        named[_full_name(schema, namespace)] = node
+        named[full_name(schema, namespace)] = node
         return node
     if kind == "record":
-        name = _full_name(schema, namespace)
+        name = full_name(schema, namespace)
         inner = name.rpartition(".")[0] or None
         fields = []
         for field in schema["fields"]:
@@ -213,7 +213,8 @@ def _node(schema: Any, named: dict[str, _Node], namespace: str | None) -> _Node 
     return None  # arrays, maps, fixed, decimals: fastavro
 
 
-def _full_name(schema: dict, namespace: str | None) -> str:
+def full_name(schema: dict, namespace: str | None) -> str:
+    """A named Avro type's full name: its own namespace, else the enclosing one."""
     name = schema["name"]
     if "." in name:
         return name
@@ -250,14 +251,14 @@ def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[
     if writer.kind == "enum":
         if kind != "enum" or not set(writer.symbols) <= set(reader["symbols"]):
             return None
-        named[_full_name(reader, namespace)] = reader
+        named[full_name(reader, namespace)] = reader
         return lambda array: array
     if writer.kind == "record":
         if kind != "record":
             return None
         taken = {n for field in reader["fields"] for n in [field["name"], *field.get("aliases", [])]}
         writer.unused = frozenset(n for n, _ in writer.fields if n not in taken)
-        name = _full_name(reader, namespace)
+        name = full_name(reader, namespace)
         named[name] = reader
         scope = name.rpartition(".")[0] or None
         by_name = {field_name: child for field_name, child in writer.fields}

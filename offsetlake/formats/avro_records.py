@@ -31,7 +31,7 @@ import pyarrow as pa
 from offsetlake.errors import ConfigError
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
 from offsetlake.formats import registry as sr
-from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader
+from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader, full_name
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -72,24 +72,24 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
     return schema
 
 
-def _strip(schema: Any) -> Any:
+def strip_logical_types(schema: Any) -> Any:
     """The schema with the logical types that Arrow converts faster removed (see _CAST_IN_ARROW)."""
     if isinstance(schema, list):
-        return [_strip(s) for s in schema]
+        return [strip_logical_types(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _strip(v) for k, v in schema.items() if k not in ("fields", "items", "values")}
+    out = {k: strip_logical_types(v) for k, v in schema.items() if k not in ("fields", "items", "values")}
     if out.get("logicalType") in _CAST_IN_ARROW | _KEPT_AS_NUMBER | {"uuid"}:
         out.pop("logicalType")
     if "fields" in schema:
-        out["fields"] = [{**f, "type": _strip(f["type"])} for f in schema["fields"]]
+        out["fields"] = [{**f, "type": strip_logical_types(f["type"])} for f in schema["fields"]]
     for key in ("items", "values"):
         if key in schema:
-            out[key] = _strip(schema[key])
+            out[key] = strip_logical_types(schema[key])
     return out
 
 
-class _Types:
+class ArrowTypes:
     """Arrow types of an Avro schema: the final column types and the raw types fastavro's
     values (logical types stripped) are built into before one cast per chunk."""
 
@@ -110,7 +110,7 @@ class _Types:
         kind = schema.get("type")
         logical = schema.get("logicalType")
         if kind == "record" or kind == "error":
-            name = _full_name(schema, namespace)
+            name = full_name(schema, namespace)
             ns = name.rpartition(".")[0] or None
             fields = [(f["name"], self.of(f["type"], f"{path}.{f['name']}" if path else f["name"], ns))
                       for f in schema["fields"]]
@@ -118,11 +118,11 @@ class _Types:
             self.named[name] = result
             return result
         if kind == "enum":
-            self.named[_full_name(schema, namespace)] = (pa.string(), pa.string())
+            self.named[full_name(schema, namespace)] = (pa.string(), pa.string())
             return pa.string(), pa.string()
         if kind == "fixed":
             result = self._decimal(schema, path) if logical == "decimal" else (pa.binary(), pa.binary())
-            self.named[_full_name(schema, namespace)] = result
+            self.named[full_name(schema, namespace)] = result
             return result
         if kind == "array":
             item = self.of(schema["items"], f"{path}[]", namespace)
@@ -159,14 +159,6 @@ class _Types:
         raise ConfigError(f"{self.where}: field '{path}' names type '{name}', which the schema does not define")
 
 
-def _full_name(schema: dict, namespace: str | None) -> str:
-    name = schema["name"]
-    if "." in name:
-        return name
-    ns = schema.get("namespace", namespace)
-    return f"{ns}.{name}" if ns else name
-
-
 def _type_name(schema: Any) -> str:
     if isinstance(schema, dict):
         return str(schema.get("name") or schema.get("type"))
@@ -194,7 +186,7 @@ class AvroDecoder:
         self.encoding = fmt.encoding or ("binary" if fmt.schema_file else "confluent")
         self.reader = reader
         self._reader_text = reader.text if reader.text is not None else self._registry_text(reader.id)
-        types = _Types(f"{self.where}: reader schema {reader.describe()}")
+        types = ArrowTypes(f"{self.where}: reader schema {reader.describe()}")
         schema = json.loads(self._reader_text)
         if not isinstance(schema, dict) or schema.get("type") != "record":
             raise ConfigError(f"{self.where}: reader schema {reader.describe()} is not an Avro record; a sink row needs "
@@ -234,7 +226,7 @@ class AvroDecoder:
         if self._runtime is None:
             import fastavro
 
-            reader_json = _strip(json.loads(self._reader_text))
+            reader_json = strip_logical_types(json.loads(self._reader_text))
             raw_reader = fastavro.parse_schema(reader_json, named_schemas={})
             self._runtime = {"reader": raw_reader, "reader_json": reader_json, "writers": {}}
             if self.encoding != "confluent":
@@ -263,7 +255,7 @@ class AvroDecoder:
                 if found.schema_type != "AVRO":
                     writers[schema_id] = _Writer(None, f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
                 else:
-                    stripped = _strip(json.loads(_with_references(self.pipeline, self.settings, found)))
+                    stripped = strip_logical_types(json.loads(_with_references(self.pipeline, self.settings, found)))
                     try:
                         parsed = fastavro.parse_schema(stripped, named_schemas={})
                     except Exception as err:  # noqa: BLE001 - fastavro's schema errors come in several types
@@ -424,7 +416,7 @@ def _with_references(pipeline: str, settings: dict[str, str], schema: sr.Registe
     for ref in sr.referenced(pipeline, settings, schema):
         parsed = json.loads(ref.text)
         if isinstance(parsed, dict) and "name" in parsed:
-            named[_full_name(parsed, None)] = parsed
+            named[full_name(parsed, None)] = parsed
             named.setdefault(parsed["name"], parsed)
     used: set[str] = set()
 
