@@ -184,6 +184,19 @@ class JsonSchemaFormat(_RegistryFormat):
         return True
 
 
+class ProtobufFormat(_RegistryFormat):
+    """Protobuf values in the Confluent wire format (magic byte, schema id, message indexes, the
+    message) with their schemas in a Schema Registry: each decoded with its own writer schema and
+    mapped by field name onto the reader message's columns (``formats.protobuf_records``)."""
+
+    type: Literal["protobuf"]
+    message: str | None = None  # the reader message's full name; default: the schema's first message
+
+    @property
+    def uses_registry(self) -> bool:
+        return True
+
+
 def spark_type_problem(text: str) -> str | None:
     """What is wrong with ``text`` as a Spark SQL data type (its DDL grammar), or None.
 
@@ -321,7 +334,7 @@ class PipelineConfig(_Strict):
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     on_offsets_lost: Literal["fail", "skip"] = "fail"
     schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
-    format: JsonFormat | AvroFormat | JsonSchemaFormat = Field(discriminator="type")
+    format: JsonFormat | AvroFormat | JsonSchemaFormat | ProtobufFormat = Field(discriminator="type")
     # A batch whose records bring a new field: evolve (the sink gains a nullable column in that
     # batch's commit) or fail (the batch fails naming the change; nothing is committed).
     on_schema_change: Literal["evolve", "fail"] = "evolve"
@@ -468,8 +481,8 @@ class PipelineConfig(_Strict):
 
     def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
         """This config with Schema Registry settings from elsewhere (an Airflow connection) on top;
-        only an Avro (registry) format has any."""
-        if not options or not isinstance(self.format, (AvroFormat, JsonSchemaFormat)) or not self.format.uses_registry:
+        only a registry-backed format has any."""
+        if not options or isinstance(self.format, JsonFormat) or not self.format.uses_registry:
             return self
         merged = {**self.format.schema_registry, **{k: v for k, v in options.items() if v != ""}}
         problem = registry_settings_problem(merged)
@@ -542,7 +555,7 @@ def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path
     )
 
 
-FORMAT_TYPES = ("json", "avro", "json_schema")
+FORMAT_TYPES = ("json", "avro", "json_schema", "protobuf")
 
 
 def _field_path(loc: tuple) -> tuple:

@@ -68,7 +68,7 @@ class Decoder(Protocol):
 
 def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
     """The reader schema a new plan records (invariant 12): the YAML schema for ``json``; the
-    subject's latest or pinned version, or the local ``.avsc``, for ``avro``. Raises
+    subject's latest or pinned version for the registry formats, or the local ``.avsc`` for ``avro``. Raises
     ConfigError (a schema that has no Delta mapping, a subject that does not exist) and
     SchemaRegistryUnavailableError; nothing has been read then."""
     from offsetlake.config import JsonFormat
@@ -81,6 +81,10 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
         from offsetlake.formats.json_schema_records import resolve_reader_schema as json_schema_reader_schema
 
         return json_schema_reader_schema(config)
+    if config.format.type == "protobuf":
+        from offsetlake.formats.protobuf_records import resolve_reader_schema as protobuf_reader_schema
+
+        return protobuf_reader_schema(config)
     from offsetlake.formats.avro_records import resolve_reader_schema as avro_reader_schema
 
     return avro_reader_schema(config)
@@ -100,6 +104,10 @@ def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = Non
         from offsetlake.formats.json_schema_records import JsonSchemaDecoder
 
         return JsonSchemaDecoder(config, reader_schema)
+    if config.format.type == "protobuf":
+        from offsetlake.formats.protobuf_records import ProtobufDecoder
+
+        return ProtobufDecoder(config, reader_schema)
     from offsetlake.formats.avro_records import AvroDecoder
 
     return AvroDecoder(config, reader_schema)

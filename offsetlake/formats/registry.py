@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from offsetlake.errors import ConfigError, SchemaRegistryUnavailableError
@@ -46,6 +46,7 @@ class RegisteredText:
     references: tuple[tuple[str, str, int], ...] = ()  # (name, subject, version)
     subject: str | None = None
     version: int | None = None
+    import_name: str | None = None  # as a reference: the name the referencing schema imports it by
 
 
 class SchemaNotFound(Exception):  # noqa: N818 - an answer, not a failure: the caller decides
@@ -98,11 +99,13 @@ def _call(pipeline: str, settings: dict[str, str], what: str, call: Any) -> Any:
             "once it answers") from None
 
 
-def subject_version(pipeline: str, settings: dict[str, str], subject: str, version: int | str) -> RegisteredText:
-    """The subject's ``version`` (a number, or ``latest``) with its global schema id."""
+def subject_version(pipeline: str, settings: dict[str, str], subject: str, version: int | str,
+                    fmt: str | None = None) -> RegisteredText:
+    """The subject's ``version`` (a number, or ``latest``) with its global schema id; ``fmt``
+    ``serialized`` asks for a Protobuf schema as a base64 ``FileDescriptorProto``."""
     client = _client(settings)
     what = f"looking up subject {subject} version {version}"
-    found = _call(pipeline, settings, what, lambda: client.get_version(subject, version))
+    found = _call(pipeline, settings, what, lambda: client.get_version(subject, version, fmt=fmt))
     schema = found.schema
     return RegisteredText(
         schema_id=found.schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
@@ -110,38 +113,42 @@ def subject_version(pipeline: str, settings: dict[str, str], subject: str, versi
         subject=found.subject, version=found.version)
 
 
-def schema_by_id(pipeline: str, settings: dict[str, str], schema_id: int) -> RegisteredText:
-    """The schema the registry holds under ``schema_id`` (cached for the life of the process)."""
-    key = (tuple(sorted(settings.items())), schema_id)
+def schema_by_id(pipeline: str, settings: dict[str, str], schema_id: int, fmt: str | None = None) -> RegisteredText:
+    """The schema the registry holds under ``schema_id`` (cached for the life of the process);
+    ``fmt`` as for ``subject_version``."""
+    key = (tuple(sorted(settings.items())), schema_id, fmt)
     cached = _by_id.get(key)
     if cached is not None:
         return cached
     client = _client(settings)
-    schema = _call(pipeline, settings, f"fetching schema id {schema_id}", lambda: client.get_schema(schema_id))
+    schema = _call(pipeline, settings, f"fetching schema id {schema_id}",
+                   lambda: client.get_schema(schema_id, fmt=fmt))
     found = RegisteredText(schema_id=schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
                            references=tuple((r.name, r.subject, r.version) for r in schema.references or ()))
     _by_id[key] = found
     return found
 
 
-def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText) -> list[RegisteredText]:
-    """The schemas ``schema`` references, depth first (each before the schemas that use it)."""
+def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText,
+               fmt: str | None = None) -> list[RegisteredText]:
+    """The schemas ``schema`` references, depth first (each before the schemas that use it), each
+    with the name the referencing schema imports it by in ``import_name``."""
     out: list[RegisteredText] = []
     seen: set[tuple[str, int]] = set()
 
     def visit(refs: tuple[tuple[str, str, int], ...]) -> None:
-        for _name, subject, version in refs:
+        for name, subject, version in refs:
             if (subject, version) in seen:
                 continue
             seen.add((subject, version))
             try:
-                found = subject_version(pipeline, settings, subject, version)
+                found = subject_version(pipeline, settings, subject, version, fmt)
             except SchemaNotFound as err:
                 raise SchemaRegistryUnavailableError(
                     f"pipeline {pipeline}: schema id {schema.schema_id} references subject {subject} version {version}, "
                     f"which the Schema Registry at {registry_url(settings)} does not hold ({err})") from None
             visit(found.references)
-            out.append(found)
+            out.append(replace(found, import_name=name))
 
     visit(schema.references)
     return out
