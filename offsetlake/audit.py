@@ -31,7 +31,7 @@ from offsetlake.history import rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
-from offsetlake.sink import committed_end, open_table, table_schema
+from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
 
 _COORDS = list(RECORD_KEY)
 _SHOW = 10
@@ -240,7 +240,7 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[int, list]], f
     from offsetlake.transform import apply_transform
 
     spark = spark_session()
-    decoder = decoder_for(config)
+    decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.sink_path)))
     decoded = decoder.decode_in_spark(raw_dataframe(spark, config.topic, unaccounted, decoder))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
     should_be_dead = {(r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())

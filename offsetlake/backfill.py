@@ -38,6 +38,7 @@ from offsetlake.sink import (
     live_files,
     open_table,
     remove_actions,
+    sink_columns,
     table_schema,
 )
 from offsetlake.spark import dataframe_from_arrow
@@ -94,7 +95,8 @@ def plan_backfill(
         raise BackfillParamsError(
             f"{where}: topic {config.topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
         )
-    ends = committed_ends(open_table(config.sink_path), config, config.topic, chosen)
+    table = open_table(config.sink_path)
+    ends = committed_ends(table, config, config.topic, chosen)
 
     starts: dict[int, int]
     stops: dict[int, int]
@@ -145,7 +147,7 @@ def plan_backfill(
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
     # an old range decodes into today's reader schema, recorded with the plan (invariant 12)
     return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
-                     window=window, reader_schema=resolve_reader_schema(config))
+                     window=window, reader_schema=resolve_reader_schema(config, sink_columns(table)))
 
 
 def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:

@@ -116,6 +116,19 @@ def redacted_registry_settings(value: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if _REGISTRY_SECRET.search(k) else v) for k, v in value.items()}
 
 
+def registry_options(value: Any) -> dict[str, str]:
+    """A ``schema_registry`` mapping as the client takes it (empty values mean not set)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("expected a mapping of client options (url: ..., basic.auth.user.info: ...)")
+    value = {str(k): str(v) for k, v in value.items() if str(v) != ""}
+    problem = registry_settings_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 class _RegistryFormat(_Strict):
     """What every registry-backed format has: the registry's client options (or the Airflow
     connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), the subject and the
@@ -128,15 +141,7 @@ class _RegistryFormat(_Strict):
     @field_validator("schema_registry", mode="before")
     @classmethod
     def _registry_options(cls, value: Any) -> Any:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ValueError("expected a mapping of client options (url: ..., basic.auth.user.info: ...)")
-        value = {str(k): str(v) for k, v in value.items() if str(v) != ""}
-        problem = registry_settings_problem(value)
-        if problem:
-            raise ValueError(problem)
-        return value
+        return registry_options(value)
 
     @field_validator("version")
     @classmethod
@@ -195,6 +200,76 @@ class ProtobufFormat(_RegistryFormat):
     @property
     def uses_registry(self) -> bool:
         return True
+
+
+KEY_TYPES = ("none", "string", "bytes", "json", "avro", "protobuf")
+
+
+class KeyFormat(_Strict):
+    """What a record's key becomes (``formats.keys``): ``string`` (UTF-8 text) or ``bytes`` in
+    one column ``_kafka_key``; ``json`` (against ``schema``), ``avro`` or ``protobuf`` (through
+    the Schema Registry, subject ``<topic>-key``) as named columns, ``<prefix><field>``; ``none``
+    keeps no key. ``key_format: bytes`` is short for ``key_format: {type: bytes}``."""
+
+    type: Literal["none", "string", "bytes", "json", "avro", "protobuf"] = "string"
+    schema_: dict[str, str] = Field(default_factory=dict, alias="schema")  # json: field -> Spark SQL type
+    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    subject: str | None = None  # default: <topic>-key
+    version: int | Literal["latest"] = "latest"
+    message: str | None = None  # protobuf: the key message's full name (default: the schema's first)
+    prefix: str = ""  # record keys: each field becomes the column <prefix><field>
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _registry_options(cls, value: Any) -> Any:
+        return registry_options(value)
+
+    @field_validator("schema_")
+    @classmethod
+    def _types_parse(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, type_name in value.items():
+            problem = spark_type_problem(type_name)
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_the_type(self) -> KeyFormat:
+        registry = self.type in ("avro", "protobuf")
+        if self.type == "json" and not self.schema_:
+            raise ValueError("a json key needs schema (field: Spark SQL type), its columns; for the text itself use string")
+        if self.type != "json" and self.schema_:
+            raise ValueError(f"schema is for json keys; a {self.type} key has none")
+        if not registry and (self.schema_registry or self.subject or self.version != "latest"):
+            raise ValueError(f"schema_registry, subject and version are for avro and protobuf keys, not {self.type}")
+        if self.message and self.type != "protobuf":
+            raise ValueError("message names a protobuf key's message")
+        if self.prefix and self.type not in ("json", "avro", "protobuf"):
+            raise ValueError(f"prefix names the columns of a record key; a {self.type} key is one column, _kafka_key")
+        return self
+
+    @property
+    def uses_registry(self) -> bool:
+        return self.type in ("avro", "protobuf")
+
+
+KEY_COLUMN = "_kafka_key"  # the column of a string or bytes key
+
+
+def key_columns(key: KeyFormat) -> dict[str, str]:
+    """The sink columns a key gives that are known without a registry: column -> Spark SQL type."""
+    if key.type in ("string", "bytes"):
+        return {KEY_COLUMN: "string" if key.type == "string" else "binary"}
+    if key.type == "json":
+        return {f"{key.prefix}{name}": kind for name, kind in key.schema_.items()}
+    return {}
 
 
 def spark_type_problem(text: str) -> str | None:
@@ -335,6 +410,9 @@ class PipelineConfig(_Strict):
     on_offsets_lost: Literal["fail", "skip"] = "fail"
     schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
     format: JsonFormat | AvroFormat | JsonSchemaFormat | ProtobufFormat = Field(discriminator="type")
+    # What the record key becomes; unset: string, or none for a sink from before key_format
+    # (offsetlake.formats.keys.effective_key_format).
+    key_format: KeyFormat | None = None
     # A batch whose records bring a new field: evolve (the sink gains a nullable column in that
     # batch's commit) or fail (the batch fails naming the change; nothing is committed).
     on_schema_change: Literal["evolve", "fail"] = "evolve"
@@ -480,15 +558,21 @@ class PipelineConfig(_Strict):
         return merged
 
     def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
-        """This config with Schema Registry settings from elsewhere (an Airflow connection) on top;
-        only a registry-backed format has any."""
-        if not options or isinstance(self.format, JsonFormat) or not self.format.uses_registry:
+        """This config with Schema Registry settings from elsewhere (an Airflow connection) on top,
+        for the value format and the key format that read through a registry."""
+        options = {k: v for k, v in options.items() if v != ""}
+        if not options:
             return self
-        merged = {**self.format.schema_registry, **{k: v for k, v in options.items() if v != ""}}
-        problem = registry_settings_problem(merged)
-        if problem:
-            raise ConfigError(f"pipeline {self.name}: schema registry connection: {problem}")
-        return self.model_copy(update={"format": self.format.model_copy(update={"schema_registry": merged})})
+        update: dict[str, Any] = {}
+        for field_name, fmt in (("format", self.format), ("key_format", self.key_format)):
+            if fmt is None or isinstance(fmt, JsonFormat) or not fmt.uses_registry:
+                continue
+            merged = {**fmt.schema_registry, **options}
+            problem = registry_settings_problem(merged)
+            if problem:
+                raise ConfigError(f"pipeline {self.name}: schema registry connection: {problem}")
+            update[field_name] = fmt.model_copy(update={"schema_registry": merged})
+        return self.model_copy(update=update) if update else self
 
     def register_storage(self) -> None:
         """Make this pipeline's storage settings the ones used for its lake and sink locations."""
@@ -602,18 +686,20 @@ def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineC
         module = config.transform_dir / f"{config.transform.split(':')[0]}.py"
         if not module.is_file():
             raise ConfigError(f"{path}: transform: {module} does not exist (the module goes next to the YAML)")
-    elif isinstance(config.format, JsonFormat):  # an Avro schema's fields are known when a batch is planned
-        fields = set(config.format.schema_)
+    elif isinstance(config.format, JsonFormat) and not (config.key_format and config.key_format.uses_registry):
+        # a registry schema's fields are known when a batch is planned
+        fields = set(config.format.schema_) | set(key_columns(config.key_format or KeyFormat()))
         missing = [c for c in config.sink.partition_by if c not in fields]
         if missing:
             raise ConfigError(f"{path}: sink.partition_by: column '{missing[0]}' is not a field of format.schema "
-                              "(without a transform the rows have only those fields)")
+                              "or a key column (without a transform the rows have only those)")
     if isinstance(config.format, AvroFormat) and config.format.schema_file:
         avsc = config.transform_dir / config.format.schema_file
         if not avsc.is_file():
             raise ConfigError(f"{path}: format.schema_file: {avsc} does not exist (the .avsc goes next to the YAML)")
     for column in config.sink.partition_by:
         declared = config.format.schema_.get(column) if isinstance(config.format, JsonFormat) else None
+        declared = declared or key_columns(config.key_format or KeyFormat()).get(column)
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
             raise ConfigError(
                 f"{path}: sink.partition_by: column '{column}' has type {declared}; "

@@ -434,7 +434,10 @@ def _schema_digest(raw: str | None) -> dict | None:
     schema = ReaderSchema.from_dict(json.loads(raw)) if raw else None
     if schema is None:
         return None
-    return {**{k: v for k, v in schema.as_dict().items() if k != "text"}, "description": schema.describe()}
+    digest = {k: v for k, v in schema.as_dict().items() if k != "text"}
+    if "key" in digest:
+        digest["key"] = {k: v for k, v in digest["key"].items() if k != "text"}
+    return {**digest, "description": schema.describe()}
 
 
 def validation_digest(raw: str | None) -> dict | None:

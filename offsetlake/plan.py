@@ -123,7 +123,8 @@ class ReaderSchema:
     ``source``: ``registry`` (a Schema Registry subject's version, fetched again by ``id`` on a
     rerun), ``file`` (a local ``.avsc``) or ``yaml`` (the pipeline file's JSON schema); for the
     last two ``text`` is the schema itself, so a rerun decodes with it even after the file
-    changed. ``fingerprint`` tells two schemas apart whatever their source.
+    changed; for a key also ``string`` or ``bytes``. ``fingerprint`` tells two schemas apart
+    whatever their source. ``key``: how the batch's record keys decode (None: not kept).
     """
 
     source: str
@@ -132,21 +133,30 @@ class ReaderSchema:
     version: int | None = None
     id: int | None = None
     text: str | None = None
+    key: ReaderSchema | None = None  # the schema its record keys decode into (a record key's, else None)
 
     def describe(self) -> str:
         if self.source == "registry":
-            return f"subject {self.subject} version {self.version} (schema id {self.id})"
-        return f"{self.source} schema {self.fingerprint[:12]}"
+            said = f"subject {self.subject} version {self.version} (schema id {self.id})"
+        elif self.source in ("string", "bytes"):  # a key kept as text or bytes
+            said = self.source
+        else:
+            said = f"{self.source} schema {self.fingerprint[:12]}"
+        return f"{said}; key {self.key.describe()}" if self.key is not None else said
 
     def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "key"}
+        if self.key is not None:
+            out["key"] = self.key.as_dict()
+        return out
 
     @staticmethod
     def from_dict(data: dict | None) -> ReaderSchema | None:
         if not data:
             return None
         return ReaderSchema(source=str(data["source"]), fingerprint=str(data["fingerprint"]), subject=data.get("subject"),
-                            version=data.get("version"), id=data.get("id"), text=data.get("text"))
+                            version=data.get("version"), id=data.get("id"), text=data.get("text"),
+                            key=ReaderSchema.from_dict(data.get("key")))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.formats import resolve_reader_schema
 from offsetlake.kafka import check_log_start, current_offsets
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import committed_ends, open_table
+from offsetlake.sink import committed_ends, open_table, sink_columns
 
 
 def share_fairly(pending: dict[int, int], budget: int) -> dict[int, int]:
@@ -78,7 +78,8 @@ def plan_next_batch(
     when the run started).
     """
     offsets = current_offsets(config)
-    ends = committed_ends(open_table(config.sink_path), config, config.topic, sorted(offsets))
+    table = open_table(config.sink_path)
+    ends = committed_ends(table, config, config.topic, sorted(offsets))
     lost = []
     for p, committed in ends.items():
         if committed is not None and committed < offsets[p].log_start:
@@ -98,4 +99,4 @@ def plan_next_batch(
         return None
     # the reader schema is fixed here, with the ranges (invariant 12)
     return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run,
-                     reader_schema=resolve_reader_schema(config))
+                     reader_schema=resolve_reader_schema(config, sink_columns(table)))

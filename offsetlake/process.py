@@ -136,6 +136,10 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
         return False
     if config.transform:
         return True
+    from offsetlake.formats.keys import KeyedDecoder
+
+    if isinstance(decoder, KeyedDecoder) and {c for c, _ in decoder.key.columns()} & set(config.sink.partition_by):
+        return True  # a key column's value may be any length
     read_type = decoder.read_type()
     if read_type is None:  # JSON with types the read tasks leave to Spark
         declared = getattr(config.format, "schema_", {})

@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 
 from offsetlake import errors
 from offsetlake.formats import PARSED_IN_READ, Decoder
+from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.kafka import record_headers
 from offsetlake.plan import OffsetRange
 
@@ -132,17 +133,12 @@ def read_ranges(
     Spark). ``headers_of_rows=False``: records the decoder already knows become rows get no
     headers (only dead letters keep them, unless the pipeline may dead-letter a good record).
     """
-    from pyspark.sql.pandas.types import from_arrow_type
 
-    parsed_type = decoder.read_type() if decoder is not None else None
     splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
     rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
     split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
     config = dict(client_config)
-    arrow_schema, spark_schema = _ARROW_SCHEMA, RAW_SCHEMA
-    if parsed_type is not None:
-        arrow_schema = _ARROW_SCHEMA.append(pa.field(PARSED_IN_READ, parsed_type))
-        spark_schema = StructType([*RAW_SCHEMA.fields, StructField(PARSED_IN_READ, from_arrow_type(parsed_type))])
+    arrow_schema, spark_schema = _schemas(decoder)
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
@@ -170,16 +166,37 @@ def read_ranges(
 def raw_dataframe(spark: SparkSession, topic: str, chunks: list[tuple[int, list]], decoder: Decoder) -> DataFrame:
     """Records already consumed in the driver ((partition, messages) pairs) as the DataFrame a
     read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    parsed_type = decoder.read_type()
-    arrow_schema = _ARROW_SCHEMA if parsed_type is None else _ARROW_SCHEMA.append(pa.field(PARSED_IN_READ, parsed_type))
+    arrow_schema, schema = _schemas(decoder)
     batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder), schema=arrow_schema)
                for partition, messages in chunks]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
-    schema = RAW_SCHEMA if parsed_type is None else StructType(
-        [*RAW_SCHEMA.fields, StructField(PARSED_IN_READ, from_arrow_type(parsed_type))])
     return spark.createDataFrame(table, schema=schema)
+
+
+def _decoded_fields(decoder: Decoder | None) -> list[pa.Field]:
+    """The columns the read tasks add after RAW_SCHEMA's: the decoded values (PARSED_IN_READ) when
+    the value decoder decodes in the tasks, the decoded keys (KEY_PARSED) when the key decoder does."""
+    if decoder is None:
+        return []
+    out = []
+    parsed_type = decoder.read_type()
+    if parsed_type is not None:
+        out.append(pa.field(PARSED_IN_READ, parsed_type))
+    key_type = decoder.key.read_type() if isinstance(decoder, KeyedDecoder) else None
+    if key_type is not None:
+        out.append(pa.field(KEY_PARSED, key_type))
+    return out
+
+
+def _schemas(decoder: Decoder | None) -> tuple[pa.Schema, StructType]:
+    """The Arrow and Spark schemas of the read frame: RAW_SCHEMA and what the tasks decode."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    extra = _decoded_fields(decoder)
+    arrow_schema = _ARROW_SCHEMA
+    for f in extra:
+        arrow_schema = arrow_schema.append(f)
+    return arrow_schema, StructType([*RAW_SCHEMA.fields, *(StructField(f.name, from_arrow_type(f.type)) for f in extra)])
 
 
 def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
@@ -198,15 +215,20 @@ def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | N
                 problems = problems or [None] * len(chunk)
                 problems[i] = (f"record timestamp {s} ms is outside what the sink's timestamp type holds "
                                "(0001-01-01 to 9999-12-31 UTC)")
+    keys = [m.key() for m in chunk]
     decoded = decoder.decode_chunk(values) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
         problems = _merge(problems, decoded.problems)
+    key_decoder = decoder.key if isinstance(decoder, KeyedDecoder) and decoder.key.read_type() is not None else None
+    decoded_keys = key_decoder.decode_chunk(keys) if key_decoder is not None else None
+    if decoded_keys is not None and decoded_keys.problems is not None:
+        problems = _merge(problems, decoded_keys.problems)
     wanted = None  # which records need their headers (None: all)
     if not headers_of_rows and decoded is not None and decoded.settled is not None:
         wanted = [not row or (problems is not None and problems[i] is not None) for i, row in enumerate(decoded.settled)]
     headers = record_headers(chunk, wanted)
     columns = [
-        pa.array([m.key() for m in chunk], pa.binary()),
+        pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
         pa.array(headers, _HEADERS),
         pa.array([topic] * len(chunk), pa.string()),
@@ -217,6 +239,8 @@ def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | N
     ]
     if decoded is not None and decoded.parsed is not None and decoder is not None and decoder.read_type() is not None:
         columns.append(decoded.parsed)
+    if decoded_keys is not None and decoded_keys.parsed is not None:
+        columns.append(decoded_keys.parsed)
     return columns
 
 

@@ -31,7 +31,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyarrow import fs as pafs
 
 from offsetlake import storage
-from offsetlake.config import PipelineConfig
+from offsetlake.config import KEY_COLUMN, PipelineConfig
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StalePlanError
 from offsetlake.history import commit_version, covering_batch, entry_json, landed_version, sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange, ReaderSchema
@@ -336,6 +336,11 @@ def commit(table: DeltaTable, actions: CommitActions, entry: dict, *, partition_
                                    partition_filters=nothing, commit_properties=properties, post_commithook_properties=hooks)
 
 
+def sink_columns(table: DeltaTable | None) -> set[str] | None:
+    """The sink's column names, None when it does not exist yet (what an unset key_format looks at)."""
+    return None if table is None else set(table_schema(table).names)
+
+
 def table_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
@@ -379,6 +384,8 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
             f"pipeline {config.name}: batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
             "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
             "is added in the batch's own commit), pin format.version to the schema the sink has, or a new sink table"
+            + (f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink "
+               "without it" if any(f.name == KEY_COLUMN for f in added) else "")
         )
     return pa.schema([*current, *added]) if added else None
 

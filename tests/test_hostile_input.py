@@ -43,9 +43,11 @@ CASES = [
     ("a JSON array", b"k", b"[1, 2, 3]", None, "value is not a JSON object"),
     ("not JSON at all", b"k", b"order 6 placed", None, "value is not a JSON object"),
     ("missing required field", b"k", b'{"customer": "c1"}', None, "required field 'order_id' is missing or null"),
-    ("odd header bytes", b"\x00\xff", _order(9), [("h\u00e9", b"\x00\xff\x80"), ("empty", b""), ("none", None)], None),
+    ("odd header bytes", b"\x00k", _order(9), [("h\u00e9", b"\x00\xff\x80"), ("empty", b""), ("none", None)], None),
     ("odd header bytes on a dead letter", b"\x00", b"{not json", [("h\u00e9", b"\x00\xff\x80")],
      "value does not parse as JSON matching the declared schema"),
+    ("non-UTF-8 key (key_format: string)", b"\x00\xff", _order(11), None,
+     "key: is not UTF-8 text (byte 1); key_format: bytes keeps keys as they are"),
 ]
 
 

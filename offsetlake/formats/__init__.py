@@ -66,11 +66,23 @@ class Decoder(Protocol):
         ...
 
 
-def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
+def resolve_reader_schema(config: PipelineConfig, sink_columns: set[str] | None = None) -> ReaderSchema:
     """The reader schema a new plan records (invariant 12): the YAML schema for ``json``; the
-    subject's latest or pinned version for the registry formats, or the local ``.avsc`` for ``avro``. Raises
-    ConfigError (a schema that has no Delta mapping, a subject that does not exist) and
+    subject's latest or pinned version for the registry formats, or the local ``.avsc`` for
+    ``avro``; with how keys decode (``ReaderSchema.key``; ``sink_columns``, the existing sink's,
+    decide an unset ``key_format``, see ``keys.effective_key_format``). Raises ConfigError (a
+    schema that has no Delta mapping, a subject that does not exist) and
     SchemaRegistryUnavailableError; nothing has been read then."""
+    from dataclasses import replace
+
+    from offsetlake.formats.keys import resolve_key_schema
+
+    value = _value_reader_schema(config)
+    key = resolve_key_schema(config, sink_columns)
+    return replace(value, key=key) if key is not None else value
+
+
+def _value_reader_schema(config: PipelineConfig) -> ReaderSchema:
     from offsetlake.config import JsonFormat
 
     if isinstance(config.format, JsonFormat):
@@ -90,12 +102,22 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
     return avro_reader_schema(config)
 
 
-def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = None) -> Decoder:
-    """The decoder of the pipeline's ``format``, decoding into ``reader_schema`` (a plan's; the
-    one a new plan would record when None)."""
+def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = None,
+                sink_columns: set[str] | None = None) -> Decoder:
+    """The decoder of the pipeline's ``format`` and ``key_format``, decoding into ``reader_schema``
+    (a plan's; the one a new plan would record when None)."""
+    from offsetlake.formats.keys import KeyedDecoder, key_decoder_for
+
+    reader_schema = reader_schema or resolve_reader_schema(config, sink_columns)
+    value = value_decoder_for(config, reader_schema)
+    key = key_decoder_for(config, reader_schema.key)
+    return KeyedDecoder(value, key, config.name) if key is not None else value
+
+
+def value_decoder_for(config: PipelineConfig, reader_schema: ReaderSchema) -> Decoder:
+    """The decoder of the pipeline's ``format`` alone."""
     from offsetlake.config import JsonFormat
 
-    reader_schema = reader_schema or resolve_reader_schema(config)
     if isinstance(config.format, JsonFormat):
         from offsetlake.formats.json_records import JsonDecoder, json_format_of
 
@@ -117,8 +139,14 @@ def good_rows(decoded: DataFrame, decoder: Decoder) -> DataFrame:
     """Decoded records as sink rows: the format's fields plus the coordinate columns."""
     from pyspark.sql import functions as F
 
+    from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
+
+    keyed = decoder if isinstance(decoder, KeyedDecoder) else None
+    value_fields = keyed.value.fields() if keyed is not None else decoder.fields()
+    key_columns = keyed.key.columns() if keyed is not None else []
     return decoded.where(F.col(REASON).isNull()).select(
-        *[F.col(f"{PARSED}.`{name}`").alias(name) for name in decoder.fields()],
+        *[F.col(f"{PARSED}.`{name}`").alias(name) for name in value_fields],
+        *[F.col(f"{KEY_PARSED}.`{inner}`").alias(column) for column, inner in key_columns],
         F.col("topic").alias(TOPIC),
         F.col("partition").alias(PARTITION),
         F.col("offset").alias(OFFSET),

@@ -155,25 +155,25 @@ def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText,
 
 
 def registry_reader_schema(config: PipelineConfig, schema_type: str, fingerprint: Callable[[str], str],
-                           alternative: str = "") -> ReaderSchema:
+                           alternative: str = "", field: str = "format") -> ReaderSchema:
     """The reader schema a new plan of a registry-backed format records: the subject's latest or
     pinned version, with its global id. Raises ConfigError (no registry set, no such subject or
     version, a schema of another type) and SchemaRegistryUnavailableError."""
     fmt: Any = config.format
     kind = fmt.type
     if not fmt.schema_registry.get("url"):
-        raise ConfigError(f"pipeline {config.name}: format {kind} reads through a Schema Registry but none is set: "
-                          f"give format.schema_registry.url, an Airflow connection schema_registry_{config.name} "
+        raise ConfigError(f"pipeline {config.name}: {field} {kind} reads through a Schema Registry but none is set: "
+                          f"give {field}.schema_registry.url, an Airflow connection schema_registry_{config.name} "
                           f"(or schema_registry_default){', ' + alternative if alternative else ''}")
     subject = fmt.subject or f"{config.topic}-value"
     try:
         found = subject_version(config.name, fmt.schema_registry, subject, fmt.version)
     except SchemaNotFound as err:
         raise ConfigError(f"pipeline {config.name}: the Schema Registry at {registry_url(fmt.schema_registry)} has "
-                          f"no subject {subject} version {fmt.version} ({err}); set format.subject / format.version, "
+                          f"no subject {subject} version {fmt.version} ({err}); set {field}.subject / {field}.version, "
                           "or register the schema first") from None
     if found.schema_type != schema_type:
         raise ConfigError(f"pipeline {config.name}: subject {subject} version {found.version} is a "
-                          f"{found.schema_type} schema; format.type is {kind}")
+                          f"{found.schema_type} schema; {field}.type is {kind}")
     return ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject,
                         version=found.version, id=found.schema_id)
