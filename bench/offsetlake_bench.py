@@ -483,7 +483,9 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
 
         def pipeline_of(kind: str, lake: Path, source: str | None = None, subject: str | None = None) -> Any:
             fmt = {"format": {"type": kind, "schema_registry": client, "subject": subject or f"{avro_topic}-value",
-                              **({"version": 1} if kind == "avro" else {})}} if kind != "json" else {}
+                              **({"version": 1} if kind == "avro" else {})}} if kind not in ("json", "json_no_key") else {}
+            if kind == "json_no_key":  # the same JSON pipeline without the _kafka_key column (key_format: none)
+                fmt = {"key_format": "none"}
             source = source or (avro_topic if kind == "avro" else topic)
             return load_pipeline(str(write_pipeline(work / "p", f"bench_{kind}", source, bootstrap, lake, **fmt)))
 
@@ -513,8 +515,8 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         for kind, warm_topic in warm_topics.items():  # both paths warm (worker imports, registry cache)
             run_pipeline(pipeline_of(kind, work / f"lake_warm_{kind}", warm_topic), RunContext(f"warm-{kind}"),
                          spark_session, emit=lambda _: None)
-        times: dict[str, list[float]] = {"json": [], "avro": []}
-        order = [("json", "avro"), ("avro", "json")]
+        times: dict[str, list[float]] = {"json": [], "avro": [], "json_no_key": []}
+        order = [("json", "avro", "json_no_key"), ("json_no_key", "avro", "json")]
         for i in range(args.repeats):
             for kind in order[i % 2]:
                 lake = work / f"lake_{kind}_{i}"
@@ -530,6 +532,10 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
              json_records_per_s=round(records / json_med), avro_records_per_s=round(records / avro_med),
              json_mean_value_bytes=round(json_bytes / records, 1), avro_mean_value_bytes=round(avro_bytes / records, 1),
              records=records)
+        no_key_med = statistics.median(times["json_no_key"])
+        emit(figures, "steady_warm_json_key_column", with_key_median_s=round(json_med, 2),
+             without_key_median_s=round(no_key_med, 2), without_key_samples_s=times["json_no_key"],
+             with_over_without=round(json_med / no_key_med, 2), records=records)
         stop_spark()
     finally:
         registry.stop()
@@ -599,8 +605,9 @@ def registry_decode(sr: Any, client: dict, work: Path, bootstrap: str, figures: 
 
     us = {}
     for kind, subject in (("protobuf", "bench_decode_pb-value"), ("json_schema", "bench_decode_js-value")):
-        config = pipeline_of(kind, work / "lake_decode", subject=subject)
-        us[kind] = per_record(decoder_for(config).decode_chunk, samples[kind])
+        decoder = decoder_for(pipeline_of(kind, work / "lake_decode", subject=subject))
+        assert decoder.decode_chunk(samples[kind][:1000]).problems is None, f"{kind}: the sample must decode to rows"
+        us[kind] = per_record(decoder.decode_chunk, samples[kind])
     us["string_key"] = per_record(TextKey(True).decode_chunk, keys)
     emit(figures, "decode_protobuf_json_schema_and_keys", json_us_per_record=json_us,
          protobuf_us_per_record=us["protobuf"], json_schema_us_per_record=us["json_schema"],
