@@ -176,13 +176,14 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
     offsets = current_offsets(config)
     in_sink = _group_offsets(records)
     in_dead = _group_offsets(dead)
-    unaccounted: list[tuple[int, list]] = []  # (partition, raw messages) of records in neither table
+    unaccounted: list[tuple[str, int, list]] = []  # (topic, partition, raw messages) of records in neither table
     client = config.kafka_client_config()
     for (topic, partition), spans in sorted(covered.items()):
-        if topic != config.topic or partition not in offsets:
-            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of {config.topic}")
+        if (topic, partition) not in offsets:
+            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of "
+                                   f"{config.topic_label} any more")
             continue
-        log_start = offsets[partition].log_start
+        log_start = offsets[(topic, partition)].log_start
         sink_set = set(in_sink.get((topic, partition), np.array([], np.int64)).tolist())
         dead_set = set(in_dead.get((topic, partition), np.array([], np.int64)).tolist())
         served: set[int] = set()
@@ -217,21 +218,22 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
         for start, end in gaps.get((topic, partition), []):
             found["in_gaps"] += max(0, end - max(start, log_start)) if end > log_start else 0
         if missing:
-            unaccounted.append((partition, missing))
+            unaccounted.append((topic, partition, missing))
     lost = _lost_records(config, unaccounted, found)
-    for partition, offsets_lost in lost:
+    for topic, partition, offsets_lost in lost:
         report.problems.append(
-            f"{len(offsets_lost)} committed records of {config.topic}[{partition}] that Kafka holds are in neither the sink "
+            f"{len(offsets_lost)} committed records of {topic}[{partition}] that Kafka holds are in neither the sink "
             f"nor the dead letters nor a recorded gap, e.g. offsets {offsets_lost[:5]}")
 
 
-def _lost_records(config: PipelineConfig, unaccounted: list[tuple[int, list]], found: dict) -> list[tuple[int, list[int]]]:
+def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list]],
+                  found: dict) -> list[tuple[str, int, list[int]]]:
     """The records of ``unaccounted`` that should have become rows or dead letters: all of them
     without a transform; with one, those its decode + transform still turn into rows or dead letters."""
     if not unaccounted:
         return []
     if not config.transform:
-        return [(p, sorted(m.offset() for m in messages)) for p, messages in unaccounted]
+        return [(t, p, sorted(m.offset() for m in messages)) for t, p, messages in unaccounted]
     from pyspark.sql import functions as F
 
     from offsetlake.formats import REASON, decoder_for, good_rows
@@ -241,19 +243,19 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[int, list]], f
 
     spark = spark_session()
     decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.sink_path)))
-    decoded = decoder.decode_in_spark(raw_dataframe(spark, config.topic, unaccounted, decoder))
+    decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
-    should_be_dead = {(r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())
-                      .select("partition", "offset").collect()}
-    with_rows = {(r[PARTITION], r[OFFSET]) for r in apply_transform(good_rows(decoded, decoder), config)
-                 .select(PARTITION, OFFSET).distinct().collect()}
+    should_be_dead = {(r["topic"], r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())
+                      .select("topic", "partition", "offset").collect()}
+    with_rows = {(r[TOPIC], r[PARTITION], r[OFFSET]) for r in apply_transform(good_rows(decoded, decoder), config)
+                 .select(TOPIC, PARTITION, OFFSET).distinct().collect()}
     decoded.unpersist()
     lost = []
-    for partition, messages in unaccounted:
-        offsets = sorted(m.offset() for m in messages if (partition, m.offset()) in should_be_dead | with_rows)
+    for topic, partition, messages in unaccounted:
+        offsets = sorted(m.offset() for m in messages if (topic, partition, m.offset()) in should_be_dead | with_rows)
         found["filtered"] += len(messages) - len(offsets)
         if offsets:
-            lost.append((partition, offsets))
+            lost.append((topic, partition, offsets))
     return lost
 
 

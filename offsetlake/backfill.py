@@ -63,6 +63,7 @@ def plan_backfill(
     to_offset: int | None = None,
     from_time: str | None = None,
     to_time: str | None = None,
+    topic: str | None = None,
 ) -> BatchPlan:
     """Validate the request and turn it into per-partition ranges below the committed end.
 
@@ -87,16 +88,23 @@ def plan_backfill(
     if by_time and not (from_time and to_time):
         raise BackfillParamsError(f"{where}: from_time and to_time are both required")
 
-    offsets = current_offsets(config)
+    every = current_offsets(config)
+    topics = sorted({t for t, _ in every})
+    if topic is None and len(topics) == 1:
+        topic = topics[0]
+    if topic is None or topic not in topics:
+        said = "give the topic to backfill" if topic is None else f"topic {topic} is not one of the pipeline's"
+        raise BackfillParamsError(f"{where}: {said} (its topics: {', '.join(topics) or 'none'})")
+    offsets = {p: o for (t, p), o in every.items() if t == topic}
     known = sorted(offsets)
     chosen = sorted(set(partitions)) if partitions else known
     unknown = [p for p in chosen if p not in offsets]
     if unknown:
         raise BackfillParamsError(
-            f"{where}: topic {config.topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
+            f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
         )
     table = open_table(config.sink_path)
-    ends = committed_ends(table, config, config.topic, chosen)
+    ends = committed_ends(table, config, topic, chosen)
 
     starts: dict[int, int]
     stops: dict[int, int]
@@ -112,7 +120,7 @@ def plan_backfill(
             # match from the first record on: start from the log start
             starts = {p: offsets[p].log_start for p in chosen}
         else:
-            found = offsets_for_time(config.kafka_client_config(), config.topic, chosen, start_ms, config.name)
+            found = offsets_for_time(config.kafka_client_config(), topic, chosen, start_ms, config.name)
             # -1: no record at or after from_time yet
             starts = {p: found[p] if found[p] >= 0 else offsets[p].last_stable for p in chosen}
         stops = {p: offsets[p].last_stable for p in chosen}
@@ -128,7 +136,7 @@ def plan_backfill(
         lso, committed = offsets[p].last_stable, ends[p]
         if by_offset and stops[p] > lso:
             raise BackfillParamsError(
-                f"{where}: to_offset {stops[p]} is beyond the last stable offset {lso} of {config.topic}[{p}]"
+                f"{where}: to_offset {stops[p]} is beyond the last stable offset {lso} of {topic}[{p}]"
             )
         limit = committed if committed is not None else 0
         if by_time:
@@ -136,12 +144,12 @@ def plan_backfill(
             starts[p] = min(starts[p], stops[p])
         elif stops[p] > limit:
             raise BackfillParamsError(
-                f"{where}: {config.topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
+                f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
                 f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
             )
         if stops[p] > starts[p]:
             check_log_start(offsets[p], starts[p], config.name)
-        ranges.append(OffsetRange(config.topic, p, starts[p], stops[p]))
+        ranges.append(OffsetRange(topic, p, starts[p], stops[p]))
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")

@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Running the same backfill twice leaves the table content identical.",
     )
     _add_pipeline(backfill)
+    backfill.add_argument("--topic", help="the topic to backfill (needed when the pipeline reads several)")
     backfill.add_argument("--partitions", help="comma-separated partition ids (default: all)")
     backfill.add_argument("--from-offset", type=int, help="first offset to reprocess (inclusive)")
     backfill.add_argument("--to-offset", type=int, help="end offset (exclusive), at most the committed end")
@@ -276,7 +277,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise BackfillParamsError(f"pipeline {config.name} backfill: --partitions '{args.partitions}' is not a list like 0,2") from None
     run_id = args.run_id or f"cli-backfill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     plan = plan_backfill(config, RunContext(run_id=run_id), partitions, args.from_offset, args.to_offset,
-                         args.from_time, args.to_time)
+                         args.from_time, args.to_time, topic=args.topic)
     Ledger.of(config).record_plan(plan)
     log_step("plan", plan, time.monotonic(), kind=str(plan.kind), offsets=plan.offsets)
     try:
@@ -307,7 +308,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows),
                           "stream_lease": lease.as_dict() if lease else None}))
         return 0
-    print(f"pipeline {config.name}  topic {config.topic}  sink {config.sink_path}")
+    print(f"pipeline {config.name}  topic {config.topic_label}  sink {config.sink_path}")
     _print_table(rows, ["topic", "partition", "committed_end", "log_start", "last_stable", "lag"])
     print(f"total lag: {sum(r['lag'] for r in rows)}")
     if lease is not None and lease.live():

@@ -397,7 +397,11 @@ class ValidationSettings(_Strict):
 
 class PipelineConfig(_Strict):
     name: str
-    topic: str = Field(min_length=1)
+    # Exactly one of: one topic, a list, or a pattern (a regular expression a topic name must
+    # match in full, as Kafka Connect's topics.regex; topics created later are picked up).
+    topic: str | None = Field(default=None, min_length=1)
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
     kafka: KafkaSettings
     lake: str = "lake"
     # Object-store settings for a lake (or sink.table) on s3:// (or gs://, az://), passed to
@@ -420,6 +424,33 @@ class PipelineConfig(_Strict):
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     source_file: str = ""  # filled in by load_pipeline
+
+    @model_validator(mode="after")
+    def _one_topic_source(self) -> PipelineConfig:
+        given = [n for n in ("topic", "topics", "topic_pattern") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of topic, topics, topic_pattern (given: {', '.join(given) or 'none'})")
+        if self.topics is not None:
+            if not self.topics or any(not t for t in self.topics):
+                raise ValueError("topics: a list of one or more topic names")
+            doubled = sorted({t for t in self.topics if self.topics.count(t) > 1})
+            if doubled:
+                raise ValueError(f"topics: {', '.join(doubled)} listed more than once")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as err:
+                raise ValueError(f"topic_pattern: {self.topic_pattern!r} is not a regular expression: {err}") from None
+        return self
+
+    @property
+    def topic_label(self) -> str:
+        """The pipeline's source as messages name it: a topic, a list, or the pattern."""
+        if self.topic is not None:
+            return self.topic
+        if self.topics is not None:
+            return ", ".join(self.topics)
+        return f"topics matching {self.topic_pattern}"
 
     @field_validator("name")
     @classmethod

@@ -9,6 +9,7 @@ message at ``end - 1``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -25,11 +26,42 @@ if TYPE_CHECKING:  # Spark's read tasks import this module: keep their imports l
 METADATA_TIMEOUT_S = 15.0
 
 
-def current_offsets(config: PipelineConfig) -> dict[int, PartitionOffsets]:
-    """Log start and Last Stable Offset of every partition of the pipeline's topic, now."""
+def current_offsets(config: PipelineConfig) -> dict[tuple[str, int], PartitionOffsets]:
+    """Log start and Last Stable Offset of every partition of the pipeline's topics, now, keyed
+    by (topic, partition)."""
     client = config.kafka_client_config()
-    partitions = describe_topic(client, config.topic, config.name)
-    return partition_offsets(client, config.topic, partitions, config.name)
+    out: dict[tuple[str, int], PartitionOffsets] = {}
+    for topic, partitions in describe_topics(client, config).items():
+        for p, offsets in partition_offsets(client, topic, partitions, config.name).items():
+            out[(topic, p)] = offsets
+    return out
+
+
+def describe_topics(client_config: dict[str, str], config: PipelineConfig) -> dict[str, list[int]]:
+    """Partition ids of each topic the pipeline reads: its ``topic``, its ``topics`` (each must
+    exist: KafkaUnavailableError naming it), or every topic ``topic_pattern`` matches in full now
+    (internal topics, ``__...``, never; none matching is an empty answer, not an error)."""
+    servers = client_config.get("bootstrap.servers", "?")
+    try:
+        # all topics in one request: naming a topic makes brokers with auto.create.topics.enable create it
+        metadata = _admin(client_config).list_topics(timeout=METADATA_TIMEOUT_S)
+    except KafkaException as err:
+        raise KafkaUnavailableError(
+            f"pipeline {config.name}: cannot reach Kafka at {servers} to describe {config.topic_label}: {err.args[0]}"
+        ) from None
+    if config.topic_pattern is not None:
+        pattern = re.compile(config.topic_pattern)
+        names = sorted(t for t in metadata.topics if not t.startswith("__") and pattern.fullmatch(t))
+    else:
+        names = [config.topic] if config.topic is not None else list(config.topics or [])
+    out = {}
+    for topic in names:
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None or not described.partitions:
+            reason = described.error.str() if described is not None and described.error else "unknown topic"
+            raise KafkaUnavailableError(f"pipeline {config.name}: topic '{topic}' is not available on {servers}: {reason}")
+        out[topic] = sorted(described.partitions)
+    return out
 
 
 def _admin(client_config: dict[str, str]) -> AdminClient:

@@ -40,10 +40,13 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     """
     offsets = current_offsets(config)
     table = table if table is not None else open_table(config.sink_path)
-    ends = committed_ends(table, config, config.topic, sorted(offsets))
+    ends: dict[tuple[str, int], int | None] = {}
+    for topic in sorted({t for t, _ in offsets}):
+        found = committed_ends(table, config, topic, sorted(p for t, p in offsets if t == topic))
+        ends.update({(topic, p): end for p, end in found.items()})
     rows = []
-    for p, o in sorted(offsets.items()):
-        committed = ends[p]
+    for (topic, p), o in sorted(offsets.items()):
+        committed = ends[(topic, p)]
         lag = o.last_stable - (committed if committed is not None else o.log_start)
         rows.append({"topic": o.topic, "partition": p, "committed_end": committed, "log_start": o.log_start,
                      "last_stable": o.last_stable, "lag": max(lag, 0),
@@ -80,7 +83,7 @@ def _headline(config: PipelineConfig, batches: list[dict]) -> dict:
     last = batches[0] if batches else None
     return {
         "pipeline": config.name,
-        "topic": config.topic,
+        "topic": config.topic_label,
         "last_commit_at": max(committed) if committed else None,
         "last_batch": None if last is None else {
             "batch_id": last["batch_id"], "kind": last["kind"], "status": last["status"], "planned_at": last["planned_at"],

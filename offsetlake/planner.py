@@ -15,11 +15,12 @@ from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets,
 from offsetlake.sink import committed_ends, open_table, sink_columns
 
 
-def share_fairly(pending: dict[int, int], budget: int) -> dict[int, int]:
-    """Split ``budget`` offsets across partitions: equal shares, unused shares go to the rest.
+def share_fairly(pending: dict, budget: int) -> dict:
+    """Split ``budget`` offsets across partitions (keys: (topic, partition)): equal shares,
+    unused shares go to the rest.
 
     Water-filling, so a nearly caught-up partition never starves a lagging one and no partition
-    gets more than it has pending. Deterministic: leftover units go to the lowest partition ids.
+    gets more than it has pending. Deterministic: leftover units go to the lowest keys.
     """
     grant = {p: 0 for p in pending}
     open_parts = sorted(p for p, n in pending.items() if n > 0)
@@ -40,34 +41,45 @@ def share_fairly(pending: dict[int, int], budget: int) -> dict[int, int]:
     return grant
 
 
+TopicPartitionKey = tuple[str, int]
+
+
 def plan_ranges(
-    topic: str,
-    committed_ends: dict[int, int | None],
-    offsets: dict[int, PartitionOffsets],
+    committed_ends: dict[TopicPartitionKey, int | None],
+    offsets: dict[TopicPartitionKey, PartitionOffsets],
     start_policy: str,
     max_records: int,
 ) -> list[OffsetRange]:
-    """Ranges for the next batch; empty ranges mean the partition is caught up.
+    """Ranges for the next batch over every topic-partition; empty ranges mean caught up.
 
-    A partition with no committed end (new pipeline, or a partition added to the topic later)
-    starts at its log start (``earliest``) or its LSO (``latest``). The caller checks the log
-    start offset for loss (invariant 7) before calling.
+    A partition with no committed end (new pipeline, a partition added later, or a topic that
+    started matching ``topic_pattern``) starts at its log start (``earliest``) or its LSO
+    (``latest``). The caller checks the log start offset for loss (invariant 7) first.
     """
-    starts: dict[int, int] = {}
-    for p, info in offsets.items():
-        committed = committed_ends.get(p)
+    starts: dict[TopicPartitionKey, int] = {}
+    for key, info in offsets.items():
+        committed = committed_ends.get(key)
         if committed is None:
             committed = info.log_start if start_policy == "earliest" else info.last_stable
-        starts[p] = committed
-    pending = {p: max(0, offsets[p].last_stable - starts[p]) for p in offsets}
+        starts[key] = committed
+    pending = {key: max(0, offsets[key].last_stable - starts[key]) for key in offsets}
     grant = share_fairly(pending, max_records)
-    return [OffsetRange(topic, p, starts[p], starts[p] + grant[p]) for p in sorted(offsets)]
+    return [OffsetRange(t, p, starts[(t, p)], starts[(t, p)] + grant[(t, p)]) for t, p in sorted(offsets)]
+
+
+def all_committed_ends(table: object, config: PipelineConfig, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int | None]:
+    """The sink's committed end of each (topic, partition)."""
+    out: dict[TopicPartitionKey, int | None] = {}
+    for topic in sorted({t for t, _ in keys}):
+        ends = committed_ends(table, config, topic, sorted(p for t, p in keys if t == topic))  # type: ignore[arg-type]
+        out.update({(topic, p): end for p, end in ends.items()})
+    return out
 
 
 def plan_next_batch(
     config: PipelineConfig,
     run: RunContext,
-    end_limit: dict[int, int] | None = None,
+    end_limit: dict[TopicPartitionKey, int] | None = None,
     kind: BatchKind = BatchKind.INGEST,
 ) -> BatchPlan | None:
     """The next batch from the sink's committed ends; None when caught up. Writes nothing.
@@ -79,22 +91,22 @@ def plan_next_batch(
     """
     offsets = current_offsets(config)
     table = open_table(config.sink_path)
-    ends = committed_ends(table, config, config.topic, sorted(offsets))
+    ends = all_committed_ends(table, config, sorted(offsets))
     lost = []
-    for p, committed in ends.items():
-        if committed is not None and committed < offsets[p].log_start:
+    for key, committed in ends.items():
+        if committed is not None and committed < offsets[key].log_start:
             if config.on_offsets_lost != "skip":
-                check_log_start(offsets[p], committed, config.name)
-            lost.append(OffsetRange(config.topic, p, committed, offsets[p].log_start))
+                check_log_start(offsets[key], committed, config.name)
+            lost.append(OffsetRange(key[0], key[1], committed, offsets[key].log_start))
     if lost:
         return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run)
     if end_limit:
         offsets = {
-            p: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(p, o.last_stable)))
-            for p, o in offsets.items()
+            key: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(key, o.last_stable)))
+            for key, o in offsets.items()
         }
-    ranges = plan_ranges(config.topic, ends, offsets, config.start, config.max_records_per_batch)
-    anchors = [r for r in ranges if ends[r.partition] is None and config.start == "latest"]
+    ranges = plan_ranges(ends, offsets, config.start, config.max_records_per_batch)
+    anchors = [r for r in ranges if ends[(r.topic, r.partition)] is None and config.start == "latest"]
     if all(r.size == 0 for r in ranges) and not anchors:
         return None
     # the reader schema is fixed here, with the ranges (invariant 12)

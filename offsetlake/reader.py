@@ -163,12 +163,12 @@ def read_ranges(
     return split_df.mapInArrow(consume, spark_schema)
 
 
-def raw_dataframe(spark: SparkSession, topic: str, chunks: list[tuple[int, list]], decoder: Decoder) -> DataFrame:
-    """Records already consumed in the driver ((partition, messages) pairs) as the DataFrame a
+def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder) -> DataFrame:
+    """Records already consumed in the driver ((topic, partition, messages)) as the DataFrame a
     read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
     arrow_schema, schema = _schemas(decoder)
     batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder), schema=arrow_schema)
-               for partition, messages in chunks]
+               for topic, partition, messages in chunks]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
     return spark.createDataFrame(table, schema=schema)
 

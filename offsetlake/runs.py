@@ -248,8 +248,9 @@ def run_pipeline(
     started = time.monotonic()
     refuse_if_stream_owns(config)
     reconcile(config, ledger)
-    limit = {p: o.last_stable for p, o in current_offsets(config).items()}
-    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(limit, separators=(",", ":")))
+    limit = {key: o.last_stable for key, o in current_offsets(config).items()}
+    lso = {f"{t}[{p}]": end for (t, p), end in sorted(limit.items())}
+    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(lso, separators=(",", ":")))
     results: list[BatchResult] = []
     conflicts = 0
     # Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one that

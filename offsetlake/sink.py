@@ -125,7 +125,7 @@ def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
     """Open the sink, creating it from the first batch's schema if needed."""
     return create_table_once(
         config.sink_path, schema, config.sink.partition_by,
-        f"offsetlake sink of pipeline {config.name} (topic {config.topic})",
+        f"offsetlake sink of pipeline {config.name} ({config.topic_label})",
     )
 
 

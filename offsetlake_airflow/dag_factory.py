@@ -41,7 +41,7 @@ def _default_args() -> dict:
 def ingest_dag(config: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"{config.name}_ingest",
-        description=f"Kafka topic {config.topic} → Delta {config.sink_path}, exactly once",
+        description=f"Kafka {config.topic_label} → Delta {config.sink_path}, exactly once",
         # OFFSETLAKE_DISABLE_SCHEDULES=1 (demo, tests) keeps runs to the ones triggered on purpose.
         schedule=None if os.environ.get("OFFSETLAKE_DISABLE_SCHEDULES") == "1" else config.schedule,
         start_date=datetime(2026, 1, 1),
@@ -94,6 +94,10 @@ def _publish_task(config: PipelineConfig) -> PythonOperator:
 
 
 BACKFILL_PARAMS = {
+    "topic": Param(
+        None, type=["null", "string"],
+        description="The topic to backfill; leave empty when the pipeline reads one topic.",
+    ),
     "partitions": Param(
         [], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
         description="Partition ids to backfill; leave empty for all partitions.",
@@ -136,7 +140,7 @@ def _manual_dag(config: PipelineConfig, kind: str, params: dict, description: st
 def backfill_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
         config, "backfill", BACKFILL_PARAMS,
-        f"Reprocess an offset or time range of {config.topic}, replacing its rows in {config.sink_path}",
+        f"Reprocess an offset or time range of {config.topic_label}, replacing its rows in {config.sink_path}",
         f"""### {config.name}_backfill
 Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
 Kafka coordinates are replaced in one Delta commit (so repeating a backfill changes nothing);
@@ -200,7 +204,7 @@ MAX_STREAM_MINUTES = 10080
 def stream_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
         config, "stream", STREAM_PARAMS,
-        f"Ingest {config.topic} continuously into {config.sink_path} (micro-batches on one warm Spark session)",
+        f"Ingest {config.topic_label} continuously into {config.sink_path} (micro-batches on one warm Spark session)",
         f"""### {config.name}_stream
 One long-running task runs `offsetlake stream {config.name}`: a micro-batch every trigger interval, each a
 ledger batch of kind `stream` with the same exactly-once commit as `{config.name}_ingest`. While it runs it

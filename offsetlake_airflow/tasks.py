@@ -76,6 +76,7 @@ def plan_backfill_run(pipeline: str, **context: Any) -> str:
         to_offset=params.get("to_offset"),
         from_time=params.get("from_time") or None,
         to_time=params.get("to_time") or None,
+        topic=params.get("topic") or None,
     )
     ledger.record_plan(plan)
     log.info("pipeline %s backfill %s plan: %s", pipeline, plan.batch_id, plan.describe())

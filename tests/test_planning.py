@@ -15,11 +15,18 @@ def test_share_fairly_gives_unused_shares_to_lagging_partitions():
 
 
 def test_plan_starts_at_committed_end_and_stops_at_lso():
-    offsets = {0: PartitionOffsets("t", 0, 0, 500), 1: PartitionOffsets("t", 1, 100, 300)}
-    ranges = plan_ranges("t", {0: 200, 1: None}, offsets, "earliest", 10_000)
+    offsets = {("t", 0): PartitionOffsets("t", 0, 0, 500), ("t", 1): PartitionOffsets("t", 1, 100, 300)}
+    ranges = plan_ranges({("t", 0): 200, ("t", 1): None}, offsets, "earliest", 10_000)
     assert ranges == [OffsetRange("t", 0, 200, 500), OffsetRange("t", 1, 100, 300)]
-    latest = plan_ranges("t", {0: 200, 1: None}, offsets, "latest", 10_000)
+    latest = plan_ranges({("t", 0): 200, ("t", 1): None}, offsets, "latest", 10_000)
     assert latest[1] == OffsetRange("t", 1, 300, 300)
+
+
+def test_the_budget_is_shared_across_the_partitions_of_every_topic():
+    offsets = {("a", 0): PartitionOffsets("a", 0, 0, 1_000), ("b", 0): PartitionOffsets("b", 0, 0, 1_000),
+               ("b", 1): PartitionOffsets("b", 1, 0, 10)}
+    ranges = plan_ranges({("a", 0): None, ("b", 0): 0, ("b", 1): None}, offsets, "earliest", 610)
+    assert ranges == [OffsetRange("a", 0, 0, 301), OffsetRange("b", 0, 0, 299), OffsetRange("b", 1, 0, 10)]
 
 
 def test_split_ranges_covers_every_offset_once():

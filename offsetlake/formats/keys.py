@@ -76,6 +76,9 @@ def registry_settings(config: PipelineConfig) -> dict[str, str]:
 
 def _key_config(config: PipelineConfig, key: KeyFormat) -> PipelineConfig:
     """The pipeline as if its values were its keys: what the value decoders take."""
+    if not key.subject and config.topic is None:
+        raise ConfigError(f"pipeline {config.name}: key_format.subject is needed: the pipeline reads "
+                          f"{config.topic_label}, so there is no one <topic>-key subject to default to")
     fields: dict[str, Any] = {"schema_registry": registry_settings(config), "subject": key.subject or f"{config.topic}-key",
                               "version": key.version}
     fmt = AvroFormat(type="avro", **fields) if key.type == "avro" else \

@@ -165,6 +165,9 @@ def registry_reader_schema(config: PipelineConfig, schema_type: str, fingerprint
         raise ConfigError(f"pipeline {config.name}: {field} {kind} reads through a Schema Registry but none is set: "
                           f"give {field}.schema_registry.url, an Airflow connection schema_registry_{config.name} "
                           f"(or schema_registry_default){', ' + alternative if alternative else ''}")
+    if not fmt.subject and config.topic is None:
+        raise ConfigError(f"pipeline {config.name}: {field}.subject is needed: the pipeline reads {config.topic_label}, "
+                          "so there is no one <topic>-value subject to default to")
     subject = fmt.subject or f"{config.topic}-value"
     try:
         found = subject_version(config.name, fmt.schema_registry, subject, fmt.version)
