@@ -8,8 +8,12 @@ A run that is rerun gets its recorded plan back from ``offsetlake.ledger.Ledger.
 
 from __future__ import annotations
 
+import re
+
 from offsetlake.config import PipelineConfig
+from offsetlake.errors import KafkaUnavailableError
 from offsetlake.formats import resolve_reader_schema
+from offsetlake.history import sink_commits
 from offsetlake.kafka import check_log_start, current_offsets
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
 from offsetlake.sink import committed_ends, open_table, sink_columns
@@ -76,6 +80,23 @@ def all_committed_ends(table: object, config: PipelineConfig, keys: list[TopicPa
     return out
 
 
+def check_no_topic_gone(config: PipelineConfig, table: object, present: set[str]) -> None:
+    """A topic the pattern matches whose records the sink holds must still exist: one deleted
+    (or unreadable) fails the plan, naming it; its committed ranges stay in the sink's history.
+    (A listed topic that is missing already failed when the topics were described.)"""
+    if config.topic_pattern is None:
+        return
+    pattern = re.compile(config.topic_pattern)
+    committed = {r["topic"] for c in sink_commits(table, config.name) for r in c.entry.get("ranges", [])}  # type: ignore[arg-type]
+    gone = sorted(t for t in committed - present if pattern.fullmatch(t))
+    if gone:
+        raise KafkaUnavailableError(
+            f"pipeline {config.name}: topic {gone[0]} matches topic_pattern {config.topic_pattern} and has committed "
+            f"ranges in the sink, but Kafka does not list it any more{f' ({len(gone) - 1} more)' if len(gone) > 1 else ''}. "
+            "Its committed rows and ranges stay in the sink and its history. If it was retired on purpose, narrow "
+            "topic_pattern so it no longer matches it; if it should exist, restore it")
+
+
 def plan_next_batch(
     config: PipelineConfig,
     run: RunContext,
@@ -91,6 +112,7 @@ def plan_next_batch(
     """
     offsets = current_offsets(config)
     table = open_table(config.sink_path)
+    check_no_topic_gone(config, table, {t for t, _ in offsets})
     ends = all_committed_ends(table, config, sorted(offsets))
     lost = []
     for key, committed in ends.items():

@@ -4,6 +4,8 @@ between runs is picked up from its start."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kafka_truth import ledger_rows, read_topic
 
@@ -64,3 +66,30 @@ def test_exactly_one_topic_source(pipeline):
         pipeline.write(topics=["x"])
     with pytest.raises(ConfigError, match="is not a regular expression"):
         pipeline.write(topic=None, topic_pattern="(")
+
+
+def test_a_deleted_topic_the_pattern_matched_fails_the_run_naming_it(pipeline, spark):
+    from confluent_kafka.admin import AdminClient
+
+    from offsetlake.errors import KafkaUnavailableError
+
+    base = pipeline.topic
+    kept, retired = f"{base}_kept", f"{base}_retired"
+    for topic in (kept, retired):
+        ensure_topic(pipeline.bootstrap, topic, 1)
+        produce_orders(pipeline.bootstrap, topic, 20)
+    config = pipeline.write(topic=None, topic_pattern=f"{base}_.*")
+    run_pipeline(config, RunContext("both"), lambda: spark)
+    admin = AdminClient({"bootstrap.servers": pipeline.bootstrap})
+    admin.delete_topics([retired])[retired].result(15)
+    deadline = time.monotonic() + 60  # a real broker drops a deleted topic from its metadata a little later
+    while retired in admin.list_topics(timeout=15).topics:
+        assert time.monotonic() < deadline, f"{retired} is still listed a minute after its deletion"
+        time.sleep(0.5)
+    with pytest.raises(KafkaUnavailableError, match=f"topic {retired} matches topic_pattern .* does not list it any more"):
+        run_pipeline(config, RunContext("gone"), lambda: spark)
+    narrowed = pipeline.write(topic=None, topic_pattern=f"{base}_kept")
+    produce_orders(pipeline.bootstrap, kept, 5, first_id=100)
+    [batch] = run_pipeline(narrowed, RunContext("narrowed"), lambda: spark)
+    assert batch.total("rows_written") == 5
+    assert len(_sink_coordinates(narrowed)) == 45, "the retired topic's rows stay"
