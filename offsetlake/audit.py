@@ -58,7 +58,10 @@ class AuditReport:
         kafka = ""
         if self.against_kafka is not None:
             k = self.against_kafka
-            kafka = (f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
+            kafka = (f"\nagainst Kafka: {k['records']} committed records read back and replayed by key: {k['keys']} keys "
+                     f"with a row ({k['rows_checked']} rows compared with their key's newest record), {k['deleted_keys']} deleted; "
+                     f"{k['past_retention']} committed offsets are past retention (not checked)") if "keys" in k else (
+                     f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
                      f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
                      f"the transform; {k['past_retention']} committed offsets are past retention (not checked)")
         if self.ok:
@@ -106,6 +109,8 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
                 f"duplicate in {label}: {d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]}{which} appears {d['count_all']} times")
         if dupes.num_rows > _SHOW:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more duplicated coordinates in {label}")
+    if config.sink.mode == "upsert":
+        _check_keys_once(config, report)
     records = rows.select(_COORDS).group_by(_COORDS).aggregate([])
     both = records.join(dead.select(_COORDS).cast(records.schema), _COORDS, join_type="inner")
     for d in both.slice(0, _SHOW).to_pylist():
@@ -161,9 +166,133 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
                 f"{ledger_ends.get(tp)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
             )
 
-    if against_kafka:
+    if against_kafka and config.sink.mode == "upsert":
+        _check_keyed_against_kafka(config, report, covered)
+    elif against_kafka:
         _check_against_kafka(config, report, records, dead, covered, gaps)
     return report
+
+
+# ---- keyed sinks --------------------------------------------------------------------------------
+def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
+    """A keyed sink holds each key at most once."""
+    table = open_table(config.sink_path)
+    if table is None:
+        return
+    keys = table.to_pyarrow_dataset().to_table(columns=config.sink.key)
+    dupes = _duplicates(keys, config.sink.key)
+    for d in dupes.slice(0, _SHOW).to_pylist():
+        shown = ", ".join(f"{c}={d[c]!r}" for c in config.sink.key)
+        report.problems.append(f"key {shown} has {d['count_all']} rows in the keyed sink")
+    if dupes.num_rows > _SHOW:
+        report.problems.append(f"... {dupes.num_rows - _SHOW} more keys with several rows")
+
+
+def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
+                               covered: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
+    """Each key's row is the newest record of that key up to the committed ends, and a key whose
+    newest record is a delete has no row: the committed records are read back with a plain
+    consumer, decoded as the pipeline decodes them, and replayed here by the ordering rule
+    (``offsetlake.keyed``), written out again on purpose rather than reusing the merge's code."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.formats import CHANGE, DELETE, REASON, decoder_for, good_rows
+    from offsetlake.keyed import mark_tombstones
+    from offsetlake.reader import raw_dataframe
+    from offsetlake.spark import spark_session
+    from offsetlake.transform import apply_transform
+
+    found = {"records": 0, "keys": 0, "rows_checked": 0, "deleted_keys": 0, "past_retention": 0}
+    report.against_kafka = found
+    offsets = current_offsets(config)
+    client = config.kafka_client_config()
+    chunks: list[tuple[str, int, list]] = []
+    for (topic, partition), spans in sorted(covered.items()):
+        if (topic, partition) not in offsets:
+            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of "
+                                   f"{config.topic_label} any more")
+            continue
+        log_start = offsets[(topic, partition)].log_start
+        for start, end in _merged(spans):
+            if end <= log_start:
+                found["past_retention"] += end - start
+                continue
+            if start < log_start:
+                found["past_retention"] += log_start - start
+                start = log_start
+            for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
+                chunks.append((topic, partition, list(chunk)))
+                found["records"] += len(chunk)
+    sink = open_table(config.sink_path)
+    actual: dict[tuple, list[dict]] = {}
+    for r in sink.to_pyarrow_dataset().to_table().to_pylist() if sink is not None else []:
+        actual.setdefault(tuple(r[c] for c in config.sink.key), []).append(r)
+    expected: dict[tuple, dict | None] = {}
+    if chunks:
+        spark = spark_session()
+        decoder = decoder_for(config, sink_columns=sink_columns(sink))
+        decoded = decoder.decode_in_spark(raw_dataframe(spark, chunks, decoder))
+        decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+        if config.sink.delete_on_tombstone:
+            decoded = mark_tombstones(decoded)
+        rows = apply_transform(good_rows(decoded, decoder), config)
+        expected = _newest_by_key(rows.toArrow().to_pylist(), config.sink.key, CHANGE, DELETE)
+    deleted = {k for k, r in expected.items() if r is None}
+    found["deleted_keys"] = len(deleted)
+    found["keys"] = len(expected) - len(deleted)
+    wrong: list[str] = []
+    for key, row in expected.items():
+        shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
+        if row is None:
+            for have in actual.get(key, []):
+                wrong.append(f"key {shown} was deleted by its newest record but has a row (from "
+                             f"{have[TOPIC]}[{have[PARTITION]}] offset {have[OFFSET]})")
+            continue
+        if key not in actual:
+            wrong.append(f"key {shown} has no row; its newest record is {row[TOPIC]}[{row[PARTITION]}] offset {row[OFFSET]}")
+            continue
+        for have in actual[key]:
+            found["rows_checked"] += 1
+            differs = [c for c in row if c in have and c != CHANGE and have[c] != row[c]]
+            if differs:
+                wrong.append(f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
+                             f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
+                             f"{have[OFFSET]})")
+    if not found["past_retention"]:  # with records past retention, a row's record may be gone from Kafka
+        for key in actual:
+            if key not in expected:
+                shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
+                wrong.append(f"key {shown} has a row but no committed record of it is in Kafka")
+    report.problems.extend(wrong[:_SHOW])
+    if len(wrong) > _SHOW:
+        report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
+
+
+def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -> dict[tuple, dict | None]:
+    """Each key's newest row (None: its newest record deletes it): the last per topic-partition
+    by (offset, row index), then across topic-partitions by (timestamp, topic, partition, offset)."""
+    last: dict[tuple, dict] = {}
+    for r in rows:
+        k = tuple(r[c] for c in key)
+        if any(v is None for v in k):
+            continue
+        at = (k, r[TOPIC], r[PARTITION])
+        seen = last.get(at)
+        if seen is None or (r[OFFSET], r.get(ROW_INDEX) or 0) > (seen[OFFSET], seen.get(ROW_INDEX) or 0):
+            last[at] = r
+    newest: dict[tuple, dict] = {}
+    for (k, _, _), r in last.items():
+        seen = newest.get(k)
+        if seen is None or _order(r) > _order(seen):
+            newest[k] = r
+    return {k: (None if r.get(change) == delete else r) for k, r in newest.items()}
+
+
+def _order(row: dict) -> tuple:
+    from datetime import datetime
+
+    stamp = row.get("_kafka_timestamp")
+    return (stamp.timestamp() if isinstance(stamp, datetime) else float("-inf"), row[TOPIC], row[PARTITION], row[OFFSET])
 
 
 # ---- against Kafka ----------------------------------------------------------------------------

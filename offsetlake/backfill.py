@@ -23,23 +23,24 @@ from offsetlake import dead_letters, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
-from offsetlake.formats import resolve_reader_schema
+from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import commit_version, landed_version, ledger_entry
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch, process_ranges, stage_files
+from offsetlake.process import ProcessedBatch, later_records, process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
+    add_columns_first,
     commit,
+    committed_end,
     committed_ends,
     evolved_schema,
     live_files,
     open_table,
     remove_actions,
     sink_columns,
-    table_schema,
 )
 from offsetlake.spark import dataframe_from_arrow
 from offsetlake.validation import load_suite
@@ -181,22 +182,15 @@ def kept_rows(table: DeltaTable, files: list[dict[str, Any]], selected: Selectio
     return subset.to_table(filter=outside) if outside is not None else subset.to_table()
 
 
-def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> None:
+def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> DeltaTable:
     """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
-    commit first: delta-rs writes a schema change only with an overwrite, which cannot carry the
-    replace's removes. Dying in between leaves an empty new column and nothing else; a column
-    whose type changed is refused (SchemaChangeError) before anything is written."""
-    from deltalake.schema import Field as DeltaField
+    commit first (``sink.add_columns_first``); a column whose type changed is refused
+    (SchemaChangeError) before anything is written."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    schema = evolved_schema(table, config, to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False),
-                            plan)
-    if schema is None:
-        return
-    have = set(table_schema(table).names)
-    added = [f for f in schema if f.name not in have]
-    table.alter.add_columns([DeltaField.from_arrow(f) for f in added])
-    log_step("schema", plan, time.monotonic(), added=",".join(f.name for f in added))
+    schema = evolved_schema(table, config, to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC",
+                                                           prefers_large_types=False), plan)
+    return table if schema is None else add_columns_first(table, config, schema, plan)
 
 
 def commit_replace(
@@ -240,11 +234,19 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     suite = load_suite(config)
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
+    later = None
+    if config.sink.mode == "upsert":  # a record a later one of its key replaced is never restored
+        table = open_table(config.sink_path)
+        ends = {(r.topic, r.partition): committed_end(table, config, r.topic, r.partition) for r in plan.ranges}
+        later = later_records(config, plan, spark, ends)
     try:
         attempt = 1
         while True:
             try:
-                version, entry = _replace_once(config, plan, processed, spark, started)
+                if config.sink.mode == "upsert":
+                    version, entry = _merge_once(config, plan, processed, spark, started, later)
+                else:
+                    version, entry = _replace_once(config, plan, processed, spark, started)
                 return version, entry, processed
             except CommitConflictError as err:
                 if attempt == COMMIT_ATTEMPTS:
@@ -253,6 +255,25 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
                 attempt += 1
     finally:
         processed.release()
+
+
+def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float,
+                later: Any) -> tuple[int, dict]:
+    """One attempt of a keyed backfill: merge its records (those no later record of their key
+    replaced) into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a
+    row is replaced only by a record at least as new as its own), in one commit without txns.
+    Raises CommitConflictError if another writer committed meanwhile."""
+    table = _add_new_columns(config, storage.table(config.sink_path), processed.rows, plan)
+    merge = stage_merge(config, plan, processed, spark, table, later)
+    t = time.monotonic()
+    c = merge.counts
+    entry = ledger_entry(plan, processed.per_range, started, processed.validation,
+                         message=(f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
+                                  f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"),
+                         extra={dead_letters.STAGED: processed.dead_letter_files, "merge": c.as_dict()})
+    version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
+    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
+    return version, entry
 
 
 def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any,
@@ -270,7 +291,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
         if kept_count:
             # the reprocessed rows may lack columns the kept ones have, or add some: both read null
             rows = rows.unionByName(dataframe_from_arrow(spark, kept), allowMissingColumns=True)
-    _add_new_columns(config, table, rows, plan)
+    table = _add_new_columns(config, table, rows, plan)
     files = stage_files(config, plan, processed, rows, spark)
     rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
     if rewritten != kept_count:

@@ -62,6 +62,9 @@ class JsonFormat(_Strict):
     # field name -> Spark SQL type (string, long, double, boolean, timestamp, date, decimal(p,s), ...)
     schema_: dict[str, str] = Field(alias="schema", min_length=1)
     required: list[str] = Field(default_factory=list)
+    # debezium: values are Debezium change events; ``schema`` declares the table's row (the
+    # fields of before/after), see ``offsetlake.formats.debezium``
+    envelope: Literal["debezium"] | None = None
 
     @field_validator("schema_")
     @classmethod
@@ -137,6 +140,9 @@ class _RegistryFormat(_Strict):
     schema_registry: dict[str, str] = Field(default_factory=dict)
     subject: str | None = None  # default: <topic>-value (the TopicNameStrategy)
     version: int | Literal["latest"] = "latest"
+    # debezium: values are Debezium change events (the schema is the envelope: before, after,
+    # op, source, ...), see ``offsetlake.formats.debezium``
+    envelope: Literal["debezium"] | None = None
 
     @field_validator("schema_registry", mode="before")
     @classmethod
@@ -382,6 +388,29 @@ class _TypeParser:
 class SinkSettings(_Strict):
     table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
     partition_by: list[str] = Field(default_factory=list)
+    # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
+    # newest record of each key replaces its row, a delete (tombstone, Debezium op d) removes it.
+    mode: Literal["append", "upsert"] = "append"
+    key: list[str] = Field(default_factory=list)  # upsert: the columns that identify a row
+    # upsert: a record with a null value deletes its key's row (default); false: a dead letter
+    delete_on_tombstone: bool = True
+    # upsert: about how many rows each file a merge writes holds (files sorted by key; a merge
+    # rewrites the files holding the keys its batch touches, so smaller files rewrite less)
+    file_rows: int = Field(default=500_000, gt=0)
+
+    @model_validator(mode="after")
+    def _keyed(self) -> SinkSettings:
+        if self.mode == "upsert" and not self.key:
+            raise ValueError("mode upsert needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
+        if self.mode == "append" and self.key:
+            raise ValueError("key applies to mode: upsert; an append sink keeps every record's rows")
+        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
+        if doubled:
+            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+        coordinates = [c for c in self.key if c in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_row")]
+        if coordinates:
+            raise ValueError(f"key: {coordinates[0]} is a record coordinate, not a key column (every record has its own)")
+        return self
 
 
 class ValidationSettings(_Strict):

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, failpoints, staging
+from offsetlake import dead_letters, failpoints, keyed, staging
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
-from offsetlake.formats import REASON, Decoder, dead_letter_rows, decoder_for, good_rows
+from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import WrittenFiles, add_actions_for, staging_dir
@@ -71,6 +71,9 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
                       headers_of_rows=keep_raw)
     # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    upsert = config.sink.mode == "upsert"
+    if upsert and config.sink.delete_on_tombstone:
+        decoded = keyed.mark_tombstones(decoded)
     if plan.window is not None:  # a backfill by time reprocesses only the records of its window
         decoded = decoded.where(
             (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
@@ -96,13 +99,24 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     timings["read"] = log_step("read", plan, t, records=records)
     failpoints.failpoint("after_read")
 
-    rows = apply_transform(good_rows(decoded, decoder), config)
+    rows = good_rows(decoded, decoder)
+    if not upsert and CHANGE in rows.columns:  # an append sink keeps every change as a row
+        rows = rows.drop(CHANGE)
+    rows = apply_transform(rows, config)
     if config.transform:  # a record may become several rows: number them (offsetlake.transform)
         rows = number_rows_per_record(rows)
+    if upsert:
+        if CHANGE not in rows.columns:
+            rows = rows.withColumn(CHANGE, F.lit(UPSERT))
+        keyed.check_key_columns(config, rows.columns, "rows" if not config.transform else "transformed rows")
     dead = dead_letter_rows(decoded, config.name, plan.batch_id) if any(v["dead_letters"] for v in per_range.values()) else None
     try:
         if suite is not None and records:
-            rows, quarantined = _validate(config, plan, suite, rows, decoded, processed)
+            # a keyed sink's deletes write no row: the suite sees the rows that are written
+            deletes = rows.where(F.col(CHANGE) == DELETE) if upsert else None
+            checked = rows.where(F.col(CHANGE) != DELETE).drop(CHANGE) if upsert else rows
+            checked, quarantined = _validate(config, plan, suite, checked, decoded, processed)
+            rows = checked.withColumn(CHANGE, F.lit(UPSERT)).unionByName(deletes) if deletes is not None else checked
             dead = quarantined if dead is None else (dead if quarantined is None else dead.unionByName(quarantined))
         rows, unwritable = _split_unwritable(config, plan, rows, decoded, processed)
         if unwritable is not None:
@@ -132,6 +146,8 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
 
     if suite is not None and config.validation.on_failure == "quarantine":
         return True
+    if config.sink.mode == "upsert":  # a row whose key is null is a dead letter
+        return True
     if not config.sink.partition_by:
         return False
     if config.transform:
@@ -151,18 +167,20 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
 def _split_unwritable(config: PipelineConfig, plan: BatchPlan, rows: DataFrame, decoded: DataFrame,
                       processed: ProcessedBatch) -> tuple[DataFrame, DataFrame | None]:
     """Rows whose string partition value cannot be a folder name (more than 255 bytes as
-    ``column=value`` after Spark's escaping) would fail the whole write; their records become dead
-    letters instead (all rows of such a record, as quarantine does), with the reason."""
+    ``column=value`` after Spark's escaping) would fail the whole write, and a keyed sink's row
+    without its key has no place; their records become dead letters instead (all rows of such a
+    record, as quarantine does), with the reason."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
     from offsetlake.coordinates import RECORD_KEY
 
     columns = [c for c in config.sink.partition_by if c in rows.columns and isinstance(rows.schema[c].dataType, StringType)]
-    if not columns:
+    null_key = keyed.null_key_reason(config)
+    if not columns and null_key is None:
         return rows, None
     pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in _ESCAPED_BY_SPARK) + "]"
-    reasons = []
+    reasons = [null_key] if null_key is not None else []
     for c in columns:
         value = F.col(f"`{c}`")
         escaped = F.octet_length(value) + 2 * (F.length(value) - F.length(F.regexp_replace(value, pattern, "")))
@@ -218,13 +236,13 @@ def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataF
 
 
 def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, rows: DataFrame,
-                spark: SparkSession) -> WrittenFiles:
+                spark: SparkSession, sort_by: tuple[str, ...] = ()) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
     storage alike); counts the rows written per range of the plan."""
     t = time.monotonic()
     folder = staging_dir(config, plan.batch_id)
-    staged = staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan))
+    staged = staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan), sort_by)
     files = add_actions_for(config.sink_path, [f.path for f in staged])
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0
@@ -235,3 +253,73 @@ def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")
     return files
+
+
+@dataclass
+class StagedMerge:
+    """A keyed batch's merge, staged: the files it wrote, the live files they replace (read from
+    ``table``, the snapshot the commit must be made on) and what it did to the keys."""
+
+    files: WrittenFiles
+    removed: list[dict]
+    counts: keyed.MergeCounts
+
+
+def stage_merge(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession,
+                table: Any, later: DataFrame | None = None) -> StagedMerge:
+    """An upsert batch (``offsetlake.keyed``): the newest record per key (minus those a ``later``
+    record of their key replaced, for a backfill), the live files of ``table`` that may hold those
+    keys, and new files holding those files' rows with the batch applied, sorted by key."""
+    t = time.monotonic()
+    key = config.sink.key
+    winners = keyed.newest_per_key(processed.rows, key)
+    if later is not None:
+        winners = keyed.without_later_records(winners, later, key)
+    winners = winners.persist()
+    processed.cached.append(winners)
+    keys = winners.select(*[f"`{c}`" for c in key]).toArrow()
+    removed = keyed.files_holding(table, keys, config) if table is not None else []
+    rows, counts, cached = keyed.merged_rows(spark, config, table, winners, removed)
+    processed.cached.extend(cached)
+    total = counts.rows_rewritten + counts.inserted + counts.updated
+    from pyspark.sql import functions as F
+
+    ordered = rows.repartitionByRange(keyed.file_count(total, config),
+                                      *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]])
+    processed.timings_ms["merge"] = log_step("merge", plan, t, keys=keys.num_rows, files_read=len(removed),
+                                             **{k: v for k, v in counts.as_dict().items() if k != "files_rewritten"})
+    files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
+    return StagedMerge(files, removed, counts)
+
+
+def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
+                  ends: dict[tuple[str, int], int | None]) -> DataFrame | None:
+    """For a keyed backfill: the key columns and coordinates of the records after the plan's up
+    to the committed ``ends`` (from each range's end; from its start for a backfill by time, whose
+    window leaves later records inside the range), read and decoded as the batch's are. A
+    candidate whose key has one of these at a higher offset of its partition is not applied
+    (``keyed.without_later_records``). None when there is nothing after."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.coordinates import OFFSET
+    from offsetlake.plan import OffsetRange
+    from offsetlake.reader import read_ranges
+
+    ranges = []
+    for r in plan.ranges:
+        end = ends.get((r.topic, r.partition)) or 0
+        start = r.start if plan.window is not None else r.end
+        if end > start:
+            ranges.append(OffsetRange(r.topic, r.partition, start, end))
+    if not ranges:
+        return None
+    t = time.monotonic()
+    decoder = decoder_for(config, plan.reader_schema)
+    raw = read_ranges(spark, ranges, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder)
+    decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    if config.sink.delete_on_tombstone:
+        decoded = keyed.mark_tombstones(decoded)
+    rows = apply_transform(good_rows(decoded, decoder), config)
+    later = rows.select(*[F.col(f"`{c}`") for c in config.sink.key], TOPIC, PARTITION, OFFSET)
+    log_step("later_records", plan, t, ranges=";".join(str(r) for r in ranges))
+    return later

@@ -24,6 +24,7 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
+from offsetlake.formats import CHANGE
 from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
@@ -31,9 +32,10 @@ from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
-from offsetlake.process import process_ranges, stage_files
+from offsetlake.process import process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     WrittenFiles,
+    add_columns_first,
     check_plan_applies,
     commit_batch,
     committed_end,
@@ -140,20 +142,35 @@ def _execute_forward(
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)
     try:
-        files = stage_files(config, plan, processed, processed.rows, spark)
-        t = time.monotonic()
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        rows_schema = to_arrow_schema(processed.rows.schema, timezone="UTC", prefers_large_types=False)
-        table = ensure_table(config, rows_schema)
-        if not check_plan_applies(table, config, plan):
-            return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-        schema = evolved_schema(table, config, rows_schema, plan)
-        entry = ledger_entry(plan, processed.per_range, started, processed.validation,
-                             extra={dead_letters.STAGED: processed.dead_letter_files})
+        rows_schema = to_arrow_schema(processed.rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
+        removed: list[dict] = []
+        extra: dict = {dead_letters.STAGED: processed.dead_letter_files}
+        if config.sink.mode == "upsert":
+            # the merge reads the table: the commit is made on that same snapshot (invariant 10)
+            table = ensure_table(config, rows_schema)
+            if not check_plan_applies(table, config, plan):
+                return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
+            schema = evolved_schema(table, config, rows_schema, plan)
+            merge = stage_merge(config, plan, processed, spark, table)
+            files, removed = merge.files, merge.removed
+            extra["merge"] = merge.counts.as_dict()
+            if schema is not None and removed:
+                table = add_columns_first(table, config, schema, plan)  # a commit cannot both
+                schema = None
+        else:
+            files = stage_files(config, plan, processed, processed.rows, spark)
+            table = ensure_table(config, rows_schema)
+            if not check_plan_applies(table, config, plan):
+                return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
+            schema = evolved_schema(table, config, rows_schema, plan)
+        t = time.monotonic()
+        entry = ledger_entry(plan, processed.per_range, started, processed.validation, extra=extra)
         before_commit()
-        version = commit_batch(table, config, plan, files, entry, schema)
+        version = commit_batch(table, config, plan, files, entry, schema, removed=removed)
         processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows,
+                                                  removed_files=len(removed) if removed else None,
                                                   new_columns=",".join(schema.names[len(table_schema(table)):]) if schema else None)
     finally:
         processed.release()

@@ -421,19 +421,44 @@ def _canonical(t: pa.DataType) -> str:
     return str(t)
 
 
+def add_columns_first(table: DeltaTable, config: PipelineConfig, schema: pa.Schema, plan: BatchPlan) -> DeltaTable:
+    """Add the columns of ``schema`` that ``table`` lacks (nullable) in a metadata-only commit, for
+    a batch that also removes files: delta-rs writes a schema change only with an overwrite, which
+    cannot carry removes. Dying right after leaves an empty new column and nothing else. Raises
+    CommitConflictError if another writer committed meanwhile (the files the batch read may have
+    changed); returns ``table`` at its new version, the object the batch then commits on."""
+    from deltalake.schema import Field as DeltaField
+
+    have = set(table_schema(table).names)
+    added = [f for f in schema if f.name not in have]
+    before = table.version()
+    table.alter.add_columns([DeltaField.from_arrow(f) for f in added])
+    if table.version() != before + 1:
+        raise CommitConflictError(
+            f"pipeline {config.name}: batch {plan.batch_id}: another writer committed to the sink while the batch added "
+            f"column{'s' if len(added) > 1 else ''} {', '.join(f.name for f in added)}; nothing of the batch was committed")
+    log.info("pipeline=%s batch=%s step=schema added=%s", config.name, plan.batch_id, ",".join(f.name for f in added))
+    return table
+
+
 def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: dict,
-                 schema: pa.Schema | None = None) -> int:
+                 schema: pa.Schema | None = None, removed: list[dict[str, Any]] | None = None) -> int:
     """Commit data files + one txn per partition + the ledger entry as ONE Delta commit (with the
-    sink's new ``schema`` when the batch adds columns, see ``commit``).
+    sink's new ``schema`` when the batch adds columns, see ``commit``; with removes of the live
+    files a keyed batch's merge rewrote, ``removed``, as ``live_files`` rows).
 
     The only place offsets advance (invariant 2). ``table`` must be the object whose txn
     versions ``check_plan_applies`` just read: delta-rs then rejects this commit if another
     writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
-    Returns the new table version.
+    A commit with removes is never retried on a newer version: delta-rs does not flag removes of
+    files a concurrent commit already removed (see ``backfill.commit_replace``), so any commit
+    since ``table``'s version fails it. Returns the new table version.
     """
-    actions = CommitActions(files=list(files.actions), txns=txns(config, ((r, r.end) for r in plan.ranges)))
+    removes = remove_actions(removed or [], config.sink.partition_by)
+    actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
     try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=5, schema=schema)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0 if removes else 5,
+               schema=schema)
     except CommitFailedError as err:
         if landed_version(config.sink_path, plan.batch_id) is None:
             raise CommitConflictError(

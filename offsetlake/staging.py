@@ -64,9 +64,10 @@ def partition_folder(column: str, value: Any) -> str:
 
 
 def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list[str],
-               selection: Selection) -> list[StagedFile]:
+               selection: Selection, sort_by: tuple[str, ...] = ()) -> list[StagedFile]:
     """Write ``rows`` as parquet files under ``folder`` (inside ``table_root``) from the Spark
-    tasks; the files written, for one commit."""
+    tasks; the files written, for one commit. ``sort_by``: columns each file is sorted by after
+    the partition columns (a keyed sink's key, so file statistics bound each file's keys)."""
     options = storage.options_for(table_root)
     relative_folder = folder[len(table_root.rstrip("/")) + 1:]
 
@@ -101,7 +102,7 @@ def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list
                 "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
             })
 
-    ordered = rows.sortWithinPartitions(*partition_by) if partition_by else rows
+    ordered = rows.sortWithinPartitions(*partition_by, *sort_by) if partition_by or sort_by else rows
     files = []
     for row in ordered.mapInArrow(write, _RESULT_SCHEMA).collect():
         counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
@@ -145,3 +146,41 @@ def _runs(batch: pa.RecordBatch, partition_by: list[str]) -> Iterator[tuple[tupl
         if i == len(keys) or keys[i] != keys[start]:
             yield keys[start], table.slice(start, i - start)
             start = i
+
+
+# ---- reading files back (a keyed sink's merge rewrites the files holding touched keys) ---------
+def read_files(spark: Any, table_root: str, files: list[dict[str, Any]], schema: pa.Schema,
+               partition_by: list[str]) -> DataFrame:
+    """The rows of these data files (``sink.live_files`` rows) as a DataFrame of ``schema``,
+    read by the Spark tasks with pyarrow (the same filesystem as ``write_rows``, so on object
+    storage too): partition columns from each file's partition values, a column a file lacks
+    (written before the column was added) as null."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    options = storage.options_for(table_root)
+    entries = [(storage.file_path_from_log(f["path"]), {c: f.get(f"partition.{c}") for c in partition_by}) for f in files]
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs, root = storage.filesystem(table_root, options)
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                path, values = entries[index]
+                with fs.open_input_file(f"{root.rstrip('/')}/{path}") as handle:
+                    for part in pq.ParquetFile(handle).iter_batches(batch_size=65_536):
+                        yield _conformed(part, schema, values)
+
+    slices = max(1, min(len(entries), 2 * spark.sparkContext.defaultParallelism))
+    return spark.range(0, len(entries), numPartitions=slices).mapInArrow(read, from_arrow_schema(schema))
+
+
+def _conformed(batch: pa.RecordBatch, schema: pa.Schema, partition_values: dict[str, Any]) -> pa.RecordBatch:
+    columns = []
+    for f in schema:
+        if f.name in partition_values:
+            columns.append(pa.array([partition_values[f.name]] * batch.num_rows).cast(f.type))
+        elif f.name in batch.schema.names:
+            column = batch.column(f.name)
+            columns.append(column if column.type == f.type else column.cast(f.type))
+        else:
+            columns.append(pa.nulls(batch.num_rows, f.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

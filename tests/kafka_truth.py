@@ -115,3 +115,55 @@ def wait_until_committed(config, truth: TopicTruth, timeout_s: float = 120) -> N
         if all((table.transaction_version(config.app_id(config.topic, p)) or 0) >= end for p, end in truth.lso.items()):
             return
         time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Record:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_records(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Record]:
+    """Every committed record up to the LSO, in (partition, offset) order, with a plain consumer."""
+    lso = last_stable_offsets(bootstrap, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.time_ns()}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "receive.message.max.bytes": 200_000_000})
+    consumer.assign([TopicPartition(topic, p, 0) for p in lso])
+    out: list[Record] = []
+    done = {p for p, end in lso.items() if end == 0}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < len(lso):
+        assert time.monotonic() < deadline, f"independent read of {topic} did not finish: done {done} of {lso}"
+        for m in consumer.consume(1000, 0.5):
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= lso[m.partition()]:
+                    done.add(m.partition())
+                continue
+            if m.offset() < lso[m.partition()]:
+                out.append(Record(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value()))
+            if m.offset() + 1 >= lso[m.partition()]:
+                done.add(m.partition())
+    consumer.close()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def replay_by_key(records: list[Record], key_of: Callable[[Record], object | None],
+                  row_of: Callable[[Record], dict | None]) -> dict[object, dict]:
+    """The table a keyed sink must hold: each key's newest record (keys stay in one partition
+    here, so by offset), applied in order; ``row_of`` returns None for a delete. Records whose key
+    is None are skipped."""
+    table: dict[object, dict] = {}
+    for r in records:
+        key = key_of(r)
+        if key is None:
+            continue
+        row = row_of(r)
+        if row is None:
+            table.pop(key, None)
+        else:
+            table[key] = row
+    return table

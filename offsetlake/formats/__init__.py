@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 REASON = "_dead_letter_reason"  # null for a good record, else why it is a dead letter
 PARSED = "_parsed"  # the decoded value: a struct of the format's fields
 PARSED_IN_READ = "_parsed_in_read"  # what the read task decoded (null: left to Spark)
+TOMBSTONE = "tombstone: record has a null value"  # the dead-letter reason of a null value
+# What a good record does to a keyed sink (``offsetlake.keyed``): null (or "upsert") writes its
+# row, "delete" removes its key's row, "skip" does nothing (a Debezium tombstone after a delete).
+# Set by an envelope decoder or by ``keyed.mark_tombstones``; never a sink column.
+CHANGE = "_offsetlake_change"
+UPSERT, DELETE, SKIP = "upsert", "delete", "skip"
 
 
 @dataclass(frozen=True)
@@ -115,13 +121,26 @@ def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = Non
 
 
 def value_decoder_for(config: PipelineConfig, reader_schema: ReaderSchema) -> Decoder:
-    """The decoder of the pipeline's ``format`` alone."""
+    """The decoder of the pipeline's ``format`` alone (of the rows its Debezium envelopes carry,
+    with ``format.envelope: debezium``)."""
     from offsetlake.config import JsonFormat
+    from offsetlake.formats.debezium import EnvelopeDecoder, envelope_json_format
 
+    where = config.source_file or f"pipeline {config.name}"
     if isinstance(config.format, JsonFormat):
         from offsetlake.formats.json_records import JsonDecoder, json_format_of
 
-        return JsonDecoder(json_format_of(reader_schema, config.format))
+        fmt = json_format_of(reader_schema, config.format)
+        if config.format.envelope == "debezium":
+            return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), list(fmt.schema_), list(fmt.required), where)
+        return JsonDecoder(fmt)
+    inner = _registry_value_decoder(config, reader_schema)
+    if config.format.envelope == "debezium":
+        return EnvelopeDecoder(inner, EnvelopeDecoder.row_fields_of(inner, where), [], where)
+    return inner
+
+
+def _registry_value_decoder(config: PipelineConfig, reader_schema: ReaderSchema) -> Decoder:
     if config.format.type == "json_schema":
         from offsetlake.formats.json_schema_records import JsonSchemaDecoder
 
@@ -144,13 +163,19 @@ def good_rows(decoded: DataFrame, decoder: Decoder) -> DataFrame:
     keyed = decoder if isinstance(decoder, KeyedDecoder) else None
     value_fields = keyed.value.fields() if keyed is not None else decoder.fields()
     key_columns = keyed.key.columns() if keyed is not None else []
-    return decoded.where(F.col(REASON).isNull()).select(
+    good = F.col(REASON).isNull()
+    change = []
+    if CHANGE in decoded.columns:  # a record that changes nothing (SKIP) is neither a row nor a dead letter
+        good = good & (F.coalesce(F.col(CHANGE), F.lit(UPSERT)) != SKIP)
+        change = [F.coalesce(F.col(CHANGE), F.lit(UPSERT)).alias(CHANGE)]
+    return decoded.where(good).select(
         *[F.col(f"{PARSED}.`{name}`").alias(name) for name in value_fields],
         *[F.col(f"{KEY_PARSED}.`{inner}`").alias(column) for column, inner in key_columns],
         F.col("topic").alias(TOPIC),
         F.col("partition").alias(PARTITION),
         F.col("offset").alias(OFFSET),
         F.col("timestamp").alias(TIMESTAMP),
+        *change,
     )
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader, full_name
 from offsetlake.plan import ReaderSchema
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
     from offsetlake.config import AvroFormat, PipelineConfig
 
-TOMBSTONE = "tombstone: record has a null value"
 _SINGLE_OBJECT = b"\xc3\x01"
 # Logical types decoded as their underlying number and converted in Arrow (one cast per chunk
 # instead of a Python datetime per value: fastavro's datetimes cost more than the decode itself).

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
     by_spark = F.col(PARSED_IN_READ).isNull() if in_read else F.lit(True)
     utf8_ok = F.try_validate_utf8(text).isNotNull() if hasattr(F, "try_validate_utf8") else F.lit(True)
     reason: Column = (
-        F.when(F.col("value").isNull(), F.lit("tombstone: record has a null value"))
+        F.when(F.col("value").isNull(), F.lit(TOMBSTONE))
         .when(by_spark & ~utf8_ok, F.lit("value is not valid UTF-8"))
         # from_json turns an array or plain text into a "corrupt" object, not a null: say what it is
         .when(by_spark & (F.col(PARSED).isNull() | ~text.rlike(r"^\s*\{")), F.lit("value is not a JSON object"))

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import DecodedChunk
+from offsetlake.formats import TOMBSTONE, DecodedChunk
 from offsetlake.formats import registry as sr
-from offsetlake.formats.avro_records import TOMBSTONE, fingerprint
+from offsetlake.formats.avro_records import fingerprint
 from offsetlake.formats.json_records import JsonDecoder
 from offsetlake.plan import ReaderSchema
 

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
 from offsetlake.formats import registry as sr
-from offsetlake.formats.avro_records import TOMBSTONE, fingerprint
+from offsetlake.formats.avro_records import fingerprint
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
