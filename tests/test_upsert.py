@@ -13,9 +13,11 @@ from kafka_truth import read_records, replay_by_key
 
 from offsetlake import failpoints, storage
 from offsetlake.embedded.sample_data import ensure_topic
+from offsetlake.backfill import plan_backfill
 from offsetlake.history import sink_commits
+from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.runs import run_pipeline
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
@@ -109,3 +111,155 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 1, audit.stdout
     assert "has 2 rows in the keyed sink" in audit.stdout and "a row differs from its newest record" in audit.stdout, audit.stdout
+
+
+def _debezium_events(seed: int) -> tuple[list[tuple[int, bytes | None, bytes | None]], list[str]]:
+    """Change events of a `customers` table (id, name, tier) over 2 partitions, as Debezium's
+    Postgres connector writes them: a snapshot (r), creates, updates, deletes each followed by a
+    tombstone, re-creates after a delete; some with Kafka Connect's {schema, payload} wrapper.
+    Returns the events and the reasons of the malformed ones, in order."""
+    rng = random.Random(seed)
+    events: list[tuple[int, bytes | None, bytes | None]] = []
+    live: dict[int, dict] = {}
+    lsn = 1000
+
+    def emit(op: str, before: dict | None, after: dict | None, key: int) -> None:
+        nonlocal lsn
+        lsn += 7
+        body = {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000 + lsn,
+                "source": {"ts_ms": 1_700_000_000_000 + lsn - 3, "lsn": lsn, "db": "shop", "table": "customers"}}
+        value = {"schema": {"type": "struct"}, "payload": body} if rng.random() < 0.3 else body
+        events.append((key % 2, json.dumps({"id": key}).encode(), json.dumps(value).encode()))
+
+    for i in range(40):  # the snapshot
+        live[i] = {"id": i, "name": f"n{i}", "tier": 1}
+        emit("r", None, live[i], i)
+    for _ in range(600):
+        i = rng.randrange(60)
+        if i not in live:
+            live[i] = {"id": i, "name": f"new{i}", "tier": 0}
+            emit("c", None, live[i], i)
+        elif rng.random() < 0.15:
+            emit("d", live.pop(i), None, i)
+            events.append((i % 2, json.dumps({"id": i}).encode(), None))  # the tombstone after a delete
+        else:
+            before = live[i]
+            live[i] = {**before, "tier": before["tier"] + 1, "name": f"{before['name']}+"}
+            emit("u", before, live[i], i)
+    bad = [
+        (0, b'{"id": 1}', json.dumps({"before": None, "after": {"id": 1}, "op": "x", "source": {}}).encode()),
+        (0, b'{"id": 2}', json.dumps({"before": None, "after": None, "op": "u", "source": {}}).encode()),
+        (1, b'{"id": 3}', json.dumps({"before": None, "after": None, "op": "d", "source": {}}).encode()),
+        (1, b'{"id": 5}', json.dumps({"id": 5, "name": "not an envelope"}).encode()),
+    ]
+    reasons = ["debezium envelope: op 'x' is not c, r, u or d", "debezium envelope: op 'u' without after",
+               "debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)",
+               "debezium envelope: no op (not a change event)"]
+    return events[:300] + bad + events[300:], reasons
+
+
+def _replay_debezium(records) -> dict[int, dict]:
+    table: dict[int, dict] = {}
+    for r in records:
+        if r.value is None:
+            continue  # a tombstone: nothing
+        event = json.loads(r.value)
+        event = event.get("payload", event)
+        if event.get("op") in ("c", "r", "u") and event.get("after"):
+            table[event["after"]["id"]] = {**event["after"], "_cdc_op": event["op"], "_cdc_lsn": event["source"]["lsn"]}
+        elif event.get("op") == "d" and event.get("before"):
+            table.pop(event["before"]["id"], None)
+    return table
+
+
+def test_a_debezium_topic_gives_the_table_its_changes_replayed_in_order_give(pipeline, spark):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    events, reasons = _debezium_events(seed=5)
+    _produce(pipeline.bootstrap, pipeline.topic, events[:400])
+    config = pipeline.write(
+        max_records_per_batch=150, key_format="none",
+        format={"type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"},
+                "required": ["id"]},
+        sink={"mode": "upsert", "key": ["id"]})
+    run_pipeline(config, RunContext("snapshot"), lambda: spark)
+    _produce(pipeline.bootstrap, pipeline.topic, events[400:])
+    run_pipeline(config, RunContext("changes"), lambda: spark)
+
+    expected = _replay_debezium(read_records(pipeline.bootstrap, pipeline.topic))
+    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    assert len(rows) == len({r["id"] for r in rows}), "one row per id"
+    got = {r["id"]: r for r in rows}
+    assert set(got) == set(expected)
+    for i, row in expected.items():
+        assert {k: got[i][k] for k in row} == row, i
+        assert got[i]["_cdc_ts_ms"] == 1_700_000_000_000 + row["_cdc_lsn"] - 3
+    dead = storage.table(config.dead_letter_path).to_pyarrow_table().sort_by("_kafka_offset").to_pylist()
+    assert sorted(d["reason"] for d in dead) == sorted(reasons), [d["reason"] for d in dead]
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0
+
+
+def test_a_debezium_topic_in_an_append_sink_is_its_change_log(pipeline, spark):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    events, reasons = _debezium_events(seed=6)
+    _produce(pipeline.bootstrap, pipeline.topic, events)
+    config = pipeline.write(key_format="none", format={
+        "type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"}})
+    [batch] = run_pipeline(config, RunContext("log"), lambda: spark)
+    tombstones = sum(1 for _, _, v in events if v is None)
+    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    assert len(rows) == len(events) - tombstones - len(reasons), "every change a row; tombstones none"
+    assert batch.total("dead_letters") == len(reasons)
+    deletes = [r for r in rows if r["_cdc_op"] == "d"]
+    assert deletes and all(r["id"] is not None for r in deletes), "a delete's row is its before"
+
+
+def test_a_backfill_of_an_old_range_never_brings_back_an_older_value_and_repeating_it_changes_nothing(pipeline, spark):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    rng = random.Random(7)
+    records = []
+    for i in range(240):
+        k = rng.randrange(40 if i < 120 else 25)  # keys 25..39 have no record after the backfilled range
+        value = None if rng.random() < 0.12 else json.dumps(
+            {"order_id": i, "customer": f"c{k}", "amount": float(i), "currency": "EUR",
+             "created_at": "2026-11-23T10:00:00Z", "note": f"n{i}"}).encode()
+        records.append((0, f"k{k}".encode(), value))
+    _produce(pipeline.bootstrap, pipeline.topic, records)
+    schema = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
+    keyed = {"mode": "upsert", "key": ["_kafka_key"]}
+    config = pipeline.write(max_records_per_batch=100, sink=keyed, format={"type": "json", "schema": schema})
+    run_pipeline(config, RunContext("ingest"), lambda: spark)
+    before = _sink_by_key(config)
+
+    newest = {}
+    for offset, (_, key, value) in enumerate(records):
+        newest[key.decode()] = (offset, value)
+    deleted_later = {k for k, (o, v) in newest.items() if v is None and o >= 120
+                     and any(key.decode() == k and value is not None and off < 120
+                             for off, (_, key, value) in enumerate(records))}
+    assert deleted_later, "the data has keys with a value in the backfilled range and a later delete"
+    assert any(o < 120 and v is not None for o, v in newest.values()), "and keys whose newest record is in it"
+
+    # the pipeline now reads one more field; the backfill reprocesses [0, 120)
+    config = pipeline.write(max_records_per_batch=100, sink=keyed,
+                            format={"type": "json", "schema": {**schema, "note": "string"}})
+    _backfill(config, spark, 0, 120)
+    after = _sink_by_key(config)
+    assert set(after) == set(before), "no key came back, none went"
+    for key, row in after.items():
+        offset, value = newest[key]
+        assert row["_kafka_offset"] == offset and row["amount"] == before[key]["amount"], key
+        # rows whose record was reprocessed have the new field; the newer ones were left alone
+        assert row["note"] == (json.loads(value)["note"] if offset < 120 else None), key
+    version = storage.table(config.sink_path).version()
+
+    _backfill(config, spark, 0, 120)
+    assert _sink_by_key(config) == after
+    assert storage.table(config.sink_path).version() == version + 1, "one commit, no change"
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0
+
+
+def _backfill(config, spark, start: int, end: int) -> None:
+    """What ``offsetlake backfill --from-offset --to-offset`` does, in this process."""
+    plan = plan_backfill(config, RunContext(f"backfill-{start}-{end}"), from_offset=start, to_offset=end)
+    Ledger.of(config).record_plan(plan)
+    execute_recorded_batch(config, plan.batch_id, lambda: spark)
