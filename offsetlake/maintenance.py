@@ -84,7 +84,13 @@ def _maintain_table(
     if label == "sink" and table.metadata().configuration.get("delta.enableExpiredLogCleanup") != "false":
         table.alter.set_table_properties(KEEP_HISTORY, raise_if_not_exists=False)
     try:
-        metrics = table.optimize.compact(partition_filters=mine)
+        if label == "sink" and config.sink.mode == "upsert":
+            # a keyed sink's merges prune files by their key ranges: compaction sorts by the key
+            # (z-order over one column is a sort), so files keep narrow, disjoint ranges; deleted
+            # keys are in no live file, so no compaction can bring one back
+            metrics = table.optimize.z_order(config.sink.key)
+        else:
+            metrics = table.optimize.compact(partition_filters=mine)
         report.compacted_from, report.compacted_into = metrics["numFilesRemoved"], metrics["numFilesAdded"]
     except (CommitFailedError, DeltaError) as err:  # a concurrent backfill replaced files we were compacting
         report.skipped = str(err).splitlines()[0]

@@ -129,3 +129,42 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     backfills = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
     assert [(r["partition"], r["start_offset"], r["end_offset"], r["dag_id"]) for r in backfills] == [(0, 10, 60, dag_id)]
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+
+
+def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_each_topics_lag(airflow_env, pipeline):
+    """Issue 19: the DAGs are unchanged for a pipeline over several topics (a pattern here, into
+    a keyed sink): every committed record of the topics it matched, the one created between runs
+    too, lands once; ledger rows and lag are per topic-partition."""
+    import json
+    import shutil
+
+    a, b, c = (f"{pipeline.topic}_{s}" for s in "abc")
+    for topic in (a, b):
+        ensure_topic(pipeline.bootstrap, topic, 2)
+    next_id = produce_orders(pipeline.bootstrap, a, 400)
+    next_id = produce_orders(pipeline.bootstrap, b, 300, first_id=next_id)
+    config = pipeline.write(schedule=None, topic=None, topic_pattern=f"{pipeline.topic}_[a-z]",
+                            sink={"mode": "upsert", "key": ["order_id"]})
+    shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    dag_id = f"{pipeline.name}_ingest"
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+    run = airflow(airflow_env, "dags", "test", dag_id)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+
+    ensure_topic(pipeline.bootstrap, c, 1)  # starts matching between runs
+    produce_orders(pipeline.bootstrap, c, 200, first_id=next_id)
+    status = pipeline.cli("status", "--json")
+    lag = {(r["topic"], r["partition"]): r["lag"] for r in json.loads(status.stdout)["partitions"]}
+    assert lag[(c, 0)] == 200 and all(v == 0 for k, v in lag.items() if k[0] != c), lag
+    run = airflow(airflow_env, "dags", "test", dag_id)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+
+    ids = storage.table(config.sink_path).to_pyarrow_table(columns=["order_id"])["order_id"].to_pylist()
+    assert len(ids) == len(set(ids)), "one row per key"
+    expected = {i for t in (a, b, c) for i in read_topic(pipeline.bootstrap, t).good.values()}
+    assert set(ids) == expected
+    committed = {(r["topic"], r["partition"]) for r in ledger_rows(config) if r["status"] == "committed"}
+    assert committed == {(a, 0), (a, 1), (b, 0), (b, 1), (c, 0)}
+    status = pipeline.cli("status", "--json")
+    assert json.loads(status.stdout)["total_lag"] == 0
+    assert pipeline.cli("audit", "--against-kafka").returncode == 0

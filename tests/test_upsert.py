@@ -12,11 +12,13 @@ from confluent_kafka import Producer
 from kafka_truth import read_records, replay_by_key
 
 from offsetlake import failpoints, storage
-from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.backfill import plan_backfill
+from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.history import sink_commits
 from offsetlake.ledger import Ledger
+from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
+from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 
@@ -263,3 +265,28 @@ def _backfill(config, spark, start: int, end: int) -> None:
     plan = plan_backfill(config, RunContext(f"backfill-{start}-{end}"), from_offset=start, to_offset=end)
     Ledger.of(config).record_plan(plan)
     execute_recorded_batch(config, plan.batch_id, lambda: spark)
+
+
+def test_rewind_restores_a_keyed_sink_as_of_a_batch_and_compaction_brings_no_deleted_key_back(pipeline, spark):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    updates = _updates(900, 80, 2, seed=11, delete_share=0.2)
+    config = pipeline.write(max_records_per_batch=150, sink={"mode": "upsert", "key": ["_kafka_key"], "file_rows": 20})
+    _produce(pipeline.bootstrap, pipeline.topic, updates[:300])
+    *_, first = run_pipeline(config, RunContext("first"), lambda: spark)
+    at_first = _sink_by_key(config)
+    _produce(pipeline.bootstrap, pipeline.topic, updates[300:])
+    run_pipeline(config, RunContext("second"), lambda: spark)
+    _assert_converged(config, pipeline)
+
+    files = len(storage.table(config.sink_path).file_uris())
+    assert files >= 3, "file_rows keeps the merge's files small"
+    [sink_report, *_] = maintain(config, retention_hours=1)
+    assert sink_report.compacted_from > 1
+    _assert_converged(config, pipeline)  # no deleted key is back, no key lost
+
+    result = rewind_pipeline(config, first.plan.batch_id, reason="test")
+    assert not result.plan.noop
+    assert _sink_by_key(config) == at_first, "the table as it was right after the first batch"
+    run_pipeline(config, RunContext("again"), lambda: spark)
+    _assert_converged(config, pipeline)
+    assert pipeline.cli("audit").returncode == 0
