@@ -1,7 +1,7 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,s3,avro,overhead,planning,memory]
+                                               [--only consume,write,steady,s3,avro,overhead,planning,upsert,memory]
                                                [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
@@ -30,6 +30,13 @@ avro      the same orders as Avro in the Confluent wire format through a Schema 
           (so every record is resolved): warm ingest of the Avro topic next to the JSON one
           (json, avro, avro, json, ...), medians and their ratio, and the decode step alone on
           100,000 records in one process (µs per record, median of 5);
+upsert    a 100,000-update batch into a keyed sink (``sink.mode: upsert``, key order_id) of
+          1,000,000 and of 10,000,000 rows, warm, each repeat on a fresh copy of the seeded
+          table (files of 500,000 rows sorted by key, as the merge writes them): the updates hit
+          one block of keys (900,000-999,999, the keys CDC on recent rows touches), so the merge
+          reads the files holding those keys, whatever the table's size; the ratio 10M/1M is the
+          target. Then once each, the same number of updates spread uniformly over all keys:
+          every file holds some, so copy-on-write rewrites the whole table (shown, not a target);
 memory    peak RSS of a `offsetlake run` process tree (driver JVM + Python + Python workers,
           sampled every 100 ms) draining a backlog of 10 x max_records_per_batch, against a
           backlog of 1 x.
@@ -66,7 +73,7 @@ from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "s3", "avro", "overhead", "planning", "memory")
+SECTIONS = ("consume", "write", "steady", "s3", "avro", "overhead", "planning", "upsert", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -373,6 +380,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
     if "avro" in only:
         avro_vs_json(args, work, bootstrap, figures, topic, records)
 
+    if "upsert" in only:
+        upsert_scaling(args, work, bootstrap, figures)
+
     if "memory" in only:
         cap = max(args.records // 10, 1)
         ensure_topic(bootstrap, "bench_memory_1x", args.partitions)
@@ -669,6 +679,117 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         return dags_test(i, expect_spark=True)
     med, samples = median_of(args.repeats, airflow_1k)
     emit(figures, "airflow_dags_test_1k_new", median_s=round(med, 2), samples_s=samples)
+
+
+UPSERT_KEYS = ("order_id",)
+
+
+def seeded_keyed_table(path: Path, rows: int, file_rows: int = 500_000) -> None:
+    """A keyed sink of ``rows`` orders (order_id 0..rows-1) as earlier merges leave it: files of
+    ``file_rows`` rows, each sorted by the key and holding one range of it."""
+    import numpy as np
+    from deltalake import write_deltalake
+
+    stamp = pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC"))
+    for start in range(0, rows, file_rows):
+        ids = np.arange(start, min(start + file_rows, rows), dtype=np.int64)
+        n = len(ids)
+        table = pa.table({
+            "order_id": ids, "customer": pa.array([f"c{i % 997}" for i in ids.tolist()]),
+            "amount": pa.array(ids.astype(np.float64) / 100), "currency": pa.array(["EUR"] * n),
+            "created_at": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
+            "_kafka_topic": pa.array(["seed"] * n), "_kafka_partition": pa.array(np.zeros(n, np.int32)),
+            "_kafka_offset": pa.array(ids), "_kafka_timestamp": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
+        })
+        write_deltalake(str(path), table, mode="append", configuration={"delta.enableExpiredLogCleanup": "false"})
+
+
+def produce_order_ids(bootstrap: str, topic: str, ids: list[int]) -> None:
+    import random as _random
+    from datetime import UTC, datetime
+
+    from confluent_kafka import Producer
+
+    from offsetlake.embedded.sample_data import order_event
+
+    rng = _random.Random(19)
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10_000})
+    for n, order_id in enumerate(ids):
+        while True:
+            try:
+                producer.produce(topic, value=order_event(order_id, rng, base), key=str(order_id).encode())
+                break
+            except BufferError:
+                producer.poll(0.2)
+        if n % 20_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def upsert_scaling(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+    import random as _random
+
+    from offsetlake.plan import RunContext
+    from offsetlake.runs import run_pipeline
+    from offsetlake.spark import spark_session
+
+    spark_session()
+    updates = 100_000
+    sizes = (1_000_000, 10_000_000)
+    block = "bench_upsert_block"
+    ensure_topic(bootstrap, block, 2)
+    produce_order_ids(bootstrap, block, list(range(900_000, 900_000 + updates)))
+    spread: dict[int, str] = {}
+    for size in sizes:
+        spread[size] = f"bench_upsert_spread_{size}"
+        ensure_topic(bootstrap, spread[size], 2)
+        produce_order_ids(bootstrap, spread[size], _random.Random(size).sample(range(size), updates))
+    seeds = {}
+    for size in sizes:
+        seeds[size] = work / f"upsert_seed_{size}"
+        t = time.monotonic()
+        seeded_keyed_table(seeds[size], size)
+        log.warning("seeded a keyed table of %d rows in %.1f s", size, time.monotonic() - t)
+
+    def batch(size: int, topic: str, label: str) -> tuple[float, dict]:
+        sink = work / f"upsert_{label}"
+        shutil.rmtree(sink, ignore_errors=True)
+        shutil.copytree(seeds[size], sink)
+        config = load_pipeline(str(write_pipeline(
+            work / "p", f"bench_upsert_{label}", topic, bootstrap, work / "lake_upsert", key_format="none",
+            sink={"table": str(sink), "mode": "upsert", "key": list(UPSERT_KEYS)})))
+        t = time.monotonic()
+        [result] = run_pipeline(config, RunContext(label), spark_session, emit=lambda _: None)
+        elapsed = time.monotonic() - t
+        from offsetlake.history import sink_commits
+        from offsetlake.storage import table as open_delta
+
+        merge = sink_commits(open_delta(str(sink)), config.name)[-1].entry["merge"]
+        assert merge["updated"] == updates, merge
+        shutil.rmtree(sink, ignore_errors=True)
+        return elapsed, merge
+
+    batch(sizes[0], block, "warmup")
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    merges: dict[int, dict] = {}
+    for i in range(args.repeats):  # side by side: 1M, 10M, 1M, 10M, ...
+        for size in sizes:
+            elapsed, merges[size] = batch(size, block, f"block_{size}_{i}")
+            times[size].append(elapsed)
+    small, large = (statistics.median(times[s]) for s in sizes)
+    emit(figures, "upsert_block", updates=updates, sizes=list(sizes),
+         median_s={str(s): round(statistics.median(times[s]), 2) for s in sizes},
+         samples_s={str(s): [round(x, 2) for x in times[s]] for s in sizes},
+         files_rewritten={str(s): merges[s]["files_rewritten"] for s in sizes},
+         rows_rewritten={str(s): merges[s]["rows_rewritten"] for s in sizes},
+         ratio_10m_over_1m=round(large / small, 2))
+    spread_figures = {}
+    for size in sizes:
+        elapsed, merge = batch(size, spread[size], f"spread_{size}")
+        spread_figures[str(size)] = {"s": round(elapsed, 2), "files_rewritten": merge["files_rewritten"],
+                                     "rows_rewritten": merge["rows_rewritten"]}
+    emit(figures, "upsert_spread", updates=updates, runs=spread_figures)
 
 
 def main() -> int:

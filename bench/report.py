@@ -69,6 +69,17 @@ def render(f: dict) -> str:
         m = f["decode_json_vs_avro"]
         out.append(f"| decode step alone, {m['records']:,} records in 10,000-record chunks | | JSON {m['json_us_per_record']} µs, "
                    f"Avro {m['avro_us_per_record']} µs per record | Avro / JSON {m['avro_over_json']} |")
+    if "upsert_block" in f:
+        m = f["upsert_block"]
+        for size in m["sizes"]:
+            out.append(f"| upsert: {m['updates']:,} updates of one key block into a {size:,}-row keyed sink | "
+                       f"{m['median_s'][str(size)]} s | {', '.join(map(str, m['samples_s'][str(size)]))} | "
+                       f"{m['files_rewritten'][str(size)]} file(s) rewritten, {m['rows_rewritten'][str(size)]:,} rows kept |")
+    if "upsert_spread" in f:
+        m = f["upsert_spread"]
+        for size, run in m["runs"].items():
+            out.append(f"| upsert: {m['updates']:,} updates spread over all keys of a {int(size):,}-row keyed sink (once) | "
+                       f"{run['s']} s | | {run['files_rewritten']} file(s) rewritten, {run['rows_rewritten']:,} rows kept |")
     for label in ("1x", "10x"):
         key = f"memory_{label}"
         if key in f:
@@ -91,6 +102,9 @@ def render(f: dict) -> str:
     if "ratio_memory_10x_to_1x" in f:
         r = f["ratio_memory_10x_to_1x"]["ratio"]
         out.append(f"| peak RSS at 10× backlog ≤ 1.2 × at 1× | {r} × | {verdict(r <= 1.2)} |")
+    if "upsert_block" in f:
+        r = f["upsert_block"]["ratio_10m_over_1m"]
+        out.append(f"| upsert batch into 10M rows ≤ 2 × into 1M rows | {r} × | {verdict(r <= 2)} |")
     if "cli_run_nothing_new" in f:
         s = f["cli_run_nothing_new"]["median_s"]
         out.append(f"| CLI run with nothing new ≤ 5 s | {s} s | {verdict(s <= 5)} |")

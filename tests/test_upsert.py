@@ -12,6 +12,7 @@ from confluent_kafka import Producer
 from kafka_truth import read_records, replay_by_key
 
 from offsetlake import failpoints, storage
+from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.history import sink_commits
@@ -80,6 +81,11 @@ def test_upsert_keeps_the_newest_record_per_key_and_tombstones_delete(pipeline, 
     assert run_pipeline(config, RunContext("third"), lambda: spark) == []
 
 
+def _assert_audit_passes(config) -> None:
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok, report.text()
+
+
 def _crash(name: str) -> None:
     raise failpoints.SimulatedCrash()
 
@@ -103,16 +109,15 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
     assert "rows compared with their key's newest record" in audit.stdout, audit.stdout
-    print(audit.stdout)
 
     # the audit sees a key written twice, and a row that is not its key's newest record
     table = storage.table(config.sink_path)
     some = table.to_pyarrow_table().slice(0, 1)
     older = some.set_column(some.schema.get_field_index("amount"), "amount", pa.array([-1.0]))
     storage.append(config.sink_path, older)
-    audit = pipeline.cli("audit", "--against-kafka")
-    assert audit.returncode == 1, audit.stdout
-    assert "has 2 rows in the keyed sink" in audit.stdout and "a row differs from its newest record" in audit.stdout, audit.stdout
+    report = audit_pipeline(config, against_kafka=True)
+    assert not report.ok
+    assert "has 2 rows in the keyed sink" in report.text() and "a row differs from its newest record" in report.text()
 
 
 def _debezium_events(seed: int) -> tuple[list[tuple[int, bytes | None, bytes | None]], list[str]]:
@@ -197,7 +202,7 @@ def test_a_debezium_topic_gives_the_table_its_changes_replayed_in_order_give(pip
         assert got[i]["_cdc_ts_ms"] == 1_700_000_000_000 + row["_cdc_lsn"] - 3
     dead = storage.table(config.dead_letter_path).to_pyarrow_table().sort_by("_kafka_offset").to_pylist()
     assert sorted(d["reason"] for d in dead) == sorted(reasons), [d["reason"] for d in dead]
-    assert pipeline.cli("audit", "--against-kafka").returncode == 0
+    _assert_audit_passes(config)
 
 
 def test_a_debezium_topic_in_an_append_sink_is_its_change_log(pipeline, spark):
@@ -257,7 +262,7 @@ def test_a_backfill_of_an_old_range_never_brings_back_an_older_value_and_repeati
     _backfill(config, spark, 0, 120)
     assert _sink_by_key(config) == after
     assert storage.table(config.sink_path).version() == version + 1, "one commit, no change"
-    assert pipeline.cli("audit", "--against-kafka").returncode == 0
+    _assert_audit_passes(config)
 
 
 def _backfill(config, spark, start: int, end: int) -> None:
@@ -289,4 +294,57 @@ def test_rewind_restores_a_keyed_sink_as_of_a_batch_and_compaction_brings_no_del
     assert _sink_by_key(config) == at_first, "the table as it was right after the first batch"
     run_pipeline(config, RunContext("again"), lambda: spark)
     _assert_converged(config, pipeline)
-    assert pipeline.cli("audit").returncode == 0
+    _assert_audit_passes(config)
+
+
+_VALUE = {"type": "record", "name": "Value", "namespace": "shop.public.customers",
+          "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "tier", "type": "int"}]}
+_ENVELOPE = {
+    "type": "record", "name": "Envelope", "namespace": "shop.public.customers",
+    "fields": [
+        {"name": "before", "type": ["null", _VALUE], "default": None},
+        {"name": "after", "type": ["null", "shop.public.customers.Value"], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+                                    "fields": [{"name": "ts_ms", "type": "long"}, {"name": "db", "type": "string"},
+                                               {"name": "lsn", "type": ["null", "long"], "default": None}]}},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def test_debezium_avro_events_through_the_registry_keyed_by_the_record_key(pipeline, spark, schema_registry):
+    """Avro Debezium events (the envelope as the registry's value schema), the sink keyed by the
+    Kafka key: a delete whose before is null still deletes its key."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    serialize = AvroSerializer(schema_registry.client(), json.dumps(_ENVELOPE), conf={"auto.register.schemas": True})
+    context = SerializationContext(pipeline.topic, MessageField.VALUE)
+    rng = random.Random(3)
+    live: dict[int, dict] = {}
+    records: list[tuple[int, bytes | None, bytes | None]] = []
+    for n in range(400):
+        i = rng.randrange(30)
+        if i in live and rng.random() < 0.2:
+            before = live.pop(i) if rng.random() < 0.5 else (live.pop(i) and None)  # some deletes carry no before
+            event = {"before": before, "after": None, "op": "d", "source": {"ts_ms": n, "db": "shop", "lsn": n}}
+            records.append((0, f"{i}".encode(), serialize(event, context)))
+            records.append((0, f"{i}".encode(), None))
+            continue
+        op = "u" if i in live else "c"
+        live[i] = {"id": i, "name": f"n{n}", "tier": n % 5}
+        event = {"before": None, "after": live[i], "op": op, "source": {"ts_ms": n, "db": "shop", "lsn": n}, "ts_ms": n}
+        records.append((0, f"{i}".encode(), serialize(event, context)))
+    _produce(pipeline.bootstrap, pipeline.topic, records)
+    config = pipeline.write(max_records_per_batch=150, format={
+        "type": "avro", "envelope": "debezium", "schema_registry": schema_registry.settings},
+        sink={"mode": "upsert", "key": ["_kafka_key"]})
+    run_pipeline(config, RunContext("avro-cdc"), lambda: spark)
+    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    got = {int(r["_kafka_key"]): {"id": r["id"], "name": r["name"], "tier": r["tier"]} for r in rows}
+    assert got == live
+    assert all(r["_cdc_op"] in ("c", "u") and r["_cdc_lsn"] == r["_cdc_ts_ms"] for r in rows)
+    dead = storage.table(config.dead_letter_path).to_pyarrow_table() if storage.is_table(config.dead_letter_path) else None
+    assert dead is None or dead.num_rows == 0, dead["reason"].to_pylist()[:3]

@@ -127,16 +127,23 @@ def value_decoder_for(config: PipelineConfig, reader_schema: ReaderSchema) -> De
     from offsetlake.formats.debezium import EnvelopeDecoder, envelope_json_format
 
     where = config.source_file or f"pipeline {config.name}"
+
+    def needs_before(row_fields: list[str]) -> bool:  # a delete keyed by the record key needs no before
+        return config.sink.mode != "upsert" or any(column in row_fields for column in config.sink.key)
+
     if isinstance(config.format, JsonFormat):
         from offsetlake.formats.json_records import JsonDecoder, json_format_of
 
         fmt = json_format_of(reader_schema, config.format)
         if config.format.envelope == "debezium":
-            return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), list(fmt.schema_), list(fmt.required), where)
+            fields = list(fmt.schema_)
+            return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), fields, list(fmt.required), where,
+                                   needs_before(fields))
         return JsonDecoder(fmt)
     inner = _registry_value_decoder(config, reader_schema)
     if config.format.envelope == "debezium":
-        return EnvelopeDecoder(inner, EnvelopeDecoder.row_fields_of(inner, where), [], where)
+        fields = EnvelopeDecoder.row_fields_of(inner, where)
+        return EnvelopeDecoder(inner, fields, [], where, needs_before(fields))
     return inner
 
 

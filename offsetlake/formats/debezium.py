@@ -54,11 +54,14 @@ def envelope_json_format(row: JsonFormat) -> JsonFormat:
 class EnvelopeDecoder:
     """A value decoder whose values are Debezium envelopes, giving the rows they carry."""
 
-    def __init__(self, inner: Decoder, row_fields: list[str], required: list[str], where: str) -> None:
+    def __init__(self, inner: Decoder, row_fields: list[str], required: list[str], where: str,
+                 delete_needs_before: bool = True) -> None:
         self.inner = inner
         self.row_fields = row_fields
         self.required = required
         self.where = where
+        # False for a keyed sink whose key comes from the record key: a delete then needs no before
+        self.delete_needs_before = delete_needs_before
 
     @staticmethod
     def row_fields_of(inner: Decoder, where: str) -> list[str]:
@@ -112,6 +115,10 @@ class EnvelopeDecoder:
         op = part("op")
         before, after = part("before"), part("after")
         tombstone = F.col("value").isNull()
+        if "read_problem" in decoded.columns:  # a read task may have called the tombstone a dead letter
+            decoded = decoded.withColumn("read_problem", F.when(tombstone & (F.col("read_problem") == TOMBSTONE), F.lit(None))
+                                         .otherwise(F.col("read_problem")))
+            decoded = decoded.withColumn(REASON, F.when(tombstone, F.lit(TOMBSTONE)).otherwise(F.col(REASON)))
         problem = (
             F.when(F.col(REASON).isNotNull(), F.col(REASON))
             .when(op.isNull(), F.lit("debezium envelope: no op (not a change event)"))
@@ -119,7 +126,7 @@ class EnvelopeDecoder:
                   F.concat(F.lit("debezium envelope: op '"), op, F.lit("' is not c, r, u or d")))
             .when(op.isin("c", "r", "u") & after.isNull(),
                   F.concat(F.lit("debezium envelope: op '"), op, F.lit("' without after")))
-            .when((op == "d") & before.isNull(), F.lit(
+            .when((op == "d") & before.isNull() & F.lit(self.delete_needs_before), F.lit(
                 "debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)"))
         )
         row = F.when(op == "d", before).otherwise(after)
