@@ -8,12 +8,16 @@ Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` parti
 noida-db broker (or $KAFKA_BOOTSTRAP_SERVERS), then measures, each as the median of ``--repeats``:
 
 consume   a plain confluent-kafka consumer reading every partition to its end and discarding
-          the records: the Kafka client's limit on this machine (records/s, MB/s);
+          the records, and the machine's read limit: 2 such loops in 2 processes, a share of the
+          partitions each, with offsetlake's read-task consumer settings (bench/plain_peers.py);
+          the limit is the baseline of the steady-state ratios;
 write     the same rows (the sink's columns, parsed beforehand) written as ONE Delta commit
           with deltalake from Arrow;
 steady    offsetlake ingesting the whole topic (default batch cap) into a fresh lake, with the
           Spark session already up (records/s), and the same as a fresh `offsetlake run`
-          process, so including JVM and session start;
+          process, so including JVM and session start; next to each warm run (peer, offsetlake,
+          offsetlake, peer, ...) the one-process plain peer (bench/plain_peers.py: exact ranges,
+          pyarrow JSON parse, one delta-rs commit with a txn per partition, no Spark);
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
           run next to the same ingest into a local folder (local, S3, S3, local, ...): the
           batch time of the same records on both, and their ratio;
@@ -276,6 +280,16 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         emit(figures, "raw_consume", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
              mb_per_s=round(size / med / 1e6, 1))
 
+        from plain_peers import consume_limit
+
+        def limit(_: int) -> float:
+            n, elapsed = consume_limit(bootstrap, topic, processes=2)
+            assert n == records, f"the 2-process loop read {n} of {records}"
+            return elapsed
+        med, samples = median_of(args.repeats, limit)
+        emit(figures, "consume_limit_2_processes", median_s=round(med, 2), samples_s=samples,
+             records_per_s=round(records / med), mb_per_s=round(size / med / 1e6, 1))
+
     if "write" in only:
         from deltalake import write_deltalake
 
@@ -306,8 +320,20 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
 
         cpu_splits: list[dict[str, float]] = []
+        from plain_peers import plain_peer
+
+        peer_samples: list[float] = []
+
+        def peer(i: int) -> None:  # the one-process peer, run next to each warm offsetlake run
+            path = work / f"peer_{i}"
+            rows, elapsed = plain_peer(bootstrap, topic, str(path))
+            assert rows == records, f"the plain peer wrote {rows} of {records}"
+            shutil.rmtree(path)
+            peer_samples.append(elapsed)
 
         def steady(i: int) -> float:
+            if i % 2 == 0:
+                peer(i)
             lake = work / f"lake_steady_{i}"
             config = load_pipeline(str(write_pipeline(work / "p", "bench_steady", topic, bootstrap, lake)))
             before = cpu_seconds(broker)
@@ -318,10 +344,19 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             cpu_splits.append({k: round(after[k] - before.get(k, 0.0), 1) for k in after})
             assert sum(r.total("records_read") for r in results) == records
             shutil.rmtree(lake)
+            if i % 2 == 1:
+                peer(i)
             return elapsed
         med, samples = median_of(args.repeats, steady)
         emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
              cpu_s=cpu_splits)
+        peer_median = statistics.median(peer_samples)
+        emit(figures, "plain_peer_one_process", median_s=round(peer_median, 2), samples_s=[round(x, 2) for x in peer_samples],
+             records_per_s=round(records / peer_median))
+        emit(figures, "ratio_warm_to_peers",
+             warm_over_limit=round(figures["steady_warm"]["records_per_s"]
+                                   / figures.get("consume_limit_2_processes", {}).get("records_per_s", float("nan")), 3),
+             warm_over_plain_peer=round(figures["steady_warm"]["records_per_s"] / (records / peer_median), 3))
         stop_spark()
 
         def cold(i: int) -> float:

@@ -29,6 +29,8 @@ def render(f: dict) -> str:
     out.append("| --- | --- | --- | --- |")
     rows = [
         ("raw consume (confluent-kafka loop, discard)", "raw_consume"),
+        ("read limit: 2 consume loops in 2 processes (the baseline)", "consume_limit_2_processes"),
+        ("one-process plain peer (read, pyarrow parse, one delta-rs commit)", "plain_peer_one_process"),
         ("raw write (deltalake from Arrow, one commit)", "raw_write"),
         ("offsetlake, warm Spark session", "steady_warm"),
         ("offsetlake, fresh `offsetlake run` incl. session start", "steady_with_session_start"),
@@ -95,6 +97,12 @@ def render(f: dict) -> str:
         r = f["ratio_steady_to_raw_consume"]["warm"]
         out.append(f"| steady state ≥ 0.5 × raw consume | {r} × (with session start: "
                    f"{f['ratio_steady_to_raw_consume']['with_session_start']} ×) | {verdict(r >= 0.5)} |")
+    if "ratio_warm_to_peers" in f:
+        r = f["ratio_warm_to_peers"]
+        out.append(f"| warm steady state ≥ 0.6 × the 2-process read limit | {r['warm_over_limit']} × | "
+                   f"{verdict(r['warm_over_limit'] >= 0.6)} |")
+        out.append(f"| warm steady state ≥ 1.5 × the one-process plain peer | {r['warm_over_plain_peer']} × | "
+                   f"{verdict(r['warm_over_plain_peer'] >= 1.5)} |")
     if "ratio_plan_1000_to_10" in f:
         r = f["ratio_plan_1000_to_10"]["ratio"]
         out.append(f"| plan time at 1,000 batches ≤ 2 × at 10 | {r} × ({f['plan_after_1000_batches']['median_s']} s vs "

@@ -9,7 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from kafka_truth import read_records, replay_by_key
+from kafka_truth import last_stable_offsets, read_records, replay_by_key
 
 from offsetlake import failpoints, storage
 from offsetlake.audit import audit_pipeline
@@ -70,7 +70,7 @@ def _assert_converged(config, pipeline) -> None:
 def test_upsert_keeps_the_newest_record_per_key_and_tombstones_delete(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     _produce(pipeline.bootstrap, pipeline.topic, _updates(600, 50, 2, seed=1))
-    config = pipeline.write(max_records_per_batch=150, sink={"mode": "upsert", "key": ["_kafka_key"]})
+    config = pipeline.write(max_records_per_batch=300, sink={"mode": "upsert", "key": ["_kafka_key"]})
     batches = run_pipeline(config, RunContext("first"), lambda: spark)
     assert len(batches) >= 2
     _assert_converged(config, pipeline)
@@ -275,7 +275,7 @@ def _backfill(config, spark, start: int, end: int) -> None:
 def test_rewind_restores_a_keyed_sink_as_of_a_batch_and_compaction_brings_no_deleted_key_back(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     updates = _updates(900, 80, 2, seed=11, delete_share=0.2)
-    config = pipeline.write(max_records_per_batch=150, sink={"mode": "upsert", "key": ["_kafka_key"], "file_rows": 20})
+    config = pipeline.write(max_records_per_batch=300, sink={"mode": "upsert", "key": ["_kafka_key"], "file_rows": 20})
     _produce(pipeline.bootstrap, pipeline.topic, updates[:300])
     *_, first = run_pipeline(config, RunContext("first"), lambda: spark)
     at_first = _sink_by_key(config)
@@ -348,3 +348,84 @@ def test_debezium_avro_events_through_the_registry_keyed_by_the_record_key(pipel
     assert all(r["_cdc_op"] in ("c", "u") and r["_cdc_lsn"] == r["_cdc_ts_ms"] for r in rows)
     dead = storage.table(config.dead_letter_path).to_pyarrow_table() if storage.is_table(config.dead_letter_path) else None
     assert dead is None or dead.num_rows == 0, dead["reason"].to_pylist()[:3]
+
+
+def test_a_stream_over_two_topics_into_a_keyed_sink_converges(pipeline, spark):
+    """Stream mode takes the same path: micro-batches over two topics merged by key."""
+    import threading
+    import time
+
+    from offsetlake.stream import StopControl, StreamOptions, run_stream
+
+    a, b = f"{pipeline.topic}_a", f"{pipeline.topic}_b"
+    for topic in (a, b):
+        ensure_topic(pipeline.bootstrap, topic, 2)
+    config = pipeline.write(topic=None, topics=[a, b], max_records_per_batch=500,
+                            sink={"mode": "upsert", "key": ["_kafka_key"]})
+    stop = StopControl()
+    options = StreamOptions(trigger_interval=0.5, lease_ttl=6, run_id="keyed-stream")
+    worker = threading.Thread(target=lambda: run_stream(config, options, lambda: spark, stop, lambda _: None))
+    worker.start()
+    try:
+        for wave in range(3):
+            for topic in (a, b):  # keys are per topic here: each topic's keys stay in their partition
+                _produce(pipeline.bootstrap, topic, [(p, f"{topic}-{k.decode()}".encode(), v)
+                                                     for p, k, v in _updates(400, 60, 2, seed=wave * 10 + len(topic))])
+            time.sleep(1)
+        expected = {}
+        for topic in (a, b):
+            records = read_records(pipeline.bootstrap, topic)
+            expected.update(replay_by_key(records, key_of=lambda r: r.key.decode(),
+                                          row_of=lambda r: None if r.value is None else json.loads(r.value)))
+        lso = {(t, p): end for t in (a, b) for p, end in last_stable_offsets(pipeline.bootstrap, t).items()}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            table = storage.open_table(config.sink_path)
+            ends = {tp: table.transaction_version(config.app_id(*tp)) if table else None for tp in lso}
+            if ends == lso:
+                break
+            time.sleep(0.5)
+        assert ends == lso
+    finally:
+        stop.request("test done")
+        worker.join(60)
+    got = _sink_by_key(config)
+    assert {k: r["order_id"] for k, r in got.items()} == {k: r["order_id"] for k, r in expected.items()}
+    _assert_audit_passes(config)
+
+
+def test_a_key_in_two_topics_is_resolved_by_record_time_then_coordinates(pipeline, spark):
+    import time
+
+    a, b = f"{pipeline.topic}_a", f"{pipeline.topic}_b"
+    for topic in (a, b):
+        ensure_topic(pipeline.bootstrap, topic, 1)
+
+    def send(topic: str, key: str, order_id: int, ms: int) -> None:
+        producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+        value = json.dumps({"order_id": order_id, "customer": key, "amount": 1.0, "currency": "EUR",
+                            "created_at": "2026-11-23T10:00:00Z"}).encode()
+        producer.produce(topic, key=key.encode(), value=value, partition=0, timestamp=ms)
+        assert producer.flush(30) == 0
+
+    base = int(time.time() * 1000) - 60_000  # recent: older records would fall to the topic's retention
+    send(a, "x", 1, base + 2_000)  # newer by record time than b's record of x, which comes later
+    send(b, "x", 2, base + 1_000)
+    send(a, "y", 3, base + 5_000)
+    send(b, "y", 4, base + 5_000)  # the same time: the greater (topic, partition, offset) wins: b
+    config = pipeline.write(topic=None, topics=[a, b], sink={"mode": "upsert", "key": ["_kafka_key"]})
+    run_pipeline(config, RunContext("one-batch"), lambda: spark)
+    rows = _sink_by_key(config)
+    assert (rows["x"]["order_id"], rows["x"]["_kafka_topic"]) == (1, a)
+    assert (rows["y"]["order_id"], rows["y"]["_kafka_topic"]) == (4, b)
+
+    send(b, "x", 5, base + 1_500)  # still older than the row (from a, at +2,000): not applied
+    send(a, "y", 6, base + 4_000)  # a's own later offset, but older than the row from b: not applied
+    run_pipeline(config, RunContext("older"), lambda: spark)
+    rows = _sink_by_key(config)
+    assert (rows["x"]["order_id"], rows["y"]["order_id"]) == (1, 4)
+    send(b, "x", 7, base + 9_000)
+    run_pipeline(config, RunContext("newer"), lambda: spark)
+    assert _sink_by_key(config)["x"]["order_id"] == 7
+    merges = [c.entry["merge"] for c in sink_commits(storage.table(config.sink_path), config.name)]
+    assert merges[1]["older"] == 2 and merges[2]["updated"] == 1

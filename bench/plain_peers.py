@@ -1,0 +1,115 @@
+"""The yardsticks offsetlake is measured against (issue 20), each a plain program a user could write.
+
+* ``consume_limit``: the machine's read limit. ``processes`` plain read_committed consume loops,
+  one process per share of the partitions, discarding records: what a 2-core machine can pull
+  out of the broker at all.
+* ``plain_peer``: the tool a user would otherwise write. One Python process, no Spark:
+  confluent-kafka over the exact ranges [0, LSO) → pyarrow's JSON reader → ONE delta-rs commit
+  holding the rows and one txn per partition (appId ``<name>:<topic>:<partition>``, version =
+  the end), as offsetlake's own commit does.
+
+Both read with offsetlake's read-task consumer settings (``offsetlake.kafka._READ_BUFFER_DEFAULTS``
+and the same ``receive.message.max.bytes``), so a broker's fetch behaviour (noida-db answers a
+fetch with a partition's whole tail) helps or hurts every side alike.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from offsetlake.kafka import _consumer_config
+
+ORDER_SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
+                          ("currency", pa.string()), ("created_at", pa.timestamp("us", tz="UTC"))])
+
+
+def _config(bootstrap: str, name: str) -> dict[str, Any]:
+    config = _consumer_config({"bootstrap.servers": bootstrap}, name)
+    config["group.id"] = f"{name}-{time.monotonic_ns()}"
+    return config
+
+
+def last_stable(bootstrap: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = admin.list_topics(topic=topic, timeout=30).topics[topic].partitions
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+
+def _drain(bootstrap: str, topic: str, ends: dict[int, int], keep: bool) -> tuple[int, dict[int, list]]:
+    """Read [0, end) of each partition in ``ends``; returns (records, partition -> messages if kept)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(_config(bootstrap, "bench-plain"))
+    consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+    remaining = {p for p, end in ends.items() if end > 0}
+    kept: dict[int, list] = {p: [] for p in ends}
+    records = 0
+    while remaining:
+        for message in consumer.consume(num_messages=10_000, timeout=0.5):
+            if message.error():
+                continue
+            p, offset = message.partition(), message.offset()
+            if offset >= ends[p]:
+                remaining.discard(p)
+                continue
+            records += 1
+            if keep:
+                kept[p].append(message)
+            if offset >= ends[p] - 1:
+                remaining.discard(p)
+    consumer.close()
+    return records, kept
+
+
+def _consume_share(args: tuple[str, str, dict[int, int]]) -> int:
+    bootstrap, topic, ends = args
+    return _drain(bootstrap, topic, ends, keep=False)[0]
+
+
+def consume_limit(bootstrap: str, topic: str, processes: int = 2) -> tuple[int, float]:
+    """(records, seconds) for ``processes`` consume loops over a share of the partitions each;
+    the pool is started before the clock so process start-up is not counted."""
+    ends = last_stable(bootstrap, topic)
+    shares = [{p: e for p, e in ends.items() if p % processes == i} for i in range(processes)]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes) as pool:
+        pool.map(abs, range(processes))  # the workers are up before the clock starts
+        started = time.monotonic()
+        counts = pool.map(_consume_share, [(bootstrap, topic, share) for share in shares])
+        elapsed = time.monotonic() - started
+    return sum(counts), elapsed
+
+
+def plain_peer(bootstrap: str, topic: str, table_path: str, name: str = "plain_peer") -> tuple[int, float]:
+    """(rows, seconds) for the one-process peer: read, parse, one commit with a txn per partition."""
+    import pyarrow.json as pajson
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    started = time.monotonic()
+    ends = last_stable(bootstrap, topic)
+    _, kept = _drain(bootstrap, topic, ends, keep=True)
+    parts = []
+    options = pajson.ParseOptions(explicit_schema=ORDER_SCHEMA, unexpected_field_behavior="ignore")
+    for p, messages in kept.items():
+        if not messages:
+            continue
+        body = b"\n".join(m.value() for m in messages)
+        rows = pajson.read_json(pa.py_buffer(body), parse_options=options)
+        parts.append(rows.append_column("_kafka_topic", pa.array([topic] * len(messages), pa.string()))
+                     .append_column("_kafka_partition", pa.array([p] * len(messages), pa.int32()))
+                     .append_column("_kafka_offset", pa.array([m.offset() for m in messages], pa.int64()))
+                     .append_column("_kafka_timestamp", pa.array([m.timestamp()[1] * 1000 for m in messages],
+                                                                 pa.timestamp("us", tz="UTC"))))
+    table = pa.concat_tables(parts)
+    txns = [Transaction(f"{name}:{topic}:{p}", end) for p, end in ends.items() if end > 0]
+    write_deltalake(table_path, table, mode="append", commit_properties=CommitProperties(app_transactions=txns))
+    return table.num_rows, time.monotonic() - started
