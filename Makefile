@@ -29,10 +29,10 @@ STEPS ?= 200
 MINUTES ?= 600
 EXAMPLES ?= 100
 AUDIT_EVERY ?= 10
-torture: setup ## long randomized fault campaign (audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the long S3 runs of the crash, maintenance, concurrent-run and rewind tests: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
+torture: setup ## long randomized fault campaign (audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the long S3 runs of the crash, maintenance, concurrent-run, rewind and backfill tests: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
 	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
-	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py -k "s3" -p no:cacheprovider
+	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py tests/test_backfill_replaces.py -k "s3" -p no:cacheprovider
 
 RECORDS ?= 2000000
 REPEATS ?= 3
