@@ -213,13 +213,7 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
                                    f"{config.topic_label} any more")
             continue
         log_start = offsets[(topic, partition)].log_start
-        for start, end in _merged(spans):
-            if end <= log_start:
-                found["past_retention"] += end - start
-                continue
-            if start < log_start:
-                found["past_retention"] += log_start - start
-                start = log_start
+        for start, end in _retained(spans, log_start, found):
             for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
                 chunks.append((topic, partition, list(chunk)))
                 found["records"] += len(chunk)
@@ -322,13 +316,7 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
         missing: list = []
         # one read per run of adjacent ranges: a read that ends on a transaction marker waits
         # for the consumer's poll timeout, so reading range by range got slower with every batch
-        for start, end in _merged(spans):
-            if end <= log_start:
-                found["past_retention"] += end - start
-                continue
-            if start < log_start:
-                found["past_retention"] += log_start - start
-                start = log_start
+        for start, end in _retained(spans, log_start, found):
             for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
                 for message in chunk:
                     offset = int(message.offset() or 0)  # always set on a consumed record
@@ -389,6 +377,21 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list
         if offsets:
             lost.append((topic, partition, offsets))
     return lost
+
+
+def _retained(spans: list[tuple[int, int]], log_start: int, found: dict) -> list[tuple[int, int]]:
+    """``spans`` merged (one read per run of adjacent ranges) and cut at the log start; the offsets
+    cut off are counted in ``found["past_retention"]`` (reported, not checked)."""
+    out = []
+    for start, end in _merged(spans):
+        if end <= log_start:
+            found["past_retention"] += end - start
+            continue
+        if start < log_start:
+            found["past_retention"] += log_start - start
+            start = log_start
+        out.append((start, end))
+    return out
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

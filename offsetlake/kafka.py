@@ -68,24 +68,6 @@ def _admin(client_config: dict[str, str]) -> AdminClient:
     return AdminClient(dict(client_config))
 
 
-def describe_topic(client_config: dict[str, str], topic: str, pipeline: str) -> list[int]:
-    """Partition ids of ``topic``; raises KafkaUnavailableError naming broker and topic."""
-    servers = client_config.get("bootstrap.servers", "?")
-    try:
-        # Ask for all topics, not this one: a metadata request naming a topic makes brokers with
-        # auto.create.topics.enable create it, and a typo in a YAML must not create topics.
-        metadata = _admin(client_config).list_topics(timeout=METADATA_TIMEOUT_S)
-    except KafkaException as err:
-        raise KafkaUnavailableError(
-            f"pipeline {pipeline}: cannot reach Kafka at {servers} to describe topic '{topic}': {err.args[0]}"
-        ) from None
-    described = metadata.topics.get(topic)
-    if described is None or described.error is not None or not described.partitions:
-        reason = described.error.str() if described is not None and described.error else "unknown topic"
-        raise KafkaUnavailableError(f"pipeline {pipeline}: topic '{topic}' is not available on {servers}: {reason}")
-    return sorted(described.partitions)
-
-
 def partition_offsets(
     client_config: dict[str, str], topic: str, partitions: list[int], pipeline: str
 ) -> dict[int, PartitionOffsets]:
