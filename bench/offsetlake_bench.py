@@ -76,6 +76,7 @@ sys.path.insert(0, str(ROOT))
 from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
+from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
 SECTIONS = ("consume", "write", "steady", "s3", "avro", "overhead", "planning", "upsert", "memory")
 PY = sys.executable
@@ -134,8 +135,9 @@ def raw_consume(bootstrap: str, topic: str, keep: bool = False) -> tuple[int, in
     remaining = {p for p, end in ends.items() if end > 0}
     records = size = 0
     values: list[bytes] = []
-    while remaining:
-        for message in consumer.consume(num_messages=10_000, timeout=1.0):
+    total = sum(ends.values())
+    while remaining:  # asked and waited for as the read tasks do (offsetlake.kafka.read_range)
+        for message in consumer.consume(num_messages=max(1, min(CONSUME_BATCH, total - records)), timeout=CONSUME_WAIT_S):
             if message.error():
                 continue
             records += 1

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from offsetlake.kafka import _consumer_config
+from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S, _consumer_config
 
 ORDER_SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
                           ("currency", pa.string()), ("created_at", pa.timestamp("us", tz="UTC"))])
@@ -58,8 +58,11 @@ def _drain(consumer: Any, ends: dict[int, int], keep: bool) -> tuple[int, dict[i
     remaining = {p for p, end in ends.items() if end > 0}
     kept: dict[int, list] = {p: [] for p in ends}
     records = 0
+    total = sum(end for end in ends.values() if end > 0)
     while remaining:
-        for message in consumer.consume(num_messages=10_000, timeout=0.5):
+        # asked and waited for as offsetlake's read tasks do (offsetlake.kafka.read_range)
+        wanted = max(1, min(CONSUME_BATCH, total - records))
+        for message in consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT_S):
             if message.error():
                 continue
             p, offset = message.partition(), message.offset()

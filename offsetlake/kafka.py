@@ -108,6 +108,11 @@ def offsets_for_time(
     return {tp.partition: tp.offset if tp.offset is not None else -1 for tp in found}
 
 
+# Records per consume call, and how long one call waits for them: the wait only matters at a
+# range's end (when fewer records remain than asked for) or while the broker has nothing yet.
+CONSUME_BATCH = 10_000
+CONSUME_WAIT_S = 0.05
+
 # A range read needs no deep prefetch: these bound each read task's librdkafka buffers on a
 # broker that honours fetch sizes (the pipeline's kafka options override them). noida-db does
 # not: it answers a fetch with the partition's whole tail, see BENCHMARKS.md (memory).
@@ -159,7 +164,10 @@ def read_range(
         position = start
         last_progress = time.monotonic()
         while position < end:
-            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            # librdkafka's batch consume returns when it holds num_messages OR at the timeout:
+            # asking for more than the range still holds made every range's last call wait out
+            # the whole timeout (0.5 s per split, most of a small batch's read time)
+            messages = consumer.consume(num_messages=min(CONSUME_BATCH, end - position), timeout=CONSUME_WAIT_S)
             if not messages:
                 position = max(position, _consumer_position(consumer, tp))
                 if position >= end:
