@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it"
     )
     run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    run.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
+                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
 
     stream = commands.add_parser(
         "stream", parents=[common],
@@ -98,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--run-id", help="run id recorded in the ledger (default: stream-<utc time>-<random>)")
     stream.add_argument("--dag-id", help=argparse.SUPPRESS)
     stream.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    stream.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
+                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
 
     backfill = commands.add_parser(
         "backfill", parents=[common],
@@ -116,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--to-time", help="ISO-8601 end time (exclusive)")
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
     backfill.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    backfill.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
+                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
 
     rewind = commands.add_parser(
         "rewind", parents=[common],
@@ -186,6 +192,21 @@ def build_parser() -> argparse.ArgumentParser:
                              help="keep unreferenced files younger than this (default 168 = 7 days, at least 1)")
     maintenance.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only, delete nothing")
     maintenance.add_argument("--json", action="store_true", help="print one JSON line per table")
+    server = commands.add_parser(
+        "spark-server", parents=[common],
+        help="keep a warm Spark session that runs, backfills and Airflow tasks attach to (Spark Connect)",
+        description="Start a Spark session with offsetlake's settings and serve it over Spark Connect until "
+        "SIGTERM or Ctrl-C. A `run`, `stream` or `backfill` given --remote (or $OFFSETLAKE_SPARK_REMOTE) and the "
+        "Airflow ingest task (connection spark_connect_default) then attach to it instead of starting a JVM of "
+        "their own, which is most of a small batch's time. Each attached run has its own Spark session "
+        "(its cached rows and files are released when it ends); the data files are written by the server's "
+        "tasks and the Delta commit stays in the run's own process, so killing a run mid-batch commits nothing, "
+        "exactly as without the server. Restart it after upgrading offsetlake: its Python workers import "
+        "the installed code. Prints one JSON line with the URL when it is ready.",
+    )
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    server.add_argument("--port", type=int, default=15002, help="port to listen on (default 15002, Spark Connect's)")
+    server.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
     return parser
 
 
@@ -200,6 +221,11 @@ def _configure_logging(level: str) -> None:
 
 
 def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
+    remote = getattr(args, "remote", None) or os.environ.get("OFFSETLAKE_SPARK_REMOTE")
+    if remote and args.command in ("run", "stream", "backfill"):
+        from offsetlake.spark import check_reachable
+
+        check_reachable(remote)  # before anything is planned: a missing server is not a failed batch
     return load_pipeline(name, args.pipelines_dir)
 
 
@@ -213,7 +239,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     load_suite(config)  # a broken suite fails before anything is planned or read
     run_id = args.run_id or f"cli-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     try:
-        results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master), args.max_batches)
+        results = run_pipeline(config, RunContext(run_id=run_id), lambda: spark_session(args.master, remote=args.remote), args.max_batches)
     except StreamOwnsPipelineError as err:
         log_line(log, "skip", str(err), level=logging.WARNING, pipeline=config.name, run_id=run_id)
         return 0
@@ -253,7 +279,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
     stop = StopControl(args.max_duration, args.parent_pid)
     stop.install_signal_handlers()
     try:
-        report = run_stream(config, options, lambda: spark_session(args.master), stop)
+        report = run_stream(config, options, lambda: spark_session(args.master, remote=args.remote), stop)
     finally:
         stop_spark()
     print(json.dumps({"stream": report.as_dict()}), flush=True)
@@ -281,7 +307,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     Ledger.of(config).record_plan(plan)
     log_step("plan", plan, time.monotonic(), kind=str(plan.kind), offsets=plan.offsets)
     try:
-        result = execute_recorded_batch(config, plan.batch_id, lambda: spark_session(args.master))
+        result = execute_recorded_batch(config, plan.batch_id, lambda: spark_session(args.master, remote=args.remote))
     finally:
         stop_spark()
     print(json.dumps(result.summary()), flush=True)
@@ -405,9 +431,28 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
 
 
+def cmd_spark_server(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from offsetlake.spark import serve_connect, stop_spark
+
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    url = serve_connect(args.host, args.port, args.master)
+    log_line(log, "spark_server", url=url, pid=os.getpid())
+    print(json.dumps({"spark_server": url, "pid": os.getpid()}), flush=True)
+    try:
+        stopped.wait()
+    finally:
+        stop_spark()
+    log_line(log, "spark_server_stopped", url=url)
+    return 0
+
 COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "stream": cmd_stream, "status": cmd_status,
             "ledger": cmd_ledger,
-            "audit": cmd_audit, "maintenance": cmd_maintenance}
+            "audit": cmd_audit, "maintenance": cmd_maintenance, "spark-server": cmd_spark_server}
 
 
 def main(argv: list[str] | None = None) -> int:

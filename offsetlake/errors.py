@@ -36,6 +36,11 @@ class SchemaRegistryUnavailableError(OffsetlakeError):
     read; nothing was committed and no record became a dead letter for it. Run again later."""
 
 
+class SparkServerUnavailableError(OffsetlakeError):
+    """The Spark Connect server a run was told to attach to (--remote, $OFFSETLAKE_SPARK_REMOTE)
+    cannot be reached; nothing was planned on it. Start it, or run without it."""
+
+
 class KafkaUnavailableError(OffsetlakeError):
     """The broker cannot be reached or does not know the topic."""
 

@@ -20,6 +20,7 @@ from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_let
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import WrittenFiles, add_actions_for, staging_dir
+from offsetlake.spark import add_python_file
 from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
 
@@ -61,7 +62,7 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     }
     sized = [r for r in plan.ranges if r.size > 0]
     if config.transform:
-        spark.sparkContext.addPyFile(str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
+        add_python_file(spark, str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
 
     t = time.monotonic()
     decoder = decoder_for(config, plan.reader_schema)  # the plan's schema: a rerun decodes identically

@@ -30,6 +30,7 @@ from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.kafka import record_headers
 from offsetlake.plan import OffsetRange
+from offsetlake.spark import default_parallelism
 
 RAW_SCHEMA = StructType(
     [
@@ -67,14 +68,6 @@ _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
 # record a dead letter instead of an overflow that stops the batch.
 TIMESTAMP_MIN_MS, TIMESTAMP_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 NO_TIMESTAMP = -1
-_SPLIT_SCHEMA = StructType(
-    [
-        StructField("topic", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("start", LongType(), False),
-        StructField("end", LongType(), False),
-    ]
-)
 _TASK_ERROR = re.compile(r"offsetlake\.errors\.(\w+): (.+)")
 
 
@@ -134,9 +127,11 @@ def read_ranges(
     headers (only dead letters keep them, unless the pipeline may dead-letter a good record).
     """
 
-    splits = split_ranges([r for r in ranges if r.size], spark.sparkContext.defaultParallelism)
-    rows = [(s.topic, s.partition, s.start, s.end) for s in splits]
-    split_df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, len(rows))), _SPLIT_SCHEMA)
+    splits = [(s.topic, s.partition, s.start, s.end) for s in
+              split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
+    # one task per split, each finding its split by index: the same plan on a classic session
+    # and on Spark Connect (which has no parallelize), and no rows to ship to the JVM
+    split_df = spark.range(0, len(splits), numPartitions=max(1, len(splits)))
     config = dict(client_config)
     arrow_schema, spark_schema = _schemas(decoder)
 
@@ -151,9 +146,9 @@ def read_ranges(
         gc.disable()
         try:
             for batch in batches:
-                for split in batch.to_pylist():
-                    topic, partition = split["topic"], split["partition"]
-                    for chunk in read_range(config, pipeline, topic, partition, split["start"], split["end"], timeout_s):
+                for index in batch.column("id").to_pylist():
+                    topic, partition, start, end = splits[index]
+                    for chunk in read_range(config, pipeline, topic, partition, start, end, timeout_s):
                         columns = record_columns(chunk, topic, partition, decoder, headers_of_rows)
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:

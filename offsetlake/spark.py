@@ -1,26 +1,86 @@
-"""The one Spark session of a process, configured for files delta-rs will commit."""
+"""The one Spark session of a process, configured for files delta-rs will commit.
+
+Classic (a driver JVM in this process, local or on a cluster through spark-submit) or Spark
+Connect (``remote``/``$OFFSETLAKE_SPARK_REMOTE``: a thin client of a long-lived server, e.g.
+``offsetlake spark-server``, so a run pays no JVM start-up). The rest of offsetlake asks this
+module, not the session's type, for what differs between the two.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-_SESSION: SparkSession | None = None
+from offsetlake.errors import SparkServerUnavailableError
+
+_SESSION: Any = None
+_ADDED_FILES: set[str] = set()
+
+# SQL settings every session needs, whoever started the JVM (also set on a Connect session, whose
+# server may be somebody else's)
+SQL_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
 
 
-def spark_session(master: str | None = None, app_name: str = "offsetlake") -> SparkSession:
+def remote_url(remote: str | None = None) -> str | None:
+    """The Spark Connect server to attach to, if any: ``remote``, else ``$OFFSETLAKE_SPARK_REMOTE``."""
+    return remote or os.environ.get("OFFSETLAKE_SPARK_REMOTE") or None
+
+
+def spark_session(master: str | None = None, app_name: str = "offsetlake", remote: str | None = None) -> Any:
     """Create (once) or return the process's Spark session.
 
-    ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under spark-submit the
-    master given there wins. Timestamps are UTC and written as TIMESTAMP_MICROS because delta-rs
-    commits these files; RawLocalFileSystem avoids ``.crc`` side files in table folders.
+    With a Spark Connect URL (``remote`` or ``$OFFSETLAKE_SPARK_REMOTE``, e.g.
+    ``sc://127.0.0.1:15002``) the session is a client of that server and no JVM starts here.
+    Otherwise ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under
+    spark-submit the master given there wins. Timestamps are UTC and written as TIMESTAMP_MICROS
+    because delta-rs commits these files; RawLocalFileSystem avoids ``.crc`` side files in table
+    folders.
     """
     global _SESSION
     if _SESSION is not None:
         return _SESSION
+    url = remote_url(remote)
+    if url:
+        check_reachable(url)
+        session = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
+        for key, value in SQL_CONF.items():
+            session.conf.set(key, value)
+        _SESSION = session
+        return _SESSION
+    _SESSION = classic_builder(master, app_name).getOrCreate()
+    _SESSION.sparkContext.setLogLevel(os.environ.get("OFFSETLAKE_SPARK_LOG_LEVEL", "WARN"))
+    return _SESSION
+
+
+def check_reachable(url: str, timeout_s: float = 10.0) -> None:
+    """Fail at once, naming the server, when nothing listens at a Spark Connect URL (the client
+    itself would retry for minutes before saying anything)."""
+    import socket
+
+    found = re.fullmatch(r"sc://\[?([^/\]]+?)\]?:(\d+)(?:/.*)?", url.split(";")[0])
+    if not found:
+        raise SparkServerUnavailableError(f"'{url.split(';')[0]}' is not a Spark Connect URL like sc://host:15002")
+    host, port = found.group(1), int(found.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise SparkServerUnavailableError(
+            f"cannot reach the Spark Connect server at sc://{host}:{port} ({err.strerror or err}); start it with "
+            "`offsetlake spark-server`, or unset --remote / $OFFSETLAKE_SPARK_REMOTE to start Spark in this process"
+        ) from None
+
+
+def classic_builder(master: str | None = None, app_name: str = "offsetlake", extra: dict[str, str] | None = None) -> Any:
+    """The builder of a session whose driver JVM runs in this process (``extra``: more conf)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode stays on loopback
@@ -28,22 +88,90 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake") -> Sp
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit its --master wins
         builder = builder.master(master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[2]"))
     conf = {
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        **SQL_CONF,
         "spark.sql.shuffle.partitions": os.environ.get("OFFSETLAKE_SHUFFLE_PARTITIONS", "4"),
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
         "spark.hadoop.fs.file.impl.disable.cache": "true",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.ui.enabled": os.environ.get("OFFSETLAKE_SPARK_UI", "false"),
         "spark.driver.memory": os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
         "spark.ui.showConsoleProgress": "false",
+        **(extra or {}),
     }
     for key, value in conf.items():
         builder = builder.config(key, value)
-    _SESSION = builder.getOrCreate()
+    return builder
+
+
+def serve_connect(host: str, port: int, master: str | None = None) -> str:
+    """Start this process's session with the Spark Connect plugin listening on ``host:port``;
+    returns the URL clients attach with. The session's settings (``classic_builder``) become the
+    defaults of every client's session."""
+    global _SESSION
+    if _SESSION is not None:
+        raise RuntimeError("a Spark session is already running in this process")
+    _SESSION = classic_builder(master, "offsetlake-spark-server", extra={
+        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.port": str(port),
+    }).getOrCreate()
     _SESSION.sparkContext.setLogLevel(os.environ.get("OFFSETLAKE_SPARK_LOG_LEVEL", "WARN"))
-    return _SESSION
+    return f"sc://{host}:{port}"
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (no SparkContext, no JVM here)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def default_parallelism(spark: Any) -> int:
+    """How many tasks keep every core busy: the SparkContext's figure, or for a Connect session
+    the server's ``spark.default.parallelism`` (``offsetlake spark-server`` sets it), else the
+    cores of a ``local[N]`` master."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return max(1, int(configured))
+    found = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", spark.conf.get("spark.master", "") or "")
+    if found:
+        return (os.cpu_count() or 2) if found.group(1) == "*" else int(found.group(1))
+    return 2
+
+
+def add_python_file(spark: Any, path: str) -> None:
+    """Ship a Python module (a pipeline's transform) to the tasks, once per session."""
+    if path in _ADDED_FILES:
+        return
+    if is_connect(spark):
+        spark.addArtifacts(path, pyfile=True)
+    else:
+        spark.sparkContext.addPyFile(path)
+    _ADDED_FILES.add(path)
+
+
+def tag_jobs(spark: Any, tag: str) -> None:
+    """Tag the jobs this thread starts from now on, so ``cancel_tagged`` can stop them mid-task."""
+    if is_connect(spark):
+        spark.addTag(tag)
+    else:
+        spark.sparkContext.setInterruptOnCancel(True)
+        spark.sparkContext.addJobTag(tag)
+
+
+def untag_jobs(spark: Any, tag: str) -> None:
+    if is_connect(spark):
+        spark.removeTag(tag)
+    else:
+        spark.sparkContext.removeJobTag(tag)
+
+
+def cancel_tagged(spark: Any, tag: str) -> None:
+    """Cancel (from any thread) the running jobs tagged ``tag``."""
+    if is_connect(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobsWithTag(tag)
 
 
 def release_memory() -> None:
@@ -57,7 +185,7 @@ def release_memory() -> None:
     import gc
 
     gc.collect()
-    jvm = _SESSION.sparkContext._jvm if _SESSION is not None else None
+    jvm = _SESSION.sparkContext._jvm if _SESSION is not None and not is_connect(_SESSION) else None
     if jvm is not None:
         jvm.System.gc()
 
@@ -67,6 +195,7 @@ def stop_spark() -> None:
     if _SESSION is not None:
         _SESSION.stop()
         _SESSION = None
+        _ADDED_FILES.clear()
 
 
 def dataframe_from_arrow(spark: SparkSession, table: pa.Table) -> DataFrame:

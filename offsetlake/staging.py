@@ -28,6 +28,7 @@ from pyarrow.fs import LocalFileSystem
 
 from offsetlake import storage
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
+from offsetlake.spark import default_parallelism
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -169,7 +170,7 @@ def read_files(spark: Any, table_root: str, files: list[dict[str, Any]], schema:
                     for part in pq.ParquetFile(handle).iter_batches(batch_size=65_536):
                         yield _conformed(part, schema, values)
 
-    slices = max(1, min(len(entries), 2 * spark.sparkContext.defaultParallelism))
+    slices = max(1, min(len(entries), 2 * default_parallelism(spark)))
     return spark.range(0, len(entries), numPartitions=slices).mapInArrow(read, from_arrow_schema(schema))
 
 

@@ -46,7 +46,7 @@ from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
 from offsetlake.runs import COMMITTED, execute_batch, reconcile, record_outcome
-from offsetlake.spark import release_memory
+from offsetlake.spark import cancel_tagged, release_memory, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.stream")
@@ -156,12 +156,11 @@ def run_stream(
     lease.start_heartbeats()
     try:
         spark = spark_factory()  # warm for the whole stream; idle loops run no job on it
-        spark.sparkContext.setInterruptOnCancel(True)
         in_flight: dict[str, str] = {}  # the batch whose Spark jobs a second signal cancels
 
         def cancel_in_flight() -> None:
             if "tag" in in_flight:
-                spark.sparkContext.cancelJobsWithTag(in_flight["tag"])
+                cancel_tagged(spark, in_flight["tag"])
 
         stop.on_abandon = lambda: threading.Thread(target=cancel_in_flight, daemon=True).start()
 
@@ -201,7 +200,7 @@ def run_stream(
             ledger.record_plan(plan)
             log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
             in_flight["tag"] = f"offsetlake-{plan.batch_id}"
-            spark.sparkContext.addJobTag(in_flight["tag"])
+            tag_jobs(spark, in_flight["tag"])
             try:
                 result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
             except LeaseLostError as err:
@@ -223,7 +222,7 @@ def run_stream(
                     continue
                 raise
             finally:
-                spark.sparkContext.removeJobTag(in_flight.pop("tag"))
+                untag_jobs(spark, in_flight.pop("tag"))
             retries = 0
             _after_commit(config, result, report, emit)
             stop.sleep(options.trigger_interval - (time.monotonic() - started))

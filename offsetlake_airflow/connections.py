@@ -10,7 +10,9 @@ are the access key id and secret, and whose host (a URL) is the endpoint. A Sche
 ``format.type: avro``: a connection ``schema_registry_<pipeline>`` (or ``schema_registry_default``)
 whose host (a URL) and port are the registry's address, login and password its basic-auth
 user, and extra JSON any other client option (``ssl.ca.location``, ...). ``spark_default`` says
-where ingest jobs and streams run.
+where ingest jobs and streams run; ``spark_connect_default`` (the Spark provider's Spark Connect
+connection, e.g. to ``offsetlake spark-server``), when it exists, makes them attach to that warm
+server instead of starting a JVM per task.
 """
 
 from __future__ import annotations
@@ -124,3 +126,16 @@ def spark_master() -> str | None:
     if not conn.host:
         return None
     return f"{conn.host}:{conn.port}" if conn.port else conn.host
+
+
+def spark_connect_url() -> str | None:
+    """The URL of connection ``spark_connect_default`` (a warm Spark Connect server the ingest
+    task and the stream attach to), if it exists."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.sdk import BaseHook
+
+    try:
+        BaseHook.get_connection(SparkConnectHook.default_conn_name)
+    except Exception:  # noqa: BLE001 - no connection: spark-submit as before
+        return None
+    return SparkConnectHook(SparkConnectHook.default_conn_name).get_connection_url()

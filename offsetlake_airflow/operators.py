@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from offsetlake_airflow import pipelines_folder, project_dir
-from offsetlake_airflow.connections import load_config, overrides_env, spark_master
+from offsetlake_airflow.connections import load_config, overrides_env, spark_connect_url, spark_master
 from offsetlake_airflow.tasks import superseded_message
 
 log = logging.getLogger("offsetlake.airflow")
@@ -26,7 +26,12 @@ log = logging.getLogger("offsetlake.airflow")
 class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
     """SparkSubmitOperator that hands the job the pipeline's Kafka connection through the
     environment ($OFFSETLAKE_KAFKA_OVERRIDES), resolved at run time inside the task, and that
-    does not retry a batch another writer superseded (its plan can never apply again)."""
+    does not retry a batch another writer superseded (its plan can never apply again).
+
+    With a Spark Connect server configured (connection ``spark_connect_default``, e.g. to
+    ``offsetlake spark-server``), the same job runs as a plain Python process attached to it:
+    no spark-submit, no JVM of its own, the same arguments, exit codes and crash semantics.
+    """
 
     def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -37,6 +42,9 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
         if overrides:  # never on the command line, which the hook logs
             self.env_vars = {**(self.env_vars or {}), **overrides}
         try:
+            remote = spark_connect_url()
+            if remote:
+                return self._run_attached(remote)
             return super().execute(context)
         except AirflowException:
             superseded = superseded_message(self.pipeline, context["ti"].xcom_pull(task_ids="plan"))
@@ -47,6 +55,27 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
                 f"{superseded}. Not retried: clear the whole dag run "
                 f"(plan task included) to plan again from the committed ends."
             ) from None
+
+
+    def _run_attached(self, remote: str) -> None:
+        command = [sys.executable, str(self.application), *[str(a) for a in self.application_args or []]]
+        log.info("attached to the Spark server at %s: %s", remote.split(";")[0], " ".join(command))
+        env = {**os.environ, **(self.env_vars or {}), "OFFSETLAKE_SPARK_REMOTE": remote}
+        self._attached = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=env, cwd=project_dir())
+        assert self._attached.stdout is not None
+        for line in self._attached.stdout:
+            log.info("%s", line.rstrip())
+        if self._attached.wait() != 0:
+            raise AirflowException(f"pipeline {self.pipeline}: the ingest job exited with {self._attached.returncode}; "
+                                   "see the lines above")
+
+    def on_kill(self) -> None:
+        attached = getattr(self, "_attached", None)
+        if attached is not None and attached.poll() is None:
+            attached.kill()  # as spark-submit's driver would die: the batch commits nothing, a retry redoes it
+            return
+        super().on_kill()
 
 
 class OffsetlakeStreamOperator(BaseOperator):
@@ -82,8 +111,11 @@ class OffsetlakeStreamOperator(BaseOperator):
         ]
         if str(self.max_records_per_batch or "").strip() not in ("", "None", "0"):
             command += ["--max-records-per-batch", str(int(self.max_records_per_batch))]
+        remote = spark_connect_url()
+        if remote:  # in the environment, not on the command line: the URL may hold a token
+            env["OFFSETLAKE_SPARK_REMOTE"] = remote
         master = spark_master()
-        if master:
+        if master and not remote:
             command += ["--master", master]
         output = Path(config.stream_log_path) / f"{dag_run.run_id}.try{ti.try_number}.log"
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,36 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`offsetlake spark-server` on a free loopback port (its own JVM, as a user starts it), for
+    the tests of runs and Airflow tasks that attach to it; yields its URL, stops it by PID."""
+    import select
+    import signal
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path_factory.mktemp("spark_server") / "server.log"
+    with open(log, "w") as err:
+        server = subprocess.Popen([sys.executable, "-m", "offsetlake", "spark-server", "--port", str(port)],
+                                  stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+    try:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], 180)
+        line = server.stdout.readline() if ready else ""
+        assert '"spark_server"' in line, f"offsetlake spark-server did not start: {line!r}\n{log.read_text()[-3000:]}"
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)
+
+
+@pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """The embedded S3-compatible server (moto), started once for the tests that use it."""
     from offsetlake.embedded.local_s3 import LocalS3

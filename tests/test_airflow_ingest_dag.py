@@ -171,3 +171,30 @@ def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_eac
 
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok, report.text()
+
+
+@pytest.mark.local_lake
+def test_ingest_task_attaches_to_the_spark_server_of_connection_spark_connect_default(airflow_env, pipeline, spark_server):
+    import json
+    import shutil
+
+    # the provider's Spark Connect connection: the ingest job runs as a plain process attached to
+    # the warm server (no spark-submit, no JVM of its own); a login/password would become its token
+    host, port = spark_server.removeprefix("sc://").rsplit(":", 1)
+    airflow_env = {**airflow_env, "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
+        {"conn_type": "spark_connect", "host": host, "port": int(port)})}
+    config = pipeline.write(schedule=None)
+    shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
+    dag_id = f"{pipeline.name}_ingest"
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+
+    run = airflow(airflow_env, "dags", "test", dag_id)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    assert f"attached to the Spark server at sc://{host}:{port}" in output, output[-4000:]
+    assert "spark-submit" not in output and "Using Spark's default log4j profile" not in output, output[-4000:]
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    committed = [r for r in ledger_rows(config) if r["status"] == "committed"]
+    assert committed and all(r["dag_id"] == dag_id for r in committed)
