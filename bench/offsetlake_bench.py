@@ -15,7 +15,8 @@ write     the same rows (the sink's columns, parsed beforehand) written as ONE D
           with deltalake from Arrow;
 steady    offsetlake ingesting the whole topic (default batch cap) into a fresh lake, with the
           Spark session already up (records/s), and the same as a fresh `offsetlake run`
-          process, so including JVM and session start; next to each warm run (peer, offsetlake,
+          process, so including JVM and session start, and as a fresh `offsetlake run --remote`
+          attached to a warm `offsetlake spark-server`; next to each warm run (peer, offsetlake,
           offsetlake, peer, ...) the one-process plain peer (bench/plain_peers.py: exact ranges,
           pyarrow JSON parse, one delta-rs commit with a txn per partition, no Spark);
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
@@ -23,7 +24,8 @@ s3        the warm steady ingest with the lake on the embedded S3 server (moto, 
           batch time of the same records on both, and their ratio;
 overhead  wall time of `offsetlake run` with nothing new and with 1,000 new records, and of
           `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
-          and with 1,000 new records;
+          and with 1,000 new records; then both with 1,000 new records attached to a warm
+          `offsetlake spark-server` (`--remote`; the connection spark_connect_default);
 planning  the plan step of a dag run (`plan_for_dag_run`: reconcile the ledger with the sink's
           history, read offsets, plan, record the plan) after 10, 100 and 1,000 committed
           batches. The batches are committed through offsetlake's own commit path (txn per
@@ -118,6 +120,43 @@ def cli(*args: str, env: dict | None = None, timeout: float = 3600) -> subproces
     if done.returncode != 0:
         raise RuntimeError(f"offsetlake {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done
+
+
+# ---- the warm Spark server ----------------------------------------------------------------------
+class SparkServer:
+    """`offsetlake spark-server` on a free loopback port, stopped by its PID."""
+
+    def __init__(self, log_path: Path) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"sc://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> SparkServer:
+        import select
+
+        with open(self.log_path, "w") as err:
+            self.process = subprocess.Popen([PY, "-m", "offsetlake", "spark-server", "--port", str(self.port)],
+                                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 180)
+        if not ready or '"spark_server"' not in self.process.stdout.readline():
+            self.__exit__()
+            raise RuntimeError(f"offsetlake spark-server did not start:\n{self.log_path.read_text()[-3000:]}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
 
 
 # ---- consume / write ----------------------------------------------------------------------------
@@ -372,6 +411,21 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         med, samples = median_of(args.repeats, cold)
         emit(figures, "steady_with_session_start", median_s=round(med, 2), samples_s=samples,
              records_per_s=round(records / med))
+        with SparkServer(work / "spark_server_steady.log") as server:
+            cli("run", str(write_pipeline(work / "p", "bench_attach_warmup", "bench_warmup", bootstrap,
+                                          work / "lake_attach_warmup")), "--remote", server.url)
+
+            def attached(i: int) -> float:  # a fresh `offsetlake run` process attached to the warm server
+                lake = work / f"lake_attached_{i}"
+                path = write_pipeline(work / "p", "bench_attached", topic, bootstrap, lake)
+                t = time.monotonic()
+                cli("run", str(path), "--remote", server.url)
+                elapsed = time.monotonic() - t
+                shutil.rmtree(lake)
+                return elapsed
+            med, samples = median_of(args.repeats, attached)
+        emit(figures, "steady_cli_attached", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
+             over_warm=round(med / figures["steady_warm"]["median_s"], 3))
         if "raw_consume" in figures:
             emit(figures, "ratio_steady_to_raw_consume",
                  warm=round(figures["steady_warm"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3),
@@ -716,6 +770,32 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         return dags_test(i, expect_spark=True)
     med, samples = median_of(args.repeats, airflow_1k)
     emit(figures, "airflow_dags_test_1k_new", median_s=round(med, 2), samples_s=samples)
+
+    # the same, attached to a warm `offsetlake spark-server` (CLI --remote; Airflow: spark_connect_default)
+    with SparkServer(work / "spark_server_overhead.log") as server:
+        next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+        cli("run", str(path), "--remote", server.url)  # the server's first job (Python workers) is not a run's cost
+
+        def attached_1k(i: int) -> float:
+            nonlocal next_id
+            next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+            t = time.monotonic()
+            cli("run", str(path), "--remote", server.url)
+            return time.monotonic() - t
+        med, samples = median_of(args.repeats, attached_1k)
+        emit(figures, "cli_run_1k_new_attached", median_s=round(med, 2), samples_s=samples)
+
+        host_port = server.url.removeprefix("sc://")
+        airflow.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
+            {"conn_type": "spark_connect", "host": host_port.split(":")[0], "port": int(host_port.split(":")[1])})
+
+        def airflow_attached_1k(i: int) -> float:
+            nonlocal next_id
+            next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+            return dags_test(i, expect_spark=False)  # attached: no spark-submit, no JVM in the task
+        med, samples = median_of(args.repeats, airflow_attached_1k)
+        emit(figures, "airflow_dags_test_1k_new_attached", median_s=round(med, 2), samples_s=samples)
+        airflow.env.pop("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
 
 
 UPSERT_KEYS = ("order_id",)
