@@ -30,6 +30,10 @@ ORDER_SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), (
 def _config(bootstrap: str, name: str) -> dict[str, Any]:
     config = _consumer_config({"bootstrap.servers": bootstrap}, name)
     config["group.id"] = f"{name}-{time.monotonic_ns()}"
+    # one consumer here reads several partitions, and noida-db answers a fetch with the tails of
+    # all of them at once (217 MB for 3 of 6 partitions of 2M orders): room for that response, as
+    # the reader's limit leaves room for one partition's tail
+    config["receive.message.max.bytes"] = 1_000_000_000
     return config
 
 
