@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture bench bench-stream demo demo-s3 airflow lint lock clean
+.PHONY: setup debian test torture bench bench-stream demo demo-s3 airflow spark-server lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -51,6 +51,10 @@ demo-s3: setup ## the same story with the lake on the embedded S3 server (moto) 
 
 airflow: setup ## Airflow UI and services on 127.0.0.1 (AIRFLOW_PORT, default 8080); prints the login
 	$(PY) scripts/airflow_ui.py
+
+SPARK_SERVER_PORT ?= 15002
+spark-server: setup ## a warm Spark session on 127.0.0.1:SPARK_SERVER_PORT that runs (--remote / OFFSETLAKE_SPARK_REMOTE) and Airflow (spark_connect_default) attach to; Ctrl-C stops it
+	$(VENV)/bin/offsetlake spark-server --port $(SPARK_SERVER_PORT)
 
 lint: setup ## ruff, mypy (offsetlake, offsetlake_airflow) and the import-linter contracts in pyproject.toml
 	$(VENV)/bin/ruff check offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench
