@@ -174,6 +174,14 @@ def cancel_tagged(spark: Any, tag: str) -> None:
         spark.sparkContext.cancelJobsWithTag(tag)
 
 
+def keep_alive(spark: Any) -> None:
+    """An idle loop's touch of its session: a Spark Connect server drops a session that sends no
+    RPC for ``spark.connect.session.manager.defaultSessionTimeout`` (60 min by default), which
+    would fail a stream's next batch after a quiet hour. A classic session needs nothing."""
+    if is_connect(spark):
+        spark.conf.get("spark.sql.session.timeZone")
+
+
 def release_memory() -> None:
     """Between batches: a full GC of the driver JVM (and of this Python), if Spark is up.
 

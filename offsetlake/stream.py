@@ -46,7 +46,7 @@ from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
 from offsetlake.runs import COMMITTED, execute_batch, reconcile, record_outcome
-from offsetlake.spark import cancel_tagged, release_memory, tag_jobs, untag_jobs
+from offsetlake.spark import cancel_tagged, keep_alive, release_memory, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.stream")
@@ -195,6 +195,7 @@ def run_stream(
                 continue
             if plan is None:
                 retries = 0
+                keep_alive(spark)
                 stop.sleep(options.trigger_interval)
                 continue
             ledger.record_plan(plan)
