@@ -84,6 +84,7 @@ def write_pipeline(folder: Path, bootstrap: str, topic: str, lake: Path, suite: 
     body.update({"name": "bench_stream", "topic": topic, "lake": str(lake), "schedule": None,
                  "validation": {"on_failure": "fail"},
                  "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench-stream"}}})
+    body.pop("storage", None)  # the shipped file's object-storage block (escaped above) is for an s3:// lake
     shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
     if suite:
         shutil.copy(ROOT / "pipelines" / "orders.expectations.yaml", folder / "bench_stream.expectations.yaml")
