@@ -43,6 +43,13 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pipeline", metavar="PIPELINE", help="pipeline name (pipelines/<name>.yaml) or a .yaml path")
 
 
+def _add_spark_options(parser: argparse.ArgumentParser) -> None:
+    """Where a command's Spark work runs: its own session (--master) or a warm server's (--remote)."""
+    parser.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    parser.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
+                        "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="offsetlake", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -70,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it"
     )
-    run.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
-    run.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
-                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
+    _add_spark_options(run)
 
     stream = commands.add_parser(
         "stream", parents=[common],
@@ -99,9 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # the Airflow task that started us
     stream.add_argument("--run-id", help="run id recorded in the ledger (default: stream-<utc time>-<random>)")
     stream.add_argument("--dag-id", help=argparse.SUPPRESS)
-    stream.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
-    stream.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
-                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
+    _add_spark_options(stream)
 
     backfill = commands.add_parser(
         "backfill", parents=[common],
@@ -119,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--from-time", help="ISO-8601 start time, e.g. 2026-11-01T00:00:00Z (inclusive)")
     backfill.add_argument("--to-time", help="ISO-8601 end time (exclusive)")
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
-    backfill.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
-    backfill.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
-                     "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
+    _add_spark_options(backfill)
 
     rewind = commands.add_parser(
         "rewind", parents=[common],
@@ -221,11 +222,12 @@ def _configure_logging(level: str) -> None:
 
 
 def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
-    remote = getattr(args, "remote", None) or os.environ.get("OFFSETLAKE_SPARK_REMOTE")
-    if remote and args.command in ("run", "stream", "backfill"):
-        from offsetlake.spark import check_reachable
+    if args.command in ("run", "stream", "backfill"):
+        from offsetlake.spark import check_reachable, remote_url
 
-        check_reachable(remote)  # before anything is planned: a missing server is not a failed batch
+        remote = remote_url(args.remote)
+        if remote:
+            check_reachable(remote)  # before anything is planned: a missing server is not a failed batch
     return load_pipeline(name, args.pipelines_dir)
 
 
@@ -449,6 +451,7 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
         stop_spark()
     log_line(log, "spark_server_stopped", url=url)
     return 0
+
 
 COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "stream": cmd_stream, "status": cmd_status,
             "ledger": cmd_ledger,

@@ -126,8 +126,8 @@ def is_connect(spark: Any) -> bool:
 
 def default_parallelism(spark: Any) -> int:
     """How many tasks keep every core busy: the SparkContext's figure, or for a Connect session
-    the server's ``spark.default.parallelism`` (``offsetlake spark-server`` sets it), else the
-    cores of a ``local[N]`` master."""
+    (no SparkContext here) the server's ``spark.default.parallelism`` if set, else the cores of
+    its ``local[N]`` master, else 2."""
     if not is_connect(spark):
         return int(spark.sparkContext.defaultParallelism)
     configured = spark.conf.get("spark.default.parallelism", None)
