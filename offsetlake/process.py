@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, failpoints, keyed, staging
+from offsetlake import dead_letters, direct, failpoints, keyed, staging
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
@@ -32,27 +32,53 @@ if TYPE_CHECKING:
 class ProcessedBatch:
     """A batch after read -> decode -> transform -> validate -> dead letters: rows ready to be staged."""
 
-    rows: Any  # pyspark DataFrame of sink rows
+    rows: Any  # pyspark DataFrame of sink rows; None when the read tasks wrote them all (``direct``)
     cached: list[Any]  # persisted DataFrames; ``release`` when the batch is done
     per_range: dict[tuple[str, int], RangeCounts]
     timings_ms: dict[str, int]
     validation: dict | None = None  # the Great Expectations summary, None without a suite
     dead_letter_files: list[dict] = field(default_factory=list)  # staged; the sink commit's entry lists them
+    rows_schema: Any = None  # pyarrow schema of the sink rows (also when ``rows`` is None)
+    direct: Direct | None = None  # the files the read tasks wrote (``offsetlake.direct``), if they did
 
     def release(self) -> None:
         for frame in self.cached:
             frame.unpersist()
         self.cached.clear()
+        if self.direct is not None:
+            self.direct.remove_undecided()
 
 
-def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None) -> ProcessedBatch:
+@dataclass
+class Direct:
+    """A batch whose read tasks wrote its rows' files (``offsetlake.direct``): the staging folder,
+    those files, and the files of the records they left to Spark (removed once decided)."""
+
+    table_root: str
+    folder: str
+    files: list[staging.StagedFile]
+    undecided: list[str]
+
+    def remove_undecided(self) -> None:
+        if self.undecided:
+            direct.remove_undecided(self.table_root, self.undecided)
+            self.undecided = []
+
+
+def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None,
+                   write_in_read: bool = False) -> ProcessedBatch:
     """Read the plan's ranges once, count them, decode, transform, validate (invariant 9), then
     stage their dead letters (undecodable and quarantined records): files no commit names yet,
     that the dead-letter table takes after the batch's sink commit (``offsetlake.dead_letters``).
 
+    ``write_in_read``: the caller commits new files (an ingest or stream batch); when the batch
+    allows (``direct.problem``), the read tasks write the rows' files themselves and only the
+    records they did not decide go through Spark (``ProcessedBatch.direct``).
+
     Raises ValidationFailedError when the batch must not commit; nothing was staged then.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     from offsetlake.reader import read_ranges
 
@@ -68,48 +94,52 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     decoder = decoder_for(config, plan.reader_schema)  # the plan's schema: a rerun decodes identically
     decoder.check_types(config.source_file or config.name)  # before anything is read
     keep_raw = _may_dead_letter_good_records(config, suite, decoder)
-    raw = read_ranges(spark, sized, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder,
-                      headers_of_rows=keep_raw)
-    # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
-    decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
-    upsert = config.sink.mode == "upsert"
-    if upsert and config.sink.delete_on_tombstone:
-        decoded = keyed.mark_tombstones(decoded)
-    if plan.window is not None:  # a backfill by time reprocesses only the records of its window
-        decoded = decoded.where(
-            (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
-            & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms))))
-    if not keep_raw:
-        # only dead letters and quarantined records need the original bytes: a cache without
-        # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
-        good = F.col(REASON).isNull()
-        for column in ("key", "value", "headers"):
-            decoded = decoded.withColumn(column, F.when(good, F.lit(None)).otherwise(F.col(column)))
-    decoded = decoded.persist()
-    processed = ProcessedBatch(None, [decoded], per_range, timings)
+    client = config.kafka_client_config()
+    read = read_ranges(spark, sized, client, config.name, config.read_timeout_seconds, decoder, headers_of_rows=keep_raw)
+    raw: DataFrame | None = read
+    processed = ProcessedBatch(None, [], per_range, timings)
+    if write_in_read and sized:
+        why_not = direct.problem(config, plan, suite is not None, decoder)
+        if why_not is None:
+            # the schema the Spark path gives the rows (analysis only, nothing runs)
+            spark_rows = _rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw))
+            rows_schema = to_arrow_schema(spark_rows.schema, timezone="UTC", prefers_large_types=False)
+            why_not = direct.schema_problem(config, decoder, rows_schema)
+        if why_not is None:
+            folder = staging_dir(config, plan.batch_id)
+            wrote = direct.read_and_write(spark, sized, client, config.name, config.read_timeout_seconds, decoder,
+                                          rows_schema, config.sink_path, folder, config.sink.partition_by)
+            processed.direct = Direct(config.sink_path, folder, wrote.files, wrote.undecided)
+            processed.rows_schema = rows_schema
+            for key, count in wrote.records_read.items():
+                per_range[key]["records_read"] = count
+            raw = direct.undecided_frame(spark, config.sink_path, wrote.undecided, decoder)
+        log_step("path", plan, t, direct="true" if why_not is None else "false", why_not=why_not)
+    if raw is None:  # the read tasks decided every record: every one is a row they wrote
+        records = sum(v["records_read"] for v in per_range.values())
+        timings["read"] = log_step("read", plan, t, records=records, files=len(processed.direct.files) if processed.direct else 0)
+        failpoints.failpoint("after_read")
+        return processed
+
+    decoded = _decoded(config, plan, decoder, raw, keep_raw).persist()
+    processed.cached.append(decoded)
     counts = (
         decoded.groupBy("topic", "partition")
         .agg(F.count("*").alias("records_read"), F.sum(F.col(REASON).isNotNull().cast("long")).alias("dead_letters"))
         .collect()
     )
     for row in counts:
-        per_range[(row["topic"], row["partition"])].update(
-            records_read=int(row["records_read"]), dead_letters=int(row["dead_letters"] or 0)
-        )
+        key = (row["topic"], row["partition"])
+        if processed.direct is None:  # else the read tasks counted every record, these included
+            per_range[key]["records_read"] = int(row["records_read"])
+        per_range[key]["dead_letters"] = int(row["dead_letters"] or 0)
     records = sum(v["records_read"] for v in per_range.values())
-    timings["read"] = log_step("read", plan, t, records=records)
+    timings["read"] = log_step("read", plan, t, records=records,
+                               files=len(processed.direct.files) if processed.direct else None)
     failpoints.failpoint("after_read")
 
-    rows = good_rows(decoded, decoder)
-    if not upsert and CHANGE in rows.columns:  # an append sink keeps every change as a row
-        rows = rows.drop(CHANGE)
-    rows = apply_transform(rows, config)
-    if config.transform:  # a record may become several rows: number them (offsetlake.transform)
-        rows = number_rows_per_record(rows)
-    if upsert:
-        if CHANGE not in rows.columns:
-            rows = rows.withColumn(CHANGE, F.lit(UPSERT))
-        keyed.check_key_columns(config, rows.columns, "rows" if not config.transform else "transformed rows")
+    upsert = config.sink.mode == "upsert"
+    rows = _rows(config, decoder, decoded)
     dead = dead_letter_rows(decoded, config.name, plan.batch_id) if any(v["dead_letters"] for v in per_range.values()) else None
     try:
         if suite is not None and records:
@@ -131,7 +161,49 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
     timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
     processed.rows = rows
+    if processed.rows_schema is None:
+        processed.rows_schema = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
     return processed
+
+
+def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: DataFrame, keep_raw: bool) -> DataFrame:
+    """The read frame decoded: REASON null for a record that becomes a row, else why it is a
+    dead letter; a backfill by time keeps only its window's records."""
+    from pyspark.sql import functions as F
+
+    # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
+    decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    if config.sink.mode == "upsert" and config.sink.delete_on_tombstone:
+        decoded = keyed.mark_tombstones(decoded)
+    if plan.window is not None:  # a backfill by time reprocesses only the records of its window
+        decoded = decoded.where(
+            (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
+            & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms))))
+    if not keep_raw:
+        # only dead letters and quarantined records need the original bytes: a cache without
+        # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
+        good = F.col(REASON).isNull()
+        for column in ("key", "value", "headers"):
+            decoded = decoded.withColumn(column, F.when(good, F.lit(None)).otherwise(F.col(column)))
+    return decoded
+
+
+def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataFrame:
+    """The sink rows of the decoded records, transformed (before validation)."""
+    from pyspark.sql import functions as F
+
+    upsert = config.sink.mode == "upsert"
+    rows = good_rows(decoded, decoder)
+    if not upsert and CHANGE in rows.columns:  # an append sink keeps every change as a row
+        rows = rows.drop(CHANGE)
+    rows = apply_transform(rows, config)
+    if config.transform:  # a record may become several rows: number them (offsetlake.transform)
+        rows = number_rows_per_record(rows)
+    if upsert:
+        if CHANGE not in rows.columns:
+            rows = rows.withColumn(CHANGE, F.lit(UPSERT))
+        keyed.check_key_columns(config, rows.columns, "rows" if not config.transform else "transformed rows")
+    return rows
 
 
 # A partition value becomes a folder name `<column>=<value>`, which Linux (and most filesystems)
@@ -236,14 +308,21 @@ def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataF
     return rows, quarantined
 
 
-def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, rows: DataFrame,
+def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, rows: DataFrame | None,
                 spark: SparkSession, sort_by: tuple[str, ...] = ()) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
-    storage alike); counts the rows written per range of the plan."""
+    storage alike); counts the rows written per range of the plan. When the read tasks wrote
+    the batch's files (``processed.direct``), ``rows`` are those of the records they left to
+    Spark (None: none), written next to theirs."""
     t = time.monotonic()
-    folder = staging_dir(config, plan.batch_id)
-    staged = staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+    done = processed.direct
+    folder = done.folder if done is not None else staging_dir(config, plan.batch_id)
+    staged = list(done.files) if done is not None else []
+    if rows is not None:
+        staged += staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+    if done is not None:
+        done.remove_undecided()
     files = add_actions_for(config.sink_path, [f.path for f in staged])
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0

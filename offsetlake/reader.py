@@ -133,7 +133,7 @@ def read_ranges(
     # and on Spark Connect (which has no parallelize), and no rows to ship to the JVM
     split_df = spark.range(0, len(splits), numPartitions=max(1, len(splits)))
     config = dict(client_config)
-    arrow_schema, spark_schema = _schemas(decoder)
+    arrow_schema, spark_schema = read_schemas(decoder)
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
@@ -161,7 +161,7 @@ def read_ranges(
 def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder) -> DataFrame:
     """Records already consumed in the driver ((topic, partition, messages)) as the DataFrame a
     read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
-    arrow_schema, schema = _schemas(decoder)
+    arrow_schema, schema = read_schemas(decoder)
     batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder), schema=arrow_schema)
                for topic, partition, messages in chunks]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
@@ -183,7 +183,7 @@ def _decoded_fields(decoder: Decoder | None) -> list[pa.Field]:
     return out
 
 
-def _schemas(decoder: Decoder | None) -> tuple[pa.Schema, StructType]:
+def read_schemas(decoder: Decoder | None) -> tuple[pa.Schema, StructType]:
     """The Arrow and Spark schemas of the read frame: RAW_SCHEMA and what the tasks decode."""
     from pyspark.sql.pandas.types import from_arrow_type
 
@@ -199,6 +199,14 @@ def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | N
     """One consumed chunk of one partition as RAW_SCHEMA's Arrow columns (plus PARSED_IN_READ when
     the decoder decodes in the read task), built column by column: this loop is the read path's
     hot spot (a per-record append loop ran at a third of the consumer's own rate)."""
+    return decided_columns(chunk, topic, partition, decoder, headers_of_rows)[0]
+
+
+def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
+                    headers_of_rows: bool = True) -> tuple[list[pa.Array], list[bool] | None]:
+    """``record_columns`` and, per record, whether the read task alone decided it is a row
+    (decoded, required fields present, no problem with its value, key, headers or timestamp);
+    None when the decoder settles nothing in the task."""
     stamps = [m.timestamp() for m in chunk]
     values = [m.value() for m in chunk]
     problems: list[str | None] | None = None
@@ -218,9 +226,13 @@ def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | N
     decoded_keys = key_decoder.decode_chunk(keys) if key_decoder is not None else None
     if decoded_keys is not None and decoded_keys.problems is not None:
         problems = _merge(problems, decoded_keys.problems)
+    rows = None
+    if decoded is not None and decoded.settled is not None:
+        rows = decoded.settled if problems is None else [
+            row and problems[i] is None for i, row in enumerate(decoded.settled)]
     wanted = None  # which records need their headers (None: all)
-    if not headers_of_rows and decoded is not None and decoded.settled is not None:
-        wanted = [not row or (problems is not None and problems[i] is not None) for i, row in enumerate(decoded.settled)]
+    if not headers_of_rows and rows is not None:
+        wanted = [not row for row in rows]
     headers = record_headers(chunk, wanted)
     columns = [
         pa.array(keys, pa.binary()),
@@ -236,7 +248,7 @@ def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | N
         columns.append(decoded.parsed)
     if decoded_keys is not None and decoded_keys.parsed is not None:
         columns.append(decoded_keys.parsed)
-    return columns
+    return columns, rows
 
 
 def _merge(first: list[str | None] | None, then: list[str | None] | None) -> list[str | None] | None:

@@ -24,7 +24,6 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
-from offsetlake.formats import CHANGE
 from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
@@ -140,11 +139,9 @@ def _execute_forward(
         return _commit_gap(config, plan, ledger, started, before_commit)
     suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
     spark = spark_factory()
-    processed = process_ranges(config, plan, spark, suite)
+    processed = process_ranges(config, plan, spark, suite, write_in_read=True)
     try:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        rows_schema = to_arrow_schema(processed.rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
+        rows_schema = processed.rows_schema
         removed: list[dict] = []
         extra: dict = {dead_letters.STAGED: processed.dead_letter_files}
         if config.sink.mode == "upsert":

@@ -50,6 +50,13 @@ class DecodedChunk:
 class Decoder(Protocol):
     """One pipeline's record format."""
 
+    @property
+    def rows_in_read(self) -> bool:
+        """True when a record ``decode_chunk`` settled is a row made of exactly what the read task
+        decoded (``decode_in_spark`` adds nothing to it): the read tasks may then write it
+        themselves (``offsetlake.direct``)."""
+        ...
+
     def fields(self) -> list[str]:
         """The sink columns a decoded value gives, in order."""
         ...

@@ -177,6 +177,8 @@ class _Writer:
 class AvroDecoder:
     """The Avro format of one pipeline, decoding into one reader schema."""
 
+    rows_in_read = True
+
     def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
         fmt: AvroFormat = config.format  # type: ignore[assignment]
         self.pipeline = config.name

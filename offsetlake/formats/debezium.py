@@ -54,6 +54,8 @@ def envelope_json_format(row: JsonFormat) -> JsonFormat:
 class EnvelopeDecoder:
     """A value decoder whose values are Debezium envelopes, giving the rows they carry."""
 
+    rows_in_read = False
+
     def __init__(self, inner: Decoder, row_fields: list[str], required: list[str], where: str,
                  delete_needs_before: bool = True) -> None:
         self.inner = inner

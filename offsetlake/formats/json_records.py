@@ -66,6 +66,8 @@ def json_format_of(reader: ReaderSchema, current: JsonFormat) -> JsonFormat:
 class JsonDecoder:
     """The JSON-with-schema format of one pipeline."""
 
+    rows_in_read = True
+
     def __init__(self, fmt: JsonFormat) -> None:
         self.schema = dict(fmt.schema_)
         self.required = list(fmt.required)

@@ -88,6 +88,8 @@ def json_format_of(schema: Any, where: str) -> JsonFormat:
 class JsonSchemaDecoder:
     """The JSON Schema format of one pipeline, parsing into one reader schema."""
 
+    rows_in_read = True
+
     def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
         fmt: JsonSchemaFormat = config.format  # type: ignore[assignment]
         self.pipeline = config.name

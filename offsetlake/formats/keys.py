@@ -251,6 +251,11 @@ class KeyedDecoder:
     def read_type(self) -> pa.StructType | None:
         return self.value.read_type()
 
+    @property
+    def rows_in_read(self) -> bool:
+        # a key the read tasks decode (text, bytes, a registry format) gets nothing more in Spark
+        return self.value.rows_in_read and self.key.read_type() is not None
+
     def decode_chunk(self, values: list[bytes | None]) -> DecodedChunk:
         return self.value.decode_chunk(values)
 

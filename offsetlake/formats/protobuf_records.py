@@ -349,6 +349,8 @@ class _Writer:
 class ProtobufDecoder:
     """The Protobuf format of one pipeline, decoding into one reader message."""
 
+    rows_in_read = True
+
     def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
         fmt: ProtobufFormat = config.format  # type: ignore[assignment]
         self.pipeline = config.name

@@ -1,0 +1,292 @@
+"""The direct path: read tasks that write the batch's data files themselves.
+
+For the most common batch (an append sink, no transform, no suite, a format the read tasks
+decode) nothing after the read needs Spark: each step is per record. The Spark path still
+turned every record into a JVM row, cached the frame, counted it in a job with a shuffle, and
+handed the rows back to Python to be written (issue 20's profile: the JVM spent more CPU on
+that than the read itself). Here each read task consumes its split, decodes each chunk and
+writes the records its decoder settled as rows straight into parquet files, in one Spark job
+with no cache and no shuffle; the rows never enter the JVM.
+
+The files are the Spark path's files: the same folder layout and names (``staging``), the same
+Arrow schema (the one Spark gives the rows, checked before the job), inert until the batch's
+commit names them (invariant 2). What the tasks do not decide alone (a record its decoder left
+to Spark, one with a problem: every future dead letter) goes to an ``undecided-*`` file in the
+same folder and through the Spark path afterwards (``decode_in_spark``, the same dead-letter
+rules). So the direct path never changes which record becomes a row or a dead letter, only
+where that is decided; ``test_direct_path.py`` holds the two paths to the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow.fs import LocalFileSystem
+
+from offsetlake import storage
+from offsetlake.formats import PARSED_IN_READ, Decoder
+from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
+from offsetlake.plan import BatchPlan, OffsetRange
+from offsetlake.reader import decided_columns, read_schemas, split_ranges
+from offsetlake.spark import default_parallelism
+from offsetlake.staging import StagedFile, partition_folder, read_files
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from offsetlake.config import PipelineConfig
+
+ROW_GROUP_ROWS = 65_536  # rows a task gathers per partition value before writing a row group
+_RESULT_SCHEMA = "kind string, path string, rows long, counts string"
+_FILE, _UNDECIDED, _READ = "file", "undecided", "read"
+
+
+def problem(config: PipelineConfig, plan: BatchPlan, has_suite: bool, decoder: Decoder) -> str | None:
+    """Why this batch takes the Spark path, or None when its read tasks may write its files
+    (then ``schema_problem`` has the last word)."""
+    if config.sink.mode != "append":
+        return "a keyed sink merges in Spark"
+    if config.transform:
+        return "a transform runs in Spark"
+    if has_suite:
+        return "the suite validates the rows in Spark"
+    if plan.window is not None:
+        return "a backfill by record time"
+    if not decoder.rows_in_read or decoder.read_type() is None:
+        return "the format finishes decoding in Spark"
+    return None
+
+
+def schema_problem(config: PipelineConfig, decoder: Decoder, rows_schema: pa.Schema) -> str | None:
+    """Why the read tasks cannot write rows of ``rows_schema`` (the schema the Spark path gives
+    the batch's rows) from what they decode, or None."""
+    for column, (struct, inner) in zip(decoder.fields(), _decoded_from(decoder), strict=True):
+        decoded = struct.field(inner).type if struct.get_field_index(inner) >= 0 else None
+        if decoded is None or column not in rows_schema.names:
+            return f"column {column} is not decoded in the read tasks"
+        if decoded != rows_schema.field(column).type:
+            return f"column {column} is {decoded} in the read tasks but {rows_schema.field(column).type} in Spark"
+    for column in config.sink.partition_by:
+        if column not in rows_schema.names or pa.types.is_string(rows_schema.field(column).type):
+            return f"partition column {column} may hold a value no folder name can (checked in Spark)"
+    return None
+
+
+def _decoded_from(decoder: Decoder) -> list[tuple[pa.StructType, str]]:
+    """For each of ``decoder.fields()`` (the columns ``formats.good_rows`` takes from a decoded
+    record): the struct type the read task decodes it into, and its field there."""
+    value = decoder.value if isinstance(decoder, KeyedDecoder) else decoder
+    value_type = value.read_type()
+    assert value_type is not None  # problem() said so
+    out = [(value_type, name) for name in value.fields()]
+    if isinstance(decoder, KeyedDecoder):
+        key_type = decoder.key.read_type()
+        assert key_type is not None
+        out += [(key_type, inner) for _, inner in decoder.key.columns()]
+    return out
+
+
+def _struct_columns(decoder: Decoder) -> list[tuple[str, str]]:
+    """For each of ``decoder.fields()``: the read frame's struct column holding it, and its field."""
+    keys = len(decoder.key.columns()) if isinstance(decoder, KeyedDecoder) else 0
+    decoded = _decoded_from(decoder)
+    split = len(decoded) - keys
+    return [(PARSED_IN_READ if i < split else KEY_PARSED, inner) for i, (_, inner) in enumerate(decoded)]
+
+
+@dataclass
+class DirectResult:
+    """What the read tasks wrote: data files, files of undecided records, and records read."""
+
+    files: list[StagedFile]
+    undecided: list[str]  # paths under the table of the undecided records' files
+    records_read: Counter[tuple[str, int]]
+
+
+def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config: dict[str, str], pipeline: str,
+                   timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: str, folder: str,
+                   partition_by: list[str]) -> DirectResult:
+    """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
+    under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file."""
+    splits = [(s.topic, s.partition, s.start, s.end) for s in
+              split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
+    raw_schema, _ = read_schemas(decoder)
+    options = storage.options_for(table_root)
+    relative_folder = folder[len(table_root.rstrip("/")) + 1:]
+    file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
+    sources = _struct_columns(decoder)
+
+    def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import gc
+
+        from pyspark import TaskContext
+
+        from offsetlake.kafka import read_range
+
+        context = TaskContext.get()
+        attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
+        fs, root = storage.filesystem(table_root, options)
+        files = _TaskFiles(fs, root, relative_folder, attempt, file_schema, partition_by)
+        read: Counter[tuple[str, int]] = Counter()
+        was_enabled = gc.isenabled()
+        gc.disable()  # as in reader.read_ranges: the chunks hold no cycles
+        try:
+            for batch in batches:
+                for index in batch.column("id").to_pylist():
+                    topic, partition, start, end = splits[index]
+                    for chunk in read_range(client_config, pipeline, topic, partition, start, end, timeout_s):
+                        read[(topic, partition)] += len(chunk)
+                        columns, settled = decided_columns(chunk, topic, partition, decoder, headers_of_rows=False)
+                        records = pa.RecordBatch.from_arrays(columns, schema=raw_schema)
+                        mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
+                        files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema), (topic, partition))
+                        files.add_undecided(records.filter(pc.invert(mask)), (topic, partition))
+            yield from files.close(read)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(tasks, _RESULT_SCHEMA)
+    result = DirectResult([], [], Counter())
+    for row in job.collect():
+        counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
+        if row["kind"] == _READ:
+            result.records_read.update(counts)
+        elif row["kind"] == _UNDECIDED:
+            result.undecided.append(row["path"])
+        else:
+            result.files.append(StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts))
+    return result
+
+
+def undecided_frame(spark: SparkSession, table_root: str, paths: list[str], decoder: Decoder) -> DataFrame | None:
+    """The undecided records as the read frame the Spark path reads (``reader.read_ranges``'s
+    columns), or None when there are none."""
+    if not paths:
+        return None
+    raw_schema, _ = read_schemas(decoder)
+    return read_files(spark, table_root, [{"path": storage.log_path_from_file_path(p)} for p in paths], raw_schema, [])
+
+
+def remove_undecided(table_root: str, paths: list[str]) -> None:
+    """Delete the undecided records' files once the Spark path has decided them (a crash
+    leaves them, uncommitted and inert, for vacuum)."""
+    fs, root = storage.filesystem(table_root)
+    for path in paths:
+        fs.delete_file(f"{root.rstrip('/')}/{path}")
+
+
+def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema) -> pa.Table:
+    """Settled records as sink rows: the decoded fields (value, then key), then the coordinate
+    columns (the columns of ``formats.good_rows``), in the schema Spark gives them."""
+    columns = []
+    for struct, inner in sources:
+        column = records.column(struct)
+        assert isinstance(column, pa.StructArray)
+        # a null struct (a record without a key) gives null fields, as in Spark
+        columns.append(column.flatten()[column.type.get_field_index(inner)])
+    columns += [records.column(c) for c in ("topic", "partition", "offset", "timestamp")]
+    return pa.Table.from_arrays(columns, schema=rows_schema)
+
+
+class _TaskFiles:
+    """A task's open files: one parquet file per partition value (rows gathered into row groups
+    of ``ROW_GROUP_ROWS``) and one for its undecided records."""
+
+    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str]) -> None:
+        self.fs, self.root, self.folder, self.attempt = fs, root, folder, attempt
+        self.schema, self.partition_by = schema, partition_by
+        self.open: dict[tuple, _Buffered] = {}
+        self.undecided: _Buffered | None = None
+
+    def _create(self, relative: str, schema: pa.Schema) -> _Buffered:
+        path = f"{self.root}/{relative}"
+        if isinstance(self.fs, LocalFileSystem):  # object stores have no folders to make
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        return _Buffered(relative, self.fs.open_output_stream(path), schema)
+
+    def add_rows(self, rows: pa.Table, source: tuple[str, int]) -> None:
+        if rows.num_rows == 0:
+            return
+        for key, part in _by_partition(rows, self.partition_by):
+            if key not in self.open:
+                sub = "/".join(partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
+                name = f"part-{self.attempt}-{len(self.open):03d}.c000.snappy.parquet"
+                self.open[key] = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)
+            self.open[key].add(part.drop_columns(self.partition_by) if self.partition_by else part, source)
+
+    def add_undecided(self, records: pa.RecordBatch, source: tuple[str, int]) -> None:
+        if records.num_rows == 0:
+            return
+        if self.undecided is None:
+            self.undecided = self._create(f"{self.folder}/undecided-{self.attempt}.parquet", records.schema)
+        self.undecided.add(pa.Table.from_batches([records]), source)
+
+    def close(self, read: Counter[tuple[str, int]]) -> Iterator[pa.RecordBatch]:
+        """Close every file; one result row per file, then the records read per topic-partition."""
+        results = [(_FILE, f.close()) for f in self.open.values()]
+        if self.undecided is not None:
+            results.append((_UNDECIDED, self.undecided.close()))
+        yield pa.RecordBatch.from_pydict({
+            "kind": [k for k, _ in results] + [_READ],
+            "path": [f.relative for _, f in results] + [""],
+            "rows": [f.rows for _, f in results] + [sum(read.values())],
+            "counts": [_counts_json(c) for c in [*(f.counts for _, f in results), read]],
+        })
+
+
+class _Buffered:
+    """One parquet file being written: rows gathered into row groups, and rows per topic-partition."""
+
+    def __init__(self, relative: str, stream: Any, schema: pa.Schema) -> None:
+        self.relative, self.stream = relative, stream
+        self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.rows = 0
+        self.counts: Counter[tuple[str, int]] = Counter()
+
+    def add(self, data: pa.Table, source: tuple[str, int]) -> None:
+        """Rows (or records) of one consumed chunk, so all of one topic-partition."""
+        self.pending.append(data)
+        self.pending_rows += data.num_rows
+        self.rows += data.num_rows
+        self.counts[source] += data.num_rows
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending))
+            self.pending, self.pending_rows = [], 0
+
+    def close(self) -> _Buffered:
+        self._flush()
+        self.writer.close()
+        self.stream.close()
+        return self
+
+
+def _counts_json(counts: Counter[tuple[str, int]]) -> str:
+    return json.dumps([[t, p, n] for (t, p), n in counts.items()])
+
+
+def _by_partition(rows: pa.Table, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
+    """``rows`` split by the values of the partition columns (one piece, key ``()``, without any)."""
+    if not partition_by:
+        yield (), rows
+        return
+    keys = list(zip(*(rows.column(c).to_pylist() for c in partition_by), strict=True))
+    where: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
+        where.setdefault(key, []).append(i)
+    for key, indices in where.items():
+        yield key, rows.take(pa.array(indices, pa.int64()))
