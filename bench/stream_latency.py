@@ -4,7 +4,8 @@
                                              [--rates 5000,10000,20000] [--out bench-stream.json]
 
 One `offsetlake stream` process (its own Spark session, local[2]) ingests the `orders` pipeline
-as shipped (transform + Great Expectations suite; ``--no-suite`` leaves the suite out) from a 2-partition topic on noida-db (or
+as shipped (transform + Great Expectations suite; ``--no-suite`` leaves the suite out, ``--plain`` the
+transform, suite and partitioning, so every batch takes the direct path) from a 2-partition topic on noida-db (or
 KAFKA_BOOTSTRAP_SERVERS). A producer thread in this process writes orders at a steady rate in
 bursts every 100 ms. A record's latency is the Delta commit time of the sink version holding it
 (commit timestamp from the table history; the ranges of each version from its commit's ledger entry) minus
@@ -78,7 +79,7 @@ class SteadyProducer(threading.Thread):
         return self.next_id
 
 
-def write_pipeline(folder: Path, bootstrap: str, topic: str, lake: Path, suite: bool) -> Path:
+def write_pipeline(folder: Path, bootstrap: str, topic: str, lake: Path, suite: bool, plain: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_load((ROOT / "pipelines" / "orders.yaml").read_text().replace("${", "$${"))
     body.update({"name": "bench_stream", "topic": topic, "lake": str(lake), "schedule": None,
@@ -86,7 +87,10 @@ def write_pipeline(folder: Path, bootstrap: str, topic: str, lake: Path, suite: 
                  "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench-stream"}}})
     body.pop("storage", None)  # the shipped file's object-storage block (escaped above) is for an s3:// lake
     shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
-    if suite:
+    if plain:  # nothing that needs Spark: the batches take the direct path (offsetlake.direct)
+        body.pop("transform")
+        body.pop("sink")  # its partition column is the transform's
+    if suite and not plain:
         shutil.copy(ROOT / "pipelines" / "orders.expectations.yaml", folder / "bench_stream.expectations.yaml")
     path = folder / "bench_stream.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -177,17 +181,19 @@ def main() -> int:
     parser.add_argument("--rates", default="5000,10000,15000,20000",
                         help="comma-separated rates tried for the sustained maximum (default 5000,10000,15000,20000)")
     parser.add_argument("--no-suite", action="store_true", help="leave out the Great Expectations suite")
+    parser.add_argument("--plain", action="store_true",
+                        help="the orders without transform, suite or partitioning: every batch takes the direct path")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-stream.json", help="where to write the figures")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="offsetlake-stream-bench-"))
-    results: dict = {"trigger": args.trigger, "suite": not args.no_suite, "windows": []}
+    results: dict = {"trigger": args.trigger, "suite": not (args.no_suite or args.plain), "plain": args.plain, "windows": []}
     try:
         with broker_for(work / "broker") as (bootstrap, _broker):
             topic = "bench_stream_orders"
             ensure_topic(bootstrap, topic, 2)
             config = load_pipeline(str(write_pipeline(work / "pipelines", bootstrap, topic, work / "lake",
-                                                       suite=not args.no_suite)))
+                                                       suite=not args.no_suite, plain=args.plain)))
             log = open(work / "stream.log", "w")
             stream = subprocess.Popen(
                 [sys.executable, "-m", "offsetlake", "stream", "--trigger-interval", args.trigger, str(config.source_file)],

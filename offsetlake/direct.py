@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
 
 ROW_GROUP_ROWS = 65_536  # rows a task gathers per partition value before writing a row group
+# Files a task keeps open at once: each holds a row group's rows and, on object storage, an upload
+# buffer. A task that meets more partition values closes the least recently written file (its
+# later rows of that value go to a new file), so memory does not follow the partitions' number.
+MAX_OPEN_FILES = 16
 _RESULT_SCHEMA = "kind string, path string, rows long, counts string"
 _FILE, _UNDECIDED, _READ = "file", "undecided", "read"
 
@@ -68,7 +72,7 @@ def problem(config: PipelineConfig, plan: BatchPlan, has_suite: bool, decoder: D
 def schema_problem(config: PipelineConfig, decoder: Decoder, rows_schema: pa.Schema) -> str | None:
     """Why the read tasks cannot write rows of ``rows_schema`` (the schema the Spark path gives
     the batch's rows) from what they decode, or None."""
-    for column, (struct, inner) in zip(decoder.fields(), _decoded_from(decoder), strict=True):
+    for column, (_, struct, inner) in zip(decoder.fields(), _sources(decoder), strict=True):
         decoded = struct.field(inner).type if struct.get_field_index(inner) >= 0 else None
         if decoded is None or column not in rows_schema.names:
             return f"column {column} is not decoded in the read tasks"
@@ -80,26 +84,18 @@ def schema_problem(config: PipelineConfig, decoder: Decoder, rows_schema: pa.Sch
     return None
 
 
-def _decoded_from(decoder: Decoder) -> list[tuple[pa.StructType, str]]:
-    """For each of ``decoder.fields()`` (the columns ``formats.good_rows`` takes from a decoded
-    record): the struct type the read task decodes it into, and its field there."""
+def _sources(decoder: Decoder) -> list[tuple[str, pa.StructType, str]]:
+    """Where each of ``decoder.fields()`` (the columns ``formats.good_rows`` takes from a decoded
+    record) is in a read task's columns: the struct column, its type, and the field in it."""
     value = decoder.value if isinstance(decoder, KeyedDecoder) else decoder
     value_type = value.read_type()
     assert value_type is not None  # problem() said so
-    out = [(value_type, name) for name in value.fields()]
+    out = [(PARSED_IN_READ, value_type, name) for name in value.fields()]
     if isinstance(decoder, KeyedDecoder):
         key_type = decoder.key.read_type()
         assert key_type is not None
-        out += [(key_type, inner) for _, inner in decoder.key.columns()]
+        out += [(KEY_PARSED, key_type, inner) for _, inner in decoder.key.columns()]
     return out
-
-
-def _struct_columns(decoder: Decoder) -> list[tuple[str, str]]:
-    """For each of ``decoder.fields()``: the read frame's struct column holding it, and its field."""
-    keys = len(decoder.key.columns()) if isinstance(decoder, KeyedDecoder) else 0
-    decoded = _decoded_from(decoder)
-    split = len(decoded) - keys
-    return [(PARSED_IN_READ if i < split else KEY_PARSED, inner) for i, (_, inner) in enumerate(decoded)]
 
 
 @dataclass
@@ -122,7 +118,8 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
     options = storage.options_for(table_root)
     relative_folder = folder[len(table_root.rstrip("/")) + 1:]
     file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
-    sources = _struct_columns(decoder)
+    sources = [(column, inner) for column, _, inner in _sources(decoder)]
+    max_open = MAX_OPEN_FILES
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
@@ -134,7 +131,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
         context = TaskContext.get()
         attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
         fs, root = storage.filesystem(table_root, options)
-        files = _TaskFiles(fs, root, relative_folder, attempt, file_schema, partition_by)
+        files = _TaskFiles(fs, root, relative_folder, attempt, file_schema, partition_by, max_open)
         read: Counter[tuple[str, int]] = Counter()
         was_enabled = gc.isenabled()
         gc.disable()  # as in reader.read_ranges: the chunks hold no cycles
@@ -199,12 +196,15 @@ def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_sch
 
 class _TaskFiles:
     """A task's open files: one parquet file per partition value (rows gathered into row groups
-    of ``ROW_GROUP_ROWS``) and one for its undecided records."""
+    of ``ROW_GROUP_ROWS``, at most ``max_open`` open) and one for its undecided records."""
 
-    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str]) -> None:
+    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str],
+                 max_open: int) -> None:
         self.fs, self.root, self.folder, self.attempt = fs, root, folder, attempt
-        self.schema, self.partition_by = schema, partition_by
-        self.open: dict[tuple, _Buffered] = {}
+        self.schema, self.partition_by, self.max_open = schema, partition_by, max_open
+        self.open: dict[tuple, _Buffered] = {}  # least recently written first
+        self.closed: list[_Buffered] = []
+        self.made = 0
         self.undecided: _Buffered | None = None
 
     def _create(self, relative: str, schema: pa.Schema) -> _Buffered:
@@ -217,11 +217,16 @@ class _TaskFiles:
         if rows.num_rows == 0:
             return
         for key, part in _by_partition(rows, self.partition_by):
-            if key not in self.open:
+            file = self.open.pop(key, None)
+            if file is None:
+                if len(self.open) >= self.max_open:
+                    self.closed.append(self.open.pop(next(iter(self.open))).close())
                 sub = "/".join(partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
-                name = f"part-{self.attempt}-{len(self.open):03d}.c000.snappy.parquet"
-                self.open[key] = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)
-            self.open[key].add(part.drop_columns(self.partition_by) if self.partition_by else part, source)
+                name = f"part-{self.attempt}-{self.made:04d}.c000.snappy.parquet"
+                self.made += 1
+                file = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)
+            self.open[key] = file  # now the most recently written
+            file.add(part.drop_columns(self.partition_by) if self.partition_by else part, source)
 
     def add_undecided(self, records: pa.RecordBatch, source: tuple[str, int]) -> None:
         if records.num_rows == 0:
@@ -232,7 +237,7 @@ class _TaskFiles:
 
     def close(self, read: Counter[tuple[str, int]]) -> Iterator[pa.RecordBatch]:
         """Close every file; one result row per file, then the records read per topic-partition."""
-        results = [(_FILE, f.close()) for f in self.open.values()]
+        results = [(_FILE, f) for f in self.closed] + [(_FILE, f.close()) for f in self.open.values()]
         if self.undecided is not None:
             results.append((_UNDECIDED, self.undecided.close()))
         yield pa.RecordBatch.from_pydict({
