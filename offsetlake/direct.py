@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyarrow.fs import LocalFileSystem
 
 from offsetlake import storage
 from offsetlake.formats import PARSED_IN_READ, Decoder
@@ -37,7 +36,7 @@ from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.plan import BatchPlan, OffsetRange
 from offsetlake.reader import decided_columns, read_schemas, split_ranges
 from offsetlake.spark import default_parallelism
-from offsetlake.staging import StagedFile, partition_folder, read_files
+from offsetlake.staging import StagedFile, open_output, partition_folder, read_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -208,10 +207,7 @@ class _TaskFiles:
         self.undecided: _Buffered | None = None
 
     def _create(self, relative: str, schema: pa.Schema) -> _Buffered:
-        path = f"{self.root}/{relative}"
-        if isinstance(self.fs, LocalFileSystem):  # object stores have no folders to make
-            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        return _Buffered(relative, self.fs.open_output_stream(path), schema)
+        return _Buffered(relative, open_output(self.fs, self.root, relative), schema)
 
     def add_rows(self, rows: pa.Table, source: tuple[str, int]) -> None:
         if rows.num_rows == 0:

@@ -88,10 +88,7 @@ def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list
                         done.append(current.close())
                     sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
                     relative = "/".join(p for p in (relative_folder, sub, f"part-{attempt}.c000.snappy.parquet") if p)
-                    path = f"{root}/{relative}"
-                    if isinstance(fs, LocalFileSystem):  # object stores have no folders to make
-                        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-                    current = _OpenFile(key, relative, fs.open_output_stream(path),
+                    current = _OpenFile(key, relative, open_output(fs, root, relative),
                                         pa.schema([f for f in part.schema if f.name not in partition_by]))
                 current.write(part.drop_columns(partition_by) if partition_by else part,
                               part if inside is None else part.filter(inside))
@@ -109,6 +106,14 @@ def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list
         counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
         files.append(StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts))
     return files
+
+
+def open_output(fs: Any, root: str, relative: str) -> Any:
+    """A new file under the table root, for a task to write (its folders made on a local disk)."""
+    path = f"{root}/{relative}"
+    if isinstance(fs, LocalFileSystem):  # object stores have no folders to make
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    return fs.open_output_stream(path)
 
 
 class _OpenFile:
