@@ -27,7 +27,7 @@ from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import commit_version, landed_version, ledger_entry
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
-from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RecordTimeWindow, RunContext, new_batch_id
+from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
 from offsetlake.process import ProcessedBatch, later_records, process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     CommitActions,
@@ -107,8 +107,6 @@ def plan_backfill(
     table = open_table(config.sink_path)
     ends = committed_ends(table, config, topic, chosen)
 
-    starts: dict[int, int]
-    stops: dict[int, int]
     window: RecordTimeWindow | None = None
     if by_time:
         assert from_time and to_time  # checked above
@@ -116,45 +114,77 @@ def plan_backfill(
         if stop_ms <= start_ms:
             raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
         window = RecordTimeWindow(start_ms, stop_ms)
-        if start_ms <= 0:
-            # offsets_for_times takes -1 and -2 as "latest"/"earliest", and any earlier time may
-            # match from the first record on: start from the log start
-            starts = {p: offsets[p].log_start for p in chosen}
-        else:
-            found = offsets_for_time(config.kafka_client_config(), topic, chosen, start_ms, config.name)
-            # -1: no record at or after from_time yet
-            starts = {p: found[p] if found[p] >= 0 else offsets[p].last_stable for p in chosen}
-        stops = {p: offsets[p].last_stable for p in chosen}
+        ranges = _time_ranges(config, topic, {p: offsets[p] for p in chosen}, ends, window)
     else:
         assert from_offset is not None and to_offset is not None  # checked above
         if to_offset <= from_offset:
             raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
-        starts = {p: from_offset for p in chosen}
-        stops = {p: to_offset for p in chosen}
-
-    ranges = []
-    for p in chosen:
-        lso, committed = offsets[p].last_stable, ends[p]
-        if by_offset and stops[p] > lso:
-            raise BackfillParamsError(
-                f"{where}: to_offset {stops[p]} is beyond the last stable offset {lso} of {topic}[{p}]"
-            )
-        limit = committed if committed is not None else 0
-        if by_time:
-            stops[p] = min(stops[p], limit)
-            starts[p] = min(starts[p], stops[p])
-        elif stops[p] > limit:
-            raise BackfillParamsError(
-                f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
-                f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
-            )
-        if stops[p] > starts[p]:
-            check_log_start(offsets[p], starts[p], config.name)
-        ranges.append(OffsetRange(topic, p, starts[p], stops[p]))
+        ranges = []
+        for p in chosen:
+            lso, end = offsets[p].last_stable, ends[p]
+            limit = end if end is not None else 0
+            if to_offset > lso:
+                raise BackfillParamsError(
+                    f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]"
+                )
+            if to_offset > limit:
+                raise BackfillParamsError(
+                    f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
+                    f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
+                )
+            check_log_start(offsets[p], from_offset, config.name)
+            ranges.append(OffsetRange(topic, p, from_offset, to_offset))
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
     # an old range decodes into today's reader schema, recorded with the plan (invariant 12)
+    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
+                     window=window, reader_schema=resolve_reader_schema(config, sink_columns(table)))
+
+
+def _time_ranges(config: PipelineConfig, topic: str, offsets: dict[int, PartitionOffsets],
+                 ends: dict[int, int | None], window: RecordTimeWindow) -> list[OffsetRange]:
+    """Per partition of ``topic``: from the first offset whose timestamp is at or after the
+    window's start (offsets_for_times) up to the committed end; empty where nothing committed
+    can fall in the window. Offsets at or above the committed end belong to the ingest path."""
+    chosen = sorted(offsets)
+    if window.from_ms <= 0:
+        # offsets_for_times takes -1 and -2 as "latest"/"earliest", and any earlier time may
+        # match from the first record on: start from the log start
+        starts = {p: offsets[p].log_start for p in chosen}
+    else:
+        found = offsets_for_time(config.kafka_client_config(), topic, chosen, window.from_ms, config.name)
+        # -1: no record at or after the window's start yet
+        starts = {p: found[p] if found[p] >= 0 else offsets[p].last_stable for p in chosen}
+    ranges = []
+    for p in chosen:
+        end = ends[p]
+        stop = min(offsets[p].last_stable, end if end is not None else 0)
+        start = min(starts[p], stop)
+        if stop > start:
+            check_log_start(offsets[p], start, config.name)
+        ranges.append(OffsetRange(topic, p, start, stop))
+    return ranges
+
+
+def plan_interval_backfill(config: PipelineConfig, run: RunContext, start: datetime, end: datetime) -> BatchPlan | None:
+    """The plan of an Airflow backfill run of ``<pipeline>_ingest`` (its data interval ``[start,
+    end)``): every topic and partition of the pipeline, replacing the records whose timestamps
+    fall in the interval, resolved exactly like a by-time backfill (``plan_backfill``). Returns
+    None when the interval selects no committed offset (nothing ingested falls in it, or nothing
+    is ingested yet): the run is a no-op. Never reaches the committed ends (invariant 6)."""
+    config.check_storage()
+    window = RecordTimeWindow(int(start.timestamp() * 1000), int(end.timestamp() * 1000))
+    table = open_table(config.sink_path)
+    if table is None:
+        return None
+    every = current_offsets(config)
+    ranges = []
+    for topic in sorted({t for t, _ in every}):
+        offsets = {p: o for (t, p), o in every.items() if t == topic}
+        ranges += _time_ranges(config, topic, offsets, committed_ends(table, config, topic, sorted(offsets)), window)
+    if all(r.size == 0 for r in ranges):
+        return None
     return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
                      window=window, reader_schema=resolve_reader_schema(config, sink_columns(table)))
 
