@@ -1,8 +1,9 @@
 """What a person looking at a pipeline wants to see: lag, batches, validation, gaps.
 
-Read-only views over state that already exists, for ``offsetlake status`` and the Airflow
-"Offset ledger" view and its JSON API: the sink's txn versions (committed ends), the broker's
-log start and Last Stable Offsets, and the ledger table. Nothing here writes a table.
+Read-only views over state that already exists, for ``offsetlake status``, the Airflow
+"Offset ledger" view, its JSON API and its Prometheus metrics (``offsetlake.metrics``): the
+sink's txn versions (committed ends), the broker's log start and Last Stable Offsets, the
+ledger table and the stream lease. Nothing here writes a table.
 
 Invariant 4 holds in the view too: the sink commits are the source of truth, so a batch that
 committed but whose ledger row was never written (a crash between the two) is shown from its
@@ -21,6 +22,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import sink_commits
 from offsetlake.kafka import current_offsets
+from offsetlake.lease import current_lease
 from offsetlake.ledger import Ledger, summarize_batch
 from offsetlake.plan import BatchKind, BatchStatus
 from offsetlake.sink import committed_ends, open_table
@@ -139,3 +141,35 @@ def pipelines_overview(names: list[str], load: Callable[[str], PipelineConfig]) 
             overview.append({"pipeline": name, "topic": None, "last_commit_at": None, "last_batch": None,
                              "total_lag": None, "kafka_error": None, "error": reason})
     return overview
+
+
+def pipeline_metrics(config: PipelineConfig) -> dict:
+    """What ``offsetlake.metrics`` exports for one pipeline: the per-partition figures of
+    ``partition_status`` (as ``offsetlake status`` shows them), the last commit and last batch,
+    batch counts per status and validation outcome (every batch in the ledger), and the stream
+    lease (as ``offsetlake status`` reads it)."""
+    detail = pipeline_detail(config, limit=0)
+    batches = detail["batches"]
+    lease = current_lease(config)
+    statuses: dict[str, int] = {}
+    outcomes: dict[str, int] = {}
+    for b in batches:
+        statuses[b["status"]] = statuses.get(b["status"], 0) + 1
+        outcome = (b["validation"] or {}).get("outcome")
+        if outcome:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    last = batches[0] if batches else None
+    return {
+        "pipeline": config.name,
+        "partitions": detail["partitions"],
+        "kafka_error": detail["kafka_error"],
+        "last_commit_at": detail["last_commit_at"],
+        "last_batch": None if last is None else {
+            "batch_id": last["batch_id"], "kind": last["kind"], "status": last["status"],
+            "records": last["records_read"] or 0, "rows": last["rows_written"] or 0,
+            "dead_letters": last["dead_letters"] or 0, "duration_ms": last["duration_ms"],
+        },
+        "batches_by_status": statuses,
+        "batches_by_validation": outcomes,
+        "stream_lease": None if lease is None else {"owner": lease.owner, "state": lease.state, "live": lease.live()},
+    }

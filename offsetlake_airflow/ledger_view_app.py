@@ -9,6 +9,7 @@ A FastAPI app mounted by the API server under ``/offsetlake`` (``fastapi_apps``)
   GET /offsetlake/ledger/{pipeline}/reports/{batch}   the batch's validation report (HTML)
   GET /offsetlake/api/pipelines                       the pipelines list as JSON
   GET /offsetlake/api/pipelines/{pipeline}?limit=N    one pipeline as JSON (limit=0: every batch)
+  GET /offsetlake/metrics                             Prometheus text (lag, last commit, batches, lease)
 
 Plugin endpoints are not protected by the API server, so every route here (but the nav icon)
 resolves the caller with Airflow's ``get_user``: a bearer JWT from ``POST /auth/token``, or the
@@ -135,6 +136,16 @@ def api_pipelines(user: User) -> dict:
 def api_pipeline(request: Request, user: User, pipeline: str,
                  limit: Annotated[int, Query(ge=0, description="recent batches to list; 0 = all")] = 25) -> dict:
     return detail(request, user, pipeline, limit)
+
+
+# ---- Prometheus -------------------------------------------------------------------------------
+@app.get("/metrics")
+def metrics(user: User) -> Response:
+    """Prometheus text: lag per partition, last commit, last batch, batch counts, stream lease,
+    for the pipelines the caller may read (a scrape job sends an Airflow token as bearer)."""
+    from offsetlake.metrics import CONTENT_TYPE, prometheus_text
+
+    return Response(prometheus_text(visible_pipelines(user), load_config), media_type=CONTENT_TYPE)
 
 
 # ---- pages ----------------------------------------------------------------------------------

@@ -275,3 +275,50 @@ def test_ledger_view_in_the_airflow_ui_shows_lag_and_batches(scene, tmp_path):
         page.locator("iframe[title='Offset ledger']").wait_for(state="detached", timeout=30_000)
         browser.close()
     assert (tmp_path / "ledger-view.png").stat().st_size > 20_000
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_prometheus_metrics_need_a_token_and_match_kafka_and_the_ledger(scene):
+    airflow, config = scene.airflow, scene.config
+    status, _, body = _get(airflow, "/offsetlake/metrics")
+    assert status == 401 and b"offsetlake_lag_records" not in body
+    status, _, _ = _get(airflow, "/offsetlake/metrics", token="not-a-jwt")
+    assert status == 403
+    expected = _expected(config)
+    status, kind, body = _get(airflow, "/offsetlake/metrics", airflow.token())
+    assert status == 200 and kind.startswith("text/plain"), body[:300]
+    samples = _samples(body.decode())
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(f"offsetlake_{name}", tuple(sorted({"pipeline": "orders", **labels}.items())))]
+
+    assert value("pipeline_up") == 1 and value("kafka_up") == 1
+    for p in range(3):
+        where = {"topic": config.topic, "partition": str(p)}
+        assert value("lag_records", **where) == expected["lag"][p] and value("last_stable_offset", **where) == expected["lso"][p]
+        assert value("committed_end_offset", **where) == expected["ends"][p]
+    assert sum(expected["lag"].values()) > 0
+    assert value("last_commit_timestamp_seconds") == pytest.approx(expected["last_commit"].timestamp())
+    assert value("seconds_since_last_commit") > 0
+    rows = expected["rows"]
+    final: dict[str, set[str]] = {}
+    for r in rows:
+        final.setdefault(r["batch_id"], set()).add(r["status"])
+    rank = ["planned", "failed", "superseded", "committed", "gap", "rewound"]
+    counts: dict[str, int] = {}
+    for states in final.values():
+        top = max(states, key=rank.index)
+        counts[top] = counts.get(top, 0) + 1
+    assert counts["failed"] == 1 and counts["committed"] == 3 and counts["gap"] == 1, counts
+    for status_name in ("committed", "failed", "gap", "superseded", "rewound"):
+        assert value("batches", status=status_name) == counts.get(status_name, 0), status_name
+    assert value("validated_batches", outcome="failed") == 1 and value("validated_batches", outcome="quarantined") == 0
+    failed = [r for r in rows if r["batch_id"] == scene.failed_batch and r["status"] == "failed"]
+    assert value("last_batch_records", kind="ingest", status="failed") == sum(r["records_read"] or 0 for r in failed)
+    assert value("stream_lease_live", owner="") == 0
