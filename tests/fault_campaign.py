@@ -755,8 +755,11 @@ def main() -> int:
                         help="audit against Kafka after every N-th step (default 1: every step), the Delta-only "
                              "audit after the others; the final phase always audits against Kafka")
     args = parser.parse_args()
+    import faulthandler
     import logging
     import tempfile
+
+    faulthandler.enable()  # a crash in native code (librdkafka, delta-rs, Arrow) prints every thread's stack
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sys.path.insert(0, str(ROOT))
