@@ -58,7 +58,7 @@ spark-server: setup ## a warm Spark session on 127.0.0.1:SPARK_SERVER_PORT that 
 	$(VENV)/bin/offsetlake spark-server --port $(SPARK_SERVER_PORT)
 
 lint: setup ## ruff, mypy (offsetlake, offsetlake_airflow) and the import-linter contracts in pyproject.toml
-	$(VENV)/bin/ruff check offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench
+	$(VENV)/bin/ruff check offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

@@ -441,7 +441,9 @@ class PipelineConfig(_Strict):
     max_records_per_batch: int = Field(default=500_000, gt=0)
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     on_offsets_lost: Literal["fail", "skip"] = "fail"
-    schedule: str | None = "@hourly"  # Airflow schedule of <name>_ingest (cron or preset; null = manual)
+    # Airflow schedule of <name>_ingest: cron or preset, "on_new_data" (woken by records arriving,
+    # offsetlake_airflow.wake), or null (manual runs only)
+    schedule: str | None = "@hourly"
     format: JsonFormat | AvroFormat | JsonSchemaFormat | ProtobufFormat = Field(discriminator="type")
     # What the record key becomes; unset: string, or none for a sink from before key_format
     # (offsetlake.formats.keys.effective_key_format).

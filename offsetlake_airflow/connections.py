@@ -3,10 +3,14 @@
 Kafka credentials can live in an Airflow connection instead of the pipeline YAML: a connection
 ``kafka_<pipeline>`` (or ``kafka_default``) whose extra JSON holds librdkafka options such as
 ``{"security.protocol": "SASL_SSL", "sasl.username": "...", "sasl.password": "..."}`` and whose
-host (``host:port``) overrides ``bootstrap_servers``. Object-storage settings likewise: a
-connection ``offsetlake_storage_<pipeline>`` (or ``offsetlake_storage_default``) whose extra JSON
-holds the ``storage:`` keys (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...), whose login and password
-are the access key id and secret, and whose host (a URL) is the endpoint. A Schema Registry for
+host (``host:port``) overrides ``bootstrap_servers``. The Kafka provider's own format works too
+(servers in the extra's ``bootstrap.servers``); its consumer-group keys (``group.id``...) are
+the ``schedule: on_new_data`` watcher's and never reach offsetlake's clients.
+
+Object-storage settings likewise: a connection ``offsetlake_storage_<pipeline>`` (or
+``offsetlake_storage_default``) whose extra JSON holds the ``storage:`` keys (``AWS_ENDPOINT_URL``,
+``AWS_REGION``, ...), whose login and password are the access key id and secret, and whose host
+(a URL) is the endpoint. A Schema Registry for
 ``format.type: avro``: a connection ``schema_registry_<pipeline>`` (or ``schema_registry_default``)
 whose host (a URL) and port are the registry's address, login and password its basic-auth
 user, and extra JSON any other client option (``ssl.ca.location``, ...). ``spark_default`` says
@@ -31,6 +35,11 @@ from offsetlake_airflow import pipelines_folder
 
 log = logging.getLogger("offsetlake.airflow")
 
+# Keys of a Kafka connection that configure the on_new_data watcher's consumer, never offsetlake's
+# clients (its reader assigns exact ranges read_committed; publish commits to the pipeline's group).
+WATCHER_ONLY_OPTIONS = frozenset({"bootstrap.servers", "group.id", "group.instance.id", "enable.auto.commit",
+                                  "auto.offset.reset", "isolation.level", "enable.partition.eof"})
+
 
 def kafka_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
     """(bootstrap servers, librdkafka options) from the pipeline's Kafka connection, if any."""
@@ -41,10 +50,14 @@ def kafka_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
             conn = BaseHook.get_connection(conn_id)
         except Exception:  # noqa: BLE001 - not defined: the YAML alone configures Kafka
             continue
-        extra = conn.extra_dejson or {}
+        extra = dict(conn.extra_dejson or {})
         servers = f"{conn.host}:{conn.port}" if conn.host and conn.port else (conn.host or None)
-        log.info("kafka settings of pipeline %s come from connection %s (options: %s)", pipeline, conn_id, sorted(extra))
-        return servers, {str(k): str(v) for k, v in extra.items()}
+        # The Kafka provider's format (what `schedule: on_new_data`'s watcher reads) keeps the
+        # servers in the extra, with the watcher's own consumer-group settings, which are not ours.
+        servers = servers or (str(extra["bootstrap.servers"]) if extra.get("bootstrap.servers") else None)
+        options = {str(k): str(v) for k, v in extra.items() if k not in WATCHER_ONLY_OPTIONS}
+        log.info("kafka settings of pipeline %s come from connection %s (options: %s)", pipeline, conn_id, sorted(options))
+        return servers, options
     return None, {}
 
 

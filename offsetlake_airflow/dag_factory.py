@@ -10,17 +10,22 @@ from __future__ import annotations
 import logging
 import os
 from datetime import datetime, timedelta
+from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline
 from offsetlake.errors import ConfigError
 from offsetlake_airflow import pipelines_folder, project_dir
+from offsetlake_airflow.assets import commits_alias
 from offsetlake_airflow.operators import OffsetlakeSparkSubmitOperator, OffsetlakeStreamOperator
 from offsetlake_airflow.tasks import plan_backfill_run, plan_ingest, publish_batch, rewind_run
+from offsetlake_airflow.wake import ON_NEW_DATA, new_data_asset
 
 log = logging.getLogger("offsetlake.airflow")
+
+CRON_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly", "@annually", "@midnight")
 
 
 def ingest_job() -> str:
@@ -38,12 +43,26 @@ def _default_args() -> dict:
     }
 
 
+def ingest_schedule(config: PipelineConfig) -> Any:
+    """The pipeline's ``schedule``: a cron or preset (the default), ``on_new_data`` (an asset
+    watched by the Kafka message-queue trigger: ``offsetlake_airflow.wake``) or null (manual).
+    OFFSETLAKE_DISABLE_SCHEDULES=1 (demo, tests) keeps runs to the ones triggered on purpose."""
+    if os.environ.get("OFFSETLAKE_DISABLE_SCHEDULES") == "1" or config.schedule is None:
+        return None
+    if config.schedule == ON_NEW_DATA:
+        return [new_data_asset(config)]
+    if config.schedule.startswith("@") and config.schedule not in CRON_PRESETS:
+        return config.schedule  # @once, @continuous
+    # A cron with data intervals (Airflow 3's default for a cron string has none): a run of
+    # Airflow's Backfill then covers [interval start, interval end), which it reprocesses.
+    return CronDataIntervalTimetable(config.schedule, timezone="UTC")
+
+
 def ingest_dag(config: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"{config.name}_ingest",
         description=f"Kafka {config.topic_label} → Delta {config.sink_path}, exactly once",
-        # OFFSETLAKE_DISABLE_SCHEDULES=1 (demo, tests) keeps runs to the ones triggered on purpose.
-        schedule=None if os.environ.get("OFFSETLAKE_DISABLE_SCHEDULES") == "1" else config.schedule,
+        schedule=ingest_schedule(config),
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,
@@ -52,7 +71,13 @@ def ingest_dag(config: PipelineConfig) -> DAG:
         doc_md=f"""### {config.name}_ingest
 **plan** records this run's offset ranges in the ledger (a retry reuses them; nothing new → skip),
 **ingest** runs `jobs/ingest_job.py` on `spark_default` for exactly that plan,
-**publish** commits the consumer-group offsets after the Delta commit. Pipeline file: `{config.source_file}`.""",
+**publish** commits the consumer-group offsets after the Delta commit and emits an event on the sink
+asset `{config.name}_sink` with the batch's facts (none when nothing was committed).
+
+**Airflow's Backfill** (Trigger → Backfill) on this DAG reprocesses, per run, the records whose
+timestamps fall in the run's data interval and replaces their rows (ledger kind `backfill`; the
+committed ends never move; an interval without committed records succeeds doing nothing). For
+offset ranges use `{config.name}_backfill`. Pipeline file: `{config.source_file}`.""",
     ) as dag:
         plan = ShortCircuitOperator(
             task_id="plan",
@@ -90,6 +115,7 @@ def _publish_task(config: PipelineConfig) -> PythonOperator:
         task_id="publish",
         python_callable=publish_batch,
         op_kwargs={"pipeline": config.name, "batch_id": "{{ ti.xcom_pull(task_ids='plan') }}"},
+        outlets=[commits_alias(config.name)],
     )
 
 
@@ -180,7 +206,8 @@ One Delta commit puts the sink's data and committed ends back to where batch `to
 batches become `rewound` in the ledger and their dead letters are deleted. The next `{config.name}_ingest`
 run reprocesses from there. Rerunning a rewind that succeeded changes nothing.""",
     ) as dag:
-        PythonOperator(task_id="rewind", python_callable=rewind_run, op_kwargs={"pipeline": config.name}, retries=0)
+        PythonOperator(task_id="rewind", python_callable=rewind_run, op_kwargs={"pipeline": config.name}, retries=0,
+                       outlets=[commits_alias(config.name)])
     return dag
 
 
@@ -221,6 +248,7 @@ releases the lease and exits; scheduled runs take over from its last commit. It 
             max_duration_minutes="{{ params.max_duration_minutes }}",
             retries=0,
             execution_timeout=timedelta(minutes=MAX_STREAM_MINUTES + 15),  # a backstop: the stream stops itself
+            outlets=[commits_alias(config.name)],
         )
     return dag
 

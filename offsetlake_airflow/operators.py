@@ -17,13 +17,33 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from offsetlake_airflow import pipelines_folder, project_dir
+from offsetlake_airflow.assets import announce, batch_extra, committed_batches_of_run
 from offsetlake_airflow.connections import load_config, overrides_env, spark_connect_url, spark_master
 from offsetlake_airflow.tasks import superseded_message
 
 log = logging.getLogger("offsetlake.airflow")
 
 
-class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
+class _ReportsLineage:
+    """OpenLineage through the provider's operator hooks: the pipeline's Kafka topics in, its
+    Delta table out; on completion with the batches the task committed, which ``execute`` read
+    before returning (``lineage.completed``)."""
+
+    pipeline: str
+    _lineage: Any = None
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        from offsetlake_airflow.lineage import lineage
+
+        return lineage(load_config(self.pipeline), [], with_schema=False)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        from offsetlake_airflow.lineage import lineage
+
+        return self._lineage or lineage(load_config(self.pipeline), [], with_schema=False)
+
+
+class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
     """SparkSubmitOperator that hands the job the pipeline's Kafka connection through the
     environment ($OFFSETLAKE_KAFKA_OVERRIDES), resolved at run time inside the task, and that
     does not retry a batch another writer superseded (its plan can never apply again).
@@ -43,9 +63,11 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
             self.env_vars = {**(self.env_vars or {}), **overrides}
         try:
             remote = spark_connect_url()
+            result = None
             if remote:
-                return self._run_attached(remote)
-            return super().execute(context)
+                self._run_attached(remote)
+            else:
+                result = super().execute(context)
         except AirflowException:
             superseded = superseded_message(self.pipeline, context["ti"].xcom_pull(task_ids="plan"))
             if superseded is None:
@@ -55,7 +77,17 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
                 f"{superseded}. Not retried: clear the whole dag run "
                 f"(plan task included) to plan again from the committed ends."
             ) from None
+        from offsetlake_airflow.lineage import batch_lineage, completed
 
+        self._lineage = completed(f"pipeline {self.pipeline}", lambda: batch_lineage(load_config(self.pipeline),
+                                                                                      self._batch_id()))
+        return result
+
+
+    def _batch_id(self) -> str | None:
+        """The batch this task executes: its rendered ``--batch-id`` argument."""
+        args = [str(a) for a in self.application_args or []]
+        return args[args.index("--batch-id") + 1] if "--batch-id" in args else None
 
     def _run_attached(self, remote: str) -> None:
         command = [sys.executable, str(self.application), *[str(a) for a in self.application_args or []]]
@@ -78,7 +110,7 @@ class OffsetlakeSparkSubmitOperator(SparkSubmitOperator):
         super().on_kill()
 
 
-class OffsetlakeStreamOperator(BaseOperator):
+class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
     """Runs ``offsetlake stream`` as a child process for the length of the task.
 
     The stream runs in its own session with its output in a file that the task copies into its
@@ -86,6 +118,10 @@ class OffsetlakeStreamOperator(BaseOperator):
     mid-batch: ``on_kill`` (mark failed / clear in the UI, a timeout) sends the stream one
     SIGTERM, the stream finishes its batch in flight, releases its lease and exits, and a stream
     whose task process died stops on its own (``--parent-pid``).
+
+    When the stream ends and the task succeeds, each micro-batch it committed becomes an event
+    on the sink asset: Airflow 3 registers a task's asset events only when the task finishes,
+    so downstream DAGs hear of a stream's commits at its end (ingest runs announce each batch).
     """
 
     template_fields = ("trigger_interval", "max_records_per_batch", "max_duration_minutes")
@@ -135,6 +171,11 @@ class OffsetlakeStreamOperator(BaseOperator):
         if self._process.returncode != 0:
             raise AirflowException(f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; "
                                    f"see the lines above ({output})")
+        batches = committed_batches_of_run(config, dag_run.run_id)
+        announce(context, config, [batch_extra(config, b) for b in batches])
+        from offsetlake_airflow.lineage import completed, lineage
+
+        self._lineage = completed(f"pipeline {self.pipeline}", lambda: lineage(config, batches))
         return json.loads(last).get("stream") if last.startswith("{") else None
 
     def on_kill(self) -> None:

@@ -13,11 +13,13 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from offsetlake.errors import RewindError, StreamOwnsPipelineError
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.ledger import Ledger
 from offsetlake.plan import BatchKind, BatchStatus, RunContext
 from offsetlake.validation import load_suite
+from offsetlake_airflow.assets import announce, batch_extra
 from offsetlake_airflow.connections import load_config
 
 log = logging.getLogger("offsetlake.airflow")
@@ -40,6 +42,8 @@ def plan_ingest(pipeline: str, **context: Any) -> str | None:
 
     config = load_config(pipeline)
     load_suite(config)  # a broken expectation suite fails the plan task, before anything is read
+    if context["dag_run"].run_type == "backfill":  # DagRunType.BACKFILL_JOB, a str enum
+        return plan_interval_backfill_run(config, context)
     try:
         plan = plan_for_dag_run(config, _run(context))
     except StreamOwnsPipelineError as err:
@@ -49,6 +53,38 @@ def plan_ingest(pipeline: str, **context: Any) -> str | None:
         log.info("pipeline %s is caught up with the last stable offsets: nothing to ingest, Spark not started", pipeline)
         return None
     log.info("pipeline %s batch %s plan: %s", pipeline, plan.batch_id, plan.describe())
+    return plan.batch_id
+
+
+def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) -> str | None:
+    """Plan of a run of Airflow's own Backfill (Trigger -> Backfill, ``/api/v2/backfills``,
+    ``airflow backfill create``) on ``<pipeline>_ingest``: the records whose timestamps fall in
+    the run's data interval are reprocessed and replace their rows, exactly as a by-time
+    ``<pipeline>_backfill`` (invariant 6; ledger kind ``backfill``; committed ends never move).
+    A rerun (a retry, a clear, a Backfill that reprocesses the run) reuses the recorded plan.
+    None (downstream skipped, the run succeeds) when nothing committed falls in the interval.
+    """
+    from offsetlake.backfill import plan_interval_backfill
+
+    run = _run(context)
+    ledger = Ledger.of(config)
+    recorded = ledger.run_plan(run, BatchKind.BACKFILL)
+    if recorded is not None:
+        existing = recorded[0]
+        log.info("pipeline %s backfill run %s: reusing the recorded plan %s", config.name, run.run_id, existing.describe())
+        return existing.batch_id
+    start, end = context["data_interval_start"], context["data_interval_end"]
+    if start is None or end is None:
+        raise BackfillParamsError(f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
+                                  f"use the {config.name}_backfill DAG with offsets or times")
+    plan = plan_interval_backfill(config, run, start, end)
+    if plan is None:
+        log.info("pipeline %s backfill run %s: no committed record falls in the data interval [%s, %s): "
+                 "nothing to reprocess, Spark not started", config.name, run.run_id, start.isoformat(), end.isoformat())
+        return None
+    ledger.record_plan(plan)
+    log.info("pipeline %s backfill %s of the data interval [%s, %s): %s", config.name, plan.batch_id,
+             start.isoformat(), end.isoformat(), plan.describe())
     return plan.batch_id
 
 
@@ -95,6 +131,8 @@ def publish_batch(pipeline: str, batch_id: str, **context: Any) -> dict:
     if batch["kind"] == BatchKind.INGEST:
         commit_group_offsets(config.kafka_client_config(), config.name, batch.committed_ends)
     log.info("batch summary %s", json.dumps(batch))
+    if batch["status"] == BatchStatus.COMMITTED:  # superseded: the batch that committed the ranges announced them
+        announce(context, config, [batch_extra(config, batch)])
     return dict(batch)
 
 
@@ -118,6 +156,13 @@ def rewind_run(pipeline: str, **context: Any) -> dict:
         dry_run=bool(params.get("dry_run")), run=_run(context),
     )
     log.info("%s", result.text())
+    if not result.dry_run and result.rewind_version is not None:
+        plan = result.plan
+        announce(context, config, [batch_extra(config, {
+            "batch_id": result.rewind_id, "kind": BatchKind.REWIND, "sink_version": result.rewind_version,
+            "ranges": [f"{m.topic}[{m.partition}] {m.current} -> {m.target}" for m in plan.txn],
+            "dead_letters": result.dead_letters_removed, "validation": "not validated",
+        })])
     return json.loads(json.dumps(result.as_dict(), default=str))
 
 

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = ("api-server", "scheduler", "dag-processor")
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")  # the triggerer runs asset watchers
 
 
 class LocalAirflow:
@@ -50,6 +50,7 @@ class LocalAirflow:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__TRIGGERER__CAPACITY": "50",
             "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
             "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
             **(extra_env or {}),

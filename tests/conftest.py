@@ -8,7 +8,9 @@ user would, and loaded through the normal loader.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -254,15 +256,25 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     tmp_path = tmp_path_factory.mktemp("running_airflow")
     folder = tmp_path / "airflow_pipelines"
     folder.mkdir()
+    dags = tmp_path / "dags"  # the project's DAG file, and the DAGs a test adds (downstream of an asset)
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / "offsetlake_dags.py", dags / "offsetlake_dags.py")
     airflow = LocalAirflow(
         tmp_path / "airflow_home", free_port(),
         extra_env={
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "OFFSETLAKE_PIPELINES_DIR": str(folder),
             "OFFSETLAKE_TASK_RETRIES": "0",
             "OFFSETLAKE_FAILPOINT_FILE": str(tmp_path / "failpoint"),
+            # OpenLineage events of every task, through the provider's file transport
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(tmp_path / "openlineage.jsonl"), "append": True}),
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "offsetlake-tests",
         },
     )
     airflow.pipelines = folder
+    airflow.dags_folder = dags
+    airflow.lineage_file = tmp_path / "openlineage.jsonl"
     airflow.failpoint_file = tmp_path / "failpoint"
     airflow.start()
     _AIRFLOW["instance"] = airflow
