@@ -248,6 +248,9 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     ids = [e["batch_id"] for e in extras]
     assert len(ids) == len(set(ids)) == 4, "one event per committed batch, none for the repeat or the empty interval"
     assert extras[-1]["kind"] == "ingest" and extras[-1]["rows"] == 40
+    caught_up = airflow.trigger(ingest)  # nothing new: the run succeeds, commits nothing, announces nothing
+    assert airflow.wait_for_run(ingest, caught_up) == "success"
+    assert airflow.task_states(ingest, caught_up)["publish"][0] == "skipped"
 
     # 6. a stream that ends by itself announces each micro-batch it committed, and reports lineage
     produce_orders(bootstrap, topic, 60, first_id=20_000)
@@ -259,6 +262,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     assert sum(_ends(config, [0, 1]).values()) == total + 100
     extras = _wait("the downstream runs of the stream's batches",
                    lambda: _at_least(4 + len(mine), _downstream_extras(airflow, downstream)))
+    assert len(extras) == 4 + len(mine), "no event for the caught-up run"
     streamed = [e for e in extras if e["kind"] == "stream"]
     assert sorted(e["batch_id"] for e in streamed) == sorted(mine) and sum(e["rows"] for e in streamed) == 60
     [stream_lineage] = _lineage(airflow, f"{name}_stream.stream")
