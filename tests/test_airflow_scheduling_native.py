@@ -22,6 +22,7 @@ import shutil
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka_truth import assert_exactly_once, last_stable_offsets, ledger_rows, read_topic
@@ -116,6 +117,19 @@ def _downstream_extras(airflow, dag_id: str) -> list[dict]:
     return extras
 
 
+def _table_uri(location: str) -> str:
+    """The sink's URI as written in the test: object storage as given, a local folder as file://."""
+    return location.rstrip("/") if storage.is_uri(location) else Path(location).resolve().as_uri()
+
+
+def _dataset_name(location: str) -> tuple[str, str]:
+    """OpenLineage's naming: (file, path) locally, (s3://bucket, key) on object storage."""
+    if storage.is_uri(location):
+        parts = urlsplit(location)
+        return f"{parts.scheme}://{parts.netloc}", parts.path.strip("/")
+    return "file", str(Path(location).resolve())
+
+
 def _at_least(count: int, found: list) -> list | None:
     return found if len(found) >= count else None
 
@@ -168,7 +182,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     assert (event["batch_id"], event["kind"], event["rows"], event["records"]) == (first, "ingest", total, total)
     assert event["sink_version"] == storage.table(config.sink_path).version() and event["validation"] == "no suite"
     assert sorted(event["ranges"]) == sorted(f"{topic}[{p}] [0, {ends[p]})" for p in (0, 1))
-    assert event["table"] == Path(config.sink_path).resolve().as_uri()
+    assert event["table"] == _table_uri(config.sink_path)
 
     # 2. Airflow's Backfill of two past days: each run replaces the rows of its day, through a
     #    transform that tags what it reprocesses
@@ -213,7 +227,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     for batch_id in (first, *backfill_batches):
         e, out = by_batch[(batch_id,)]
         assert [(i["namespace"], i["name"]) for i in e["inputs"]] == [(f"kafka://{bootstrap}", topic)]
-        assert (out["namespace"], out["name"]) == ("file", str(Path(config.sink_path).resolve()))
+        assert (out["namespace"], out["name"]) == _dataset_name(config.sink_path)
         rows = sum(r["rows_written"] for r in ledger_rows(config) if r["batch_id"] == batch_id and r["status"] == "committed")
         assert out["outputFacets"]["outputStatistics"]["rowCount"] == rows > 0
         assert {f["name"] for f in out["facets"]["schema"]["fields"]} >= {"order_id", "_kafka_offset"}
