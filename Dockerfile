@@ -1,7 +1,11 @@
 # One image for the Spark master, the Spark worker and every Airflow service: drivers, executors
 # and Airflow tasks then run the same Python, the same pinned packages and the same code, which
 # Spark's Python workers need (PYSPARK_PYTHON must exist at the same path on every node).
-FROM python:3.11.11-slim-bookworm
+# BASE: any Debian bookworm image with Python 3.11 and its venv module. The default is the official
+# Python image; `make compose-test` passes a stand-in built from Debian's own packages
+# (scripts/compose_test.py) where that image cannot be pulled.
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

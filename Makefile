@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture bench bench-stream demo demo-s3 airflow spark-server lint lock clean
+.PHONY: setup debian test torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -49,6 +49,9 @@ demo: setup ## embedded default: broker + generated orders + Airflow runs (incl.
 
 demo-s3: setup ## the same story with the lake on the embedded S3 server (moto) instead of lake/
 	OFFSETLAKE_DEMO_LAKE=s3 $(PY) scripts/demo.py
+
+compose-test: setup ## the production stack (docker-compose.yaml, Dockerfile) built and run here: installs Debian's docker.io/docker-compose/debootstrap if missing, starts the engine if needed, builds the images (a Debian-built base when the official one cannot be pulled), drives a scheduled run, a backfill and a killed-then-cleared run through Airflow's REST API, audits, then down -v
+	$(PY) scripts/compose_test.py
 
 airflow: setup ## Airflow UI and services on 127.0.0.1 (AIRFLOW_PORT, default 8080); prints the login
 	$(PY) scripts/airflow_ui.py

@@ -1,7 +1,8 @@
 """Airflow 3 on the embedded default: SQLite home, LocalExecutor, services on 127.0.0.1.
 
 Used by `make airflow`, the Airflow part of `make demo` and the rerun tests. Every service is
-started in its own session and stopped by its PID (process group), never by name.
+started in its own session and stopped by its PID (process group), never by name. ``AirflowApi``
+is the REST client alone, for an Airflow that something else runs (`make compose-test`'s containers).
 """
 
 from __future__ import annotations
@@ -21,88 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")  # the triggerer runs asset watchers
 
 
-class LocalAirflow:
-    def __init__(self, home: Path, port: int, extra_env: dict[str, str] | None = None, password: str = "admin") -> None:
-        self.home = Path(home)
+class AirflowApi:
+    """Airflow's REST API as a user drives it: a token from /auth/token, then /api/v2."""
+
+    def __init__(self, port: int, password: str = "admin") -> None:
         self.port = port
         self.password = password
-        self.processes: dict[str, subprocess.Popen] = {}
-        bin_dir = str(Path(sys.executable).parent)
-        secret_file = self.home / ".jwt_secret"
-        self.home.mkdir(parents=True, exist_ok=True)
-        if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(32))
-        self.env = {
-            **os.environ,
-            "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "2",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-            "AIRFLOW__TRIGGERER__CAPACITY": "50",
-            "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
-            "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
-            **(extra_env or {}),
-        }
-        self.airflow = str(Path(bin_dir) / "airflow")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def migrate(self) -> None:
-        (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
-        done = subprocess.run([self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
-
-    def start(self, timeout_s: float = 180) -> LocalAirflow:
-        self.migrate()
-        logs = self.home / "service-logs"
-        logs.mkdir(exist_ok=True)
-        for service in SERVICES:
-            with open(logs / f"{service}.log", "ab") as log:
-                self.processes[service] = subprocess.Popen(
-                    [self.airflow, service], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
-                )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for service, process in self.processes.items():
-                if process.poll() is not None:
-                    raise RuntimeError(f"airflow {service} exited with {process.returncode}; see {logs / (service + '.log')}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
-                    if response.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"the Airflow API server did not answer on {self.url} within {timeout_s:.0f}s; see {logs}")
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
-        self.processes.clear()
 
     # ---- REST API ------------------------------------------------------------------------
     def token(self) -> str:
@@ -167,3 +96,82 @@ class LocalAirflow:
     def task_states(self, dag_id: str, run_id: str) -> dict[str, tuple[str, int]]:
         items = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         return {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in items}
+
+
+class LocalAirflow(AirflowApi):
+    def __init__(self, home: Path, port: int, extra_env: dict[str, str] | None = None, password: str = "admin") -> None:
+        super().__init__(port, password)
+        self.home = Path(home)
+        self.processes: dict[str, subprocess.Popen] = {}
+        bin_dir = str(Path(sys.executable).parent)
+        secret_file = self.home / ".jwt_secret"
+        self.home.mkdir(parents=True, exist_ok=True)
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(32))
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secret_file.read_text(),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__TRIGGERER__CAPACITY": "50",
+            "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+            **(extra_env or {}),
+        }
+        self.airflow = str(Path(bin_dir) / "airflow")
+
+    def migrate(self) -> None:
+        (self.home / "simple_auth_manager_passwords.json.generated").write_text(json.dumps({"admin": self.password}))
+        done = subprocess.run([self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
+
+    def start(self, timeout_s: float = 180) -> LocalAirflow:
+        self.migrate()
+        logs = self.home / "service-logs"
+        logs.mkdir(exist_ok=True)
+        for service in SERVICES:
+            with open(logs / f"{service}.log", "ab") as log:
+                self.processes[service] = subprocess.Popen(
+                    [self.airflow, service], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for service, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"airflow {service} exited with {process.returncode}; see {logs / (service + '.log')}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"the Airflow API server did not answer on {self.url} within {timeout_s:.0f}s; see {logs}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        self.processes.clear()
