@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from offsetlake.errors import KafkaUnavailableError, OffsetsLostError, ReadTimeoutError
 from offsetlake.plan import PartitionOffsets
@@ -30,27 +30,30 @@ def current_offsets(config: PipelineConfig) -> dict[tuple[str, int], PartitionOf
     """Log start and Last Stable Offset of every partition of the pipeline's topics, now, keyed
     by (topic, partition)."""
     client = config.kafka_client_config()
-    # One admin client for the metadata and every ListOffsets after it: its metadata cache then
-    # already knows each partition's leader. Seen here three times under heavy load, never
-    # reproduced: a SIGSEGV inside AdminClient.list_offsets on an admin client created just
-    # before the call, with nothing fetched yet (RELIABILITY.md).
-    admin = _admin(client)
-    out: dict[tuple[str, int], PartitionOffsets] = {}
-    for topic, partitions in describe_topics(client, config, admin).items():
-        for p, offsets in partition_offsets(client, topic, partitions, config.name, admin).items():
-            out[(topic, p)] = offsets
-    return out
+    # A read_committed consumer's watermark query, not AdminClient.list_offsets: seen four times
+    # under heavy load, never reproduced, a SIGSEGV inside AdminClient.list_offsets
+    # (RELIABILITY.md). The consumer's query is librdkafka's long-standing path to the same two
+    # ListOffsets requests, with the consumer's isolation level (its high mark is the LSO).
+    consumer = Consumer(_consumer_config(client, config.name))
+    try:
+        out: dict[tuple[str, int], PartitionOffsets] = {}
+        for topic, partitions in describe_topics(client, config, consumer).items():
+            for p, offsets in partition_offsets(consumer, topic, partitions, config.name, client).items():
+                out[(topic, p)] = offsets
+        return out
+    finally:
+        consumer.close()
 
 
 def describe_topics(client_config: dict[str, str], config: PipelineConfig,
-                    admin: AdminClient | None = None) -> dict[str, list[int]]:
+                    client: AdminClient | Consumer | None = None) -> dict[str, list[int]]:
     """Partition ids of each topic the pipeline reads: its ``topic``, its ``topics`` (each must
     exist: KafkaUnavailableError naming it), or every topic ``topic_pattern`` matches in full now
     (internal topics, ``__...``, never; none matching is an empty answer, not an error)."""
     servers = client_config.get("bootstrap.servers", "?")
     try:
         # all topics in one request: naming a topic makes brokers with auto.create.topics.enable create it
-        metadata = (admin or _admin(client_config)).list_topics(timeout=METADATA_TIMEOUT_S)
+        metadata = (client or _admin(client_config)).list_topics(timeout=METADATA_TIMEOUT_S)
     except KafkaException as err:
         raise KafkaUnavailableError(
             f"pipeline {config.name}: cannot reach Kafka at {servers} to describe {config.topic_label}: {err.args[0]}"
@@ -75,27 +78,20 @@ def _admin(client_config: dict[str, str]) -> AdminClient:
 
 
 def partition_offsets(
-    client_config: dict[str, str], topic: str, partitions: list[int], pipeline: str, admin: AdminClient | None = None
+    consumer: Consumer, topic: str, partitions: list[int], pipeline: str, client_config: dict[str, str]
 ) -> dict[int, PartitionOffsets]:
-    """Log start offset and Last Stable Offset for each partition (two ListOffsets requests)."""
-    admin = admin or _admin(client_config)
+    """Log start offset and Last Stable Offset of each partition, from a read_committed consumer."""
     servers = client_config.get("bootstrap.servers", "?")
-
-    def list_offsets(spec: OffsetSpec) -> dict[int, int]:
-        request = {TopicPartition(topic, p): spec for p in partitions}
+    out = {}
+    for p in partitions:
         try:
-            futures = admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_S
-            )
-            return {tp.partition: future.result().offset for tp, future in futures.items()}
+            start, stable = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S, cached=False)
         except KafkaException as err:
             raise KafkaUnavailableError(
-                f"pipeline {pipeline}: ListOffsets for topic '{topic}' on {servers} failed: {err.args[0]}"
+                f"pipeline {pipeline}: ListOffsets for {topic}[{p}] on {servers} failed: {err.args[0]}"
             ) from None
-
-    starts = list_offsets(OffsetSpec.earliest())
-    stables = list_offsets(OffsetSpec.latest())
-    return {p: PartitionOffsets(topic, p, starts[p], stables[p]) for p in partitions}
+        out[p] = PartitionOffsets(topic, p, start, stable)
+    return out
 
 
 def offsets_for_time(

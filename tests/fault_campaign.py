@@ -757,9 +757,14 @@ def main() -> int:
     args = parser.parse_args()
     import faulthandler
     import logging
+    import resource
     import tempfile
 
     faulthandler.enable()  # a crash in native code (librdkafka, delta-rs, Arrow) prints every thread's stack
+    # ... and leaves a core file (this process and the CLI runs it starts) for gdb's native stack:
+    # where the kernel puts it is /proc/sys/kernel/core_pattern ("core": the crashed process's folder).
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     sys.path.insert(0, str(ROOT))
