@@ -260,6 +260,25 @@ class Stack:
     def exec(self, service: str, *command: str, check: bool = True) -> subprocess.CompletedProcess:
         return run("docker", "exec", self.container(service), *command, check=check, capture=True, timeout=600)
 
+    def listeners_off_loopback(self) -> list[str]:
+        """TCP listeners of this stack's processes on anything but loopback. With host networking
+        a container's sockets are the host's, so `ss` sees them; /proc/<pid>/cgroup names the
+        container a process runs in."""
+        ids = set(self.compose("ps", "-q", capture=True).stdout.split())
+        found = []
+        for line in run("ss", "-Hltnp", capture=True).stdout.splitlines():
+            local = line.split()[3]
+            if local.rpartition(":")[0] in ("127.0.0.1", "[::1]", "[::ffff:127.0.0.1]"):
+                continue
+            for pid, name in {(pid, name) for name, pid in re.findall(r'\("([^"]+)",pid=(\d+)', line)}:
+                try:
+                    cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+                except OSError:
+                    continue  # gone since ss looked
+                if any(container_id in cgroup for container_id in ids):
+                    found.append(f"{name} (pid {pid}) on {local}")
+        return sorted(found)
+
     def save_logs(self) -> None:
         logs = WORK / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -279,6 +298,14 @@ class Stack:
 
 
 # ---- what a user does --------------------------------------------------------------------------
+def loopback_only(stack: Stack, result: dict, when: str) -> None:
+    listeners = stack.listeners_off_loopback()
+    result.setdefault("listeners_off_loopback", []).extend(listeners)
+    if listeners:
+        raise SystemExit(f"compose-test: {when} listen beyond loopback: {listeners}")
+    print(f"{when}: every listening socket of the stack is on 127.0.0.1")
+
+
 def pipeline_env(stack: Stack) -> None:
     """This process reads the stack's topic and lake as the containers do (orders.yaml's variables)."""
     os.environ.update({
@@ -322,7 +349,7 @@ def driver_pid(stack: Stack) -> int | None:
     return None
 
 
-def kill_and_clear(stack: Stack, api: AirflowApi) -> tuple[str, str]:
+def kill_and_clear(stack: Stack, api: AirflowApi, result: dict) -> tuple[str, str]:
     """Returns the run id and the batch id the killed try was writing."""
     run_id = api.trigger("orders_ingest")
     deadline = time.monotonic() + 600
@@ -339,6 +366,7 @@ def kill_and_clear(stack: Stack, api: AirflowApi) -> tuple[str, str]:
         if time.monotonic() > deadline:
             raise SystemExit(f"compose-test: the ingest of {run_id} never logged its read step")
         time.sleep(0.2)
+    loopback_only(stack, result, "the services and a running Spark job (driver, executors)")
     stack.exec("airflow-scheduler", "kill", "-9", str(pid))
     print(f"killed the ingest's Spark driver (pid {pid} in the scheduler container) with SIGKILL after its read step")
     while True:
@@ -416,7 +444,7 @@ def drive(stack: Stack, result: dict) -> None:
 
     with phase("an orders_ingest run whose Spark driver is killed, then cleared"):
         produce_orders(bootstrap, TOPIC, 30_000, first_id=next_id, malformed_every=1000)
-        killed, killed_batch = kill_and_clear(stack, api)
+        killed, killed_batch = kill_and_clear(stack, api, result)
         result["killed_run"] = killed
         batches = {r["batch_id"] for r in ledger_of_run(config, killed) if r["status"] == "committed"}
         print(f"ledger: {len(batches)} committed batch for {killed}: {sorted(batches)}; the killed try read {killed_batch}")
@@ -461,6 +489,7 @@ def main() -> int:
             stack.wait_healthy()  # names a container that keeps failing, with its last log lines
             if up.returncode != 0:
                 raise SystemExit(f"compose-test: `up` exited with {up.returncode}; see {WORK / 'logs'}")
+            loopback_only(stack, result, "the services")
         drive(stack, result)
         ok = True
     except BaseException as err:

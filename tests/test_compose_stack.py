@@ -34,6 +34,7 @@ def test_the_stack_builds_runs_and_lands_a_scheduled_run_a_backfill_and_a_cleare
     result = json.loads(RESULT.read_text())
     assert result["passed"] is True
     assert result["left_behind"] == [], "down -v left containers, networks or volumes of the project"
+    assert result["listeners_off_loopback"] == [], "a container listened beyond 127.0.0.1"
     assert result["scheduled_run"].startswith("scheduled__"), "the first run was not the scheduler's"
     assert result["good"] > 60_000 and result["malformed"] > 0, "the independent read saw less than was produced"
     assert {"ingest", "backfill"} <= set(result["ledger_view_kinds"])
