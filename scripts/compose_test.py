@@ -40,6 +40,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -83,9 +84,8 @@ def phase(name: str) -> Iterator[None]:
 
 
 def run(*command: str, check: bool = True, capture: bool = False, timeout: float = 1800,
-        env: dict[str, str] | None = None, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, capture_output=capture, timeout=timeout, env=env, input=input_bytes,
-                          text=input_bytes is None and capture)
+        env: dict[str, str] | None = None, stdin: IO[bytes] | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=capture, timeout=timeout, env=env, stdin=stdin, text=capture)
     if check and done.returncode != 0:
         detail = f"\n{done.stdout}\n{done.stderr}" if capture else ""
         raise SystemExit(f"compose-test: `{' '.join(command)}` exited with {done.returncode}{detail}")
@@ -182,7 +182,7 @@ def build_stand_in_base() -> None:
         run("chroot", str(rootfs), "update-ca-certificates", capture=True)
         tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         run("docker", "import", "-c", "ENV LANG=C.UTF-8", "-c", "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
-            "-c", 'CMD ["bash"]', "-", STAND_IN_BASE, capture=True, input_bytes=tar.stdout.read())  # type: ignore[union-attr]
+            "-c", 'CMD ["bash"]', "-", STAND_IN_BASE, capture=True, stdin=tar.stdout)  # streamed, not held in memory
         if tar.wait() != 0:
             raise SystemExit("compose-test: tar of the stand-in root file system failed")
 
@@ -438,9 +438,9 @@ def drive(stack: Stack, result: dict) -> None:
         backfill = api.trigger("orders_backfill", {"partitions": [0], "from_offset": 1000, "to_offset": 3000})
         finished_run(api, "orders_backfill", backfill)
         result["backfill_run"] = backfill
-        kinds = {(r["kind"], r["status"]) for r in ledger_of_run(config, backfill)}
-        if ("backfill", "committed") not in kinds:
-            raise SystemExit(f"compose-test: the backfill run's ledger entries are {kinds}")
+        entries = {(r["kind"], r["status"]) for r in ledger_of_run(config, backfill)}
+        if ("backfill", "committed") not in entries:
+            raise SystemExit(f"compose-test: the backfill run's ledger entries are {entries}")
 
     with phase("an orders_ingest run whose Spark driver is killed, then cleared"):
         produce_orders(bootstrap, TOPIC, 30_000, first_id=next_id, malformed_every=1000)
