@@ -62,6 +62,17 @@ class CommitConflictError(OffsetlakeError):
     """Invariant 10: another writer committed the same range first."""
 
 
+class StagedFilesError(OffsetlakeError):
+    """A batch's staged data files disagree with what its tasks reported (a path twice, a file
+    missing, other bytes or rows): something overwrote or cut a file after its task closed it.
+    Nothing was committed; running again stages the batch anew."""
+
+    def __init__(self, table: str, path: str, problem: str) -> None:
+        super().__init__(f"sink {table}: staged data file {path} cannot be committed: {problem}; nothing committed, "
+                         "run again to stage the batch anew")
+        self.table, self.path, self.problem = table, path, problem
+
+
 class TransformError(OffsetlakeError):
     """The pipeline's transform failed or dropped the Kafka coordinate columns."""
 

@@ -191,7 +191,7 @@ def new_batch_id(pipeline: str) -> str:
     return f"{pipeline}-{stamp}-{secrets.token_hex(3)}"
 
 
-RangeCounts = dict[str, int]  # records_read, rows_written, dead_letters (and quarantined) of one range
+RangeCounts = dict[str, int]  # records_read, rows_written, dead_letters (and quarantined, empty_as_null) of one range
 
 
 @dataclass
