@@ -168,9 +168,9 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         for start, end, batch, kind in ranges:
             if previous is not None and start != previous[1]:
                 word = "overlap" if start < previous[1] else "gap"
-                epoch = f" (epoch {tp[2]} of the topic)" if tp[2] else ""
+                which = f" (epoch {tp[2]} of the topic)" if tp[2] else ""
                 report.problems.append(
-                    f"{word} in committed ranges of {tp[0]}[{tp[1]}]{epoch}: batch {previous[2]} ends "
+                    f"{word} in committed ranges of {tp[0]}[{tp[1]}]{which}: batch {previous[2]} ends "
                     f"at {previous[1]}, batch {batch} starts at {start}"
                 )
             (gaps if kind == BatchKind.GAP else covered).setdefault(tp, []).append((start, end))
@@ -195,14 +195,14 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         if epoch_at(topic_starts, row["sink_version"] if row["sink_version"] is not None else -1) == len(topic_starts):
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
-    for tp in sorted({(t, p) for t, p, _ in by_tp} | set(ledger_ends)):
-        txn = committed_end(sink, config, *tp)
+    for key in sorted({(t, p) for t, p, _ in by_tp} | set(ledger_ends)):
+        txn = committed_end(sink, config, *key)
         if txn is not None:
-            report.committed[tp] = txn
-        if txn != ledger_ends.get(tp):
+            report.committed[key] = txn
+        if txn != ledger_ends.get(key):
             report.problems.append(
-                f"{tp[0]}[{tp[1]}]: sink txn version is {txn} but the ledger's last committed end is "
-                f"{ledger_ends.get(tp)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
+                f"{key[0]}[{key[1]}]: sink txn version is {txn} but the ledger's last committed end is "
+                f"{ledger_ends.get(key)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
             )
 
     if against_kafka:

@@ -216,11 +216,11 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
             f"pipeline {config.name}: topic {topic} looks unchanged (every committed end is within its log, and its "
             f"topic id is {current or 'not named by the broker'}); nothing was written. If you know it was re-created "
             "(a broker without topic ids cannot show it), run again with --force")
-    moves = [{"partition": p, "from": ends[(topic, p)],
-              "to": offsets[(topic, p)].log_start if (topic, p) in offsets else 0} for p in mine]
+    targets = {p: offsets[(topic, p)].log_start if (topic, p) in offsets else 0 for p in mine}
+    moves = [{"partition": p, "from": ends[(topic, p)], "to": targets[p]} for p in mine]
     result = EpochReset(config.name, topic, recorded_topic_ids(commits).get(topic), current, moves)
     plan = BatchPlan(config.name, new_batch_id(config.name), BatchKind.EPOCH,
-                     tuple(OffsetRange(topic, m["partition"], m["to"], m["to"]) for m in moves),
+                     tuple(OffsetRange(topic, p, to, to) for p, to in targets.items()),
                      RunContext(f"reset-epoch-{topic}"), topic_ids={topic: current} if current else {})
     requested_by = _user()
     entry = ledger_entry(
@@ -230,7 +230,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
         extra={EPOCH: {"topic": topic, "previous_topic_id": result.previous_topic_id, "topic_id": current,
                        "moves": moves, "problems": problems}},
     )
-    actions = CommitActions(txns=txns(config, (((topic, m["partition"]), m["to"]) for m in moves)))
+    actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
