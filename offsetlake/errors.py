@@ -49,6 +49,19 @@ class OffsetsLostError(OffsetlakeError):
     """Invariant 7: a planned start is below the partition's log start offset."""
 
 
+class TopicIdentityError(OffsetlakeError):
+    """Invariant 16: a committed end is past its partition's log end, or the topic's Kafka id is not
+    the one its committed offsets belong to: the topic was re-created (or the cluster changed, or
+    an unclean leader election truncated the log). Nothing was read; only the operator action
+    ``offsetlake topic reset-epoch`` moves the pipeline on. The message names topic, partition and
+    both offsets (or both ids)."""
+
+
+class TopicEpochError(OffsetlakeError):
+    """``offsetlake topic reset-epoch`` cannot be done as asked (nothing to reset, unknown topic);
+    nothing was written. The message says why."""
+
+
 class ReadTimeoutError(OffsetlakeError):
     """A range could not be read to its end within the configured bound."""
 
