@@ -115,12 +115,13 @@ def _check(config, truth: TopicTruth, records: list[Sent], path: str) -> None:
 def test_a_value_longer_than_a_parse_block_is_parsed_with_its_neighbours():
     """In the read task: a chunk whose values together exceed pyarrow's 64 MiB block is parsed,
     not left whole to Spark (each value null here meant: Spark decides)."""
-    values = [_order(0, 10), _order(1, 40 * MB), _order(2, 10), _order(3, 70 * MB), _order(4, 10)]
+    # the issue's sizes: the 95 MB value spans three 64 MiB blocks (pyarrow's reader takes two)
+    values = [_order(0, 10), _order(1, 50 * MB), _order(2, 10), _order(3, 95 * MB), _order(4, 10)]
     struct = pa.struct([pa.field("order_id", pa.int64()), pa.field("note", pa.string()),
                         pa.field("_corrupt_record", pa.string())])
     parsed = parse_json_values(values, struct)  # type: ignore[arg-type]  # list[bytes] is a list[bytes | None]
     assert parsed.is_null().to_pylist() == [False] * 5
-    assert [len(n) for n in parsed.field("note").to_pylist()] == [10, 40 * MB, 10, 70 * MB, 10]
+    assert [len(n) for n in parsed.field("note").to_pylist()] == [10, 50 * MB, 10, 95 * MB, 10]
 
 
 @pytest.mark.local_lake
