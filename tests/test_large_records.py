@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
+import yaml
 from confluent_kafka import Producer
 from kafka_truth import TopicTruth, assert_exactly_once, last_stable_offsets, read_records
 
 from offsetlake import direct, storage
 from offsetlake.audit import audit_pipeline
-from offsetlake.config import DEFAULT_MAX_RECORD_BYTES
+from offsetlake.config import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, load_pipeline
 from offsetlake.embedded.sample_data import ensure_topic
+from offsetlake.errors import ConfigError
 from offsetlake.formats.json_records import parse_json_values
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
@@ -56,7 +58,7 @@ def _order_of_size(order_id: int, size: int) -> bytes:
 
 def _single_quoted(order_id: int, note_chars: int) -> bytes:
     """Valid for Spark's ``from_json`` (single quotes allowed), refused by pyarrow: parsed in Spark."""
-    return ("{'order_id': %d, 'note': '%s'}" % (order_id, "y" * note_chars)).encode()
+    return f"{{'order_id': {order_id}, 'note': '{'y' * note_chars}'}}".encode()
 
 
 def _produce(bootstrap: str, topic: str, records: list[Sent]) -> None:
@@ -110,6 +112,17 @@ def _check(config, truth: TopicTruth, records: list[Sent], path: str) -> None:
             assert dead[offset]["reason"] == sent.reason, (path, offset)
             assert dead[offset]["value"] == sent.value and dead[offset]["key"] == sent.key, (path, offset)
     assert audit_pipeline(config, against_kafka=True).ok, path
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_RECORD_BYTES_CEILING + 1, "big"])
+def test_a_max_record_bytes_no_read_task_can_keep_is_refused_when_the_pipeline_loads(tmp_path, limit):
+    path = tmp_path / "orders_x.yaml"
+    path.write_text(yaml.safe_dump({"name": "orders_x", "topic": "orders", "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+                                    "format": {"type": "json", "schema": SCHEMA}, "max_record_bytes": limit}))
+    with pytest.raises(ConfigError, match=f"{path}.*max_record_bytes"):
+        load_pipeline(str(path))
+    path.write_text(path.read_text().replace(f"max_record_bytes: {limit}", "max_record_bytes: 1000"))
+    assert load_pipeline(str(path)).max_record_bytes == 1000
 
 
 def test_a_value_longer_than_a_parse_block_is_parsed_with_its_neighbours():
