@@ -30,7 +30,7 @@ from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
 MB = 1_000_000
-SCHEMA = {"order_id": "long", "note": "string"}
+SCHEMA = {"order_id": "long", "note": "string", "amount": "double"}
 # a real Kafka broker refuses records over 1 MiB unless the topic (and producer) allow them; the
 # whole partition (< 200 MB) fits in one fetch of offsetlake's consumer (receive.message.max.bytes)
 TOPIC_CONFIG = {"max.message.bytes": str(200 * MB), "retention.ms": "-1"}
@@ -171,6 +171,8 @@ def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_bot
         Sent(None, _order(1, 22 * MB), 1, None),  # above Jackson's default string limit
         Sent(None, _single_quoted(2, 10), 2, None),  # pyarrow refuses: its piece goes to Spark
         Sent(None, _single_quoted(3, 22 * MB), 3, None),  # Spark parses a 22 M-character string
+        # more digits than Jackson's default 1,000: pyarrow reads it (infinity), so must Spark
+        Sent(None, b'{"order_id": 9, "note": "n", "amount": 1' + b"0" * 1100 + b"}", 9, None),
         Sent(None, _order_of_size(4, limit + 1), 4, too_large(limit + 1)),
         Sent(big_key, over_with_key, 5, too_large(limit + 1)),  # each below the limit, together over
         Sent(b"k6", b"{broken", 6, "value does not parse as JSON matching the declared schema"),
@@ -183,5 +185,7 @@ def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_bot
 
     for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch,
                                                 max_record_bytes=limit):
-        assert result.total("rows_written") == 6 and result.total("dead_letters") == 3, path
+        assert result.total("rows_written") == 7 and result.total("dead_letters") == 3, path
         _check(config, truth, records, path)
+        amounts = storage.table(config.sink_path).to_pyarrow_table(columns=["order_id", "amount"]).to_pylist()
+        assert {r["order_id"]: r["amount"] for r in amounts}[9] == float("inf"), path

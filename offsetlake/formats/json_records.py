@@ -259,14 +259,17 @@ def spark_json_options(corrupt_column: str) -> dict[str, str]:
 
     Jackson refuses a string longer than 20,000,000 characters by default, which made a valid
     50 MB record a dead letter "does not parse" when it reached Spark, and a row when pyarrow
-    took it (issue 35). Size is the read task's rule alone (``reader.record_size_problems``,
+    took it (issue 35); likewise a number of more than 1,000 digits (pyarrow reads it, as
+    infinity for a double). Size is the read task's rule alone (``reader.record_size_problems``,
     whose largest limit is ``MAX_RECORD_BYTES_CEILING``; a record above the pipeline's limit
-    never reaches ``from_json``), so Jackson may take any string up to that ceiling.
+    never reaches ``from_json``), so Jackson may take any string or number up to that ceiling.
+    Checked on Spark 4.2: both options reach Jackson's StreamReadConstraints.
     """
     from offsetlake.config import MAX_RECORD_BYTES_CEILING
 
-    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt_column,
-            "maxStringLen": str(MAX_RECORD_BYTES_CEILING)}
+    ceiling = str(MAX_RECORD_BYTES_CEILING)
+    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt_column, "maxStringLen": ceiling,
+            "maxNumLen": ceiling}
 
 
 def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
