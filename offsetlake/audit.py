@@ -314,7 +314,7 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
     if chunks:
         spark = spark_session()
         decoder = decoder_for(config, sink_columns=sink_columns(sink))
-        decoded = decoder.decode_in_spark(raw_dataframe(spark, chunks, decoder))
+        decoded = decoder.decode_in_spark(raw_dataframe(spark, chunks, decoder, max_record_bytes=config.max_record_bytes))
         decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
         if config.sink.delete_on_tombstone:
             decoded = mark_tombstones(decoded)
@@ -453,7 +453,7 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list
 
     spark = spark_session()
     decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.sink_path)))
-    decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder))
+    decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder, max_record_bytes=config.max_record_bytes))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
     should_be_dead = {(r["topic"], r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())
                       .select("topic", "partition", "offset").collect()}

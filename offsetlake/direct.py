@@ -109,9 +109,10 @@ class DirectResult:
 
 def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config: dict[str, str], pipeline: str,
                    timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: str, folder: str,
-                   partition_by: list[str]) -> DirectResult:
+                   partition_by: list[str], *, max_record_bytes: int) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
-    under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file."""
+    under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file
+    (a record above ``max_record_bytes`` among them: the Spark path's rule, ``reader.decided_columns``)."""
     splits = [(s.topic, s.partition, s.start, s.end) for s in
               split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
@@ -141,7 +142,8 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
                     topic, partition, start, end = splits[index]
                     for chunk in read_range(client_config, pipeline, topic, partition, start, end, timeout_s):
                         read[(topic, partition)] += len(chunk)
-                        columns, settled = decided_columns(chunk, topic, partition, decoder, headers_of_rows=False)
+                        columns, settled = decided_columns(chunk, topic, partition, decoder, headers_of_rows=False,
+                                                           max_record_bytes=max_record_bytes)
                         records = pa.RecordBatch.from_arrays(columns, schema=raw_schema)
                         mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
                         files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema), (topic, partition))

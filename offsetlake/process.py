@@ -95,7 +95,8 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     decoder.check_types(config.source_file or config.name)  # before anything is read
     keep_raw = _may_dead_letter_good_records(config, suite, decoder)
     client = config.kafka_client_config()
-    read = read_ranges(spark, sized, client, config.name, config.read_timeout_seconds, decoder, headers_of_rows=keep_raw)
+    read = read_ranges(spark, sized, client, config.name, config.read_timeout_seconds, decoder, headers_of_rows=keep_raw,
+                       max_record_bytes=config.max_record_bytes)
     raw: DataFrame | None = read
     processed = ProcessedBatch(None, [], per_range, timings)
     if write_in_read and sized:
@@ -108,7 +109,8 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         if why_not is None:
             folder = staging_dir(config, plan.batch_id)
             wrote = direct.read_and_write(spark, sized, client, config.name, config.read_timeout_seconds, decoder,
-                                          rows_schema, config.sink_path, folder, config.sink.partition_by)
+                                          rows_schema, config.sink_path, folder, config.sink.partition_by,
+                                          max_record_bytes=config.max_record_bytes)
             processed.direct = Direct(config.sink_path, folder, wrote.files, wrote.undecided)
             processed.rows_schema = rows_schema
             for key, count in wrote.records_read.items():
@@ -399,7 +401,8 @@ def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         return None
     t = time.monotonic()
     decoder = decoder_for(config, plan.reader_schema)
-    raw = read_ranges(spark, ranges, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder)
+    raw = read_ranges(spark, ranges, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder,
+                      max_record_bytes=config.max_record_bytes)
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
     if config.sink.delete_on_tombstone:
         decoded = keyed.mark_tombstones(decoded)

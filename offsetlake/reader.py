@@ -68,6 +68,7 @@ _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
 # record a dead letter instead of an overflow that stops the batch.
 TIMESTAMP_MIN_MS, TIMESTAMP_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 NO_TIMESTAMP = -1
+RECORD_TOO_LARGE = "record_too_large"  # how the reason of a record above max_record_bytes begins
 _TASK_ERROR = re.compile(r"offsetlake\.errors\.(\w+): (.+)")
 
 
@@ -118,6 +119,8 @@ def read_ranges(
     timeout_s: float,
     decoder: Decoder | None = None,
     headers_of_rows: bool = True,
+    *,
+    max_record_bytes: int,
 ) -> DataFrame:
     """A DataFrame (RAW_SCHEMA) of every committed record in ``ranges``; lazy until an action.
 
@@ -125,6 +128,8 @@ def read_ranges(
     each chunk's values into the column ``PARSED_IN_READ`` (null where they left the record to
     Spark). ``headers_of_rows=False``: records the decoder already knows become rows get no
     headers (only dead letters keep them, unless the pipeline may dead-letter a good record).
+    A record larger than ``max_record_bytes`` is decoded by nobody: its ``read_problem`` says
+    so (``record_size_problems``).
     """
 
     splits = [(s.topic, s.partition, s.start, s.end) for s in
@@ -149,7 +154,8 @@ def read_ranges(
                 for index in batch.column("id").to_pylist():
                     topic, partition, start, end = splits[index]
                     for chunk in read_range(config, pipeline, topic, partition, start, end, timeout_s):
-                        columns = record_columns(chunk, topic, partition, decoder, headers_of_rows)
+                        columns = record_columns(chunk, topic, partition, decoder, headers_of_rows,
+                                                 max_record_bytes=max_record_bytes)
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:
@@ -158,11 +164,13 @@ def read_ranges(
     return split_df.mapInArrow(consume, spark_schema)
 
 
-def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder) -> DataFrame:
+def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder, *,
+                  max_record_bytes: int) -> DataFrame:
     """Records already consumed in the driver ((topic, partition, messages)) as the DataFrame a
     read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
     arrow_schema, schema = read_schemas(decoder)
-    batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder), schema=arrow_schema)
+    batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder,
+                                                         max_record_bytes=max_record_bytes), schema=arrow_schema)
                for topic, partition, messages in chunks]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
     return spark.createDataFrame(table, schema=schema)
@@ -195,35 +203,40 @@ def read_schemas(decoder: Decoder | None) -> tuple[pa.Schema, StructType]:
 
 
 def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
-                   headers_of_rows: bool = True) -> list[pa.Array]:
+                   headers_of_rows: bool = True, *, max_record_bytes: int) -> list[pa.Array]:
     """One consumed chunk of one partition as RAW_SCHEMA's Arrow columns (plus PARSED_IN_READ when
     the decoder decodes in the read task), built column by column: this loop is the read path's
     hot spot (a per-record append loop ran at a third of the consumer's own rate)."""
-    return decided_columns(chunk, topic, partition, decoder, headers_of_rows)[0]
+    return decided_columns(chunk, topic, partition, decoder, headers_of_rows, max_record_bytes=max_record_bytes)[0]
 
 
 def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
-                    headers_of_rows: bool = True) -> tuple[list[pa.Array], list[bool] | None]:
+                    headers_of_rows: bool = True, *, max_record_bytes: int) -> tuple[list[pa.Array], list[bool] | None]:
     """``record_columns`` and, per record, whether the read task alone decided it is a row
-    (decoded, required fields present, no problem with its value, key, headers or timestamp);
-    None when the decoder settles nothing in the task."""
+    (decoded, required fields present, no problem with its size, value, key, headers or
+    timestamp); None when the decoder settles nothing in the task. The decoders never see a
+    record larger than ``max_record_bytes`` (``record_size_problems``)."""
     stamps = [m.timestamp() for m in chunk]
     values = [m.value() for m in chunk]
-    problems: list[str | None] | None = None
+    keys = [m.key() for m in chunk]
+    problems = record_size_problems(keys, values, max_record_bytes)
+    values_to_decode, keys_to_decode = values, keys
+    if problems is not None:  # a record too large is decoded by nobody: as a null value and key
+        values_to_decode = [None if p else v for p, v in zip(problems, values, strict=True)]
+        keys_to_decode = [None if p else k for p, k in zip(problems, keys, strict=True)]
     micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None
               for kind, s in stamps]
     if None in micros:  # rare: records without a timestamp, or with one out of range
         for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
             if us is None and kind and s != NO_TIMESTAMP:
                 problems = problems or [None] * len(chunk)
-                problems[i] = (f"record timestamp {s} ms is outside what the sink's timestamp type holds "
-                               "(0001-01-01 to 9999-12-31 UTC)")
-    keys = [m.key() for m in chunk]
-    decoded = decoder.decode_chunk(values) if decoder is not None else None
+                problems[i] = problems[i] or (f"record timestamp {s} ms is outside what the sink's timestamp type "
+                                              "holds (0001-01-01 to 9999-12-31 UTC)")
+    decoded = decoder.decode_chunk(values_to_decode) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
         problems = _merge(problems, decoded.problems)
     key_decoder = decoder.key if isinstance(decoder, KeyedDecoder) and decoder.key.read_type() is not None else None
-    decoded_keys = key_decoder.decode_chunk(keys) if key_decoder is not None else None
+    decoded_keys = key_decoder.decode_chunk(keys_to_decode) if key_decoder is not None else None
     if decoded_keys is not None and decoded_keys.problems is not None:
         problems = _merge(problems, decoded_keys.problems)
     rows = None
@@ -249,6 +262,29 @@ def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | 
     if decoded_keys is not None and decoded_keys.parsed is not None:
         columns.append(decoded_keys.parsed)
     return columns, rows
+
+
+def record_size_problems(keys: list[bytes | None], values: list[bytes | None],
+                         limit: int) -> list[str | None] | None:
+    """Per record, the ``record_too_large`` reason (its size and the limit) when its key and value
+    hold more than ``limit`` bytes (the pipeline's ``max_record_bytes``), else None; None when no
+    record of the chunk is too large.
+
+    The one size rule of every data path and of the audit (invariant 8, a dead letter with a true
+    reason): whether a record is too large follows its own bytes alone, decided here before any
+    parser sees it, so no parser's own limit (Jackson's 20,000,000-character strings, a pyarrow
+    block) decides a record's fate, and the parsers take every record up to the limit
+    (``formats.json_records``). Headers are not counted: they are no part of a row.
+    """
+    if _longest(keys) + _longest(values) <= limit:  # the common chunk: one pass at C speed each
+        return None
+    sizes = [len(k or b"") + len(v or b"") for k, v in zip(keys, values, strict=True)]
+    return [f"{RECORD_TOO_LARGE}: its key and value hold {size} bytes, more than the pipeline's max_record_bytes "
+            f"({limit})" if size > limit else None for size in sizes]
+
+
+def _longest(items: list[bytes | None]) -> int:
+    return max(map(len, filter(None, items)), default=0)
 
 
 def _merge(first: list[str | None] | None, then: list[str | None] | None) -> list[str | None] | None:

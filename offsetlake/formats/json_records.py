@@ -11,7 +11,10 @@ answer differently, the read task decides for every record alike. It makes a dea
 value nested deeper than ``MAX_DEPTH`` levels (Spark refuses those, pyarrow did not), a value
 with more than one JSON value in it (``{"a":1}{"a":2}``: Spark kept the first and dropped the
 rest silently), and a string holding an unpaired UTF-16 surrogate escape (``"\\ud800"``: Spark
-turned it into ``?``, and UTF-8 cannot hold it).
+turned it into ``?``, and UTF-8 cannot hold it). Size is decided before either parser runs
+(``reader.record_size_problems``: above ``max_record_bytes`` a dead letter, ``record_too_large``),
+and both parsers take any value below it: pyarrow's block grows to the longest value of a piece,
+and Jackson's own string limit (20,000,000 characters) is lifted in every ``from_json``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 
 _CORRUPT = "_corrupt_record"
 _MIN_PIECE = 64  # below this a failing piece of a chunk is left to Spark's from_json
+_BLOCK_BYTES = 1 << 26  # pyarrow's parse block; a piece with a longer value gets a block that holds it
 MAX_DEPTH = 1000  # Jackson's default nesting limit, which Spark's from_json keeps
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -212,7 +216,6 @@ def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.S
 
     schema = pa.schema(list(struct)[:-1])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-    read_options = pj.ReadOptions(use_threads=False, block_size=1 << 26)
     pieces: list[pa.Array] = []
 
     def parse(start: int, end: int) -> None:
@@ -228,6 +231,10 @@ def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.S
         if ok:
             try:
                 joined.decode("utf-8")  # pyarrow's reader lets invalid UTF-8 in strings through
+                # a value longer than the block fails the whole piece ("straddling object"), and it
+                # was then left to Jackson with its neighbours (issue 35): the block holds the longest
+                block = max(_BLOCK_BYTES, max(map(len, piece)) + 2)  # type: ignore[arg-type]  # no None
+                read_options = pj.ReadOptions(use_threads=False, block_size=block)
                 table = pj.read_json(pa.BufferReader(joined), read_options=read_options, parse_options=options)
                 ok = table.num_rows == len(piece)
             except (pa.ArrowInvalid, UnicodeDecodeError):
@@ -247,6 +254,24 @@ def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.S
     return pa.concat_arrays(pieces) if pieces else pa.nulls(0, struct)
 
 
+def spark_json_options(corrupt_column: str) -> dict[str, str]:
+    """The options of every Spark ``from_json`` offsetlake runs (values and JSON keys).
+
+    Jackson refuses a string longer than 20,000,000 characters by default, which made a valid
+    50 MB record a dead letter "does not parse" when it reached Spark, and a row when pyarrow
+    took it (issue 35); likewise a number of more than 1,000 digits (pyarrow reads it, as
+    infinity for a double). Size is the read task's rule alone (``reader.record_size_problems``,
+    whose largest limit is ``MAX_RECORD_BYTES_CEILING``; a record above the pipeline's limit
+    never reaches ``from_json``), so Jackson may take any string or number up to that ceiling.
+    Checked on Spark 4.2: both options reach Jackson's StreamReadConstraints.
+    """
+    from offsetlake.config import MAX_RECORD_BYTES_CEILING
+
+    ceiling = str(MAX_RECORD_BYTES_CEILING)
+    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt_column, "maxStringLen": ceiling,
+            "maxNumLen": ceiling}
+
+
 def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
     """Parse ``value`` with the declared schema (``ddl``); adds PARSED and REASON (null for good rows).
 
@@ -258,7 +283,9 @@ def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
     from pyspark.sql import functions as F
 
     text = F.col("value").cast("string")
-    from_json = F.from_json(text, f"{ddl}, `{_CORRUPT}` string", {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT})
+    # a record with a read problem (too large among them) is a dead letter already: never parsed
+    from_json = F.when(F.col("read_problem").isNull(),
+                       F.from_json(text, f"{ddl}, `{_CORRUPT}` string", spark_json_options(_CORRUPT)))
     in_read = PARSED_IN_READ in raw.columns
     parsed = raw.withColumn(PARSED, F.coalesce(F.col(PARSED_IN_READ), from_json) if in_read else from_json)
     by_spark = F.col(PARSED_IN_READ).isNull() if in_read else F.lit(True)

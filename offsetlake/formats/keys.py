@@ -221,11 +221,13 @@ class JsonKey:
     def decode_in_spark(self, decoded: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
+        from offsetlake.formats.json_records import spark_json_options
+
         ddl = ", ".join(f"`{name}` {kind}" for name, kind in self.schema.items())
         text = F.col("key").cast("string")
-        parsed = F.from_json(text, f"{ddl}, `{_JSON_CORRUPT}` string",
-                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _JSON_CORRUPT})
-        out = decoded.withColumn(KEY_PARSED, F.when(F.col("key").isNotNull(), parsed))
+        parsed = F.from_json(text, f"{ddl}, `{_JSON_CORRUPT}` string", spark_json_options(_JSON_CORRUPT))
+        # a record with a read problem (too large among them) is a dead letter already: never parsed
+        out = decoded.withColumn(KEY_PARSED, F.when(F.col("key").isNotNull() & F.col("read_problem").isNull(), parsed))
         utf8_ok = F.try_validate_utf8(text).isNotNull() if hasattr(F, "try_validate_utf8") else F.lit(True)
         bad = F.col("key").isNotNull() & (~utf8_ok | F.col(KEY_PARSED).isNull() | ~text.rlike(r"^\s*\{")
                                           | F.col(f"{KEY_PARSED}.{_JSON_CORRUPT}").isNotNull())
