@@ -3,10 +3,10 @@
 **The ordering rule.** Of two records of one key, the newer is the one at the higher offset when
 both come from the same topic-partition (Kafka orders a partition, and its default partitioner
 keeps a key in one partition). When they come from different topic-partitions, the newer is the
-one with the later Kafka timestamp, then the greater (topic, partition, offset). A batch first
-keeps each key's last record per topic-partition, then the newest of those by the cross-partition
-rule; that record is then compared with the key's current row by the same rule, using the
-row's own ``_kafka_*`` coordinates (which say which record it came from).
+one with the later Kafka timestamp, then the greater (topic, partition, offset). A key's row is
+the newest, by that cross-partition rule, of the key's last records per topic-partition, over
+every committed record; rows carry their record's ``_kafka_*`` coordinates, which is how the
+merge compares them.
 
 **State rows: what the merge compares against (invariant 13).** The rule is not a total order
 over records (A(p0, ts 200) beats B(p1, ts 100), B beats C(p0, ts 50) by time, C beats A by
@@ -217,10 +217,7 @@ class MergedRows:
     counts: MergeCounts
     rows_written: int
     cached: list[DataFrame]
-    lost_state: list[dict[str, Any]]
-
-
-_SHOW_LOST = 10
+    lost_state: list[dict[str, Any]]  # per topic-partition: TOPIC, PARTITION, count, and one row's key + OFFSET
 
 
 def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable | None, states: DataFrame,
@@ -229,10 +226,11 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     CHANGE) applied, and each touched key's visible row chosen again (invariant 13).
 
     Per key and topic-partition, the batch's record (unless ``mark_later_records`` marked it)
-    replaces the stored state row if its offset is at least the row's, or if the row came from a record ``replaces`` selects (a backfill
-    replaces the rows of what it reprocesses, invariant 6). A stored state row that ``replaces``
-    selects and no record of the batch replaces is left out and reported in ``lost_state``; the
-    caller must refuse the batch unless those rows may go (``refuse_lost_state``). The key's
+    replaces the stored state row if its offset is at least the row's, or if the row came from a
+    record ``replaces`` selects (a backfill replaces the rows of what it reprocesses, invariant 6).
+    A stored state row that ``replaces`` selects and no record of the batch replaces is left out
+    and reported in ``lost_state`` (per topic-partition: how many, and one of them); the caller
+    must refuse the batch unless those rows may go (``refuse_lost_state``). The key's
     visible row is then its newest state row by (timestamp, topic, partition, offset), unless that
     one is a delete; every other state row is written hidden (``HIDDEN``). Rows of keys the batch
     does not touch are written as they were."""
@@ -319,8 +317,10 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
                          deleted=int(found["deleted"] or 0), older=int(found["older"] or 0),
                          files_rewritten=len(files), rows_rewritten=int(found["kept"] or 0),
                          hidden=int(found["hidden"] or 0))
-    lost_state = [r.asDict() for r in joined.where(F.col("_lost"))
-                  .select(*where, F.col("_stored_offset").alias(OFFSET)).limit(_SHOW_LOST).collect()]
+    example = F.first(F.struct(*[F.col(f"`{c}`") for c in key], F.col("_stored_offset").alias(OFFSET)))
+    lost_state = [{TOPIC: r[TOPIC], PARTITION: r[PARTITION], "count": r["count"], **r["example"].asDict()}
+                  for r in joined.where(F.col("_lost")).groupBy(TOPIC, PARTITION)
+                  .agg(F.count("*").alias("count"), example.alias("example")).collect()]
     hidden_as = F.when(F.col("_visible"), F.lit(None)).when(delete, F.lit(DELETED)).otherwise(F.lit(SUPERSEDED))
     rows = joined.where(live).select(state.withField(HIDDEN, hidden_as).alias("_row")).select("_row.*")
     return MergedRows(rows, counts, int(found["written"] or 0), [joined], lost_state)
@@ -343,11 +343,12 @@ def refuse_lost_state(config: PipelineConfig, plan: BatchPlan, lost_state: list[
     first = blocking[0]
     topic, partition = first[TOPIC], first[PARTITION]
     shown = ", ".join(f"{c}={first[c]!r}" for c in config.sink.key)
+    more = sum(row["count"] for row in blocking) - 1
     raise BackfillParamsError(
         f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: key {shown}'s row (or hidden state row) "
         f"came from {topic}[{partition}] offset {first[OFFSET]}, which this backfill reprocesses and which no longer gives "
         f"a row (it is now a dead letter, or the transform drops it), and the range holds no other record of that key "
-        f"in {topic}[{partition}]{f' ({len(blocking) - 1} more such keys)' if len(blocking) > 1 else ''}. The key's row "
+        f"in {topic}[{partition}]{f' ({more} more such keys)' if more else ''}. The key's row "
         f"would have to come from its last record before offset {starts[(topic, partition)]}, which this backfill does "
         f"not read. Nothing was committed. Way forward: backfill {topic}[{partition}] from its log start (offset "
         f"{log_starts[(topic, partition)].log_start})")
