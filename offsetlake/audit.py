@@ -29,6 +29,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC
 from offsetlake.history import rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
+from offsetlake.keyed import HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
@@ -43,8 +44,9 @@ _SHOW = 10
 @dataclass
 class AuditReport:
     pipeline: str
-    rows: int = 0
+    rows: int = 0  # rows readers see (an upsert sink's hidden state rows are not among them)
     dead_letters: int = 0
+    hidden_rows: int = 0  # an upsert sink's delete markers and superseded records (``keyed.HIDDEN``)
     problems: list[str] = field(default_factory=list)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
     against_kafka: dict | None = None  # what the Kafka check read and found
@@ -57,7 +59,7 @@ class AuditReport:
         head = (
             f"audit of pipeline {self.pipeline}: {self.rows} sink rows, {self.dead_letters} dead letters, "
             f"{len(self.committed)} partitions committed"
-        )
+        ) + (f"; {self.hidden_rows} hidden state rows (delete markers, superseded records)" if self.hidden_rows else "")
         kafka = ""
         if self.against_kafka is not None:
             k = self.against_kafka
@@ -131,6 +133,9 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     rows = _sink_keys(config, starts)
     dead = _with_current_epoch(dead_letters.coordinates_applied(config, _COORDS), starts)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
+    if config.sink.mode == "upsert" and sink is not None:
+        report.hidden_rows = rows.num_rows - current_rows(sink, [TOPIC]).num_rows
+        report.rows -= report.hidden_rows
 
     # 1. each (record, row index) at most once in the sink, each record at most once in the dead
     # letters, and no record in both
@@ -264,17 +269,24 @@ def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, 
 
 # ---- keyed sinks --------------------------------------------------------------------------------
 def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
-    """A keyed sink holds each key at most once."""
+    """A keyed sink shows each key at most once, and holds at most one state row (visible or
+    hidden, ``offsetlake.keyed``) per key and topic-partition."""
     table = open_table(config.sink_path)
     if table is None:
         return
-    keys = table.to_pyarrow_dataset().to_table(columns=config.sink.key)
-    dupes = _duplicates(keys, config.sink.key)
-    for d in dupes.slice(0, _SHOW).to_pylist():
-        shown = ", ".join(f"{c}={d[c]!r}" for c in config.sink.key)
-        report.problems.append(f"key {shown} has {d['count_all']} rows in the keyed sink")
-    if dupes.num_rows > _SHOW:
-        report.problems.append(f"... {dupes.num_rows - _SHOW} more keys with several rows")
+    key = config.sink.key
+    checks = [(current_rows(table, key), key, "rows in the keyed sink")]
+    if HIDDEN in table_schema(table).names:
+        checks.append((table.to_pyarrow_dataset().to_table(columns=[*key, TOPIC, PARTITION]), [*key, TOPIC, PARTITION],
+                       "state rows in the keyed sink"))
+    for keys, columns, what in checks:
+        dupes = _duplicates(keys, columns)
+        for d in dupes.slice(0, _SHOW).to_pylist():
+            shown = ", ".join(f"{c}={d[c]!r}" for c in key)
+            where = f" from {d[TOPIC]}[{d[PARTITION]}]" if TOPIC in columns else ""
+            report.problems.append(f"key {shown} has {d['count_all']} {what}{where}")
+        if dupes.num_rows > _SHOW:
+            report.problems.append(f"... {dupes.num_rows - _SHOW} more keys with several {what}")
 
 
 def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
@@ -308,8 +320,8 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
                 found["records"] += len(chunk)
     sink = open_table(config.sink_path)
     actual: dict[tuple, list[dict]] = {}
-    for r in sink.to_pyarrow_dataset().to_table().to_pylist() if sink is not None else []:
-        actual.setdefault(tuple(r[c] for c in config.sink.key), []).append(r)
+    for r in current_rows(sink).to_pylist() if sink is not None else []:
+        actual.setdefault(_key_of(r, config.sink.key), []).append(r)
     expected: dict[tuple, dict | None] = {}
     if chunks:
         spark = spark_session()
@@ -337,7 +349,7 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         for have in actual[key]:
             found["rows_checked"] += 1
             # a row written before a column was added reads null there: only values it holds compare
-            differs = [c for c in row if c in have and c != CHANGE and have[c] is not None and have[c] != row[c]]
+            differs = [c for c in row if c in have and c != CHANGE and have[c] is not None and not _same(have[c], row[c])]
             if (have[TOPIC], have[PARTITION], have[OFFSET]) != (row[TOPIC], row[PARTITION], row[OFFSET]):
                 differs.insert(0, "its record")
             if differs:
@@ -360,7 +372,7 @@ def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -
     by (offset, row index), then across topic-partitions by (timestamp, topic, partition, offset)."""
     last: dict[tuple, dict] = {}
     for r in rows:
-        k = tuple(r[c] for c in key)
+        k = _key_of(r, key)
         if any(v is None for v in k):
             continue
         at = (k, r[TOPIC], r[PARTITION])
@@ -373,6 +385,27 @@ def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -
         if seen is None or _order(r) > _order(seen):
             newest[k] = r
     return {k: (None if r.get(change) == delete else r) for k, r in newest.items()}
+
+
+class _NaN:
+    """The one stand-in for a NaN key value: NaN != NaN, so a dict keyed by it finds nothing
+    (issue 35, finding 10), while Spark's joins and groupings, and so the merge, take NaNs as equal."""
+
+    def __repr__(self) -> str:
+        return "nan"
+
+
+_NAN = _NaN()
+
+
+def _key_of(row: dict, key: list[str]) -> tuple:
+    """A row's key as a dict key: NaN values as ``_NAN``."""
+    return tuple(_NAN if isinstance(v, float) and v != v else v for v in (row[c] for c in key))
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values, a NaN equal to a NaN."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
 def _order(row: dict) -> tuple:

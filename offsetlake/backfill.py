@@ -19,7 +19,7 @@ import pyarrow.dataset as pads
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from offsetlake import dead_letters, storage
+from offsetlake import dead_letters, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
@@ -218,8 +218,10 @@ def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan:
     (SchemaChangeError) before anything is written."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    schema = evolved_schema(table, config, to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC",
-                                                           prefers_large_types=False), plan)
+    written = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
+    if config.sink.mode == "upsert":  # the merge writes hidden state rows too
+        written = keyed.with_hidden_column(written)
+    schema = evolved_schema(table, config, written, plan)
     return table if schema is None else add_columns_first(table, config, schema, plan)
 
 

@@ -3,16 +3,31 @@
 **The ordering rule.** Of two records of one key, the newer is the one at the higher offset when
 both come from the same topic-partition (Kafka orders a partition, and its default partitioner
 keeps a key in one partition). When they come from different topic-partitions, the newer is the
-one with the later Kafka timestamp, then the greater (topic, partition, offset). A batch first
-keeps each key's last record per topic-partition, then the newest of those by the cross-partition
-rule; that record is then compared with the key's current row by the same rule, using the
-row's own ``_kafka_*`` coordinates (which say which record it came from). A record replaces the
-row only if it is at least as new ("at least": the same record read again, by a retry or a
-backfill, replaces its own row, so applying a batch twice changes nothing).
+one with the later Kafka timestamp, then the greater (topic, partition, offset). A key's row is
+the newest, by that cross-partition rule, of the key's last records per topic-partition, over
+every committed record; rows carry their record's ``_kafka_*`` coordinates, which is how the
+merge compares them.
 
-**Deletes.** A record whose change is a delete (a tombstone, a Debezium ``d``) removes its key's
-row if it is newer than the row by the same rule; the key then has no row. A record whose key has
-a null column becomes a dead letter (``process``).
+**State rows: what the merge compares against (invariant 13).** The rule is not a total order
+over records (A(p0, ts 200) beats B(p1, ts 100), B beats C(p0, ts 50) by time, C beats A by
+offset), so a table that kept only each key's winner would depend on where batch boundaries
+fell. The sink therefore keeps, per key and topic-partition, the key's last record of that
+topic-partition (its *state row*); the key's visible row is the newest of its state rows by the
+cross-partition rule, unless that one is a delete. A state row that is not the visible row is
+hidden: ``HIDDEN`` (``_offsetlake_hidden``) says ``deleted`` (a delete marker: the key's last
+record of that topic-partition deletes it) or ``superseded`` (a newer record of another
+topic-partition is the row). Readers of an upsert sink keep the rows where ``HIDDEN`` is null
+(``current_rows``). A batch's last record of a key in a topic-partition replaces that state row
+if it is at least as new by offset ("at least": the same record read again, by a retry or a
+backfill, replaces its own row, so applying a batch twice changes nothing); then each touched
+key's visible row is chosen again. Keys that stay in one topic-partition have one state row;
+only deleted keys (a marker) and keys seen in several topic-partitions have hidden rows. The
+markers and hidden rows live in the sink's own files, so they are in the batch's one commit
+(invariant 2), travel with rewind and backfill, and compaction keeps them (``maintenance``).
+
+**Deletes.** A record whose change is a delete (a tombstone, a Debezium ``d``) becomes its key's
+delete marker for its topic-partition; the key has no visible row while a marker is its newest
+state row. A record whose key has a null column becomes a dead letter (``process``).
 
 **The merge** reads only the data files whose statistics (min/max of each key column, partition
 values) say they may hold a key of the batch, rewrites them with the batch applied — rows sorted
@@ -22,11 +37,15 @@ merge costs what the touched files hold, not the table's size, as long as files 
 ranges: the merge writes them sorted and range-partitioned by key.
 
 **Backfills** (``later_records``): a backfill of an old range must not bring back a record that a
-later one of the same key replaced or deleted. Before its merge, it reads from each range's start
-up to the committed end and drops every candidate whose key has a later record in the same
-topic-partition. (A key deleted from another partition is compared by the rule above against the
-row, which no longer exists: keys that move between partitions are outside what a backfill can
-order exactly, as they are outside what Kafka orders.)
+later one of the same key replaced or deleted. The state rows (markers included) already say so;
+for sinks written before state rows existed, it also reads from each range's start up to the
+committed end and drops every candidate whose key has a later record in the same
+topic-partition. A backfill replaces the state rows of the records it reprocesses (invariant 6):
+such a state row takes the key's last record of the range in that topic-partition even when it
+is at a lower offset (its own record is now a dead letter, or filtered). When the range holds no
+record of that key any more, the key's state there would be its last record before the range,
+which the backfill did not read: the backfill fails (``refuse_lost_state``) unless the range
+starts at the partition's log start, where the key then has no state row.
 """
 
 from __future__ import annotations
@@ -40,13 +59,37 @@ from deltalake import DeltaTable
 
 from offsetlake import staging
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC
-from offsetlake.errors import ConfigError
+from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, Selection
+from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
+from offsetlake.plan import BatchPlan, PartitionOffsets
 from offsetlake.sink import live_files, table_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+# The hidden-row column of an upsert sink (see the module docstring); null on the rows readers see.
+HIDDEN = "_offsetlake_hidden"
+DELETED = "deleted"  # a delete marker: the key's last record of its topic-partition deletes it
+SUPERSEDED = "superseded"  # the key's last record of its topic-partition; one of another is newer
+LATER = "_offsetlake_later"  # set by ``mark_later_records``; never a sink column
+
+
+def with_hidden_column(schema: pa.Schema) -> pa.Schema:
+    """An upsert sink's schema: the rows' columns and ``HIDDEN`` (nullable string)."""
+    return schema if HIDDEN in schema.names else schema.append(pa.field(HIDDEN, pa.string(), nullable=True))
+
+
+def current_rows(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
+    """The rows of an upsert sink that readers see: those whose ``HIDDEN`` is null (every row of
+    a sink written before hidden rows existed). What a user's query must do too:
+    ``WHERE _offsetlake_hidden IS NULL``."""
+    import pyarrow.compute as pc
+
+    dataset = table.to_pyarrow_dataset()
+    if HIDDEN not in dataset.schema.names:
+        return dataset.to_table(columns=columns)
+    return dataset.to_table(columns=columns, filter=pc.field(HIDDEN).is_null())
 
 
 def mark_tombstones(decoded: DataFrame) -> DataFrame:
@@ -85,29 +128,27 @@ def null_key_reason(config: PipelineConfig) -> Column | None:
     return reason
 
 
-def newest_per_key(rows: DataFrame, key: list[str]) -> DataFrame:
-    """One record per key: the last per topic-partition by offset (and by row index, for a
-    transform's several rows of one record), then the newest by (timestamp, topic, partition,
-    offset) across topic-partitions."""
+def last_per_partition(rows: DataFrame, key: list[str]) -> DataFrame:
+    """The batch's state rows: each key's last record per topic-partition, by offset (and by row
+    index, for a transform's several rows of one record). Which of them is the key's newest is
+    decided by the merge, together with the sink's state rows of the key."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     in_partition = [F.col(OFFSET).desc()] + ([F.col(ROW_INDEX).desc()] if ROW_INDEX in rows.columns else [])
     last = Window.partitionBy(*[F.col(f"`{c}`") for c in key], F.col(TOPIC), F.col(PARTITION)).orderBy(*in_partition)
-    across = Window.partitionBy(*[F.col(f"`{c}`") for c in key]).orderBy(
-        F.col(TIMESTAMP).desc_nulls_last(), F.col(TOPIC).desc(), F.col(PARTITION).desc(), F.col(OFFSET).desc())
-    return (rows.withColumn("_last", F.row_number().over(last)).where(F.col("_last") == 1).drop("_last")
-            .withColumn("_newest", F.row_number().over(across)).where(F.col("_newest") == 1).drop("_newest"))
+    return rows.withColumn("_last", F.row_number().over(last)).where(F.col("_last") == 1).drop("_last")
 
 
-def without_later_records(candidates: DataFrame, later: DataFrame, key: list[str]) -> DataFrame:
-    """``candidates`` minus those whose key has a record at a higher offset of the same
-    topic-partition in ``later`` (key columns + coordinates): a backfill never restores them."""
+def mark_later_records(candidates: DataFrame, later: DataFrame, key: list[str]) -> DataFrame:
+    """``candidates`` with ``LATER`` true on those whose key has a record at a higher offset of the
+    same topic-partition in ``later`` (key columns + coordinates): a backfill never restores them,
+    and the key's state row there, which a later record gave, is not the backfill's to replace."""
     from pyspark.sql import functions as F
 
-    last = later.groupBy(*key, TOPIC, PARTITION).agg(F.max(OFFSET).alias("_later"))
+    last = later.groupBy(*key, TOPIC, PARTITION).agg(F.max(OFFSET).alias("_later_offset"))
     joined = candidates.join(last, [*key, TOPIC, PARTITION], "left")
-    return joined.where(F.col("_later").isNull() | (F.col("_later") <= F.col(OFFSET))).drop("_later")
+    return joined.withColumn(LATER, F.coalesce(F.col("_later_offset") > F.col(OFFSET), F.lit(False))).drop("_later_offset")
 
 
 # ---- which files hold the batch's keys ---------------------------------------------------------
@@ -152,72 +193,165 @@ def _column_admits(file: dict[str, Any], column: str, values: list, partitioned:
 # ---- the merge ----------------------------------------------------------------------------------
 @dataclass
 class MergeCounts:
-    """What a merge did to the keys its batch touched."""
+    """What a merge did to the keys its batch touched (by their visible rows)."""
 
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
-    older: int = 0  # records not applied: the key's row came from a newer record
+    older: int = 0  # keys whose records changed no visible row: a newer record is the key's row
     files_rewritten: int = 0
-    rows_rewritten: int = 0  # rows of the rewritten files that stayed as they were
+    rows_rewritten: int = 0  # rows (hidden ones too) of the rewritten files of keys the batch did not touch
+    hidden: int = 0  # hidden rows (delete markers, superseded records) the merge writes for the touched keys
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
 
-def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable | None, winners: DataFrame,
-                files: list[dict[str, Any]]) -> tuple[DataFrame, MergeCounts, list[DataFrame]]:
-    """The rows the merge writes: every row of ``files`` with the batch's ``winners`` (one per
-    key, with CHANGE) applied by the ordering rule. Returns (rows, what it does to the keys,
-    the DataFrames it persisted: unpersist them once the rows are written)."""
+@dataclass
+class MergedRows:
+    """The merge's result: the rows to write (``rows_written`` of them), what it did, the
+    DataFrames it persisted (unpersist once the rows are written) and the state rows of
+    reprocessed records that no record of the batch replaces (see ``refuse_lost_state``)."""
+
+    rows: DataFrame
+    counts: MergeCounts
+    rows_written: int
+    cached: list[DataFrame]
+    lost_state: list[dict[str, Any]]  # per topic-partition: TOPIC, PARTITION, count, and one row's key + OFFSET
+
+
+def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable | None, states: DataFrame,
+                files: list[dict[str, Any]], replaces: Selection | None = None) -> MergedRows:
+    """Every state row of ``files`` with the batch's ``states`` (``last_per_partition``, with
+    CHANGE) applied, and each touched key's visible row chosen again (invariant 13).
+
+    Per key and topic-partition, the batch's record (unless ``mark_later_records`` marked it)
+    replaces the stored state row if its offset is at least the row's, or if the row came from a
+    record ``replaces`` selects (a backfill replaces the rows of what it reprocesses, invariant 6).
+    A stored state row that ``replaces`` selects and no record of the batch replaces is left out
+    and reported in ``lost_state`` (per topic-partition: how many, and one of them); the caller
+    must refuse the batch unless those rows may go (``refuse_lost_state``). The key's
+    visible row is then its newest state row by (timestamp, topic, partition, offset), unless that
+    one is a delete; every other state row is written hidden (``HIDDEN``). Rows of keys the batch
+    does not touch are written as they were."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
 
     key = config.sink.key
-    batch = winners.drop(CHANGE)
-    if table is None or not files:
-        inserts = winners.where(F.col(CHANGE) != DELETE).drop(CHANGE)
-        found = winners.agg(F.sum((F.col(CHANGE) != DELETE).cast("long")).alias("inserted")).first()
-        return inserts, MergeCounts(inserted=int((found and found["inserted"]) or 0)), []
-    schema = table_schema(table)
-    stored = staging.read_files(spark, config.sink_path, files, _spark_safe(schema), config.sink.partition_by)
-    have = {f.name: f.dataType for f in stored.schema.fields}
+    where = [*key, TOPIC, PARTITION]
+    batch = states.drop(CHANGE, LATER)
+    stored = None
+    if table is not None and files:
+        stored = staging.read_files(spark, config.sink_path, files, _spark_safe(table_schema(table)),
+                                    config.sink.partition_by)
+    have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
     new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
+    if HIDDEN not in have:
+        new[HIDDEN] = StringType()
+    types = {**have, **new}
     order = [*have, *new]
 
-    def struct(frame: DataFrame, types: dict) -> Column:
+    def struct(frame: DataFrame) -> Column:
         present = set(frame.columns)
         return F.struct(*[(F.col(f"`{c}`").cast(types[c]) if c in present else F.lit(None).cast(types[c])).alias(c)
                           for c in order])
 
-    types = {**have, **new}
-    b = winners.select(*[F.col(f"`{c}`") for c in key], struct(batch, types).alias("_b"), F.col(CHANGE))
-    s = stored.select(*[F.col(f"`{c}`") for c in key], struct(stored, types).alias("_s"))
-    joined = b.join(s, key, "full_outer")
+    later = F.col(LATER) if LATER in states.columns else F.lit(False)
+    b = states.select(*[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"),
+                      (F.col(CHANGE) == DELETE).alias("_b_delete"), later.alias("_b_later"))
+    if stored is None:  # nothing stored: an empty frame of the same shape keeps one code path
+        s = b.select(*where, F.col("_b").alias("_s"), F.lit(False).alias("_s_delete"), F.lit(False).alias("_s_visible"),
+                     F.lit(False).alias("_s_replaced")).where(F.lit(False))
+    else:
+        hidden = F.col(HIDDEN) if HIDDEN in have else F.lit(None).cast("string")
+        s = stored.select(*[F.col(f"`{c}`") for c in where], struct(stored).alias("_s"),
+                          F.coalesce(hidden == DELETED, F.lit(False)).alias("_s_delete"), hidden.isNull().alias("_s_visible"),
+                          (replaces.spark() if replaces is not None else F.lit(False)).alias("_s_replaced"))
+    joined = b.join(s, where, "full_outer")
     bt, st = F.col("_b"), F.col("_s")
+    replaced = F.coalesce(F.col("_s_replaced"), F.lit(False))
+    # a candidate a later record of its key replaced is never applied, and the key's state row
+    # there came from (or will come from) that later record: it is not lost
+    take_b = bt.isNotNull() & ~F.col("_b_later") & (st.isNull() | replaced | (bt[OFFSET] >= st[OFFSET]))
+    lost = bt.isNull() & replaced
+    joined = joined.select(
+        *where,
+        F.when(take_b, bt).when(lost, F.lit(None)).otherwise(st).alias("_state"),
+        F.when(take_b, F.col("_b_delete")).otherwise(F.coalesce(F.col("_s_delete"), F.lit(False))).alias("_delete"),
+        take_b.alias("_from_batch"), ((bt.isNotNull() & ~F.col("_b_later")) | lost).alias("_in_batch"),
+        F.coalesce(F.col("_s_visible"), F.lit(False)).alias("_was_visible"), lost.alias("_lost"),
+        st[OFFSET].alias("_stored_offset"))
+    state, delete, from_batch = F.col("_state"), F.col("_delete"), F.col("_from_batch")
     far_past = F.lit("0001-01-01 00:00:00").cast("timestamp")
-    same = (bt[TOPIC] == st[TOPIC]) & (bt[PARTITION] == st[PARTITION])
-    newer = F.when(same, bt[OFFSET] >= st[OFFSET]).otherwise(
-        F.struct(F.coalesce(bt[TIMESTAMP], far_past), bt[TOPIC], bt[PARTITION], bt[OFFSET])
-        >= F.struct(F.coalesce(st[TIMESTAMP], far_past), st[TOPIC], st[PARTITION], st[OFFSET]))
-    b_wins = bt.isNotNull() & (st.isNull() | newer)
-    delete = F.col(CHANGE) == DELETE
-    chosen = F.when(b_wins & delete, F.lit(None)).when(b_wins, bt).otherwise(st)
-    joined = joined.select(chosen.alias("_row"), b_wins.alias("_b_wins"), delete.alias("_delete"),
-                           bt.isNotNull().alias("_in_batch"), st.isNotNull().alias("_stored")).persist()
-    b_wins, delete, st_present, in_batch = F.col("_b_wins"), F.col("_delete"), F.col("_stored"), F.col("_in_batch")
+    per_key = Window.partitionBy(*[F.col(f"`{c}`") for c in key])
+    newest = per_key.orderBy(state.isNotNull().desc(), F.coalesce(state[TIMESTAMP], far_past).desc(),
+                             state[TOPIC].desc(), state[PARTITION].desc(), state[OFFSET].desc())
+    joined = joined.withColumn("_first", F.row_number().over(newest) == 1)
+    winner = F.col("_first") & state.isNotNull()
+    visible = winner & ~delete
+    joined = joined.select(
+        "*", visible.alias("_visible"),
+        F.max(F.col("_in_batch")).over(per_key).alias("_touched"),
+        F.max(F.col("_was_visible")).over(per_key).alias("_before"),
+        F.max(visible).over(per_key).alias("_after"),
+        F.max(winner & from_batch).over(per_key).alias("_batch_won"),
+        F.max(visible & F.col("_was_visible") & ~from_batch).over(per_key).alias("_kept_visible"),
+    ).persist()
+    touched, before, after = F.col("_touched"), F.col("_before"), F.col("_after")
+    once = F.col("_first") & touched  # one row per touched key
+    inserted = once & after & ~before
+    deleted = once & before & ~after
+    updated = once & before & after & (F.col("_batch_won") | ~F.col("_kept_visible"))
+    live = F.col("_state").isNotNull()
     found = joined.agg(
-        F.sum((b_wins & ~delete & ~st_present).cast("long")).alias("inserted"),
-        F.sum((b_wins & ~delete & st_present).cast("long")).alias("updated"),
-        F.sum((b_wins & delete & st_present).cast("long")).alias("deleted"),
-        F.sum((in_batch & ~b_wins).cast("long")).alias("older"),
-        F.sum((~in_batch).cast("long")).alias("kept"),
+        F.sum(inserted.cast("long")).alias("inserted"), F.sum(updated.cast("long")).alias("updated"),
+        F.sum(deleted.cast("long")).alias("deleted"),
+        F.sum((once & ~inserted & ~deleted & ~updated & ~F.col("_batch_won")).cast("long")).alias("older"),
+        F.sum((live & ~touched).cast("long")).alias("kept"),
+        F.sum((live & touched & ~F.col("_visible")).cast("long")).alias("hidden"),
+        F.sum(live.cast("long")).alias("written"),
     ).first()
     assert found is not None
     counts = MergeCounts(inserted=int(found["inserted"] or 0), updated=int(found["updated"] or 0),
                          deleted=int(found["deleted"] or 0), older=int(found["older"] or 0),
-                         files_rewritten=len(files), rows_rewritten=int(found["kept"] or 0))
-    rows = joined.where(F.col("_row").isNotNull()).select("_row.*")
-    return rows, counts, [joined]
+                         files_rewritten=len(files), rows_rewritten=int(found["kept"] or 0),
+                         hidden=int(found["hidden"] or 0))
+    example = F.first(F.struct(*[F.col(f"`{c}`") for c in key], F.col("_stored_offset").alias(OFFSET)))
+    lost_state = [{TOPIC: r[TOPIC], PARTITION: r[PARTITION], "count": r["count"], **r["example"].asDict()}
+                  for r in joined.where(F.col("_lost")).groupBy(TOPIC, PARTITION)
+                  .agg(F.count("*").alias("count"), example.alias("example")).collect()]
+    hidden_as = F.when(F.col("_visible"), F.lit(None)).when(delete, F.lit(DELETED)).otherwise(F.lit(SUPERSEDED))
+    rows = joined.where(live).select(state.withField(HIDDEN, hidden_as).alias("_row")).select("_row.*")
+    return MergedRows(rows, counts, int(found["written"] or 0), [joined], lost_state)
+
+
+def refuse_lost_state(config: PipelineConfig, plan: BatchPlan, lost_state: list[dict[str, Any]],
+                      log_starts: dict[tuple[str, int], PartitionOffsets]) -> None:
+    """Raise BackfillParamsError if a key's state row came from a record ``plan`` reprocesses that
+    no longer gives a row (now a dead letter, or filtered) and the range holds no other record of
+    that key in that topic-partition, unless the range starts at the partition's log start: the
+    key's state there is then its last record before the range, which the backfill did not read.
+    The audit would otherwise find the record both a row and a dead letter (issue 35, finding 10).
+    Where the range starts at the log start, Kafka holds no earlier record of the key there, and
+    the key has no state row in that topic-partition (what one pass over today's topic gives)."""
+    starts = {(r.topic, r.partition): r.start for r in plan.ranges}
+    blocking = [row for row in lost_state
+                if starts.get((row[TOPIC], row[PARTITION]), 0) > log_starts[(row[TOPIC], row[PARTITION])].log_start]
+    if not blocking:
+        return
+    first = blocking[0]
+    topic, partition = first[TOPIC], first[PARTITION]
+    shown = ", ".join(f"{c}={first[c]!r}" for c in config.sink.key)
+    more = sum(row["count"] for row in blocking) - 1
+    raise BackfillParamsError(
+        f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: key {shown}'s row (or hidden state row) "
+        f"came from {topic}[{partition}] offset {first[OFFSET]}, which this backfill reprocesses and which no longer gives "
+        f"a row (it is now a dead letter, or the transform drops it), and the range holds no other record of that key "
+        f"in {topic}[{partition}]{f' ({more} more such keys)' if more else ''}. The key's row "
+        f"would have to come from its last record before offset {starts[(topic, partition)]}, which this backfill does "
+        f"not read. Nothing was committed. Way forward: backfill {topic}[{partition}] from its log start (offset "
+        f"{log_starts[(topic, partition)].log_start})")
 
 
 def _spark_safe(schema: pa.Schema) -> pa.Schema:

@@ -86,8 +86,10 @@ def _maintain_table(
     try:
         if label == "sink" and config.sink.mode == "upsert":
             # a keyed sink's merges prune files by their key ranges: compaction sorts by the key
-            # (z-order over one column is a sort), so files keep narrow, disjoint ranges; deleted
-            # keys are in no live file, so no compaction can bring one back
+            # (z-order over one column is a sort), so files keep narrow, disjoint ranges; it keeps
+            # every row as it is, hidden state rows too: a delete marker is what keeps a deleted
+            # key from coming back (``offsetlake.keyed``), and nothing bounds when a record of
+            # its key may still arrive from another partition, so no marker is ever dropped
             metrics = table.optimize.z_order(config.sink.key)
         else:
             metrics = table.optimize.compact(partition_filters=mine)

@@ -165,6 +165,8 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     processed.rows = rows
     if processed.rows_schema is None:
         processed.rows_schema = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
+        if upsert:  # the merge writes hidden state rows (``keyed.HIDDEN``)
+            processed.rows_schema = keyed.with_hidden_column(processed.rows_schema)
     return processed
 
 
@@ -353,29 +355,34 @@ class StagedMerge:
 
 def stage_merge(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession,
                 table: Any, later: DataFrame | None = None) -> StagedMerge:
-    """An upsert batch (``offsetlake.keyed``): the newest record per key (minus those a ``later``
-    record of their key replaced, for a backfill), the live files of ``table`` that may hold those
-    keys, and new files holding those files' rows with the batch applied, sorted by key."""
+    """An upsert batch (``offsetlake.keyed``): the last record per key and topic-partition (minus
+    those a ``later`` record of their key replaced, for a backfill), the live files of ``table``
+    that may hold those keys, and new files holding those files' rows with the batch applied,
+    sorted by key. Raises BackfillParamsError when a backfill would have to bring a key back to a
+    record before its range (``keyed.refuse_lost_state``)."""
     t = time.monotonic()
     key = config.sink.key
-    winners = keyed.newest_per_key(processed.rows, key)
+    states = keyed.last_per_partition(processed.rows, key)
     if later is not None:
-        winners = keyed.without_later_records(winners, later, key)
-    winners = winners.persist()
-    processed.cached.append(winners)
-    keys = winners.select(*[f"`{c}`" for c in key]).toArrow()
+        states = keyed.mark_later_records(states, later, key)
+    states = states.persist()
+    processed.cached.append(states)
+    keys = states.select(*[f"`{c}`" for c in key]).distinct().toArrow()
     removed = keyed.files_holding(table, keys, config) if table is not None else []
-    rows, counts, cached = keyed.merged_rows(spark, config, table, winners, removed)
-    processed.cached.extend(cached)
-    total = counts.rows_rewritten + counts.inserted + counts.updated
+    merged = keyed.merged_rows(spark, config, table, states, removed, Selection.of(plan))
+    processed.cached.extend(merged.cached)
+    if merged.lost_state:  # only a backfill reprocesses records whose state rows are stored
+        from offsetlake.kafka import current_offsets
+
+        keyed.refuse_lost_state(config, plan, merged.lost_state, current_offsets(config))
     from pyspark.sql import functions as F
 
-    ordered = rows.repartitionByRange(keyed.file_count(total, config),
-                                      *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]])
+    ordered = merged.rows.repartitionByRange(keyed.file_count(merged.rows_written, config),
+                                             *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]])
     processed.timings_ms["merge"] = log_step("merge", plan, t, keys=keys.num_rows, files_read=len(removed),
-                                             **{k: v for k, v in counts.as_dict().items() if k != "files_rewritten"})
+                                             **{k: v for k, v in merged.counts.as_dict().items() if k != "files_rewritten"})
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
-    return StagedMerge(files, removed, counts)
+    return StagedMerge(files, removed, merged.counts)
 
 
 def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
@@ -384,7 +391,7 @@ def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     to the committed ``ends`` (from each range's end; from its start for a backfill by time, whose
     window leaves later records inside the range), read and decoded as the batch's are. A
     candidate whose key has one of these at a higher offset of its partition is not applied
-    (``keyed.without_later_records``). None when there is nothing after."""
+    (``keyed.mark_later_records``). None when there is nothing after."""
     from pyspark.sql import functions as F
 
     from offsetlake.coordinates import OFFSET

@@ -167,3 +167,34 @@ def replay_by_key(records: list[Record], key_of: Callable[[Record], object | Non
         else:
             table[key] = row
     return table
+
+
+def newest_by_key(records: list[Record], key_of: Callable[[Record], object | None],
+                  row_of: Callable[[Record], dict | None]) -> dict[object, dict]:
+    """The table a keyed sink must hold by the README's ordering rule, for keys that may live in
+    several partitions: each key's last record per partition (by offset), then the newest of
+    those by (timestamp, partition, offset); ``row_of`` returns None for a delete, and a key whose
+    newest record is a delete has no row. Records whose key is None are skipped. One topic only."""
+    last: dict[tuple[object, int], Record] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        key = key_of(r)
+        if key is not None:
+            last[(key, r.partition)] = r
+    newest: dict[object, Record] = {}
+    for (key, _), r in last.items():
+        seen = newest.get(key)
+        if seen is None or (r.timestamp_ms, r.partition, r.offset) > (seen.timestamp_ms, seen.partition, seen.offset):
+            newest[key] = r
+    table = {key: row_of(r) for key, r in newest.items()}
+    return {key: row for key, row in table.items() if row is not None}
+
+
+HIDDEN_COLUMN = "_offsetlake_hidden"  # an upsert sink's delete markers and superseded records (README)
+
+
+def keyed_sink_rows(path: str) -> list[dict]:
+    """The rows a reader of an upsert sink sees: ``_offsetlake_hidden IS NULL``, as the README says."""
+    dataset = storage.table(path).to_pyarrow_dataset()
+    if HIDDEN_COLUMN not in dataset.schema.names:
+        return dataset.to_table().to_pylist()
+    return dataset.to_table(filter=pc.field(HIDDEN_COLUMN).is_null()).to_pylist()
