@@ -62,6 +62,11 @@ class CommitConflictError(OffsetlakeError):
     """Invariant 10: another writer committed the same range first."""
 
 
+class SinkOwnedError(OffsetlakeError):
+    """Invariant 16: the sink table belongs to another pipeline (its history holds that
+    pipeline's commits); nothing was committed. One pipeline with ``topics:`` merges topics."""
+
+
 class TransformError(OffsetlakeError):
     """The pipeline's transform failed or dropped the Kafka coordinate columns."""
 
