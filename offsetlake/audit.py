@@ -152,8 +152,11 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
 
     # 4. txn versions equal the ledger's last committed ends
     ledger_ends: dict[tuple[str, int], int] = {}
+    # the batches of an earlier sink table (a new sink.table, a sink re-created) stay in the
+    # ledger as history; only this table's count (invariant 16)
+    in_table = {c.batch_id for c in commits}
     for row in Ledger.of(config).batches_as_reconciled(commits):  # a ledger write a crash left out is not a problem
-        if BatchStatus(row["status"]).committed and row["kind"] in OFFSET_MOVING_KINDS:
+        if BatchStatus(row["status"]).committed and row["kind"] in OFFSET_MOVING_KINDS and row["batch_id"] in in_table:
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
     for tp in sorted(set(by_tp) | set(ledger_ends)):

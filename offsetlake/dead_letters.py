@@ -416,17 +416,17 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
     sink = sink_table(config)
     empty = DEAD_LETTER_SCHEMA.empty_table().select(columns)
     rows = table.to_pyarrow_dataset().to_table(columns=columns) if table is not None else empty
-    if table is None or sink is None:
+    if sink is None:
         return rows
     changes = pending(config, sink)
-    if changes and not _follows(table, sink):  # the rows of the sink table's own last state
+    if changes and table is not None and not _follows(table, sink):  # the rows of the sink table's own last state
         applied = applied_through(table, sink)
         start = 0 if applied < 0 else _version_as_of(table, sink, applied)
         if start is not None:
             rows = storage.table(config.dead_letter_path, version=start).to_pyarrow_dataset().to_table(columns=columns)
     for change in changes:
         if RESTORE in change.entry:
-            version = _version_as_of(table, sink, int(change.entry[RESTORE]["to_sink_version"]))
+            version = None if table is None else _version_as_of(table, sink, int(change.entry[RESTORE]["to_sink_version"]))
             if version is None:
                 rows = rows.filter(~pc.field("batch_id").isin(list(change.entry.get("rewound", [])))) \
                     if "batch_id" in columns else rows

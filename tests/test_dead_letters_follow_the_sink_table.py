@@ -15,16 +15,20 @@ with customer optional, so those 12 are rows now and 6 truncated records are its
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kafka_truth import assert_exactly_once, dead_letter_coordinates, read_topic
 from s3_tools import delete_tree
 
-from offsetlake import storage
+from offsetlake import dead_letters, failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import SchemaChangeError
+from offsetlake.history import sink_commits
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
+from offsetlake.sink import CommitActions, add_actions_for, commit, create_table_once, txns_for
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
 CUSTOMER_REQUIRED = {"type": "json", "schema": SCHEMA, "required": ["order_id", "customer"]}
@@ -73,5 +77,66 @@ def test_a_deleted_and_recreated_sink_table_starts_with_its_own_dead_letters(pip
     _old_table(pipeline, spark)
     config = pipeline.write(format=ORDER_ID_REQUIRED, max_records_per_batch=20)
     delete_tree(config.sink_path)  # start over: the sink folder is deleted, the next run re-creates it
-    assert len(run_pipeline(config, RunContext("recreated"), lambda: spark)) == 6
+    assert len(run_pipeline(config, RunContext("recreated"), lambda: spark, max_batches=2)) == 2
+    report = audit_pipeline(config)  # behind the old table's ends: the old table's batches do not count
+    assert report.ok, report.text()
+    assert report.committed == {(pipeline.topic, 0): 40}
+    assert len(run_pipeline(config, RunContext("recreated-rest"), lambda: spark)) == 4
     _exactly_once_in_the_new_table(pipeline, config)
+
+
+def _apply_as_the_old_code_did(config) -> None:
+    """The dead-letter commit the code before sink table ids made for the sink's newest change: the
+    staged files added, the entry without a table id, the unkeyed marker txn ``sink``."""
+    sink = storage.table(config.sink_path)
+    change = sink_commits(sink, config.name)[-1]
+    table = create_table_once(config.dead_letter_path, dead_letters.DEAD_LETTER_SCHEMA, [], "dead letters")
+    files = add_actions_for(config.dead_letter_path, [s["path"] for s in change.entry[dead_letters.STAGED]])
+    commit(table, CommitActions(files=list(files.actions), txns=txns_for([("sink", change.version)])),
+           {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters", "sink_version": change.version},
+           partition_by=None)
+
+
+def _crash(_name: str) -> None:
+    raise failpoints.SimulatedCrash()
+
+
+def _order_id_with_customer(value: bytes) -> int:
+    order = json.loads(value)
+    if order.get("customer") is None:
+        raise ValueError("no customer: a dead letter where the schema requires one")
+    return int(order["order_id"])
+
+
+def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pipeline, spark):
+    """A lake written by the old code: its unkeyed marker is adopted by the sink table it was
+    written for (that change is not applied twice, and its dead letters come back when the
+    pipeline returns to that table), never by a new one (whose first change would be skipped)."""
+    old = pipeline.write(max_records_per_batch=100)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100, partition=0, malformed_every=10, null_customer_every=5)
+    with failpoints.on("after_commit", _crash), pytest.raises(failpoints.SimulatedCrash):
+        run_pipeline(old, RunContext("old-code"), lambda: spark)
+    _apply_as_the_old_code_did(old)
+    applied_by_hand = storage.table(old.dead_letter_path).version()
+    assert len(dead_letter_coordinates(old.dead_letter_path)) == 10
+
+    # a new table whose first batch has other dead letters: 10 truncated + 20 without a customer
+    new_table = storage.child(pipeline.lake_uri or str(pipeline.lake), "orders_v2")
+    v2 = pipeline.write(format=CUSTOMER_REQUIRED, max_records_per_batch=100, sink={"table": new_table})
+    run_pipeline(v2, RunContext("v2"), lambda: spark)
+    assert_exactly_once(v2, read_topic(pipeline.bootstrap, pipeline.topic, order_id=_order_id_with_customer))
+    assert len(dead_letter_coordinates(v2.dead_letter_path)) == 30
+    report = audit_pipeline(v2, against_kafka=True)
+    assert report.ok, report.text()
+
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100, partition=0, first_id=100)
+    back = pipeline.write(max_records_per_batch=100)  # back to the first table: its own dead letters return
+    run_pipeline(back, RunContext("back"), lambda: spark)
+    assert_exactly_once(back, read_topic(pipeline.bootstrap, pipeline.topic))
+    report = audit_pipeline(back, against_kafka=True)
+    assert report.ok, report.text()
+    first_batch = sink_commits(storage.table(old.sink_path), old.name)[0].batch_id
+    applies = [i for i in storage.table(old.dead_letter_path).history()
+               if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand]
+    assert applies == [], "the change the old code applied is adopted, never applied again"
