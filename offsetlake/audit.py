@@ -32,8 +32,11 @@ from offsetlake.kafka import current_offsets, read_range
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
+from offsetlake.topic_epochs import added_versions, check_pipeline_identity, epoch_at, epoch_starts
 
 _COORDS = list(RECORD_KEY)
+EPOCH_OF = "_topic_epoch"  # the audit's own column: which epoch of its topic a row's record belongs to
+_KEY = [*_COORDS, EPOCH_OF]
 _SHOW = 10
 
 
@@ -64,6 +67,9 @@ class AuditReport:
                      f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
                      f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
                      f"the transform; {k['past_retention']} committed offsets are past retention (not checked)")
+            if k.get("earlier_epochs"):
+                kafka += (f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
+                          "(their records are gone from Kafka: not checked)")
         if self.ok:
             ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
             return (
@@ -73,16 +79,42 @@ class AuditReport:
         return f"{head}\nFAILED ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems) + kafka
 
 
-def _sink_keys(config: PipelineConfig) -> pa.Table:
-    """Coordinates (and ``_kafka_row`` where the sink has it, -1 for rows without one) of every row."""
+def _sink_keys(config: PipelineConfig, starts: dict[str, list[int]]) -> pa.Table:
+    """Coordinates (and ``_kafka_row`` where the sink has it, -1 for rows without one) of every row,
+    with the epoch of its topic its record belongs to (``EPOCH_OF``): the epoch of the commit that
+    added its file (``offsetlake.topic_epochs``), so rows of a re-created topic's old records never
+    stand for its new ones (invariant 16)."""
     table = open_table(config.sink_path)
     if table is None:
         return pa.table({TOPIC: pa.array([], pa.string()), PARTITION: pa.array([], pa.int32()),
-                         OFFSET: pa.array([], pa.int64()), ROW_INDEX: pa.array([], pa.int32())})
+                         OFFSET: pa.array([], pa.int64()), EPOCH_OF: pa.array([], pa.int32()),
+                         ROW_INDEX: pa.array([], pa.int32())})
     has_index = ROW_INDEX in table_schema(table).names
-    data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *([ROW_INDEX] if has_index else [])])
+    data = table.to_pyarrow_dataset().to_table(
+        columns=[*_COORDS, *([ROW_INDEX] if has_index else []), *(["__filename"] if starts else [])])
     index = pc.fill_null(data[ROW_INDEX], -1) if has_index else pa.array(np.full(data.num_rows, -1), pa.int32())
-    return data.select(_COORDS).append_column(ROW_INDEX, index.cast(pa.int32()))
+    epochs = np.zeros(data.num_rows, np.int32)
+    if starts:
+        added = added_versions(table, min(v for versions in starts.values() for v in versions))
+        names = [name.rsplit("/", 1)[-1] for name in data["__filename"].to_pylist()]
+        for i, (topic, name) in enumerate(zip(data[TOPIC].to_pylist(), names, strict=True)):
+            if topic in starts:
+                epochs[i] = epoch_at(starts[topic], added.get(name, -1))
+    return data.select(_COORDS).append_column(EPOCH_OF, pa.array(epochs, pa.int32())).append_column(
+        ROW_INDEX, index.cast(pa.int32()))
+
+
+def _with_current_epoch(table: pa.Table, starts: dict[str, list[int]]) -> pa.Table:
+    """Dead letters with the epoch column: each in its topic's current epoch (the dead-letter table
+    does not say which epoch a dead letter's record came from)."""
+    current = [len(starts.get(t, [])) for t in table[TOPIC].to_pylist()] if starts else [0] * table.num_rows
+    return table.append_column(EPOCH_OF, pa.array(current, pa.int32()))
+
+
+def _current_epoch_only(table: pa.Table, starts: dict[str, list[int]]) -> pa.Table:
+    """The rows of ``table`` whose record belongs to its topic's current epoch, without the epoch column."""
+    current = pa.array([len(starts.get(t, [])) for t in table[TOPIC].to_pylist()], pa.int32())
+    return table.filter(pc.equal(table[EPOCH_OF], current)).drop_columns([EPOCH_OF])
 
 
 def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
@@ -95,13 +127,14 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     report = AuditReport(config.name)
     sink = open_table(config.sink_path)
     commits = sink_commits(sink, config.name)
-    rows = _sink_keys(config)
-    dead = dead_letters.coordinates_applied(config, _COORDS)
+    starts = epoch_starts(commits)  # a topic re-created under the pipeline: its epochs are kept apart
+    rows = _sink_keys(config, starts)
+    dead = _with_current_epoch(dead_letters.coordinates_applied(config, _COORDS), starts)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
 
     # 1. each (record, row index) at most once in the sink, each record at most once in the dead
     # letters, and no record in both
-    for label, table, columns in (("sink", rows, [*_COORDS, ROW_INDEX]), ("dead letters", dead, _COORDS)):
+    for label, table, columns in (("sink", rows, [*_KEY, ROW_INDEX]), ("dead letters", dead, _KEY)):
         dupes = _duplicates(table, columns)
         for d in dupes.slice(0, _SHOW).to_pylist():
             which = f" row {d[ROW_INDEX]}" if d.get(ROW_INDEX, -1) >= 0 else ""
@@ -111,69 +144,127 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
             report.problems.append(f"... {dupes.num_rows - _SHOW} more duplicated coordinates in {label}")
     if config.sink.mode == "upsert":
         _check_keys_once(config, report)
-    records = rows.select(_COORDS).group_by(_COORDS).aggregate([])
-    both = records.join(dead.select(_COORDS).cast(records.schema), _COORDS, join_type="inner")
+    records = rows.select(_KEY).group_by(_KEY).aggregate([])
+    both = records.join(dead.select(_KEY).cast(records.schema), _KEY, join_type="inner")
     for d in both.slice(0, _SHOW).to_pylist():
         report.problems.append(f"{d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]} is both a sink row and a dead letter")
 
-    # 2. committed ranges per partition are contiguous with no overlap (ingest, stream and gap
-    # batches; batches a later rewind commit undid no longer count: their offsets are read again)
+    # 2. committed ranges per partition (and epoch of its topic) are contiguous with no overlap
+    # (ingest, stream and gap batches, from the epoch commit that opened the epoch if any; batches
+    # a later rewind commit undid no longer count: their offsets are read again)
     rewound = rewound_batches(commits)
-    by_tp: dict[tuple[str, int], list[tuple[int, int, str, str]]] = {}
+    by_tp: dict[tuple[str, int, int], list[tuple[int, int, str, str]]] = {}
     for c in commits:
-        if c.kind not in OFFSET_MOVING_KINDS or c.batch_id in rewound:
+        if (c.kind not in OFFSET_MOVING_KINDS and c.kind != BatchKind.EPOCH) or c.batch_id in rewound:
             continue
         for r in c.entry["ranges"]:
-            by_tp.setdefault((r["topic"], r["partition"]), []).append((r["start"], r["end"], c.batch_id, c.kind))
-    covered: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    gaps: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            epoch = epoch_at(starts.get(r["topic"], []), c.version)
+            by_tp.setdefault((r["topic"], r["partition"], epoch), []).append((r["start"], r["end"], c.batch_id, c.kind))
+    covered: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    gaps: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
     for tp, ranges in by_tp.items():
         ranges.sort()
         previous = None
         for start, end, batch, kind in ranges:
             if previous is not None and start != previous[1]:
                 word = "overlap" if start < previous[1] else "gap"
+                which = f" (epoch {tp[2]} of the topic)" if tp[2] else ""
                 report.problems.append(
-                    f"{word} in committed ranges of {tp[0]}[{tp[1]}]: batch {previous[2]} ends at {previous[1]}, "
-                    f"batch {batch} starts at {start}"
+                    f"{word} in committed ranges of {tp[0]}[{tp[1]}]{which}: batch {previous[2]} ends "
+                    f"at {previous[1]}, batch {batch} starts at {start}"
                 )
             (gaps if kind == BatchKind.GAP else covered).setdefault(tp, []).append((start, end))
             previous = (start, end, batch)
 
     # 3. every sink row and dead letter lies inside a committed (non-gap) range
     for label, table in (("sink row", records), ("dead letter", dead)):
-        for (topic, partition), group in _group_offsets(table).items():
-            stray = _outside(group, covered.get((topic, partition), []))
+        for (topic, partition, epoch), group in _group_offsets(table, [EPOCH_OF]).items():
+            stray = _outside(group, covered.get((topic, partition, epoch), []))
             if stray:
                 report.problems.append(
                     f"{len(stray)} {label}(s) of {topic}[{partition}] outside every committed range, "
                     f"e.g. offsets {', '.join(map(str, stray[:5]))}"
                 )
 
-    # 4. txn versions equal the ledger's last committed ends
+    # 4. txn versions equal the ledger's last committed ends (of each topic's current epoch)
     ledger_ends: dict[tuple[str, int], int] = {}
     # the batches of an earlier sink table (a new sink.table, a sink re-created) stay in the
     # ledger as history; only this table's count (invariant 16)
     in_table = {c.batch_id for c in commits}
     for row in Ledger.of(config).batches_as_reconciled(commits):  # a ledger write a crash left out is not a problem
-        if BatchStatus(row["status"]).committed and row["kind"] in OFFSET_MOVING_KINDS and row["batch_id"] in in_table:
+        if not BatchStatus(row["status"]).committed or (row["kind"] not in OFFSET_MOVING_KINDS and row["kind"] != BatchKind.EPOCH):
+            continue
+        if row["batch_id"] not in in_table:
+            continue
+        topic_starts = starts.get(row["topic"], [])
+        if epoch_at(topic_starts, row["sink_version"] if row["sink_version"] is not None else -1) == len(topic_starts):
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
-    for tp in sorted(set(by_tp) | set(ledger_ends)):
-        txn = committed_end(sink, config, *tp)
+    for key in sorted({(t, p) for t, p, _ in by_tp} | set(ledger_ends)):
+        txn = committed_end(sink, config, *key)
         if txn is not None:
-            report.committed[tp] = txn
-        if txn != ledger_ends.get(tp):
+            report.committed[key] = txn
+        if txn != ledger_ends.get(key):
             report.problems.append(
-                f"{tp[0]}[{tp[1]}]: sink txn version is {txn} but the ledger's last committed end is "
-                f"{ledger_ends.get(tp)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
+                f"{key[0]}[{key[1]}]: sink txn version is {txn} but the ledger's last committed end is "
+                f"{ledger_ends.get(key)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
             )
 
-    if against_kafka and config.sink.mode == "upsert":
-        _check_keyed_against_kafka(config, report, covered)
-    elif against_kafka:
-        _check_against_kafka(config, report, records, dead, covered, gaps)
+    # 5. the rows and dead letters each batch's range holds are what its entry says it wrote
+    if config.sink.mode == "append":
+        _check_counts_match_entries(commits, rewound, starts, rows, dead, report)
+
+    if against_kafka:
+        # invariant 16: offsets are compared with records only where they mean the same records
+        check_pipeline_identity(config, sink, current_offsets(config))
+        current = {(t, p): spans for (t, p, e), spans in covered.items() if e == len(starts.get(t, []))}
+        earlier = sum(e - s for (t, _, epoch), spans in covered.items() if epoch < len(starts.get(t, []))
+                      for s, e in spans)
+        if config.sink.mode == "upsert":
+            _check_keyed_against_kafka(config, report, current, earlier)
+        else:
+            _check_against_kafka(config, report, _current_epoch_only(records, starts), _current_epoch_only(dead, starts),
+                                 current, {(t, p): g for (t, p, e), g in gaps.items() if e == len(starts.get(t, []))})
+        report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
     return report
+
+
+# ---- counts against the entries --------------------------------------------------------------
+_WRITING_KINDS = frozenset({BatchKind.INGEST, BatchKind.STREAM, BatchKind.BACKFILL})
+
+
+def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, list[int]], rows: pa.Table,
+                                dead: pa.Table, report: AuditReport) -> None:
+    """Per batch and range, the sink rows and dead letters a scan finds equal the ``rows_written``
+    and ``dead_letters`` its entry recorded — for every range no later commit replaced in part
+    (a backfill replaces its range; a backfill by record time only the rows in its window, so a
+    range it touched is not checked, nor is that backfill's). This is how a committed file that
+    lost rows after its task counted them shows without Kafka (issue 35, finding 1). Rows are
+    counted in the topic epoch of the commit (``offsetlake.topic_epochs``)."""
+    writes = [c for c in sorted(commits, key=lambda c: c.version)
+              if c.kind in _WRITING_KINDS and c.batch_id not in rewound]
+    seen = {label: _group_offsets(table, [EPOCH_OF]) for label, table in (("rows_written", rows), ("dead_letters", dead))}
+    for i, commit in enumerate(writes):
+        later = [(r["topic"], r["partition"], r["start"], r["end"])
+                 for c in writes[i + 1:] if c.kind == BatchKind.BACKFILL for r in c.entry["ranges"]]
+        if commit.entry.get("record_time") is not None:
+            continue
+        for r in commit.entry["ranges"]:
+            tp = (r["topic"], r["partition"])
+            if any((t, p) == tp and s < r["end"] and e > r["start"] for t, p, s, e in later):
+                continue
+            epoch = epoch_at(starts.get(tp[0], []), commit.version)
+            for label, counted in seen.items():
+                if label not in r:
+                    continue
+                offsets = np.sort(counted.get((*tp, epoch), np.array([], np.int64)))
+                found = int(np.searchsorted(offsets, r["end"]) - np.searchsorted(offsets, r["start"]))
+                if found != r[label]:
+                    what = "sink rows" if label == "rows_written" else "dead letters"
+                    report.problems.append(
+                        f"{tp[0]}[{tp[1]}] [{r['start']}, {r['end']}) of batch {commit.batch_id}: the ledger says "
+                        f"{r[label]} {what} were written, the {'sink' if label == 'rows_written' else 'dead-letter table'} "
+                        f"holds {found}")
 
 
 # ---- keyed sinks --------------------------------------------------------------------------------
@@ -192,7 +283,7 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
 
 
 def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
-                               covered: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
+                               covered: dict[tuple[str, int], list[tuple[int, int]]], earlier_epochs: int = 0) -> None:
     """Each key's row is the newest record of that key up to the committed ends, and a key whose
     newest record is a delete has no row: the committed records are read back with a plain
     consumer, decoded as the pipeline decodes them, and replayed here by the ordering rule
@@ -258,7 +349,8 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
                 wrong.append(f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
                              f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
                              f"{have[OFFSET]})")
-    if not found["past_retention"]:  # with records past retention, a row's record may be gone from Kafka
+    # with records past retention or of a topic's earlier epoch, a row's record may be gone from Kafka
+    if not found["past_retention"] and not earlier_epochs:
         for key in actual:
             if key not in expected:
                 shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
@@ -423,12 +515,15 @@ def _outside(offsets: np.ndarray, spans: list[tuple[int, int]]) -> list[int]:
     return offsets[~inside].tolist()
 
 
-def _group_offsets(table: pa.Table) -> dict[tuple[str, int], np.ndarray]:
+def _group_offsets(table: pa.Table, more: list[str] | None = None) -> dict[tuple, np.ndarray]:
+    """Offsets of ``table`` per (topic, partition, *more)."""
     if table.num_rows == 0:
         return {}
-    out: dict[tuple[str, int], np.ndarray] = {}
-    keys = table.group_by([TOPIC, PARTITION]).aggregate([]).to_pylist()
-    for key in keys:
+    columns = [TOPIC, PARTITION, *(more or [])]
+    out: dict[tuple, np.ndarray] = {}
+    for key in table.group_by(columns).aggregate([]).to_pylist():
         mask = pc.and_(pc.equal(table[TOPIC], key[TOPIC]), pc.equal(table[PARTITION], key[PARTITION]))
-        out[(key[TOPIC], key[PARTITION])] = table.filter(mask)[OFFSET].to_numpy()
+        for column in more or []:
+            mask = pc.and_(mask, pc.equal(table[column], key[column]))
+        out[tuple(key[c] for c in columns)] = table.filter(mask)[OFFSET].to_numpy()
     return out

@@ -1,4 +1,5 @@
-"""``offsetlake`` command line: run, stream, backfill, rewind, status, ledger, ledger rebuild, audit, maintenance.
+"""``offsetlake`` command line: run, stream, backfill, rewind, topic reset-epoch, status, ledger, ledger rebuild, audit,
+maintenance.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -144,6 +145,26 @@ def build_parser() -> argparse.ArgumentParser:
     rewind.add_argument("--dry-run", action="store_true",
                         help="print the batches, files, txn versions and dead letters that would change; write nothing")
     rewind.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    topic = commands.add_parser(
+        "topic", parents=[common], help="operator actions on one topic of a pipeline: `topic reset-epoch`",
+        description="`offsetlake topic reset-epoch PIPELINE --topic T --reason WHY`: after topic T was deleted and "
+        "created again (or the cluster changed, or an unclean leader election truncated its log), runs refuse "
+        "because the pipeline's committed ends no longer belong to the topic Kafka has. This records it: ONE sink "
+        "commit moves T's committed ends to its new log start, with a ledger entry naming the old and new topic id, "
+        "every move, who asked and why. The rows already in the sink stay. Refused (nothing written) when T looks "
+        "unchanged, unless --force.",
+    )
+    topic_actions = topic.add_subparsers(dest="topic_action", required=True, metavar="ACTION")
+    reset = topic_actions.add_parser("reset-epoch", parents=[common],
+                                     help="start a new epoch of a re-created or truncated topic (one recorded commit)")
+    _add_pipeline(reset)
+    reset.add_argument("--topic", required=True, help="the topic that was re-created or truncated")
+    reset.add_argument("--reason", help="why, recorded in the commit and the ledger (default: no reason given)")
+    reset.add_argument("--force", action="store_true",
+                       help="record a new epoch even though the check sees nothing wrong (a broker without topic ids "
+                       "cannot show a re-created topic that already holds more records than the committed end)")
+    reset.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     status = commands.add_parser(
         "status", parents=[common], help="per partition: committed end, log start, last stable offset, lag",
@@ -325,6 +346,15 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topic(args: argparse.Namespace) -> int:
+    from offsetlake.topic_epochs import reset_topic_epoch
+
+    config = _load(args, args.pipeline)
+    result = reset_topic_epoch(config, args.topic, reason=args.reason, force=args.force)
+    print(json.dumps(result.as_dict()) if args.json else result.text(), flush=True)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from offsetlake.lease import current_lease
     from offsetlake.ledger_view import partition_status
@@ -454,7 +484,7 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "stream": cmd_stream, "status": cmd_status,
-            "ledger": cmd_ledger,
+            "ledger": cmd_ledger, "topic": cmd_topic,
             "audit": cmd_audit, "maintenance": cmd_maintenance, "spark-server": cmd_spark_server}
 
 

@@ -35,8 +35,9 @@ from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.plan import BatchPlan, OffsetRange
 from offsetlake.reader import decided_columns, read_schemas, split_ranges
+from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
-from offsetlake.staging import StagedFile, open_output, partition_folder, read_files
+from offsetlake.staging import file_name, open_output, partition_folder, read_files, staged_file
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,7 +49,7 @@ ROW_GROUP_ROWS = 65_536  # rows a task gathers per partition value before writin
 # buffer. A task that meets more partition values closes the least recently written file (its
 # later rows of that value go to a new file), so memory does not follow the partitions' number.
 MAX_OPEN_FILES = 16
-_RESULT_SCHEMA = "kind string, path string, rows long, counts string"
+_RESULT_SCHEMA = "kind string, path string, rows long, size long, empty_as_null long, counts string"
 _FILE, _UNDECIDED, _READ = "file", "undecided", "read"
 
 
@@ -159,7 +160,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
         elif row["kind"] == _UNDECIDED:
             result.undecided.append(row["path"])
         else:
-            result.files.append(StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts))
+            result.files.append(staged_file(row))
     return result
 
 
@@ -218,11 +219,13 @@ class _TaskFiles:
                 if len(self.open) >= self.max_open:
                     self.closed.append(self.open.pop(next(iter(self.open))).close())
                 sub = "/".join(partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
-                name = f"part-{self.attempt}-{self.made:04d}.c000.snappy.parquet"
+                name = file_name(self.attempt, self.made)
                 self.made += 1
                 file = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)
             self.open[key] = file  # now the most recently written
             file.add(part.drop_columns(self.partition_by) if self.partition_by else part, source)
+            if any(v == "" for v in key):
+                file.empty_as_null += part.num_rows
 
     def add_undecided(self, records: pa.RecordBatch, source: tuple[str, int]) -> None:
         if records.num_rows == 0:
@@ -240,6 +243,8 @@ class _TaskFiles:
             "kind": [k for k, _ in results] + [_READ],
             "path": [f.relative for _, f in results] + [""],
             "rows": [f.rows for _, f in results] + [sum(read.values())],
+            "size": [f.size for _, f in results] + [0],
+            "empty_as_null": [f.empty_as_null for _, f in results] + [0],
             "counts": [_counts_json(c) for c in [*(f.counts for _, f in results), read]],
         })
 
@@ -253,6 +258,8 @@ class _Buffered:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.rows = 0
+        self.size = 0
+        self.empty_as_null = 0
         self.counts: Counter[tuple[str, int]] = Counter()
 
     def add(self, data: pa.Table, source: tuple[str, int]) -> None:
@@ -272,6 +279,7 @@ class _Buffered:
     def close(self) -> _Buffered:
         self._flush()
         self.writer.close()
+        self.size = self.stream.tell()
         self.stream.close()
         return self
 

@@ -49,6 +49,19 @@ class OffsetsLostError(OffsetlakeError):
     """Invariant 7: a planned start is below the partition's log start offset."""
 
 
+class TopicIdentityError(OffsetlakeError):
+    """Invariant 16: a committed end is past its partition's log end, or the topic's Kafka id is not
+    the one its committed offsets belong to: the topic was re-created (or the cluster changed, or
+    an unclean leader election truncated the log). Nothing was read; only the operator action
+    ``offsetlake topic reset-epoch`` moves the pipeline on. The message names topic, partition and
+    both offsets (or both ids)."""
+
+
+class TopicEpochError(OffsetlakeError):
+    """``offsetlake topic reset-epoch`` cannot be done as asked (nothing to reset, unknown topic);
+    nothing was written. The message says why."""
+
+
 class ReadTimeoutError(OffsetlakeError):
     """A range could not be read to its end within the configured bound."""
 
@@ -65,6 +78,17 @@ class CommitConflictError(OffsetlakeError):
 class SinkOwnedError(OffsetlakeError):
     """Invariant 16: the sink table belongs to another pipeline (its history holds that
     pipeline's commits); nothing was committed. One pipeline with ``topics:`` merges topics."""
+
+
+class StagedFilesError(OffsetlakeError):
+    """A batch's staged data files disagree with what its tasks reported (a path twice, a file
+    missing, other bytes or rows): something overwrote or cut a file after its task closed it.
+    Nothing was committed; running again stages the batch anew."""
+
+    def __init__(self, table: str, path: str, problem: str) -> None:
+        super().__init__(f"sink {table}: staged data file {path} cannot be committed: {problem}; nothing committed, "
+                         "run again to stage the batch anew")
+        self.table, self.path, self.problem = table, path, problem
 
 
 class TransformError(OffsetlakeError):

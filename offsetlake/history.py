@@ -61,7 +61,8 @@ def ledger_entry(
     **facts: Any,
 ) -> dict[str, Any]:
     """The ledger entry of ``plan`` as its sink commit records it: who planned it, when, its
-    ranges with their counts, its validation summary; ``extra`` and ``facts`` add kind-specific
+    ranges with their counts, its validation summary, the Kafka topic ids its offsets belong to
+    (``topic_ids``, where known; absent from older entries); ``extra`` and ``facts`` add kind-specific
     facts (a message, a rewind's targets, the dead-letter change the commit stands for). ``started`` is the batch's
     ``time.monotonic()`` start, for its duration."""
     now = datetime.now(UTC)
@@ -83,6 +84,8 @@ def ledger_entry(
         entry["record_time"] = {"from_ms": plan.window.from_ms, "to_ms": plan.window.to_ms}
     if plan.reader_schema is not None:
         entry["reader_schema"] = plan.reader_schema.as_dict()
+    if plan.topic_ids:  # what its offsets mean (invariant 16); entries before topic ids lack it
+        entry["topic_ids"] = dict(sorted(plan.topic_ids.items()))
     entry.update(extra or {})
     entry.update(facts)
     return entry

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from offsetlake.errors import KafkaUnavailableError, OffsetsLostError, ReadTimeoutError
@@ -70,6 +70,33 @@ def describe_topics(client_config: dict[str, str], config: PipelineConfig,
             reason = described.error.str() if described is not None and described.error else "unknown topic"
             raise KafkaUnavailableError(f"pipeline {config.name}: topic '{topic}' is not available on {servers}: {reason}")
         out[topic] = sorted(described.partitions)
+    return out
+
+
+def topic_ids(config: PipelineConfig, topics: list[str]) -> dict[str, str | None]:
+    """Kafka's id (the topic UUID, as Kafka prints it) of each of ``topics``, None where the broker
+    names none: a broker before Kafka 2.8, or one that answers the all-zero id (noida-db does).
+
+    An offset means something only for one topic id (invariant 16): a topic deleted and created
+    again with the same name, or the same name on another cluster, has another id.
+    Raises KafkaUnavailableError naming the topic when the broker cannot describe it.
+    """
+    if not topics:
+        return {}
+    client = config.kafka_client_config()
+    servers = client.get("bootstrap.servers", "?")
+    admin = _admin(client)  # kept alive until every answer is in: a collected client cancels them
+    futures = admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=METADATA_TIMEOUT_S)
+    out: dict[str, str | None] = {}
+    for topic, future in futures.items():
+        try:
+            described = future.result(METADATA_TIMEOUT_S)
+        except (KafkaException, TimeoutError) as err:
+            raise KafkaUnavailableError(
+                f"pipeline {config.name}: cannot describe topic '{topic}' on {servers} for its topic id: {err}") from None
+        uuid = described.topic_id
+        known = uuid is not None and (uuid.get_most_significant_bits() or uuid.get_least_significant_bits())
+        out[topic] = str(uuid) if known else None
     return out
 
 

@@ -72,6 +72,8 @@ LEDGER_SCHEMA = pa.schema(
         ("record_time_to_ms", pa.int64()),
         # the reader schema its records decode into (JSON of ``offsetlake.plan.ReaderSchema``)
         ("reader_schema", pa.string()),
+        # Kafka's id of the row's topic when the batch was planned (invariant 16), where known
+        ("topic_id", pa.string()),
     ]
 )
 
@@ -312,6 +314,7 @@ def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
         planned_at=mine[0]["planned_at"],
         window=RecordTimeWindow(time_from, time_to) if time_from is not None and time_to is not None else None,
         reader_schema=ReaderSchema.from_dict(json.loads(mine[0]["reader_schema"]) if mine[0].get("reader_schema") else None),
+        topic_ids={r["topic"]: r["topic_id"] for r in mine if r.get("topic_id")},
     )
 
 
@@ -356,7 +359,8 @@ def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | 
     }
     return [
         {**base, "topic": r["topic"], "partition": r["partition"], "start_offset": r["start"], "end_offset": r["end"],
-         "records_read": r.get("records_read"), "rows_written": r.get("rows_written"), "dead_letters": r.get("dead_letters")}
+         "records_read": r.get("records_read"), "rows_written": r.get("rows_written"), "dead_letters": r.get("dead_letters"),
+         "topic_id": (entry.get("topic_ids") or {}).get(r["topic"])}
         for r in entry.get("ranges", [])
     ]
 

@@ -26,6 +26,7 @@ from offsetlake.lease import current_lease
 from offsetlake.ledger import Ledger, summarize_batch
 from offsetlake.plan import BatchKind, BatchStatus
 from offsetlake.sink import committed_ends, open_table
+from offsetlake.topic_epochs import check_pipeline_identity
 
 RECENT_BATCHES = 25
 
@@ -38,10 +39,12 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     from Kafka (invariant 7). ``removed_before_start`` counts the offsets below the log start of
     a partition the pipeline never committed: records removed before it read any (with ``start:
     earliest`` it begins at the log start; nothing offsetlake read was lost, but a lag of 0 alone
-    would hide them). Raises KafkaUnavailableError when the broker cannot be asked.
+    would hide them). Raises KafkaUnavailableError when the broker cannot be asked, and
+    TopicIdentityError when a committed end is past its log end or the topic's id changed.
     """
     offsets = current_offsets(config)
     table = table if table is not None else open_table(config.sink_path)
+    check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
     ends: dict[tuple[str, int], int | None] = {}
     for topic in sorted({t for t, _ in offsets}):
         found = committed_ends(table, config, topic, sorted(p for t, p in offsets if t == topic))

@@ -49,6 +49,9 @@ class BatchKind(StrEnum):
     GAP = "gap"  # lost offsets skipped under on_offsets_lost: skip; moves the ends, writes no rows
     BACKFILL = "backfill"  # replaces rows below the committed ends; never moves them (invariant 6)
     REWIND = "rewind"  # moves the committed ends back to an earlier batch's
+    # an operator's `offsetlake topic reset-epoch`: a re-created or truncated topic's committed ends
+    # move to its new log start, under its new topic id (invariant 16); reads and writes no rows
+    EPOCH = "epoch"
 
 
 # The kinds that are planned from the committed ends and move them forward: their ranges per
@@ -169,6 +172,8 @@ class BatchPlan:
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     window: RecordTimeWindow | None = None  # a backfill by time: only records with these timestamps
     reader_schema: ReaderSchema | None = None  # what its records decode into (None: a batch that reads nothing)
+    # Kafka's topic id of each topic its offsets belong to, where the broker names one (invariant 16)
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", BatchKind(self.kind))
@@ -191,7 +196,7 @@ def new_batch_id(pipeline: str) -> str:
     return f"{pipeline}-{stamp}-{secrets.token_hex(3)}"
 
 
-RangeCounts = dict[str, int]  # records_read, rows_written, dead_letters (and quarantined) of one range
+RangeCounts = dict[str, int]  # records_read, rows_written, dead_letters (and quarantined, empty_as_null) of one range
 
 
 @dataclass

@@ -13,10 +13,11 @@ import re
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import KafkaUnavailableError
 from offsetlake.formats import resolve_reader_schema
-from offsetlake.history import sink_commits
-from offsetlake.kafka import check_log_start, current_offsets
-from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
+from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.kafka import check_log_start, current_offsets, topic_ids
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
 from offsetlake.sink import committed_ends, open_table, sink_columns
+from offsetlake.topic_epochs import check_topic_identity
 
 
 def share_fairly(pending: dict, budget: int) -> dict:
@@ -53,22 +54,36 @@ def plan_ranges(
     offsets: dict[TopicPartitionKey, PartitionOffsets],
     start_policy: str,
     max_records: int,
+    *,
+    pipeline_begun: bool = False,
 ) -> list[OffsetRange]:
     """Ranges for the next batch over every topic-partition; empty ranges mean caught up.
 
-    A partition with no committed end (new pipeline, a partition added later, or a topic that
-    started matching ``topic_pattern``) starts at its log start (``earliest``) or its LSO
-    (``latest``). The caller checks the log start offset for loss (invariant 7) first.
+    A partition with no committed end starts where ``start_policy`` says (its log start for
+    ``earliest``, its LSO for ``latest``) only in the pipeline's first plan; once the pipeline
+    has begun (``pipeline_begun``, see ``pipeline_has_begun``) a partition added later, or a topic
+    that started matching ``topic_pattern``, starts at its log start: every record it holds was
+    written while the pipeline was running, and ``latest`` would skip them unseen (invariant 7).
+    The caller checks the log start offset for loss (invariant 7) first.
     """
     starts: dict[TopicPartitionKey, int] = {}
     for key, info in offsets.items():
         committed = committed_ends.get(key)
         if committed is None:
-            committed = info.log_start if start_policy == "earliest" else info.last_stable
+            at_lso = start_policy == "latest" and not pipeline_begun
+            committed = info.last_stable if at_lso else info.log_start
         starts[key] = committed
     pending = {key: max(0, offsets[key].last_stable - starts[key]) for key in offsets}
     grant = share_fairly(pending, max_records)
     return [OffsetRange(t, p, starts[(t, p)], starts[(t, p)] + grant[(t, p)]) for t, p in sorted(offsets)]
+
+
+def pipeline_has_begun(commits: list[SinkCommit], ends: dict[TopicPartitionKey, int | None]) -> bool:
+    """True once the sink holds a commit of the pipeline that moved committed ends (an ingest,
+    stream or gap batch, also the anchoring first batch of ``start: latest``) or any committed
+    end: from then on ``start`` no longer applies (``plan_ranges``). A plan that never committed
+    does not count, so a first run that failed plans its first batch again."""
+    return any(end is not None for end in ends.values()) or any(c.kind in OFFSET_MOVING_KINDS for c in commits)
 
 
 def all_committed_ends(table: object, config: PipelineConfig, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int | None]:
@@ -105,7 +120,9 @@ def plan_next_batch(
 ) -> BatchPlan | None:
     """The next batch from the sink's committed ends; None when caught up. Writes nothing.
 
-    Checks invariant 7 first: a committed end below the log start raises OffsetsLostError, or,
+    Checks invariant 16 first: a committed end past its partition's log end, or a topic whose Kafka
+    id changed, raises TopicIdentityError (``offsetlake.topic_epochs``); the plan records the topic
+    ids it was made for. Then invariant 7: a committed end below the log start raises OffsetsLostError, or,
     under ``on_offsets_lost: skip``, returns a ``gap`` plan covering the lost offsets (the run
     commits it, then plans again). Ends are capped by the LSO and by ``end_limit`` (the LSO seen
     when the run started).
@@ -114,6 +131,10 @@ def plan_next_batch(
     table = open_table(config.sink_path)
     check_no_topic_gone(config, table, {t for t, _ in offsets})
     ends = all_committed_ends(table, config, sorted(offsets))
+    commits = sink_commits(table, config.name)
+    current_ids = topic_ids(config, sorted({t for t, _ in offsets}))
+    check_topic_identity(config, commits, ends, offsets, current_ids)  # invariant 16, before anything else
+    identity = {t: i for t, i in current_ids.items() if i is not None}
     lost = []
     for key, committed in ends.items():
         if committed is not None and committed < offsets[key].log_start:
@@ -121,16 +142,17 @@ def plan_next_batch(
                 check_log_start(offsets[key], committed, config.name)
             lost.append(OffsetRange(key[0], key[1], committed, offsets[key].log_start))
     if lost:
-        return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run)
+        return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run, topic_ids=identity)
     if end_limit:
         offsets = {
             key: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(key, o.last_stable)))
             for key, o in offsets.items()
         }
-    ranges = plan_ranges(ends, offsets, config.start, config.max_records_per_batch)
-    anchors = [r for r in ranges if ends[(r.topic, r.partition)] is None and config.start == "latest"]
+    begun = pipeline_has_begun(commits, ends)
+    ranges = plan_ranges(ends, offsets, config.start, config.max_records_per_batch, pipeline_begun=begun)
+    anchors = [r for r in ranges if ends[(r.topic, r.partition)] is None and config.start == "latest" and not begun]
     if all(r.size == 0 for r in ranges) and not anchors:
         return None
     # the reader schema is fixed here, with the ranges (invariant 12)
     return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run,
-                     reader_schema=resolve_reader_schema(config, sink_columns(table)))
+                     reader_schema=resolve_reader_schema(config, sink_columns(table)), topic_ids=identity)

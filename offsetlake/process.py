@@ -19,7 +19,7 @@ from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
-from offsetlake.sink import WrittenFiles, add_actions_for, staging_dir
+from offsetlake.sink import StagedFile, WrittenFiles, add_actions_for, staging_dir
 from offsetlake.spark import add_python_file
 from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
@@ -56,7 +56,7 @@ class Direct:
 
     table_root: str
     folder: str
-    files: list[staging.StagedFile]
+    files: list[StagedFile]
     undecided: list[str]
 
     def remove_undecided(self) -> None:
@@ -323,13 +323,17 @@ def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
         staged += staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan), sort_by)
     if done is not None:
         done.remove_undecided()
-    files = add_actions_for(config.sink_path, [f.path for f in staged])
+    files = add_actions_for(config.sink_path, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0
+        counts.pop("empty_as_null", None)
     for staged_file in staged:
         for key, count in staged_file.counts.items():
             if key in processed.per_range:
                 processed.per_range[key]["rows_written"] += count
+                if staged_file.empty_as_null:  # a file of "" partition values: every row of it is one
+                    counts = processed.per_range[key]
+                    counts["empty_as_null"] = counts.get("empty_as_null", 0) + count
     processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")
     return files

@@ -7,7 +7,7 @@ offsets advance; ``committed_end`` is the only reader of txn versions. Invariant
 versions are checked on the same ``DeltaTable`` object the commit is made on, so a concurrent
 writer's commit of the same partitions makes delta-rs reject ours.
 
-Every kind of batch composes its commit from the same parts — ``add_actions`` for the files it
+Every kind of batch composes its commit from the same parts — ``add_actions_for`` for the files it
 wrote, ``remove_actions`` / ``readd_actions`` for files it replaces or restores, ``txns`` for
 the ends it moves — so a new sink mode (upsert) adds a composition, not a new commit path.
 """
@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
@@ -32,7 +32,7 @@ from pyarrow import fs as pafs
 
 from offsetlake import storage
 from offsetlake.config import KEY_COLUMN, PipelineConfig
-from offsetlake.errors import CommitConflictError, SchemaChangeError, StalePlanError
+from offsetlake.errors import CommitConflictError, SchemaChangeError, StagedFilesError, StalePlanError
 from offsetlake.history import (
     commit_version,
     covering_batch,
@@ -54,6 +54,17 @@ KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
 log = logging.getLogger(__name__)
 
 open_table = storage.open_table
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One file a task wrote, as the task reports it; the commit checks the file against it."""
+
+    path: str  # relative to the table root, unescaped (what an AddAction takes)
+    rows: int
+    counts: dict[tuple[str, int], int]  # rows inside the plan's ranges, per topic-partition
+    size: int  # bytes the task wrote
+    empty_as_null: int = 0  # rows whose "" partition value the folder stores as null (``staging.partition_folder``)
 
 
 @dataclass(frozen=True)
@@ -147,37 +158,39 @@ def staging_dir(config: PipelineConfig, batch_id: str) -> str:
 
 
 # ---- file actions -----------------------------------------------------------------------------
-def add_actions(table_root: str, folder: str) -> WrittenFiles:
-    """Add actions (with stats) for every non-empty parquet file under ``folder``."""
-    fs, root = storage.filesystem(table_root)
-    _, base = storage.filesystem(folder)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-    relatives = [i.path[len(root.rstrip("/")) + 1:] for i in infos
-                 if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")]
-    return add_actions_for(table_root, relatives)
+def add_actions_for(table_root: str, staged: Sequence[StagedFile]) -> WrittenFiles:
+    """Add actions (with stats from each footer) for exactly the files the tasks reported
+    (``staged``, paths relative to the table, unescaped); empty files are left out.
 
-
-def add_actions_for(table_root: str, relatives: Iterable[str]) -> WrittenFiles:
-    """Add actions (with stats from each footer) for exactly these files under the table (paths
-    relative to it, unescaped); empty files are left out. A file that is not there raises
-    FileNotFoundError: a batch never commits without every file it wrote (issue 15, bug 1)."""
+    Refuses the batch (StagedFilesError, nothing committed) when two reported files share a
+    path, or a file is missing or differs in bytes or rows from what its task reported: such a
+    file was overwritten or cut after its task closed it, and committing it would lose rows
+    while the ledger counts them (issue 15, bug 1; issue 35, finding 1).
+    """
     fs, root = storage.filesystem(table_root)
+    seen: set[str] = set()
     actions: list[AddAction] = []
     rows = 0
-    for relative in relatives:
-        path = f"{root.rstrip('/')}/{relative}"
+    for file in staged:
+        if file.path in seen:
+            raise StagedFilesError(table_root, file.path, "two files a task reported have this path")
+        seen.add(file.path)
+        path = f"{root.rstrip('/')}/{file.path}"
         info = fs.get_file_info(path)
         if info.type != pafs.FileType.File:
-            raise FileNotFoundError(f"staged data file {storage.child(table_root, relative)} is missing; nothing committed")
+            raise StagedFilesError(table_root, file.path, "it is missing")
         with fs.open_input_file(path) as handle:
             metadata = pq.read_metadata(handle)
+        if info.size != file.size or metadata.num_rows != file.rows:
+            raise StagedFilesError(table_root, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
+                                   f"task wrote {file.rows} rows in {file.size} bytes")
         if metadata.num_rows == 0:
             continue
         actions.append(
             AddAction(
-                path=relative,  # the real relative path: delta-rs encodes it for the log
+                path=file.path,  # the real relative path: delta-rs encodes it for the log
                 size=info.size,
-                partition_values=storage.partition_values_from_path(relative),
+                partition_values=storage.partition_values_from_path(file.path),
                 modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
                 data_change=True,
                 stats=json.dumps(file_stats(metadata)),

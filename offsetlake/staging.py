@@ -18,7 +18,6 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from pyarrow.fs import LocalFileSystem
 
 from offsetlake import storage
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
+from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
 
 if TYPE_CHECKING:
@@ -35,14 +35,21 @@ if TYPE_CHECKING:
 
 # The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder.
 PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
-_RESULT_SCHEMA = "path string, rows long, counts string"
+_RESULT_SCHEMA = "path string, rows long, size long, empty_as_null long, counts string"
 
 
-@dataclass(frozen=True)
-class StagedFile:
-    path: str  # relative to the table root, unescaped (what an AddAction takes)
-    rows: int
-    counts: dict[tuple[str, int], int]  # rows inside the plan's ranges, per topic-partition
+def file_name(attempt: str, sequence: int) -> str:
+    """The name of a task's ``sequence``-th file: unique per file, never per task alone, because
+    two runs of rows may map to one folder (null and "" both to the default partition) and a
+    second file of the same name would overwrite the first (issue 35, finding 1)."""
+    return f"part-{attempt}-{sequence:04d}.c000.snappy.parquet"
+
+
+def stores_as_null(value: Any) -> bool:
+    """Whether a partition value is stored as null: Delta's protocol reads an empty partition
+    value as null and Spark writes "" to the default partition, so "" cannot be kept; such
+    rows are counted (``StagedFile.empty_as_null``) and the YAML reference says so."""
+    return value is None or value == ""
 
 
 def escape_partition_value(value: str) -> str:
@@ -51,7 +58,7 @@ def escape_partition_value(value: str) -> str:
 
 def partition_folder(column: str, value: Any) -> str:
     """``column=value`` as Spark names the folder (null and "" both as Hive's default partition)."""
-    if value is None or value == "":
+    if stores_as_null(value):
         text = storage.HIVE_NULL
     elif isinstance(value, bool):
         text = "true" if value else "false"
@@ -87,7 +94,7 @@ def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list
                     if current is not None:
                         done.append(current.close())
                     sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
-                    relative = "/".join(p for p in (relative_folder, sub, f"part-{attempt}.c000.snappy.parquet") if p)
+                    relative = "/".join(p for p in (relative_folder, sub, file_name(attempt, len(done))) if p)
                     current = _OpenFile(key, relative, open_output(fs, root, relative),
                                         pa.schema([f for f in part.schema if f.name not in partition_by]))
                 current.write(part.drop_columns(partition_by) if partition_by else part,
@@ -97,15 +104,23 @@ def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list
         if done:
             yield pa.RecordBatch.from_pydict({
                 "path": [f.relative for f in done], "rows": [f.rows for f in done],
+                "size": [f.size for f in done],
+                "empty_as_null": [f.rows if any(v == "" for v in f.key) else 0 for f in done],
                 "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
             })
 
     ordered = rows.sortWithinPartitions(*partition_by, *sort_by) if partition_by or sort_by else rows
     files = []
     for row in ordered.mapInArrow(write, _RESULT_SCHEMA).collect():
-        counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
-        files.append(StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts))
+        files.append(staged_file(row))
     return files
+
+
+def staged_file(row: Any) -> StagedFile:
+    """A task's result row (``path, rows, size, empty_as_null, counts``) as a ``StagedFile``."""
+    counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
+    return StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts, size=int(row["size"]),
+                      empty_as_null=int(row["empty_as_null"]))
 
 
 def open_output(fs: Any, root: str, relative: str) -> Any:
@@ -123,6 +138,7 @@ class _OpenFile:
         self.key, self.relative, self.stream = key, relative, stream
         self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
         self.rows = 0
+        self.size = 0
         self.counts: Counter[tuple[str, int]] = Counter()
 
     def write(self, data: pa.Table, inside: pa.Table) -> None:
@@ -134,6 +150,7 @@ class _OpenFile:
 
     def close(self) -> _OpenFile:
         self.writer.close()
+        self.size = self.stream.tell()
         self.stream.close()
         return self
 

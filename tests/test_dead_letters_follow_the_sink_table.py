@@ -16,8 +16,11 @@ with customer optional, so those 12 are rows now and 6 truncated records are its
 from __future__ import annotations
 
 import json
+import time
 
+import pyarrow.parquet as pq
 import pytest
+from deltalake.transaction import AddAction
 from kafka_truth import assert_exactly_once, dead_letter_coordinates, read_topic
 from s3_tools import delete_tree
 
@@ -28,7 +31,7 @@ from offsetlake.errors import SchemaChangeError
 from offsetlake.history import sink_commits
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
-from offsetlake.sink import CommitActions, add_actions_for, commit, create_table_once, txns_for
+from offsetlake.sink import CommitActions, commit, create_table_once, file_stats, txns_for
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
 CUSTOMER_REQUIRED = {"type": "json", "schema": SCHEMA, "required": ["order_id", "customer"]}
@@ -91,8 +94,14 @@ def _apply_as_the_old_code_did(config) -> None:
     sink = storage.table(config.sink_path)
     change = sink_commits(sink, config.name)[-1]
     table = create_table_once(config.dead_letter_path, dead_letters.DEAD_LETTER_SCHEMA, [], "dead letters")
-    files = add_actions_for(config.dead_letter_path, [s["path"] for s in change.entry[dead_letters.STAGED]])
-    commit(table, CommitActions(files=list(files.actions), txns=txns_for([("sink", change.version)])),
+    files = []
+    for staged in change.entry[dead_letters.STAGED]:
+        fs, path = storage.filesystem(storage.child(config.dead_letter_path, staged["path"]))
+        with fs.open_input_file(path) as handle:
+            stats = file_stats(pq.read_metadata(handle))
+        files.append(AddAction(path=staged["path"], size=int(staged["size"]), partition_values={},
+                               modification_time=int(time.time() * 1000), data_change=True, stats=json.dumps(stats)))
+    commit(table, CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
            {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters", "sink_version": change.version},
            partition_by=None)
 
