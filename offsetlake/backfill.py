@@ -24,7 +24,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
 from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import commit_version, landed_version, ledger_entry
+from offsetlake.history import commit_version, landed_version, ledger_entry, refuse_foreign_sink
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
@@ -234,7 +234,10 @@ def commit_replace(
     does not flag a commit whose removes were already removed by a concurrent compaction (seen
     here: the removes became no-ops, the compacted file kept the old rows of the range, and the
     range was in the sink twice); rebasing onto a newer version is therefore never safe here.
+    Raises SinkOwnedError, committing nothing, when the table belongs to another pipeline
+    (invariant 16: a backfill's replace would cut into that pipeline's rows).
     """
+    refuse_foreign_sink(table, config.name)
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)

@@ -7,7 +7,7 @@ dead letters **before** its sink commit, as staged parquet files under the dead-
 dead-letter commit per sink commit, in sink-version order — it replaces the rows inside that
 batch's ranges with its staged files (like a backfill), or, for a rewind, restores the table as
 it was right after the rewind's target batch — and records the sink version it applied as the
-table's txn (appId ``sink``). So:
+table's txn, keyed by the sink table's identity (appId ``sink:<Delta table id>``). So:
 
 * a batch that fails or dies before its sink commit changes no dead letter (its staged files
   stay inert and vacuum removes them after the retention);
@@ -18,6 +18,24 @@ table's txn (appId ``sink``). So:
   record of what to do; the sink commit stays the one commit point).
 
 Two processes applying the same change conflict on the txn and the loser finds it applied.
+
+**The dead letters follow one sink table, by its identity** (invariant 16). The sink's versions
+count from 0 again in a new table (``sink.table: orders_v2``, the way forward a refused type
+change suggests) or a deleted and re-created one, so a marker keyed by version alone made the
+new table's first dead-letter changes look applied and left the old table's dead letters beside
+the new rows (issue 35, finding 8). Each dead-letter commit names its sink table
+(``sink_table_id`` in its entry) and moves that table's txn. Before the first change of a sink
+table the dead-letter table does not follow, one commit makes it follow (``_follow``): it restores
+the dead letters as they were after that table's last applied change — none for a new table — and
+so starts clean; switching back to an earlier table brings its own dead letters back.
+
+Lakes written before the table id: their dead-letter commits name no table and their marker is
+the txn ``sink``. Such a commit belongs to a sink table only if that table's commit at the
+commit's ``sink_version`` is the same batch (batch ids are unique), so the old marker is adopted
+by the table it was written for and by no other (``_belongs``); the next change applied writes the
+keyed marker. A lake where the old code already mixed two tables' dead letters is not repaired by
+this: ``audit --against-kafka`` names the records, and a backfill of their ranges replaces them.
+
 Sink commits made before this scheme (no ``dead_letter_files`` in their entry) wrote their dead
 letters directly; they need nothing applied, and a rewind over them falls back to deleting the
 dead letters of the rewound batches.
@@ -29,6 +47,8 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -74,8 +94,32 @@ DEAD_LETTER_SCHEMA = pa.schema(
 )
 STAGED = "dead_letter_files"  # ledger entry key: the batch's staged files (a replace of its ranges)
 RESTORE = "dead_letter_restore"  # ledger entry key of a rewind: {"to_sink_version": v}
-SINK_APP_ID = "sink"  # txn of the dead-letter table: the last sink version whose change it applied
+SINK_APP_ID = "sink"  # txn appId prefix: "sink:<table id>" = the last version of that sink table applied
+SINK_TABLE_ID = "sink_table_id"  # key of a dead-letter commit's entry: the sink table it follows
 _ATTEMPTS = 10
+
+
+def applied_app_id(sink_table_id: str) -> str:
+    """The dead-letter table's txn appId holding the last applied version of one sink table."""
+    return f"{SINK_APP_ID}:{sink_table_id}"
+
+
+@dataclass(frozen=True)
+class SinkTable:
+    """The sink table the dead letters follow: its identity and the pipeline's commits on it."""
+
+    table_id: str
+    commits: list[SinkCommit]
+
+    @property
+    def batch_at(self) -> dict[int, str]:
+        return {c.version: c.batch_id for c in self.commits}
+
+
+def sink_table(config: PipelineConfig) -> SinkTable | None:
+    """The pipeline's sink table now (None before its first batch)."""
+    table = open_table(config.sink_path)
+    return None if table is None else SinkTable(str(table.metadata().id), sink_commits(table, config.name))
 
 
 # ---- before the sink commit -------------------------------------------------------------------
@@ -99,48 +143,67 @@ def _table(config: PipelineConfig) -> DeltaTable:
     return create_table_once(config.dead_letter_path, DEAD_LETTER_SCHEMA, [], f"dead letters of {config.name}")
 
 
-def applied_through(table: DeltaTable | None) -> int:
-    """The last sink version whose dead-letter change the table holds (-1: none yet)."""
+def applied_through(table: DeltaTable | None, sink: SinkTable) -> int:
+    """The last version of ``sink`` whose dead-letter change the table holds (-1: none yet).
+
+    The txn keyed by the sink's table id; for a lake written before the id, the old unkeyed
+    marker if the commit that set it belongs to this sink table (see the module doc)."""
     if table is None:
         return -1
-    version = table.transaction_version(SINK_APP_ID)
-    return -1 if version is None else version
+    version = table.transaction_version(applied_app_id(sink.table_id))
+    if version is not None:
+        return version
+    if table.transaction_version(SINK_APP_ID) is None:
+        return -1
+    legacy = next((meta for _, meta in _marked_newest_first(table) if SINK_TABLE_ID not in meta), None)
+    return int(legacy["sink_version"]) if legacy is not None and _belongs(legacy, sink) else -1
 
 
-def pending(config: PipelineConfig, commits: list[SinkCommit] | None = None) -> list[SinkCommit]:
-    """Sink commits whose dead-letter change the dead-letter table does not hold yet, oldest first."""
-    if commits is None:
-        commits = sink_commits(open_table(config.sink_path), config.name)
-    done = applied_through(open_table(config.dead_letter_path))
-    return [c for c in commits if c.version > done and (STAGED in c.entry or RESTORE in c.entry)]
+def pending(config: PipelineConfig, sink: SinkTable | None = None) -> list[SinkCommit]:
+    """Commits of the pipeline's sink table whose dead-letter change the dead-letter table does not
+    hold yet, oldest first."""
+    sink = sink or sink_table(config)
+    if sink is None:
+        return []
+    changes = [c for c in sink.commits if STAGED in c.entry or RESTORE in c.entry]
+    if not changes:
+        return []
+    done = applied_through(open_table(config.dead_letter_path), sink)
+    return [c for c in changes if c.version > done]
 
 
-def apply_pending(config: PipelineConfig, commits: list[SinkCommit] | None = None) -> int:
+def apply_pending(config: PipelineConfig) -> int:
     """Apply every pending dead-letter change, one dead-letter commit per sink commit, in sink
     order; returns how many were applied (by this call)."""
+    sink = sink_table(config)
     applied = 0
-    for change in pending(config, commits):
-        if _apply(config, change):
+    for change in pending(config, sink):
+        assert sink is not None  # there are changes, so there is a sink
+        if _apply(config, change, sink):
             applied += 1
     return applied
 
 
-def _apply(config: PipelineConfig, change: SinkCommit) -> bool:
-    """ONE dead-letter commit for ``change`` (txn = its sink version); False if another process
-    applied it first."""
+def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
+    """ONE dead-letter commit for ``change`` (txn ``sink:<table id>`` = its sink version); False if
+    another process applied it first. A dead-letter table that does not follow ``sink`` yet is
+    made to follow it first (``_follow``, its own commit)."""
     for attempt in range(_ATTEMPTS):
         table = _table(config)
-        if applied_through(table) >= change.version:
+        if applied_through(table, sink) >= change.version:
             return False
+        if not _follows(table, sink):
+            _follow(config, table, sink)
+            continue
         if RESTORE in change.entry:
-            files = _restore_actions(config, table, int(change.entry[RESTORE]["to_sink_version"]), change)
+            files = _restore_actions(config, table, int(change.entry[RESTORE]["to_sink_version"]), change, sink)
         else:
             files = _replace_actions(config, table, change)
         entry = {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters",
-                 "sink_version": change.version}
+                 "sink_version": change.version, SINK_TABLE_ID: sink.table_id}
         try:
-            commit(table, CommitActions(files=files, txns=txns_for([(SINK_APP_ID, change.version)])), entry,
-                   partition_by=None, max_commit_retries=0)
+            commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), change.version)])),
+                   entry, partition_by=None, max_commit_retries=0)
         except CommitFailedError:  # a concurrent apply or compaction: read the table again
             continue
         log_line(log, "dead_letters", "applied", pipeline=config.name, batch=change.batch_id,
@@ -148,6 +211,64 @@ def _apply(config: PipelineConfig, change: SinkCommit) -> bool:
         return True
     raise OffsetlakeError(f"pipeline {config.name}: the dead letters of batch {change.batch_id} (sink version "
                           f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again")
+
+
+# ---- which sink table the dead letters follow -------------------------------------------------
+def _belongs(meta: dict, sink: SinkTable) -> bool:
+    """Whether a dead-letter commit (its entry) applied a change of ``sink``: by the table id it
+    names, or, written before table ids, by the batch it applied being ``sink``'s commit at that
+    version (batch ids are unique: a commit of another table never matches)."""
+    if SINK_TABLE_ID in meta:
+        return meta[SINK_TABLE_ID] == sink.table_id
+    return sink.batch_at.get(int(meta.get("sink_version", -1))) == meta.get("batch_id")
+
+
+def _follows(table: DeltaTable, sink: SinkTable) -> bool:
+    """Whether the dead-letter table's live rows are ``sink``'s: its newest marked commit belongs to
+    ``sink``. An empty table follows any sink; so does one written only by the scheme before
+    dead-letter commits were marked (its rows are taken as the current sink's, as they were)."""
+    newest = next(_marked_newest_first(table), None)
+    return newest is None or _belongs(newest[1], sink)
+
+
+def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
+    """ONE dead-letter commit that makes the table follow ``sink``: its live files become those of
+    the table right after ``sink``'s last applied change (none for a new or re-created sink table:
+    it starts clean). Its txn is ``sink``'s marker, unchanged (0 for none: version 0 of a sink is
+    its create commit, never a change), so it conflicts with a concurrent apply or follow."""
+    applied = applied_through(table, sink)
+    version = 0 if applied < 0 else _version_as_of(table, sink, applied)
+    if version is None:
+        raise OffsetlakeError(
+            f"pipeline {config.name}: the dead letters at {config.dead_letter_path} cannot be restored as they were "
+            f"after sink version {applied} of {config.sink_path}: their history holds writes of an old scheme that "
+            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters")
+    files = _diff_to(config, table, version)
+    entry = {"pipeline": config.name, "batch_id": f"follow-{sink.table_id}", "kind": "dead_letters",
+             "sink_version": applied, SINK_TABLE_ID: sink.table_id}
+    try:
+        commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), max(applied, 0))])),
+               entry, partition_by=None, max_commit_retries=0)
+    except CommitFailedError:  # a concurrent apply or follow: the caller reads the table again
+        return
+    log_line(log, "dead_letters", "now follow the sink table", pipeline=config.name, sink=config.sink_path,
+             sink_table_id=sink.table_id, applied_through=applied, actions=len(files))
+
+
+def _marked_newest_first(table: DeltaTable) -> Iterator[tuple[int, dict]]:
+    """(version, entry) of the dead-letter table's marked commits, newest first, read a few commit
+    files at a time (what is asked is nearly always the newest). An unmarked write of the scheme
+    before marked commits ends the walk: nothing older says which sink it followed."""
+    newest = table.version()
+    while newest > 0:
+        first = max(1, newest - 9)
+        for info in reversed(commit_infos(table, first, newest)):
+            meta = _marked(info)
+            if meta is not None:
+                yield int(info["version"]), meta
+            elif info.get("operation") not in _NO_DATA_CHANGE:
+                return
+        newest = first - 1
 
 
 def _replace_actions(config: PipelineConfig, table: DeltaTable, change: SinkCommit) -> list:
@@ -195,17 +316,23 @@ def _add_files(config: PipelineConfig, staged: list[dict[str, Any]]) -> list:
 
 # ---- the table as of a sink version (rewind) --------------------------------------------------
 def version_as_of(config: PipelineConfig, sink_version: int) -> int | None:
-    """The dead-letter table version holding its state right after sink version ``sink_version``,
-    or None when the table's history cannot say (dead letters written before this scheme)."""
+    """The dead-letter table version holding its state right after version ``sink_version`` of the
+    pipeline's sink table, or None when the table's history cannot say (dead letters written
+    before this scheme)."""
     table = open_table(config.dead_letter_path)
-    if table is None:
+    sink = sink_table(config)
+    if table is None or sink is None:
         return None
-    best = 0  # the empty table as created
+    return _version_as_of(table, sink, sink_version)
+
+
+def _version_as_of(table: DeltaTable, sink: SinkTable, sink_version: int) -> int | None:
+    best = 0  # the empty table as created: a sink table's state before its first change
     for info in commit_infos(table, 0, table.version()):
         meta = _marked(info)
         version = int(info["version"])
         if meta is not None:
-            if int(meta.get("sink_version", -1)) <= sink_version:
+            if _belongs(meta, sink) and int(meta.get("sink_version", -1)) <= sink_version:
                 best = max(best, version)
         elif version > 0 and info.get("operation") not in _NO_DATA_CHANGE:
             return None  # a dead-letter write of the old scheme: no version maps to a sink version
@@ -234,12 +361,18 @@ def missing_files_as_of(config: PipelineConfig, version: int) -> list[str]:
             if f["path"] not in now and not storage.exists(storage.data_file(config.dead_letter_path, f["path"]))]
 
 
-def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: SinkCommit) -> list:
+def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: SinkCommit,
+                     sink: SinkTable) -> list:
     """Removes and re-adds that make the live files those of the table as of ``to_sink_version``
     (or, for dead letters of the old scheme, removes of the rewound batches' rows)."""
-    version = version_as_of(config, to_sink_version)
+    version = _version_as_of(table, sink, to_sink_version)
     if version is None:
         return _legacy_delete_actions(config, table, list(change.entry.get("rewound", [])))
+    return _diff_to(config, table, version)
+
+
+def _diff_to(config: PipelineConfig, table: DeltaTable, version: int) -> list:
+    """Removes and re-adds that make ``table``'s live files those of its ``version``."""
     now = {f["path"]: f for f in live_files(table)}
     then = {f["path"]: f for f in live_files(storage.table(config.dead_letter_path, version=version))}
     return [*remove_actions([now[p] for p in sorted(set(now) - set(then))], []),
@@ -280,11 +413,20 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
     applied (what an audit checks: a crash between a sink commit and its dead-letter commit is a
     state the next run repairs, not a loss)."""
     table = open_table(config.dead_letter_path)
+    sink = sink_table(config)
     empty = DEAD_LETTER_SCHEMA.empty_table().select(columns)
     rows = table.to_pyarrow_dataset().to_table(columns=columns) if table is not None else empty
-    for change in pending(config):
+    if sink is None:
+        return rows
+    changes = pending(config, sink)
+    if changes and table is not None and not _follows(table, sink):  # the rows of the sink table's own last state
+        applied = applied_through(table, sink)
+        start = 0 if applied < 0 else _version_as_of(table, sink, applied)
+        if start is not None:
+            rows = storage.table(config.dead_letter_path, version=start).to_pyarrow_dataset().to_table(columns=columns)
+    for change in changes:
         if RESTORE in change.entry:
-            version = version_as_of(config, int(change.entry[RESTORE]["to_sink_version"]))
+            version = None if table is None else _version_as_of(table, sink, int(change.entry[RESTORE]["to_sink_version"]))
             if version is None:
                 rows = rows.filter(~pc.field("batch_id").isin(list(change.entry.get("rewound", [])))) \
                     if "batch_id" in columns else rows

@@ -75,6 +75,11 @@ class CommitConflictError(OffsetlakeError):
     """Invariant 10: another writer committed the same range first."""
 
 
+class SinkOwnedError(OffsetlakeError):
+    """Invariant 16: the sink table belongs to another pipeline (its history holds that
+    pipeline's commits); nothing was committed. One pipeline with ``topics:`` merges topics."""
+
+
 class StagedFilesError(OffsetlakeError):
     """A batch's staged data files disagree with what its tasks reported (a path twice, a file
     missing, other bytes or rows): something overwrote or cut a file after its task closed it.

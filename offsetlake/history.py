@@ -5,7 +5,8 @@ Each offsetlake commit on a sink carries its batch's **ledger entry** in
 ``ledger_entry`` builds it, ``entry_json`` serializes it with the marker — and reading it back:
 ``sink_commits`` lists a pipeline's commits (with a cache, see there), ``commit_version`` finds
 the version of one batch's commit, and ``covering_batch`` / ``rewound_batches`` answer "which
-batch committed this offset" and "which batches did a rewind undo" from that history alone.
+batch committed this offset" and "which batches did a rewind undo" from that history alone, and
+``refuse_foreign_sink`` keeps a sink table to the one pipeline whose commits it holds.
 ``offsetlake.sink`` (the commit) and ``offsetlake.ledger`` (the projection) both build on it.
 """
 
@@ -24,12 +25,14 @@ from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
 from offsetlake import storage
+from offsetlake.errors import SinkOwnedError
 from offsetlake.plan import BatchKind, BatchPlan, RangeCounts, ranges_with_counts
 
 log = logging.getLogger("offsetlake.history")
 
 MARKER = "offsetlake"  # userMetadata[MARKER] == 1: the commit is offsetlake's, its entry a ledger entry
 CACHE_FOLDER = "_offsetlake_history"  # inside the table folder: Delta and vacuum ignore "_" paths
+CREATED_BY = "offsetlake_sink_of"  # userMetadata key of a sink's create commit: the pipeline that created it
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ def entry_json(entry: dict[str, Any]) -> str:
     return json.dumps({**entry, MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
 
 
-def _entry_of(info: dict, pipeline: str) -> dict | None:
+def _marked_entry(info: dict) -> dict | None:
+    """The ledger entry a commit's ``userMetadata`` holds, if the commit is offsetlake's."""
     raw = info.get("userMetadata")
     if not raw:
         return None
@@ -101,12 +105,41 @@ def _entry_of(info: dict, pipeline: str) -> dict | None:
         entry = json.loads(raw)
     except ValueError:
         return None
-    if isinstance(entry, dict) and entry.get(MARKER) == 1 and entry.get("pipeline") == pipeline:
-        return entry
-    return None
+    return entry if isinstance(entry, dict) and entry.get(MARKER) == 1 else None
+
+
+def creation_metadata(pipeline: str) -> dict[str, str]:
+    """The ``userMetadata`` of a sink's create commit: which pipeline created it (not a ledger
+    entry: no batch, no marker). Two first runs racing to create one table cannot both win the
+    create, so the loser finds the winner's name here before it commits (invariant 16)."""
+    return {"userMetadata": json.dumps({CREATED_BY: pipeline}, separators=(",", ":"))}
+
+
+def _owner_of(info: dict) -> str | None:
+    """The pipeline a commit belongs to: its ledger entry's, or the creator named by a create commit."""
+    entry = _marked_entry(info)
+    if entry is not None:
+        return str(entry["pipeline"]) if entry.get("pipeline") is not None else None
+    raw = info.get("userMetadata")
+    if not raw or CREATED_BY not in raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    return str(meta[CREATED_BY]) if isinstance(meta, dict) and meta.get(CREATED_BY) else None
 
 
 # ---- reading history --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _History:
+    """What one read of a sink's log says: a pipeline's commits, and every pipeline that owns any
+    commit of the table (name -> first version), for the ownership check."""
+
+    commits: list[SinkCommit]
+    owners: dict[str, int]
+
+
 def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
     """offsetlake's commits on the sink (oldest first), each with its ledger entry.
 
@@ -116,44 +149,81 @@ def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
     slower with every batch. The cache is only an accelerator, keyed by the table's id; when it
     is missing, unreadable or from another table, the whole history is read.
     """
+    return _history(table, pipeline).commits
+
+
+def _history(table: DeltaTable | None, pipeline: str) -> _History:
     if table is None:
-        return []
+        return _History([], {})
     version = table.version()
     table_id = table.metadata().id
     cache = storage.child(storage.table_location(table), CACHE_FOLDER, f"{pipeline}.json")
     cached = _read_cache(cache, table_id, version)
-    seen, commits = (-1, []) if cached is None else cached
-    commits = commits + _commits_in(commit_infos(table, seen + 1, version), pipeline, after=seen)
+    seen, history = (-1, _History([], {})) if cached is None else cached
+    infos = [i for i in commit_infos(table, seen + 1, version) if int(i["version"]) > seen]
+    owners = dict(history.owners)
+    for info in infos:
+        owner = _owner_of(info)
+        if owner is not None:
+            owners.setdefault(owner, int(info["version"]))
+    history = _History(history.commits + _commits_in(infos, pipeline), owners)
     if version > seen:
-        _write_cache(cache, table_id, version, commits)
-    return commits
+        _write_cache(cache, table_id, version, history)
+    return history
 
 
-def _commits_in(history: list[dict], pipeline: str, after: int = -1) -> list[SinkCommit]:
+def refuse_foreign_sink(table: DeltaTable | None, pipeline: str) -> None:
+    """Invariant 16: a sink table belongs to one pipeline. Raises SinkOwnedError, naming both
+    pipelines and the table, when ``table``'s history holds another pipeline's commits (or it was
+    created by another pipeline); nothing is committed then.
+
+    Called right before every commit on a sink (``sink.commit_batch``, the backfill and rewind
+    commits) on the very snapshot the commit is made on, and at the start of a run. Cheap: it
+    reads the cached history (see ``sink_commits``), so only commits newer than the cache.
+    Why refuse rather than share: rewind, backfill, maintenance and the audit work on a table's
+    versions and files, so one pipeline's rewind would undo the other's commits while their txns
+    stay (issue 35, finding 6). Merging topics into one table is one pipeline with ``topics:``.
+    """
+    if table is None:
+        return
+    others = {name: v for name, v in _history(table, pipeline).owners.items() if name != pipeline}
+    if not others:
+        return
+    name, since = min(others.items(), key=lambda item: item[1])
+    more = f" (and {', '.join(sorted(set(others) - {name}))})" if len(others) > 1 else ""
+    raise SinkOwnedError(
+        f"pipeline {pipeline}: the sink table {storage.table_location(table)} belongs to pipeline {name}{more}: its "
+        f"history holds {name}'s commits from version {since}. A sink table belongs to one pipeline: a rewind, "
+        f"backfill or maintenance of one would change the other's rows. Nothing was committed. To write several "
+        f"topics into one table, use one pipeline with `topics:`; otherwise give pipeline {pipeline} its own sink.table"
+    )
+
+
+def _commits_in(history: list[dict], pipeline: str) -> list[SinkCommit]:
     commits = []
     for info in history:
-        if int(info["version"]) <= after:
-            continue
-        entry = _entry_of(info, pipeline)
-        if entry is not None:
+        entry = _marked_entry(info)
+        if entry is not None and entry.get("pipeline") == pipeline:
             commits.append(SinkCommit(version=int(info["version"]), entry=entry))
     return sorted(commits, key=lambda c: c.version)
 
 
-def _read_cache(location: str, table_id: object, version: int) -> tuple[int, list[SinkCommit]] | None:
+def _read_cache(location: str, table_id: object, version: int) -> tuple[int, _History] | None:
     try:
         fs, path = storage.filesystem(location)
         with fs.open_input_stream(path) as handle:
             data = json.loads(handle.read())
         if data["table_id"] != table_id or data["version"] > version:
             return None
-        return data["version"], [SinkCommit(version=v, entry=e) for v, e in data["commits"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        owners = {str(k): int(v) for k, v in data["owners"].items()}  # a cache without owners is read again
+        return data["version"], _History([SinkCommit(version=v, entry=e) for v, e in data["commits"]], owners)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _write_cache(location: str, table_id: object, version: int, commits: list[SinkCommit]) -> None:
-    body = json.dumps({"table_id": table_id, "version": version, "commits": [[c.version, c.entry] for c in commits]})
+def _write_cache(location: str, table_id: object, version: int, history: _History) -> None:
+    body = json.dumps({"table_id": table_id, "version": version, "owners": history.owners,
+                       "commits": [[c.version, c.entry] for c in history.commits]})
     try:
         fs, path = storage.filesystem(location)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)

@@ -11,6 +11,10 @@ The lease is advisory for batch runs: a scheduled ingest skips while a live leas
 stream whose lease was lost stops before its next commit. What keeps data exactly once is still
 the sink's commit check: a stream that paused past its expiry and wakes up after a scheduled
 run moved the committed ends finds its plan stale and commits nothing.
+
+A lease follows the pipeline, not a sink table: it holds no sink version and names no table (its
+generation counts lease changes only), so a new or re-created sink table (invariant 16) has
+nothing to inherit from it.
 """
 
 from __future__ import annotations

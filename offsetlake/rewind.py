@@ -56,7 +56,15 @@ from deltalake.exceptions import CommitFailedError
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, RewindError
-from offsetlake.history import SinkCommit, commit_version, landed_version, ledger_entry, rewound_batches, sink_commits
+from offsetlake.history import (
+    SinkCommit,
+    commit_version,
+    landed_version,
+    ledger_entry,
+    refuse_foreign_sink,
+    rewound_batches,
+    sink_commits,
+)
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
@@ -267,7 +275,10 @@ def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str
 
 def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: dict) -> int:
     """ONE commit: removes + re-adds + one txn per partition + the entry, on the snapshot the plan
-    read, with no retries: a concurrent writer makes it fail instead of rebasing a stale diff."""
+    read, with no retries: a concurrent writer makes it fail instead of rebasing a stale diff.
+    Refused (SinkOwnedError) on a table that holds another pipeline's commits: restoring a version
+    would undo that pipeline's later commits while its txns stay (invariant 16)."""
+    refuse_foreign_sink(table, config.name)
     live = {f["path"]: f for f in live_files(table)}
     then = {f["path"]: f for f in live_files(storage.table(config.sink_path, version=plan.to_version))}
     partition_by = config.sink.partition_by

@@ -24,7 +24,7 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
-from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
+from offsetlake.history import SinkCommit, covering_batch, ledger_entry, refuse_foreign_sink, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
@@ -56,8 +56,10 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     """Invariant 4: bring both projections of the sink's history in line with it before a run
     reads them — the dead-letter table (a change a crash left pending after its sink commit) and
     the ledger (commits it lacks, plans that can no longer apply). First, an object store that
-    cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``)."""
+    cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``), and so is
+    a sink table that belongs to another pipeline (invariant 16), before anything is planned."""
     config.check_storage()
+    refuse_foreign_sink(open_table(config.sink_path), config.name)
     dead_letters.apply_pending(config)
     reconcile_ledger(config, ledger or Ledger.of(config))
 

@@ -33,7 +33,15 @@ from pyarrow import fs as pafs
 from offsetlake import storage
 from offsetlake.config import KEY_COLUMN, PipelineConfig
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StagedFilesError, StalePlanError
-from offsetlake.history import commit_version, covering_batch, entry_json, landed_version, sink_commits
+from offsetlake.history import (
+    commit_version,
+    covering_batch,
+    creation_metadata,
+    entry_json,
+    landed_version,
+    refuse_foreign_sink,
+    sink_commits,
+)
 from offsetlake.plan import BatchPlan, OffsetRange, ReaderSchema
 
 _STAT_TYPES = (
@@ -115,17 +123,20 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
 
 
 # ---- tables -----------------------------------------------------------------------------------
-def create_table_once(location: str, schema: pa.Schema, partition_by: list[str], description: str) -> DeltaTable:
-    """Open ``location``, creating an empty table (protocol 1/2) first if there is none.
+def create_table_once(location: str, schema: pa.Schema, partition_by: list[str], description: str,
+                      created_by: str | None = None) -> DeltaTable:
+    """Open ``location``, creating an empty table (protocol 1/2) first if there is none; its
+    create commit names the pipeline ``created_by`` when given (a sink, see ``ensure_table``).
 
     Two processes may race to create it; the loser's error is ignored and it opens the winner's.
     """
     table = open_table(location)
     if table is not None:
         return table
+    created = CommitProperties(custom_metadata=creation_metadata(created_by)) if created_by else None
     try:
         storage.create_table(location, schema, partition_by=partition_by or None, mode="ignore",
-                             description=description, configuration=KEEP_HISTORY)
+                             description=description, configuration=KEEP_HISTORY, commit_properties=created)
     except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
         if open_table(location) is None:
             raise
@@ -133,10 +144,11 @@ def create_table_once(location: str, schema: pa.Schema, partition_by: list[str],
 
 
 def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
-    """Open the sink, creating it from the first batch's schema if needed."""
+    """Open the sink, creating it from the first batch's schema if needed (its create commit names
+    the pipeline: of two first runs racing on one table, the loser is refused, invariant 16)."""
     return create_table_once(
         config.sink_path, schema, config.sink.partition_by,
-        f"offsetlake sink of pipeline {config.name} ({config.topic_label})",
+        f"offsetlake sink of pipeline {config.name} ({config.topic_label})", created_by=config.name,
     )
 
 
@@ -465,8 +477,10 @@ def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, fil
     writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
     A commit with removes is never retried on a newer version: delta-rs does not flag removes of
     files a concurrent commit already removed (see ``backfill.commit_replace``), so any commit
-    since ``table``'s version fails it. Returns the new table version.
+    since ``table``'s version fails it. Raises SinkOwnedError, committing nothing, when the table
+    belongs to another pipeline (invariant 16). Returns the new table version.
     """
+    refuse_foreign_sink(table, config.name)
     removes = remove_actions(removed or [], config.sink.partition_by)
     actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
     try:

@@ -38,7 +38,15 @@ from deltalake.exceptions import CommitFailedError
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
-from offsetlake.history import SinkCommit, commit_version, landed_version, ledger_entry, rewound_batches, sink_commits
+from offsetlake.history import (
+    SinkCommit,
+    commit_version,
+    landed_version,
+    ledger_entry,
+    refuse_foreign_sink,
+    rewound_batches,
+    sink_commits,
+)
 from offsetlake.kafka import current_offsets, topic_ids
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
@@ -231,6 +239,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
                        "moves": moves, "problems": problems}},
     )
     actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
+    refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:

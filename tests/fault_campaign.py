@@ -52,7 +52,7 @@ import yaml
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from offsetlake import storage
+from offsetlake import dead_letters, storage
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILPOINTS = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
@@ -572,14 +572,15 @@ class Campaign:
         dead: list[tuple[int, int]] = []
         # The dead-letter table follows the sink one commit behind at most: a crash between a sink
         # commit and its dead-letter commit leaves that change for the next run to apply (its txn
-        # "sink" says which sink version it holds). Meanwhile the audit counts the pending change.
+        # "sink:<sink table id>" says which sink version it holds). Meanwhile the audit counts the pending change.
         changes = [c["version"] for c in commits if "dead_letter_files" in c or "dead_letter_restore" in c]
         dead_pending = bool(changes)
         if storage.is_table(self.config.dead_letter_path):
             dead_table = storage.table(self.config.dead_letter_path)
             d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
             dead = list(zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(), strict=True))
-            applied = dead_table.transaction_version("sink")
+            sink_id = str(storage.table(self.config.sink_path).metadata().id) if changes else ""
+            applied = dead_table.transaction_version(dead_letters.applied_app_id(sink_id)) if changes else None
             dead_pending = bool(changes) and (applied is None or applied < max(changes))
         if dead_pending:
             self.stats["checks_with_dead_letters_pending"] += 1
