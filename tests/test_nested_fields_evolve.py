@@ -1,0 +1,162 @@
+"""A field added inside a struct evolves the sink like a new column does (issue 35, finding 3).
+
+v1 of a topic's records is ``{order_id, addr: {city}, lines: [{sku}], extras: {k: {a}}}``; v2
+adds ``addr.zip``, ``lines.element.qty`` and ``extras.value.b`` (nullable; in the registry
+with a default, so compatible). The first batch that carries them commits them in its own
+commit (invariant 12), old rows read null there with every reader, and a nested type change
+stays refused naming the field's path. Checked against an independent read of the topic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from kafka_truth import assert_exactly_once, read_records, read_topic, replay_by_key
+
+from offsetlake import storage
+from offsetlake.audit import audit_pipeline
+from offsetlake.embedded.sample_data import ensure_topic
+from offsetlake.errors import SchemaChangeError
+from offsetlake.maintenance import maintain
+from offsetlake.plan import RunContext
+from offsetlake.runs import run_pipeline
+
+V1_YAML = {"order_id": "long", "addr": "struct<city: string>", "lines": "array<struct<sku: string>>",
+           "extras": "map<string, struct<a: int>>"}
+V2_YAML = {"order_id": "long", "addr": "struct<city: string, zip: string>",
+           "lines": "array<struct<sku: string, qty: int>>", "extras": "map<string, struct<a: int, b: string>>"}
+UPSERT = {"mode": "upsert", "key": ["order_id"]}
+
+
+def _v1(order_id: int) -> dict:
+    return {"order_id": order_id, "addr": {"city": f"c{order_id}"}, "lines": [{"sku": f"s{order_id}"}],
+            "extras": {"k": {"a": order_id}}}
+
+
+def _v2(order_id: int) -> dict:
+    """A v2 record; odd ids carry the new fields, even ids come from producers that still omit them."""
+    record = _v1(order_id)
+    if order_id % 2:
+        record["addr"]["zip"] = f"z{order_id}"
+        record["lines"][0]["qty"] = order_id
+        record["extras"]["k"]["b"] = f"b{order_id}"
+    return record
+
+
+def _produce_json(bootstrap: str, topic: str, records: list[dict]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, record in enumerate(records):
+        producer.produce(topic, value=json.dumps(record).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+
+
+def _json_pipeline(pipeline, schema: dict, **overrides):
+    return pipeline.write(key_format="none", format={"type": "json", "schema": schema, "required": ["order_id"]},
+                          **overrides)
+
+
+def _sink_rows(config) -> dict[int, dict]:
+    """The sink's rows by order id, read by plain delta-rs (one row per id in these tests)."""
+    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    by_id = {r["order_id"]: r for r in rows}
+    assert len(by_id) == len(rows), "one row per order id"
+    return by_id
+
+
+def _nested(row: dict) -> tuple:
+    """The nested values a test compares: (city, zip, [(sku, qty)], {key: (a, b)})."""
+    return (row["addr"]["city"], row["addr"].get("zip"), [(x["sku"], x.get("qty")) for x in row["lines"]],
+            {k: (v["a"], v.get("b")) for k, v in dict(row["extras"]).items()})
+
+
+def _expected(i: int, city: str, carried: bool) -> tuple:
+    """What ``_nested`` reads for order ``i``: the new fields' values, or null where a row has none."""
+    return (city, f"z{i}" if carried else None, [(f"s{i}", i if carried else None)],
+            {"k": (i, f"b{i}" if carried else None)})
+
+
+def _commit_actions(config, version: int) -> list[dict]:
+    fs, root = storage.filesystem(config.sink_path)
+    with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as handle:
+        return [json.loads(line) for line in handle.read().decode().splitlines()]
+
+
+def _assert_nested_fields_in_schema(config) -> None:
+    types = {f.name: f.type for f in pa.schema(storage.table(config.sink_path).schema().to_arrow())}
+    assert [f.name for f in types["addr"]] == ["city", "zip"]
+    assert [f.name for f in types["lines"].value_type] == ["sku", "qty"]
+    assert [f.name for f in types["extras"].item_type] == ["a", "b"]
+
+
+@pytest.mark.parametrize("sink", [{}, UPSERT], ids=["append", "upsert"])
+def test_a_field_added_inside_a_yaml_struct_reaches_the_sink_in_the_commit_of_its_first_batch(pipeline, spark, sink):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    _produce_json(pipeline.bootstrap, pipeline.topic, [_v1(i) for i in range(40)])
+    config = _json_pipeline(pipeline, V1_YAML, sink=sink or {"mode": "append"})
+    [first] = run_pipeline(config, RunContext("nested-v1"), lambda: spark)
+    assert first.total("rows_written") == 40
+
+    # the YAML's structs gain fields; upserts also update every old key, so the merge rewrites old files
+    config = _json_pipeline(pipeline, V2_YAML, sink=sink or {"mode": "append"})
+    updates = [{**_v2(i), "addr": {**_v2(i)["addr"], "city": f"moved{i}"}} for i in range(0, 40, 3)] if sink else []
+    _produce_json(pipeline.bootstrap, pipeline.topic, [*[_v2(i) for i in range(40, 80)], *updates])
+    run = pipeline.cli("run", "--run-id", "nested-v2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = storage.table(config.sink_path)
+    _assert_nested_fields_in_schema(config)
+    # the fields came in the commit that holds the batch's rows and txns, never before it
+    actions = _commit_actions(config, table.version())
+    assert {"metaData", "add", "txn", "commitInfo"} <= {next(iter(a)) for a in actions}
+    schema_string = next(a["metaData"]["schemaString"] for a in actions if "metaData" in a)
+    assert '"zip"' in schema_string and '"qty"' in schema_string and '"b"' in schema_string
+    if not sink:
+        assert table.version() == first.sink_version + 1, "no commit of its own for the schema change"
+
+    rows = _sink_rows(config)
+    for i in range(80):
+        moved = bool(sink) and i < 40 and i % 3 == 0
+        carried = (i >= 40 or moved) and i % 2 == 1  # decoded with v2 from a record that has the new fields
+        assert _nested(rows[i]) == _expected(i, city=f"moved{i}" if moved else f"c{i}", carried=carried), i
+
+    # Spark reads the old files with the new fields as null too
+    frame = {r["order_id"]: r for r in spark.read.schema(_spark_schema(spark, config))
+             .parquet(*table.file_uris()).collect()}
+    assert frame[1]["addr"]["zip"] is None and frame[41]["addr"]["zip"] == "z41"
+    assert frame[1]["lines"][0]["qty"] is None and frame[41]["extras"]["k"]["b"] == "b41"
+
+    # the fields leave the YAML again: they stay in the sink, and new rows read null there
+    config = _json_pipeline(pipeline, V1_YAML, sink=sink or {"mode": "append"})
+    again = [_v2(i) for i in range(80, 90)] + ([_v2(41)] if sink else [])
+    _produce_json(pipeline.bootstrap, pipeline.topic, again)
+    [third] = run_pipeline(config, RunContext("nested-v1-again"), lambda: spark)
+    assert third.total("dead_letters") == 0
+    _assert_nested_fields_in_schema(config)
+    rows = _sink_rows(config)
+    assert _nested(rows[81]) == _expected(81, "c81", carried=False)
+    if sink:
+        assert _nested(rows[41]) == _expected(41, "c41", carried=False), "the newest record wins, read with v1"
+        assert _nested(rows[43])[1] == "z43", "a key the batch did not touch keeps its value"
+
+    # compaction reads the old and new files together
+    maintain(config, retention_hours=1, vacuum=False)
+    assert _sink_rows(config) == rows
+
+    if sink:
+        records = read_records(pipeline.bootstrap, pipeline.topic)
+        expected = replay_by_key(records, lambda r: json.loads(r.value)["order_id"], lambda r: json.loads(r.value))
+        assert set(rows) == set(expected)
+    else:
+        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok, report.text()
+
+
+def _spark_schema(spark, config):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(pa.schema(storage.table(config.sink_path).schema().to_arrow()))
