@@ -43,7 +43,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC
 from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
-from offsetlake.sink import live_files, table_schema
+from offsetlake.sink import live_files, schema_diff, table_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -171,6 +171,7 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     key, with CHANGE) applied by the ordering rule. Returns (rows, what it does to the keys,
     the DataFrames it persisted: unpersist them once the rows are written)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     key = config.sink.key
     batch = winners.drop(CHANGE)
@@ -178,7 +179,9 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
         inserts = winners.where(F.col(CHANGE) != DELETE).drop(CHANGE)
         found = winners.agg(F.sum((F.col(CHANGE) != DELETE).cast("long")).alias("inserted")).first()
         return inserts, MergeCounts(inserted=int((found and found["inserted"]) or 0)), []
-    schema = table_schema(table)
+    # the stored rows in the sink's schema with the batch's new nested fields (null in old files)
+    schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC",
+                                                              prefers_large_types=False)).merged
     stored = staging.read_files(spark, config.sink_path, files, _spark_safe(schema), config.sink.partition_by)
     have = {f.name: f.dataType for f in stored.schema.fields}
     new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
@@ -186,8 +189,8 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
 
     def struct(frame: DataFrame, types: dict) -> Column:
         present = set(frame.columns)
-        return F.struct(*[(F.col(f"`{c}`").cast(types[c]) if c in present else F.lit(None).cast(types[c])).alias(c)
-                          for c in order])
+        return F.struct(*[(staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c]) if c in present
+                           else F.lit(None).cast(types[c])).alias(c) for c in order])
 
     types = {**have, **new}
     b = winners.select(*[F.col(f"`{c}`") for c in key], struct(batch, types).alias("_b"), F.col(CHANGE))
