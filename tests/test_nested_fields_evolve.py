@@ -21,7 +21,6 @@ from kafka_truth import assert_exactly_once, read_records, read_topic, replay_by
 from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic
-from offsetlake.errors import SchemaChangeError
 from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
@@ -166,3 +165,80 @@ def _spark_schema(spark, config):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     return from_arrow_schema(pa.schema(storage.table(config.sink_path).schema().to_arrow()))
+
+
+_LINE_V1 = {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"}]}
+_EXTRA_V1 = {"type": "record", "name": "Extra", "fields": [{"name": "a", "type": "int"}]}
+AVRO_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "order_id", "type": "long"},
+    {"name": "addr", "type": {"type": "record", "name": "Address", "fields": [{"name": "city", "type": "string"}]}},
+    {"name": "lines", "type": {"type": "array", "items": _LINE_V1}},
+    {"name": "extras", "type": {"type": "map", "values": _EXTRA_V1}},
+]}
+# v2 adds a nullable field with a default inside each: BACKWARD compatible, the registry takes it
+AVRO_V2 = {**AVRO_V1, "fields": [
+    AVRO_V1["fields"][0],
+    {"name": "addr", "type": {"type": "record", "name": "Address", "fields": [
+        {"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}]}},
+    {"name": "lines", "type": {"type": "array", "items": {**_LINE_V1, "fields": [
+        *_LINE_V1["fields"], {"name": "qty", "type": ["null", "int"], "default": None}]}}},
+    {"name": "extras", "type": {"type": "map", "values": {**_EXTRA_V1, "fields": [
+        *_EXTRA_V1["fields"], {"name": "b", "type": ["null", "string"], "default": None}]}}},
+]}
+
+
+def _avro_v2_record(order_id: int, city: str | None = None) -> dict:
+    """A v2 record; odd ids fill the new fields, even ids leave them at their default (null)."""
+    carried = order_id % 2 == 1
+    return {"order_id": order_id, "addr": {"city": city or f"c{order_id}", "zip": f"z{order_id}" if carried else None},
+            "lines": [{"sku": f"s{order_id}", "qty": order_id if carried else None}],
+            "extras": {"k": {"a": order_id, "b": f"b{order_id}" if carried else None}}}
+
+
+@pytest.mark.parametrize("sink", [{}, UPSERT], ids=["append", "upsert"])
+def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_sink(pipeline, spark, schema_registry,
+                                                                                     sink):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    client = schema_registry.client()
+    v1 = AvroSerializer(client, json.dumps(AVRO_V1), conf={"auto.register.schemas": True})
+    v2 = AvroSerializer(client, json.dumps(AVRO_V2), conf={"auto.register.schemas": True})
+    context = SerializationContext(pipeline.topic, MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+    for i in range(40):
+        producer.produce(pipeline.topic, value=v1(_v1(i), context), partition=0)
+    assert producer.flush(30) == 0
+    config = pipeline.write(key_format="none", sink=sink or {"mode": "append"},
+                            format={"type": "avro", "schema_registry": schema_registry.settings})
+    [first] = run_pipeline(config, RunContext("avro-nested-v1"), lambda: spark)
+    assert first.total("rows_written") == 40
+
+    # v2 registered mid-stream; old producers go on with v1; upserts also move some old keys
+    for i in range(40, 80):
+        producer.produce(pipeline.topic, value=(v2(_avro_v2_record(i), context) if i % 2 else v1(_v1(i), context)),
+                         partition=0)
+    for i in range(0, 40, 3) if sink else ():
+        producer.produce(pipeline.topic, value=v2(_avro_v2_record(i, city=f"moved{i}"), context), partition=0)
+    assert producer.flush(30) == 0
+    [second] = run_pipeline(config, RunContext("avro-nested-v2"), lambda: spark)
+    assert second.total("dead_letters") == 0
+    _assert_nested_fields_in_schema(config)
+    subject = f"{pipeline.topic}-value"
+    assert second.plan.reader_schema is not None and second.plan.reader_schema.version == 2, subject
+
+    rows = _sink_rows(config)
+    for i in range(80):
+        moved = bool(sink) and i < 40 and i % 3 == 0
+        carried = (i >= 40 or moved) and i % 2 == 1
+        assert _nested(rows[i]) == _expected(i, city=f"moved{i}" if moved else f"c{i}", carried=carried), i
+
+    deserializer = AvroDeserializer(client)
+    if sink:
+        records = read_records(pipeline.bootstrap, pipeline.topic)
+        expected = replay_by_key(records, lambda r: deserializer(r.value, None)["order_id"],
+                                 lambda r: deserializer(r.value, None))
+        assert set(rows) == set(expected)
+    else:
+        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic,
+                                               order_id=lambda value: int(deserializer(value, None)["order_id"])))
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok, report.text()
