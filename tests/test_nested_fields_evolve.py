@@ -21,6 +21,7 @@ from kafka_truth import assert_exactly_once, read_records, read_topic, replay_by
 from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic
+from offsetlake.errors import SchemaChangeError
 from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
@@ -242,3 +243,31 @@ def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_
                                                order_id=lambda value: int(deserializer(value, None)["order_id"])))
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok, report.text()
+
+
+def test_a_nested_type_change_is_refused_naming_the_field_path_both_types_and_the_ways_forward(pipeline, spark):
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    _produce_json(pipeline.bootstrap, pipeline.topic, [_v1(i) for i in range(10)])
+    config = _json_pipeline(pipeline, V1_YAML)
+    [first] = run_pipeline(config, RunContext("nested-types-v1"), lambda: spark)
+    _produce_json(pipeline.bootstrap, pipeline.topic, [{**_v1(i), "addr": {"city": i}} for i in range(10, 14)])
+
+    config = _json_pipeline(pipeline, {**V1_YAML, "addr": "struct<city: long>"})
+    run = pipeline.cli("run")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "nested field 'addr.city' as int64, but the sink" in run.stderr and "holds it as string" in run.stderr
+    assert "Nothing was committed" in run.stderr and "a new sink table (sink.table)" in run.stderr
+    assert "transform that casts the nested field back to the sink's type" in run.stderr
+    for changed, path, old, new in (("lines", "lines.element.sku", "string", "int64"),
+                                    ("extras", "extras.value.a", "int32", "string")):
+        types = {"lines": "array<struct<sku: long>>", "extras": "map<string, struct<a: string>>"}
+        config = _json_pipeline(pipeline, {**V1_YAML, changed: types[changed]})
+        with pytest.raises(SchemaChangeError, match=rf"nested field '{path}' as {new}, but the sink .* holds it as {old}"):
+            run_pipeline(config, RunContext(f"nested-types-{changed}"), lambda: spark)
+
+    # under on_schema_change: fail, a new nested field stops the batch like a new column, by its path
+    config = _json_pipeline(pipeline, V2_YAML, on_schema_change="fail")
+    with pytest.raises(SchemaChangeError, match=r"new nested fields 'addr.zip', 'lines.element.qty', 'extras.value.b'\)"
+                                               r".*on_schema_change is fail"):
+        run_pipeline(config, RunContext("nested-fail"), lambda: spark)
+    assert storage.table(config.sink_path).version() == first.sink_version, "nothing committed"
