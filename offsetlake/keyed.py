@@ -63,7 +63,7 @@ from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPI
 from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
 from offsetlake.plan import BatchPlan, PartitionOffsets
-from offsetlake.sink import live_files, table_schema
+from offsetlake.sink import live_files, schema_diff, table_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -236,6 +236,7 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     does not touch are written as they were."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StringType
 
     key = config.sink.key
@@ -243,8 +244,10 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     batch = states.drop(CHANGE, LATER)
     stored = None
     if table is not None and files:
-        stored = staging.read_files(spark, config.sink_path, files, _spark_safe(table_schema(table)),
-                                    config.sink.partition_by)
+        # the stored rows in the sink's schema with the batch's new nested fields (null in old files)
+        schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC",
+                                                                  prefers_large_types=False)).merged
+        stored = staging.read_files(spark, config.sink_path, files, _spark_safe(schema), config.sink.partition_by)
     have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
     new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
     if HIDDEN not in have:
@@ -254,8 +257,8 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
 
     def struct(frame: DataFrame) -> Column:
         present = set(frame.columns)
-        return F.struct(*[(F.col(f"`{c}`").cast(types[c]) if c in present else F.lit(None).cast(types[c])).alias(c)
-                          for c in order])
+        return F.struct(*[(staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c]) if c in present
+                           else F.lit(None).cast(types[c])).alias(c) for c in order])
 
     later = F.col(LATER) if LATER in states.columns else F.lit(False)
     b = states.select(*[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"),

@@ -371,48 +371,129 @@ def table_schema(table: DeltaTable) -> pa.Schema:
 
 
 def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, plan: BatchPlan) -> pa.Schema | None:
-    """The sink's schema with the batch's new columns (nullable) added, or None if it has none
-    (invariant 12). A column the batch no longer has stays; its new rows read null.
+    """The sink's schema with the batch's new fields (nullable) added, or None if it has none
+    (invariant 12): a new column, or a new field inside a struct at any depth (in arrays of
+    structs and map values too), which Delta adds in place. A column or nested field the batch no
+    longer has stays; its new rows read null.
 
-    Raises SchemaChangeError, naming the column, both types and the reader schemas involved, for a
-    column whose type differs from the sink's (Delta cannot take that in place and nothing is ever
-    cast silently), and under ``on_schema_change: fail`` for any added or missing column.
+    Raises SchemaChangeError, naming the column or nested field (``addr.city``,
+    ``lines.element.qty``, ``extras.value.b``), both types and the reader schemas involved, for a
+    type that differs from the sink's (Delta cannot take that in place and nothing is ever cast
+    silently), for a nested field the sink holds as required (not null) that the batch lacks, and
+    under ``on_schema_change: fail`` for any added or missing column or nested field.
     """
-    current = table_schema(table)
-    have = {f.name: f for f in current}
-    changed = []
-    added = []
-    for column in rows:
-        old = have.get(column.name)
-        if old is None:
-            added.append(pa.field(column.name, column.type, nullable=True))
-        elif not _same_type(old.type, column.type):
-            changed.append((column.name, old.type, column.type))
-    if changed:
-        name, old_type, new_type = changed[0]
-        more = f" ({len(changed) - 1} more columns changed)" if len(changed) > 1 else ""
+    diff = schema_diff(table_schema(table), rows)
+    if diff.changed:
+        path, old_type, new_type = diff.changed[0]
+        more = f" ({len(diff.changed) - 1} more changed)" if len(diff.changed) > 1 else ""
         schemas = _schemas_involved(table, config, plan)  # the history is read only to explain a refusal
+        what = "nested field" if len(path) > 1 else "column"
         raise SchemaChangeError(
-            f"pipeline {config.name}: batch {plan.batch_id} writes column '{name}' as {new_type}, but the sink "
-            f"{config.sink_path} holds it as {old_type}{more}{schemas}; Delta cannot change a column's type in place and "
+            f"pipeline {config.name}: batch {plan.batch_id} writes {what} '{_dotted(path)}' as {new_type}, but the sink "
+            f"{config.sink_path} holds it as {old_type}{more}{schemas}; Delta cannot change a {what}'s type in place and "
             "offsetlake never casts silently. Nothing was committed. Ways forward: a new sink table (sink.table), or a "
-            "transform that casts the column back to the sink's type"
+            f"transform that casts the {what} back to the sink's type"
         )
-    missing = [f.name for f in current if f.name not in rows.names]
-    if config.on_schema_change == "fail" and (added or missing):
+    if diff.required_missing:
+        raise SchemaChangeError(
+            f"pipeline {config.name}: batch {plan.batch_id} has no {_listed('nested field', diff.required_missing)}, "
+            f"which the sink {config.sink_path} holds as required (not null){_schemas_involved(table, config, plan)}; "
+            "its rows could not be read back. Nothing was committed. Ways forward: keep the field in the schema, or a "
+            "new sink table (sink.table)"
+        )
+    if config.on_schema_change == "fail" and (diff.added or diff.missing):
         schemas = _schemas_involved(table, config, plan)
         what = "; ".join(part for part in (
-            f"new column{'s' if len(added) > 1 else ''} {', '.join(repr(f.name) for f in added)}" if added else "",
-            f"no column{'s' if len(missing) > 1 else ''} {', '.join(repr(n) for n in missing)} any more" if missing else "",
+            _listed("new column", [p for p in diff.added if len(p) == 1]),
+            _listed("new nested field", [p for p in diff.added if len(p) > 1]),
+            _listed("no column", [p for p in diff.missing if len(p) == 1], " any more"),
+            _listed("no nested field", [p for p in diff.missing if len(p) > 1], " any more"),
         ) if part)
         raise SchemaChangeError(
             f"pipeline {config.name}: batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
             "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
-            "is added in the batch's own commit), pin format.version to the schema the sink has, or a new sink table"
+            "or nested field is added in the batch's own commit), pin format.version to the schema the sink has, or a "
+            "new sink table"
             + (f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink "
-               "without it" if any(f.name == KEY_COLUMN for f in added) else "")
+               "without it" if (KEY_COLUMN,) in diff.added else "")
         )
-    return pa.schema([*current, *added]) if added else None
+    return diff.merged if diff.added else None
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+def _listed(label: str, paths: list[tuple[str, ...]], tail: str = "") -> str:
+    """"new columns 'a', 'b'", or "" for no paths."""
+    if not paths:
+        return ""
+    return f"{label}{'s' if len(paths) > 1 else ''} {', '.join(repr(_dotted(p)) for p in paths)}{tail}"
+
+
+@dataclass
+class SchemaDiff:
+    """How a batch's rows differ from the sink's schema, field by field. A field is named by its
+    path: ``("addr", "zip")``; ``("lines", "element", "qty")`` inside an array of structs;
+    ``("extras", "value", "b")`` inside a map's values (Delta's names for them, dotted)."""
+
+    merged: pa.Schema  # the sink's schema with the rows' new fields appended (nullable) where they belong
+    added: list[tuple[str, ...]] = field(default_factory=list)
+    missing: list[tuple[str, ...]] = field(default_factory=list)  # the sink's, absent from the rows: kept, rows read null
+    required_missing: list[tuple[str, ...]] = field(default_factory=list)  # missing nested fields the sink holds not null
+    changed: list[tuple[tuple[str, ...], pa.DataType, pa.DataType]] = field(default_factory=list)  # path, sink's, rows'
+
+
+def schema_diff(sink: pa.Schema, rows: pa.Schema) -> SchemaDiff:
+    """Compare ``rows`` with ``sink`` by name at every depth (Delta, Spark and pyarrow resolve
+    struct fields by name, so a different order is no change). The merged schema keeps the sink's
+    fields, types and order and appends each new field at the end of its struct, as Delta's own
+    schema merge does."""
+    diff = SchemaDiff(merged=sink)
+    merged = _merged_struct((), pa.struct(list(sink)), pa.struct(list(rows)), diff)
+    diff.merged = pa.schema(list(merged), metadata=sink.metadata)
+    return diff
+
+
+def _merged_type(path: tuple[str, ...], old: pa.DataType, new: pa.DataType, diff: SchemaDiff) -> pa.DataType:
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        return _merged_struct(path, old, new, diff)
+    if _is_list(old) and _is_list(new):
+        element = old.value_field.with_type(_merged_type((*path, "element"), old.value_type, new.value_type, diff))
+        return pa.large_list(element) if pa.types.is_large_list(old) else pa.list_(element)
+    if pa.types.is_map(old) and pa.types.is_map(new):
+        if not _same_type(old.key_type, new.key_type):
+            diff.changed.append(((*path, "key"), old.key_type, new.key_type))
+            return old
+        value = old.item_field.with_type(_merged_type((*path, "value"), old.item_type, new.item_type, diff))
+        return pa.map_(old.key_field, value, keys_sorted=old.keys_sorted)
+    if not _same_type(old, new):
+        diff.changed.append((path, old, new))
+    return old
+
+
+def _merged_struct(path: tuple[str, ...], old: pa.StructType, new: pa.StructType, diff: SchemaDiff) -> pa.StructType:
+    theirs = {f.name: f for f in new}
+    fields = []
+    for mine in old:
+        other = theirs.get(mine.name)
+        if other is None:
+            diff.missing.append((*path, mine.name))
+            if path and not mine.nullable:
+                diff.required_missing.append((*path, mine.name))
+            fields.append(mine)
+        else:
+            fields.append(mine.with_type(_merged_type((*path, mine.name), mine.type, other.type, diff)))
+    ours = {f.name for f in old}
+    for other in new:
+        if other.name not in ours:
+            diff.added.append((*path, other.name))
+            fields.append(pa.field(other.name, other.type, nullable=True))
+    return pa.struct(fields)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
 def _schemas_involved(table: DeltaTable, config: PipelineConfig, plan: BatchPlan) -> str:
@@ -447,22 +528,26 @@ def _canonical(t: pa.DataType) -> str:
 
 
 def add_columns_first(table: DeltaTable, config: PipelineConfig, schema: pa.Schema, plan: BatchPlan) -> DeltaTable:
-    """Add the columns of ``schema`` that ``table`` lacks (nullable) in a metadata-only commit, for
-    a batch that also removes files: delta-rs writes a schema change only with an overwrite, which
-    cannot carry removes. Dying right after leaves an empty new column and nothing else. Raises
-    CommitConflictError if another writer committed meanwhile (the files the batch read may have
-    changed); returns ``table`` at its new version, the object the batch then commits on."""
+    """Add the columns and nested fields of ``schema`` that ``table`` lacks (nullable) in a
+    metadata-only commit, for a batch that also removes files: delta-rs writes a schema change
+    only with an overwrite, which cannot carry removes. Dying right after leaves an empty new
+    column or field and nothing else. Raises CommitConflictError if another writer committed
+    meanwhile (the files the batch read may have changed); returns ``table`` at its new version,
+    the object the batch then commits on."""
     from deltalake.schema import Field as DeltaField
 
-    have = set(table_schema(table).names)
-    added = [f for f in schema if f.name not in have]
+    current = table_schema(table)
+    diff = schema_diff(current, schema)
+    # a column that gains nested fields is given whole: delta-rs merges it into the one it has
+    grown = [f for f in schema if f.name not in current.names
+             or schema_diff(pa.schema([current.field(f.name)]), pa.schema([f])).added]
     before = table.version()
-    table.alter.add_columns([DeltaField.from_arrow(f) for f in added])
+    table.alter.add_columns([DeltaField.from_arrow(f) for f in grown])
     if table.version() != before + 1:
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id}: another writer committed to the sink while the batch added "
-            f"column{'s' if len(added) > 1 else ''} {', '.join(f.name for f in added)}; nothing of the batch was committed")
-    log.info("pipeline=%s batch=%s step=schema added=%s", config.name, plan.batch_id, ",".join(f.name for f in added))
+            f"{', '.join(map(_dotted, diff.added))}; nothing of the batch was committed")
+    log.info("pipeline=%s batch=%s step=schema added=%s", config.name, plan.batch_id, ",".join(map(_dotted, diff.added)))
     return table
 
 

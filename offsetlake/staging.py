@@ -31,7 +31,8 @@ from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
 
 # The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder.
 PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
@@ -207,3 +208,27 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema, partition_values: dict[
         else:
             columns.append(pa.nulls(batch.num_rows, f.type))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def conformed_column(column: Column, have: DataType, want: DataType) -> Column:
+    """``column`` (of Spark type ``have``) as type ``want``, struct fields matched by name at any
+    depth (inside arrays and map values too), a field ``have`` lacks as null: the Spark side of
+    ``_conformed``, for rows decoded without a nested field the sink holds (invariant 12: a field
+    that leaves the schema stays in the sink, its new rows read null). Spark's own cast matches
+    struct fields by position and refuses structs of different sizes, so it is used for leaves only;
+    a leaf whose type cannot be cast raises Spark's AnalysisException, as a plain cast does."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if have == want:
+        return column
+    if isinstance(have, StructType) and isinstance(want, StructType):
+        present = {f.name: f.dataType for f in have.fields}
+        fields = [(conformed_column(column.getField(f.name), present[f.name], f.dataType) if f.name in present
+                   else F.lit(None).cast(f.dataType)).alias(f.name) for f in want.fields]
+        return F.when(column.isNull(), F.lit(None).cast(want)).otherwise(F.struct(*fields))
+    if isinstance(have, ArrayType) and isinstance(want, ArrayType):
+        return F.transform(column, lambda item: conformed_column(item, have.elementType, want.elementType))
+    if isinstance(have, MapType) and isinstance(want, MapType):
+        return F.transform_values(column, lambda _, value: conformed_column(value, have.valueType, want.valueType))
+    return column.cast(want)
