@@ -373,12 +373,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"owned by a live {lease.describe()}: scheduled runs skip")
     elif lease is not None:
         print(f"no live stream (the last one, {lease.owner}, {lease.state} its lease; it ended {lease.expires_at})")
+    # ``start`` applies to the pipeline's first plan only: once anything is committed, a partition
+    # without a committed end begins at its log start (``planner.plan_ranges``)
+    begins_at_lso = config.start == "latest" and all(r["committed_end"] is None for r in rows)
     for r in rows:
         if r["lost"]:
             print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")
         elif r["removed_before_start"]:
             print(f"note: {r['topic']}[{r['partition']}] offsets [0, {r['log_start']}) were removed from Kafka before this "
-                  f"pipeline committed anything there; it begins at {r['log_start'] if config.start == 'earliest' else 'the LSO'}")
+                  f"pipeline committed anything there; it begins at {'the LSO' if begins_at_lso else r['log_start']}")
     return 0
 
 
