@@ -86,6 +86,8 @@ def ledger_entry(
         entry["reader_schema"] = plan.reader_schema.as_dict()
     if plan.topic_ids:  # what its offsets mean (invariant 16); entries before topic ids lack it
         entry["topic_ids"] = dict(sorted(plan.topic_ids.items()))
+    if plan.sink_table_id is not None:  # the table its ranges were planned on (invariant 16)
+        entry["sink_table_id"] = plan.sink_table_id
     entry.update(extra or {})
     entry.update(facts)
     return entry

@@ -74,6 +74,8 @@ LEDGER_SCHEMA = pa.schema(
         ("reader_schema", pa.string()),
         # Kafka's id of the row's topic when the batch was planned (invariant 16), where known
         ("topic_id", pa.string()),
+        # the Delta id of the sink table the batch was planned on, where there was one (invariant 16)
+        ("sink_table_id", pa.string()),
     ]
 )
 
@@ -315,6 +317,7 @@ def _plan_from_rows(rows: list[dict], pipeline: str) -> BatchPlan:
         window=RecordTimeWindow(time_from, time_to) if time_from is not None and time_to is not None else None,
         reader_schema=ReaderSchema.from_dict(json.loads(mine[0]["reader_schema"]) if mine[0].get("reader_schema") else None),
         topic_ids={r["topic"]: r["topic_id"] for r in mine if r.get("topic_id")},
+        sink_table_id=mine[0].get("sink_table_id"),
     )
 
 
@@ -360,7 +363,7 @@ def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | 
     return [
         {**base, "topic": r["topic"], "partition": r["partition"], "start_offset": r["start"], "end_offset": r["end"],
          "records_read": r.get("records_read"), "rows_written": r.get("rows_written"), "dead_letters": r.get("dead_letters"),
-         "topic_id": (entry.get("topic_ids") or {}).get(r["topic"])}
+         "topic_id": (entry.get("topic_ids") or {}).get(r["topic"]), "sink_table_id": entry.get("sink_table_id")}
         for r in entry.get("ranges", [])
     ]
 

@@ -174,6 +174,9 @@ class BatchPlan:
     reader_schema: ReaderSchema | None = None  # what its records decode into (None: a batch that reads nothing)
     # Kafka's topic id of each topic its offsets belong to, where the broker names one (invariant 16)
     topic_ids: dict[str, str] = field(default_factory=dict)
+    # the Delta id of the sink table it was planned on (None: there was none yet); a plan never
+    # applies to another table (invariant 16)
+    sink_table_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", BatchKind(self.kind))

@@ -16,7 +16,7 @@ from offsetlake.formats import resolve_reader_schema
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, topic_ids
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import committed_ends, open_table, sink_columns
+from offsetlake.sink import committed_ends, open_table, sink_columns, table_id
 from offsetlake.topic_epochs import check_topic_identity
 
 
@@ -142,7 +142,8 @@ def plan_next_batch(
                 check_log_start(offsets[key], committed, config.name)
             lost.append(OffsetRange(key[0], key[1], committed, offsets[key].log_start))
     if lost:
-        return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run, topic_ids=identity)
+        return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run, topic_ids=identity,
+                         sink_table_id=table_id(table))
     if end_limit:
         offsets = {
             key: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(key, o.last_stable)))
@@ -155,4 +156,5 @@ def plan_next_batch(
         return None
     # the reader schema is fixed here, with the ranges (invariant 12)
     return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run,
-                     reader_schema=resolve_reader_schema(config, sink_columns(table)), topic_ids=identity)
+                     reader_schema=resolve_reader_schema(config, sink_columns(table)), topic_ids=identity,
+                     sink_table_id=table_id(table))

@@ -103,8 +103,16 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
     """Invariant 3: True if the plan still applies, False if the sink already holds it.
 
     Raises StalePlanError when another batch moved a partition's committed end part-way,
-    naming that batch.
+    naming that batch, or when the sink is no longer the table the plan was made on: a plan made
+    on a table later deleted or replaced would otherwise start the new table in the middle of
+    each partition (a missing committed end looks like "applies"; issue 35, finding 8's follow-up).
     """
+    if plan.sink_table_id is not None and table_id(table) != plan.sink_table_id:
+        now = f"table {table_id(table)}" if table is not None else "no table"
+        raise StalePlanError(
+            f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}) was planned on sink table "
+            f"{plan.sink_table_id} at {config.sink_path}, which now holds {now} (deleted, re-created or replaced); "
+            "its ranges start from that table's committed ends, so it was not applied; plan anew")
     done = 0
     for r in plan.ranges:
         committed = committed_end(table, config, r.topic, r.partition)
@@ -120,6 +128,11 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
         )
     sized = [r for r in plan.ranges if r.size > 0]
     return not (sized and done == len(sized))
+
+
+def table_id(table: DeltaTable | None) -> str | None:
+    """The sink table's identity: its Delta table id (None when there is no table)."""
+    return None if table is None else str(table.metadata().id)
 
 
 # ---- tables -----------------------------------------------------------------------------------

@@ -27,10 +27,12 @@ from s3_tools import delete_tree
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
-from offsetlake.errors import SchemaChangeError
+from offsetlake.errors import SchemaChangeError, StalePlanError
 from offsetlake.history import sink_commits
+from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
-from offsetlake.runs import run_pipeline
+from offsetlake.planner import plan_next_batch
+from offsetlake.runs import execute_recorded_batch, run_pipeline
 from offsetlake.sink import CommitActions, commit, create_table_once, file_stats, txns_for
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
@@ -149,3 +151,31 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     applies = [i for i in storage.table(old.dead_letter_path).history()
                if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand]
     assert applies == [], "the change the old code applied is adopted, never applied again"
+
+
+@pytest.mark.also_on_s3
+def test_a_plan_made_on_a_sink_table_that_was_then_replaced_is_never_applied_to_the_new_one(pipeline, spark):
+    """An Airflow retry (or a stream's batch in flight) of a plan made before the sink table was
+    deleted and re-created: its ranges start at the old table's committed ends, so applying it to
+    the new table would leave that table without the offsets below them, for good."""
+    config = pipeline.write(max_records_per_batch=50)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 150, partition=0)
+    run_pipeline(config, RunContext("first-table"), lambda: spark, max_batches=1)
+    plan = plan_next_batch(config, RunContext("planned-on-the-first-table"))
+    assert plan is not None and [(r.start, r.end) for r in plan.ranges] == [(50, 100)]
+    assert plan.sink_table_id == str(storage.table(config.sink_path).metadata().id)
+    Ledger.of(config).record_plan(plan)
+
+    delete_tree(config.sink_path)
+    with pytest.raises(StalePlanError, match=f"batch {plan.batch_id} .* was planned on sink table {plan.sink_table_id}"
+                                             ".* which now holds no table"):
+        execute_recorded_batch(config, plan.batch_id, lambda: spark)
+    run_pipeline(config, RunContext("second-table"), lambda: spark, max_batches=1)  # a new table: [0, 50)
+    with pytest.raises(StalePlanError, match="which now holds table"):
+        execute_recorded_batch(config, plan.batch_id, lambda: spark)
+
+    run_pipeline(config, RunContext("second-table-rest"), lambda: spark)
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok, report.text()
