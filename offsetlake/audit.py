@@ -27,13 +27,13 @@ import pyarrow.compute as pc
 from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC
-from offsetlake.history import rewound_batches, sink_commits
+from offsetlake.history import epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
-from offsetlake.topic_epochs import added_versions, check_pipeline_identity, epoch_at, epoch_starts
+from offsetlake.topic_epochs import added_versions, check_pipeline_identity
 
 _COORDS = list(RECORD_KEY)
 EPOCH_OF = "_topic_epoch"  # the audit's own column: which epoch of its topic a row's record belongs to
@@ -106,11 +106,16 @@ def _sink_keys(config: PipelineConfig, starts: dict[str, list[int]]) -> pa.Table
         ROW_INDEX, index.cast(pa.int32()))
 
 
-def _with_current_epoch(table: pa.Table, starts: dict[str, list[int]]) -> pa.Table:
-    """Dead letters with the epoch column: each in its topic's current epoch (the dead-letter table
-    does not say which epoch a dead letter's record came from)."""
-    current = [len(starts.get(t, [])) for t in table[TOPIC].to_pylist()] if starts else [0] * table.num_rows
-    return table.append_column(EPOCH_OF, pa.array(current, pa.int32()))
+def _with_epochs(table: pa.Table, starts: dict[str, list[int]], commits: list) -> pa.Table:
+    """Dead letters (with ``batch_id``) with the epoch column: the epoch of the commit of the batch
+    that wrote each (``offsetlake.history.epoch_at``), without ``batch_id``."""
+    epochs = np.zeros(table.num_rows, np.int32)
+    if starts:
+        version_of = {c.batch_id: c.version for c in commits}
+        for i, (topic, batch) in enumerate(zip(table[TOPIC].to_pylist(), table["batch_id"].to_pylist(), strict=True)):
+            if topic in starts:
+                epochs[i] = epoch_at(starts[topic], version_of.get(batch, -1))
+    return table.drop_columns(["batch_id"]).append_column(EPOCH_OF, pa.array(epochs, pa.int32()))
 
 
 def _current_epoch_only(table: pa.Table, starts: dict[str, list[int]]) -> pa.Table:
@@ -131,7 +136,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     commits = sink_commits(sink, config.name)
     starts = epoch_starts(commits)  # a topic re-created under the pipeline: its epochs are kept apart
     rows = _sink_keys(config, starts)
-    dead = _with_current_epoch(dead_letters.coordinates_applied(config, _COORDS), starts)
+    dead = _with_epochs(dead_letters.coordinates_applied(config, [*_COORDS, "batch_id"]), starts, commits)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
     if config.sink.mode == "upsert" and sink is not None:
         report.hidden_rows = rows.num_rows - current_rows(sink, [TOPIC]).num_rows

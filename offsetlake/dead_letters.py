@@ -60,9 +60,9 @@ from deltalake.transaction import AddAction
 
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import Selection
+from offsetlake.coordinates import TOPIC, Selection
 from offsetlake.errors import OffsetlakeError
-from offsetlake.history import SinkCommit, commit_infos, sink_commits
+from offsetlake.history import SinkCommit, commit_infos, epoch_at, epoch_starts, sink_commits
 from offsetlake.log_lines import log_line
 from offsetlake.sink import (
     CommitActions,
@@ -198,7 +198,7 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
         if RESTORE in change.entry:
             files = _restore_actions(config, table, int(change.entry[RESTORE]["to_sink_version"]), change, sink)
         else:
-            files = _replace_actions(config, table, change)
+            files = _replace_actions(config, table, change, sink.commits)
         entry = {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters",
                  "sink_version": change.version, SINK_TABLE_ID: sink.table_id}
         try:
@@ -271,26 +271,47 @@ def _marked_newest_first(table: DeltaTable) -> Iterator[tuple[int, dict]]:
         newest = first - 1
 
 
-def _replace_actions(config: PipelineConfig, table: DeltaTable, change: SinkCommit) -> list:
+def _replace_actions(config: PipelineConfig, table: DeltaTable, change: SinkCommit, commits: list[SinkCommit]) -> list:
     """Removes of the files holding dead letters of the batch's records, an add of their other
-    rows (rewritten), and adds of the batch's staged files."""
+    rows (rewritten), and adds of the batch's staged files. Dead letters of an earlier epoch of
+    a topic (before ``offsetlake topic reset-epoch``) are other records at the same offsets: they
+    stay (invariant 16)."""
     selected = Selection.of_entry(change.entry)
     touched = [f for f in live_files(table) if selected.file_may_hold(f)]
     actions: list = remove_actions(touched, [])
-    kept = _rows_outside(config, touched, selected)
+    kept = _rows_outside(config, touched, _kept_by(change, commits))
     if kept.num_rows:
         actions += _add_files(config, stage(config, change.batch_id, kept))
     return actions + _add_files(config, change.entry.get(STAGED, []))
 
 
-def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], selected: Selection) -> pa.Table:
-    outside = selected.outside()
+def _earlier_epoch_batches(commits: list[SinkCommit], change: SinkCommit) -> dict[str, list[str]]:
+    """Per topic of ``change`` that had an epoch reset: the batches of its earlier epochs."""
+    starts = epoch_starts(commits)
+    out: dict[str, list[str]] = {}
+    for topic in {r["topic"] for r in change.entry.get("ranges", [])} & set(starts):
+        now = epoch_at(starts[topic], change.version)
+        out[topic] = [c.batch_id for c in commits if epoch_at(starts[topic], c.version) < now]
+    return out
+
+
+def _kept_by(change: SinkCommit, commits: list[SinkCommit]) -> pc.Expression | None:
+    """The dead letters a change keeps: those outside its ranges, and those of an earlier epoch of
+    their topic (None: all of them)."""
+    kept = Selection.of_entry(change.entry).outside()
+    for topic, batches in _earlier_epoch_batches(commits, change).items():
+        older = (pc.field(TOPIC) == topic) & pc.field("batch_id").isin(batches)
+        kept = older if kept is None else (kept | older)
+    return kept
+
+
+def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], kept: pc.Expression | None) -> pa.Table:
     parts = []
     for f in files:
         fs, path = storage.filesystem(storage.data_file(config.dead_letter_path, f["path"]))
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
-        parts.append(rows.filter(outside) if outside is not None else rows)
+        parts.append(rows.filter(kept) if kept is not None else rows)
     return pa.concat_tables([p.cast(DEAD_LETTER_SCHEMA) for p in parts]) if parts else DEAD_LETTER_SCHEMA.empty_table()
 
 
@@ -433,9 +454,9 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
             else:
                 rows = storage.table(config.dead_letter_path, version=version).to_pyarrow_dataset().to_table(columns=columns)
             continue
-        outside = Selection.of_entry(change.entry).outside()
-        if outside is not None:
-            rows = rows.filter(outside)
+        kept = _kept_by(change, sink.commits) if "batch_id" in columns else Selection.of_entry(change.entry).outside()
+        if kept is not None:
+            rows = rows.filter(kept)
         for s in change.entry.get(STAGED, []):
             fs, path = storage.filesystem(storage.child(config.dead_letter_path, s["path"]))
             with fs.open_input_file(path) as handle:

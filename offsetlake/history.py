@@ -12,6 +12,7 @@ batch committed this offset" and "which batches did a rewind undo" from that his
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
@@ -341,3 +342,25 @@ def live_commits(commits: Iterable[SinkCommit]) -> list[SinkCommit]:
     commits = list(commits)
     rewound = rewound_batches(commits)
     return [c for c in commits if c.kind != BatchKind.REWIND and c.batch_id not in rewound]
+
+
+# ---- topic epochs (invariant 16) ---------------------------------------------------------------
+EPOCH = "epoch"  # entry key of an epoch commit: what it moved, from which topic id to which
+
+
+def epoch_starts(commits: list[SinkCommit]) -> dict[str, list[int]]:
+    """Per topic, the sink versions of its live epoch commits (``offsetlake topic reset-epoch``),
+    ascending; a topic without any has one epoch. Offsets of different epochs of one topic name
+    different records (the topic was re-created or truncated)."""
+    rewound = rewound_batches(commits)
+    out: dict[str, list[int]] = {}
+    for c in sorted(commits, key=lambda c: c.version):
+        if c.kind == BatchKind.EPOCH and c.batch_id not in rewound:
+            out.setdefault(c.entry[EPOCH]["topic"], []).append(c.version)
+    return out
+
+
+def epoch_at(starts: list[int], version: int) -> int:
+    """The epoch (0 = the first) a commit at sink ``version`` belongs to, given a topic's
+    ``epoch_starts``: an epoch commit opens the epoch it belongs to."""
+    return bisect.bisect_right(starts, version)

@@ -25,7 +25,6 @@ is then the old one again and planning refuses again.
 
 from __future__ import annotations
 
-import bisect
 import getpass
 import json
 import time
@@ -39,6 +38,7 @@ from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
+    EPOCH,
     SinkCommit,
     commit_version,
     landed_version,
@@ -53,28 +53,12 @@ from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRan
 from offsetlake.sink import CommitActions, commit, committed_end, open_table, txns
 
 TopicPartitionKey = tuple[str, int]
-EPOCH = "epoch"  # entry key of an epoch commit: what it moved, from which topic id to which
 
 
 # ---- what history says ------------------------------------------------------------------------
 def _live(commits: list[SinkCommit]) -> list[SinkCommit]:
     rewound = rewound_batches(commits)
     return [c for c in sorted(commits, key=lambda c: c.version) if c.batch_id not in rewound]
-
-
-def epoch_starts(commits: list[SinkCommit]) -> dict[str, list[int]]:
-    """Per topic, the sink versions of its live epoch commits, ascending (none: one epoch)."""
-    out: dict[str, list[int]] = {}
-    for c in _live(commits):
-        if c.kind == BatchKind.EPOCH:
-            out.setdefault(c.entry[EPOCH]["topic"], []).append(c.version)
-    return out
-
-
-def epoch_at(starts: list[int], version: int) -> int:
-    """The epoch (0 = the first) a commit at sink ``version`` belongs to, given a topic's
-    ``epoch_starts``: an epoch commit opens the epoch it belongs to."""
-    return bisect.bisect_right(starts, version)
 
 
 def recorded_topic_ids(commits: list[SinkCommit]) -> dict[str, str]:

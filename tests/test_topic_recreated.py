@@ -8,7 +8,7 @@ import time
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from kafka_truth import ledger_rows, read_topic, sink_coordinates
+from kafka_truth import dead_letter_coordinates, ledger_rows, read_topic, sink_coordinates
 
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -108,3 +108,30 @@ def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed
     assert identity_problems({("t", 0): 120}, offsets, {}, {"t": "new-id"}) == []  # entries from before topic ids
     epoch = SinkCommit(4, {"batch_id": "e1", "kind": "epoch", "epoch": {"topic": "t", "topic_id": "new-id"}, "ranges": []})
     assert recorded_topic_ids([*commits, epoch]) == {"t": "new-id"}
+
+
+def test_dead_letters_of_an_earlier_epoch_stay_beside_the_new_epochs_at_the_same_offsets(pipeline, spark):
+    """The new epoch's batches replace dead letters in their ranges (invariant 8), but the old
+    epoch's dead letters at the same offsets are other records: they stay, and the audit keeps
+    them apart (a helper's report on the topic-epoch work found them deleted)."""
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 50, first_id=0, malformed_every=10, partition=0)
+    run_pipeline(config, RunContext("old-epoch"), lambda: spark)
+    old_dead = sorted(dead_letter_coordinates(config.dead_letter_path))
+    assert len(old_dead) == 5
+
+    _delete(pipeline.bootstrap, pipeline.topic)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 30, first_id=1_000, malformed_every=10, partition=0)
+    reset = pipeline.cli("topic", "reset-epoch", "--topic", pipeline.topic, "--reason", "re-created")
+    assert reset.returncode == 0, reset.stderr
+    produce_orders(pipeline.bootstrap, pipeline.topic, 30, first_id=2_000, malformed_every=10, partition=0)
+    run_pipeline(config, RunContext("new-epoch"), lambda: spark)
+
+    dead = sorted(dead_letter_coordinates(config.dead_letter_path))
+    assert len(dead) == 5 + 6, dead
+    assert all(dead.count(d) == 2 for d in old_dead), f"the old and the new dead letter at one offset are both kept: {dead}"
+    for against_kafka in (False, True):
+        report = audit_pipeline(config, against_kafka=against_kafka)
+        assert report.ok, report.text()
