@@ -10,11 +10,18 @@ record per key, by offset: each test uses one partition), and the audit against 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import random
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kafka_truth import read_records
 
 from offsetlake import storage
@@ -193,3 +200,88 @@ def test_a_backfill_of_the_record_holding_the_largest_key_writes_it_once(pipelin
     newest = _newest_from_topic(pipeline, ["at"])
     assert len(newest) == 5
     _assert_newest_reading_per_key(config, pipeline, ["at"], newest)
+
+
+# ---- a property: the largest and smallest keys of many small files, updated and deleted ----------
+EXAMPLES = int(os.environ.get("OFFSETLAKE_PROPERTY_EXAMPLES", "3"))
+KEY_FORMAT = {"type": "json", "schema": {"sensor": "string", "at": "timestamp"}}
+
+
+def _file_extremes(config, key: list[str]) -> list[tuple]:
+    """The smallest and largest key of every live data file, read from the files' rows (not from
+    their statistics)."""
+    extremes = []
+    for fragment in storage.table(config.sink_path).to_pyarrow_dataset().get_fragments():
+        keys = sorted(tuple(row[c] for c in key) for row in fragment.to_table(columns=key).to_pylist())
+        if keys:
+            extremes += [keys[0], keys[-1]]
+    return extremes
+
+
+def _newest_by_record_key(pipeline, key: list[str]) -> dict[tuple, float]:
+    """Each key's newest reading replayed from the topic (record key JSON, a null value deletes);
+    a key stays in one partition, so by offset."""
+    table: dict[tuple, float] = {}
+    for record in read_records(pipeline.bootstrap, pipeline.topic):
+        fields = json.loads(record.key)
+        k = tuple(_key_value(c, fields[c]) for c in key)
+        if record.value is None:
+            table.pop(k, None)
+        else:
+            table[k] = json.loads(record.value)["reading"]
+    return table
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(key=st.sampled_from([["at"], ["sensor", "at"]]),
+       start=st.sampled_from([START, datetime(1969, 12, 31, 23, 59, 59, 995_000, tzinfo=UTC)]),
+       micros=st.sets(st.integers(0, 12_000), min_size=6, max_size=30),
+       file_rows=st.integers(2, 4), rounds=st.integers(1, 3), seed=st.integers(0, 2**16))
+@pytest.mark.timeout(max(600, 200 * EXAMPLES))
+def test_updating_and_deleting_the_extreme_keys_of_many_small_files_keeps_the_newest_record_per_key(
+        pipeline, spark, key, start, micros, file_rows, rounds, seed):
+    rng = random.Random(seed)
+    suffix = uuid.uuid4().hex[:8]
+    scene = dataclasses.replace(pipeline, name=f"{pipeline.name}_{suffix}", topic=f"{pipeline.topic}_{suffix}")
+    ensure_topic(scene.bootstrap, scene.topic, 2)
+    config = scene.write(key_format=KEY_FORMAT, format={"type": "json", "schema": {"reading": "double"}},
+                         sink={"mode": "upsert", "key": key, "file_rows": file_rows})
+    readings = iter(range(1_000_000))
+
+    def record(k: tuple[str, datetime], value: bool = True) -> tuple[int, bytes, bytes | None]:
+        sensor, at = k
+        body = json.dumps({"sensor": sensor, "at": _text(at)}).encode()
+        partition = (0 if sensor == "a" else 1) if key == ["sensor", "at"] else _micros_of(at) % 2
+        return partition, body, json.dumps({"reading": float(next(readings))}).encode() if value else None
+
+    keys = [("a" if rng.random() < 0.5 else "b", start + timedelta(microseconds=us)) for us in sorted(micros)]
+    _produce_to(scene.bootstrap, scene.topic, [record(k) for k in keys])
+    _run(config, spark, "readings")
+    for r in range(rounds):
+        by_key = {(k if key == ["sensor", "at"] else k[1:]): k for k in keys}
+        extremes = [by_key[e] for e in _file_extremes(config, key) if e in by_key]
+        assert extremes, "every file has a smallest and a largest key"
+        changes = []
+        for k in rng.sample(extremes, max(1, len(extremes) // 2)):
+            action = rng.choice(["update", "delete", "resend"])
+            changes.append(record(k, value=action != "delete"))
+            if action == "resend":
+                changes.append(changes[-1])  # the producer's retry
+            if action == "delete" and rng.random() < 0.5:
+                changes.append(record(k))  # and the key back again
+        _produce_to(scene.bootstrap, scene.topic, changes)
+        _run(config, spark, f"round-{r}")
+        newest = _newest_by_record_key(scene, key)
+        _assert_newest_reading_per_key(config, scene, key, newest)
+
+
+def _micros_of(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def _produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes | None]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition, key, value in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    assert producer.flush(30) == 0
