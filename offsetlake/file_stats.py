@@ -53,6 +53,9 @@ _MILLISECOND_SLACK = 999  # µs: a timestamp bound of millisecond precision stan
 # A string max may end in a tie-breaker character after its cut (Delta Spark appends U+FFFF; a cut
 # inside a surrogate pair reads back as U+FFFD): values starting with what precedes it are admitted.
 _TIE_BREAKER_FROM = "\ufffd"
+# What comparing statistics with values of another type raises (a str bound as a float, an integer
+# beyond a double): such statistics say nothing.
+_INCOMPARABLE = (TypeError, ValueError, OverflowError)
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -169,14 +172,14 @@ def may_hold_any(file: Mapping[str, Any], column: str, values: ColumnValues, *, 
         return False
     if values.anywhere:
         return True
-    bounds = _bounds(file, column, values, partitioned)
-    if bounds is None:
-        return True
     try:
+        bounds = _bounds(file, column, values, partitioned)
+        if bounds is None:
+            return True
         ordered = values.as_floats() if bounds.as_floats else values.ordered
         i = bisect.bisect_left(ordered, bounds.low)
         return i < len(ordered) and bounds.at_most_high(ordered[i])
-    except (TypeError, OverflowError):  # statistics of another type than the values: cannot tell
+    except _INCOMPARABLE:  # statistics of another type than the values: cannot tell
         return True
 
 
@@ -191,16 +194,16 @@ def may_hold_between(file: Mapping[str, Any], column: str, low: Any, high: Any, 
     values = values_of([low, high])
     if values.anywhere:
         return True
-    bounds = _bounds(file, column, values, partitioned)
-    if bounds is None:
-        return True
     try:
+        bounds = _bounds(file, column, values, partitioned)
+        if bounds is None:
+            return True
         first, last = values.as_floats() if bounds.as_floats else values.ordered
         # the values a file admits are all >= bounds.low, and closed downward above it: if any of
         # [low, high] is admitted, the least value >= bounds.low in it is
         candidate = max(first, bounds.low)
         return bool(candidate <= last and bounds.at_most_high(candidate))
-    except (TypeError, OverflowError):
+    except _INCOMPARABLE:
         return True
 
 

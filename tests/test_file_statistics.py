@@ -5,9 +5,10 @@ file's values?):
 
 - through offsetlake's own writer and delta-rs's reader: random values (timestamps with
   microsecond digits, before and after 1970, naive and UTC; strings, with characters beyond
-  U+FFFF, which deltalake 1.6.6 misread when escaped; doubles with NaN; integers; dates; nulls) written as parquet files, committed with the statistics ``delta_stats`` writes,
-  read back as ``live_files`` rows and asked about every value they hold — and, so the answer is
-  not always "yes", a value beyond a file's widened bounds is ruled out;
+  U+FFFF, which deltalake 1.6.6 misread when escaped; doubles with NaN; integers; dates; nulls)
+  written as parquet files, committed with the statistics ``delta_stats`` writes, read back as
+  ``live_files`` rows and asked about every value they hold — and, so the answer is not always
+  "yes", a value beyond a file's widened bounds is ruled out;
 - through statistics other writers produce: a timestamp cut toward zero or rounded to the
   nearest millisecond, a string max cut to a prefix with or without a tie-breaker character,
   decimals or large integers read back as doubles, NaN bounds.
@@ -165,7 +166,7 @@ def foreign_statistics(draw: st.DrawFn) -> tuple[list, dict]:
         top = max(values)
         top = top if len(top) <= keep else top[:keep] + tie
         if draw(st.booleans()):  # deltalake 1.6.6 reading escaped characters from U+20000 up
-            top = "".join(chr(((ord(c) - 0x10000) | 0x10000)) if ord(c) >= 0x20000 else c for c in top)
+            top = "".join(chr((ord(c) - 0x10000) | 0x10000) if ord(c) >= 0x20000 else c for c in top)
         return values, {"min.v": min(values)[:keep], "max.v": top}
     if kind == "decimal":
         values = draw(st.lists(st.decimals(allow_nan=False, allow_infinity=False, places=draw(st.integers(0, 6))),
