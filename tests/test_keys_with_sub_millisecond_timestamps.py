@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka_truth import read_records
+from kafka_truth import keyed_sink_rows, read_records
 
 from offsetlake import storage
 from offsetlake.audit import audit_pipeline
@@ -60,9 +60,9 @@ def _run(config, spark, name: str) -> None:
 
 
 def _sink_rows(config, key: list[str]) -> dict[tuple, list[dict]]:
-    """The sink's rows grouped by key (as a tuple of the key columns' values)."""
+    """The sink's rows readers see, grouped by key (as a tuple of the key columns' values)."""
     grouped: dict[tuple, list[dict]] = {}
-    for row in storage.table(config.sink_path).to_pyarrow_table().to_pylist():
+    for row in keyed_sink_rows(config.sink_path):
         grouped.setdefault(tuple(row[c] for c in key), []).append(row)
     return grouped
 
@@ -209,7 +209,7 @@ KEY_FORMAT = {"type": "json", "schema": {"sensor": "string", "at": "timestamp"}}
 
 def _file_extremes(config, key: list[str]) -> list[tuple]:
     """The smallest and largest key of every live data file, read from the files' rows (not from
-    their statistics)."""
+    their statistics; hidden rows, such as delete markers, count: statistics cover them too)."""
     extremes = []
     for fragment in storage.table(config.sink_path).to_pyarrow_dataset().get_fragments():
         keys = sorted(tuple(row[c] for c in key) for row in fragment.to_table(columns=key).to_pylist())
