@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from offsetlake.file_stats import may_hold_between
 from offsetlake.plan import BatchPlan, OffsetRange, RecordTimeWindow
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ RECORD_KEY = (TOPIC, PARTITION, OFFSET)  # what identifies the source record of 
 # record's rows, so (record, index) identifies a row and a record written twice shows as duplicates.
 ROW_INDEX = "_kafka_row"
 _MICROS = pa.timestamp("us", tz="UTC")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -97,32 +100,35 @@ class Selection:
         return condition
 
     def file_may_hold(self, stats: Mapping[str, Any]) -> bool:
-        """Whether a data file whose min/max statistics are ``stats`` may hold selected rows.
+        """Whether a data file whose statistics are ``stats`` may hold selected rows.
 
         ``stats`` is one row of ``DeltaTable.get_add_actions(flatten=True)`` (``min._kafka_offset``
-        ...). A file without statistics may hold anything, so it counts as a hit: a backfill that
-        skipped it would leave the old rows of its range next to the new ones. Topic statistics are
-        not used: string statistics may be truncated prefixes, and a wrong "no" here duplicates
-        rows. With a window, a file whose timestamps all lie outside it holds none.
+        ...), read by ``offsetlake.file_stats``, which widens what statistics lose (a topic name
+        cut to a prefix, a timestamp kept in milliseconds). A file without statistics may hold
+        anything, so it counts as a hit: a backfill that skipped it would leave the old rows of
+        its range next to the new ones (invariant 6). With a window, a file whose timestamps all
+        lie outside it holds none.
         """
         sized = self.sized
-        low_p, high_p = stats.get(f"min.{PARTITION}"), stats.get(f"max.{PARTITION}")
-        low_o, high_o = stats.get(f"min.{OFFSET}"), stats.get(f"max.{OFFSET}")
-        if low_p is None or high_p is None or low_o is None or high_o is None:
-            return bool(sized)
-        if not any(low_p <= r.partition <= high_p and low_o < r.end and high_o >= r.start for r in sized):
-            return False
         if self.window is not None:
-            low_t, high_t = _millis(stats.get(f"min.{TIMESTAMP}")), _millis(stats.get(f"max.{TIMESTAMP}"))
-            if low_t is not None and high_t is not None and (high_t < self.window.from_ms or low_t >= self.window.to_ms):
+            first, end = _instant(self.window.from_ms), _instant(self.window.to_ms)
+            if first is not None and end is not None and not may_hold_between(stats, TIMESTAMP, first, end - _MICROSECOND):
                 return False
-        return True
+        return any(
+            may_hold_between(stats, TOPIC, r.topic, r.topic)
+            and may_hold_between(stats, PARTITION, r.partition, r.partition)
+            and may_hold_between(stats, OFFSET, r.start, r.end - 1)
+            for r in sized
+        )
 
 
-def _millis(value: Any) -> int | None:
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return None
+def _instant(ms: int) -> datetime | None:
+    """Milliseconds since the epoch as a UTC datetime; None beyond the years Python's datetime
+    holds (a record's timestamp may be there: such a window does not prune)."""
+    try:
+        return _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
 
 
 def selection(ranges: Iterable[OffsetRange], window: RecordTimeWindow | None = None) -> Selection:

@@ -62,13 +62,13 @@ from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC, Selection
 from offsetlake.errors import OffsetlakeError
+from offsetlake.file_stats import delta_stats
 from offsetlake.history import SinkCommit, commit_infos, epoch_at, epoch_starts, sink_commits
 from offsetlake.log_lines import log_line
 from offsetlake.sink import (
     CommitActions,
     commit,
     create_table_once,
-    file_stats,
     live_files,
     open_table,
     readd_actions,
@@ -331,7 +331,7 @@ def _add_files(config: PipelineConfig, staged: list[dict[str, Any]]) -> list:
             ) from None
         actions.append(AddAction(path=s["path"], size=int(s["size"]), partition_values={},
                                  modification_time=int(time.time() * 1000), data_change=True,
-                                 stats=json.dumps(file_stats(metadata))))
+                                 stats=delta_stats(metadata)))
     return actions
 
 

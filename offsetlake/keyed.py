@@ -50,7 +50,6 @@ starts at the partition's log start, where the key then has no state row.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +60,7 @@ from offsetlake import staging
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, Selection
 from offsetlake.errors import BackfillParamsError, ConfigError
+from offsetlake.file_stats import may_hold_any, values_of
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
 from offsetlake.plan import BatchPlan, PartitionOffsets
 from offsetlake.sink import live_files, schema_diff, table_schema
@@ -154,40 +154,18 @@ def mark_later_records(candidates: DataFrame, later: DataFrame, key: list[str]) 
 # ---- which files hold the batch's keys ---------------------------------------------------------
 def files_holding(table: DeltaTable, keys: pa.Table, config: PipelineConfig) -> list[dict[str, Any]]:
     """Live files that may hold a row of one of ``keys`` (the batch's key columns): every file
-    whose min/max statistics (or partition value) of each key column admit some key's value. A
-    column without statistics admits anything. Costs O(files x key columns x log keys)."""
+    whose statistics (or partition value) of each key column admit some key's value, read by
+    ``file_stats.may_hold_any``, which widens what statistics lose (a timestamp key's max is kept
+    in milliseconds: a file skipped because its largest key looked above the max would get a
+    second row of that key, or keep a deleted one; issue 35). Costs O(files x key columns x log
+    keys)."""
     files = live_files(table)
     if not files or keys.num_rows == 0:
         return []
     partition_by = set(config.sink.partition_by)
-    values = {c: sorted(v for v in keys.column(c).to_pylist() if v is not None) for c in config.sink.key}
-    out = []
-    for f in files:
-        if all(_column_admits(f, c, values[c], c in partition_by) for c in config.sink.key):
-            out.append(f)
-    return out
-
-
-def _column_admits(file: dict[str, Any], column: str, values: list, partitioned: bool) -> bool:
-    if not values:
-        return False
-    if partitioned:
-        have = file.get(f"partition.{column}")
-        if have is None:
-            return True
-        low = high = have
-    else:
-        low, high = file.get(f"min.{column}"), file.get(f"max.{column}")
-        if low is None or high is None:
-            return True
-    try:
-        i = bisect.bisect_left(values, low)
-        if i < len(values) and values[i] <= high:
-            return True
-        # a string maximum may be a truncated prefix of the real one: values starting with it count
-        return isinstance(high, str) and i < len(values) and isinstance(values[i], str) and values[i].startswith(high)
-    except TypeError:  # statistics of another type than the batch's values: cannot tell
-        return True
+    values = {c: values_of(keys.column(c).to_pylist()) for c in config.sink.key}
+    return [f for f in files
+            if all(may_hold_any(f, c, values[c], partitioned=c in partition_by) for c in config.sink.key)]
 
 
 # ---- the merge ----------------------------------------------------------------------------------

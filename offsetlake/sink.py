@@ -14,7 +14,6 @@ the ends it moves — so a new sink mode (upsert) adds a composition, not a new 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -33,6 +32,7 @@ from pyarrow import fs as pafs
 from offsetlake import storage
 from offsetlake.config import KEY_COLUMN, PipelineConfig
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StagedFilesError, StalePlanError
+from offsetlake.file_stats import delta_stats
 from offsetlake.history import (
     commit_version,
     covering_batch,
@@ -44,9 +44,6 @@ from offsetlake.history import (
 )
 from offsetlake.plan import BatchPlan, OffsetRange, ReaderSchema
 
-_STAT_TYPES = (
-    pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string, pa.types.is_boolean,
-)
 # The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
 # old commit files when it writes a checkpoint (by default it does after 30 days).
 KEEP_HISTORY = {"delta.enableExpiredLogCleanup": "false"}
@@ -206,7 +203,7 @@ def add_actions_for(table_root: str, staged: Sequence[StagedFile]) -> WrittenFil
                 partition_values=storage.partition_values_from_path(file.path),
                 modification_time=int(info.mtime.timestamp() * 1000) if info.mtime else int(time.time() * 1000),
                 data_change=True,
-                stats=json.dumps(file_stats(metadata)),
+                stats=delta_stats(metadata),
             )
         )
         rows += metadata.num_rows
@@ -247,73 +244,17 @@ def readd_actions(table_root: str, files: Iterable[dict[str, Any]], partition_by
     for f in files:
         _, path = storage.filesystem(storage.data_file(table_root, f["path"]))
         with fs.open_input_file(path) as handle:
-            stats = file_stats(pq.read_metadata(handle))
+            stats = delta_stats(pq.read_metadata(handle))
         actions.append(AddAction(
             path=storage.file_path_from_log(f["path"]), size=f["size_bytes"],
             partition_values=_partition_values(f, partition_by), modification_time=_millis(f["modification_time"]),
-            data_change=True, stats=json.dumps(stats),
+            data_change=True, stats=stats,
         ))
     return actions
 
 
 def _millis(value: Any) -> int:
     return int(value.timestamp() * 1000) if isinstance(value, datetime) else int(value)
-
-
-def file_stats(metadata: pq.FileMetaData) -> dict:
-    """Delta file statistics from the parquet footer: numRecords, nullCount, min/max.
-
-    Only top-level columns of simple types get statistics, found by their parquet leaf path (a
-    nested column before them has several leaves, so arrow field positions are not leaf
-    positions: reading by position gave ``_kafka_offset`` another column's statistics). A
-    column whose statistics cannot be stated (incomplete, or a value Python's datetime cannot
-    hold) gets none at all, which readers treat as "may hold anything".
-    """
-    arrow_schema = metadata.schema.to_arrow_schema()
-    leaves = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
-    mins: dict = {}
-    maxs: dict = {}
-    nulls: dict = {}
-    for column in arrow_schema:
-        index = leaves.get(column.name)
-        if index is None or not any(check(column.type) for check in _STAT_TYPES):
-            continue
-        try:
-            null_count, low, high = _column_stats(metadata, index)
-        except (OverflowError, ValueError, TypeError):
-            continue
-        if null_count is None:
-            continue
-        # Every column with values needs min and max: delta-rs turns a missing bound into a null
-        # guarantee and its pyarrow dataset then prunes the file for any filter on that column
-        # (seen here: a filter on _kafka_topic matched no rows).
-        if low is not None:
-            mins[column.name], maxs[column.name] = _stat_value(low), _stat_value(high)
-        nulls[column.name] = null_count
-    return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-
-
-def _column_stats(metadata: pq.FileMetaData, index: int) -> tuple[int | None, Any, Any]:
-    """(null count, min, max) of one leaf column over all row groups; null count None if unknown."""
-    null_count = 0
-    low = high = None
-    for rg in range(metadata.num_row_groups):
-        stats = metadata.row_group(rg).column(index).statistics
-        if stats is None or not stats.has_null_count:
-            return None, None, None
-        null_count += stats.null_count
-        if stats.has_min_max:
-            low = stats.min if low is None else min(low, stats.min)
-            high = stats.max if high is None else max(high, stats.max)
-    return null_count, low, high
-
-
-def _stat_value(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    if isinstance(value, date):
-        return value.isoformat()
-    return value
 
 
 # ---- the commit -------------------------------------------------------------------------------
