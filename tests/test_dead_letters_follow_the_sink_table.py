@@ -28,12 +28,13 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import SchemaChangeError, StalePlanError
+from offsetlake.file_stats import delta_stats
 from offsetlake.history import sink_commits
 from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.planner import plan_next_batch
 from offsetlake.runs import execute_recorded_batch, run_pipeline
-from offsetlake.sink import CommitActions, commit, create_table_once, file_stats, txns_for
+from offsetlake.sink import CommitActions, commit, create_table_once, txns_for
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
 CUSTOMER_REQUIRED = {"type": "json", "schema": SCHEMA, "required": ["order_id", "customer"]}
@@ -100,7 +101,7 @@ def _apply_as_the_old_code_did(config) -> None:
     for staged in change.entry[dead_letters.STAGED]:
         fs, path = storage.filesystem(storage.child(config.dead_letter_path, staged["path"]))
         with fs.open_input_file(path) as handle:
-            stats = file_stats(pq.read_metadata(handle))
+            stats = delta_stats(pq.read_metadata(handle))
         files.append(AddAction(path=staged["path"], size=int(staged["size"]), partition_values={},
                                modification_time=int(time.time() * 1000), data_change=True, stats=json.dumps(stats)))
     commit(table, CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
