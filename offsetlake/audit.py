@@ -4,7 +4,8 @@
 so it is a quick check on a laptop. Exactly once is checked per source record and per row: a
 record is a sink row (or, with a transform, rows — each ``(record, _kafka_row)`` once) or a
 dead letter, never both, never twice; committed ranges are contiguous; every row and dead letter
-lies in a committed range; the sink's txn versions equal the ledger's ends. Dead-letter changes a
+lies in a committed range; each batch's range holds the rows and dead letters its entry says it
+wrote (append sinks); the sink's txn versions equal the ledger's ends. Dead-letter changes a
 crash left pending after their sink commit are counted as the next run will apply them.
 
 ``against_kafka=True`` also reads the committed ranges back from Kafka with its own

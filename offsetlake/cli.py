@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", parents=[common], help="check the sink is exactly once and agrees with the ledger (and Kafka) (exit 0/1)",
         description="Exit 0 only if: no record is in the sink twice (with a transform: no (record, _kafka_row) "
         "twice), in the dead letters twice, or in both; committed ranges per partition are contiguous with no "
-        "overlap; every sink row and dead letter lies in a committed range; the sink's txn versions equal the "
+        "overlap; every sink row and dead letter lies in a committed range; each batch's range holds the rows and dead "
+        "letters its ledger entry says it wrote (append sinks); the sink's txn versions equal the "
         "ledger's last committed ends. Otherwise print a report and exit 1. Reads only Delta, unless "
         "--against-kafka.",
     )
