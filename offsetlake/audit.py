@@ -20,6 +20,7 @@ are decoded and transformed again on Spark, and the ones that do give rows are l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -30,11 +31,14 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC
 from offsetlake.history import epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
-from offsetlake.keyed import HIDDEN, current_rows
+from offsetlake.keyed import DELETED, HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
 from offsetlake.topic_epochs import added_versions, check_pipeline_identity
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 _COORDS = list(RECORD_KEY)
 EPOCH_OF = "_topic_epoch"  # the audit's own column: which epoch of its topic a row's record belongs to
@@ -319,12 +323,15 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
     offsets = current_offsets(config)
     client = config.kafka_client_config()
     chunks: list[tuple[str, int, list]] = []
+    unreadable: dict[tuple[str, int], int] = {}  # topic-partition -> its log start, where committed offsets lie below it
     for (topic, partition), spans in sorted(covered.items()):
         if (topic, partition) not in offsets:
             report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of "
                                    f"{config.topic_label} any more")
             continue
         log_start = offsets[(topic, partition)].log_start
+        if spans and min(start for start, _ in spans) < log_start:
+            unreadable[(topic, partition)] = log_start
         for start, end in _retained(spans, log_start, found):
             for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
                 chunks.append((topic, partition, list(chunk)))
@@ -341,8 +348,9 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
         if config.sink.delete_on_tombstone:
             decoded = mark_tombstones(decoded)
-        rows = apply_transform(good_rows(decoded, decoder), config)
-        expected = _newest_by_key(rows.toArrow().to_pylist(), config.sink.key, CHANGE, DELETE)
+        readable = apply_transform(good_rows(decoded, decoder), config).toArrow().to_pylist()
+        readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE)
+        expected = _newest_by_key(readable, config.sink.key, CHANGE, DELETE)
     deleted = {k for k, r in expected.items() if r is None}
     found["deleted_keys"] = len(deleted)
     found["keys"] = len(expected) - len(deleted)
@@ -376,6 +384,28 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
     report.problems.extend(wrong[:_SHOW])
     if len(wrong) > _SHOW:
         report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
+
+
+def _unreadable_state(sink: DeltaTable | None, key: list[str], readable: list[dict],
+                      unreadable: dict[tuple[str, int], int], change: str, delete: str) -> list[dict]:
+    """The sink's state rows (``offsetlake.keyed``: a key's last record per topic-partition,
+    delete markers included) that Kafka can no longer show: in a topic-partition whose committed
+    offsets start below its log start, for a key with no record read back from it, at an offset
+    below the log start. A key's newest record may be one retention took (a record of another
+    topic-partition it wins over by time is still in Kafka); its state row is then the only
+    account of it, so the replay takes it as it is — unchecked, like the offsets past retention —
+    rather than call the key's row wrong. A state row at or past the log start has its record in
+    Kafka and is never taken on trust."""
+    if sink is None or not unreadable:
+        return []
+    seen = {(_key_of(r, key), r[TOPIC], r[PARTITION]) for r in readable}
+    state = []
+    for r in sink.to_pyarrow_dataset().to_table().to_pylist():
+        tp = (r[TOPIC], r[PARTITION])
+        if tp in unreadable and r[OFFSET] < unreadable[tp] and (_key_of(r, key), *tp) not in seen:
+            hidden = r.pop(HIDDEN, None)
+            state.append({**r, change: delete if hidden == DELETED else None})
+    return state
 
 
 def _holds(stored: object, decoded: object) -> bool:

@@ -253,3 +253,31 @@ def test_any_split_of_the_same_records_into_batches_gives_the_table_of_one_batch
         _backfill(config, spark, start, min(start + size, ends[partition]), partition)
         assert _table(config) == truth, f"after a backfill of [{start}, {start + size}) of partition {partition}"
     _audit_ok(config)
+
+
+def test_the_audit_against_kafka_takes_the_state_of_a_key_whose_newest_record_retention_took(pipeline, spark):
+    """Key K's newest record (by time) is on p1 and an older one on p0; once retention (here
+    delete_records) takes p1's, Kafka shows only p0's. The key's row is still right — the sink's
+    state row for p1 is the only account of the record that won — so the audit must pass, and it
+    must still see a row that is wrong where Kafka can show it (a wrong value for key L on p0)."""
+    config = pipeline.write(**KEYED)
+    _topic(pipeline.bootstrap, pipeline.topic, 2)
+    _send(pipeline.bootstrap, pipeline.topic, [(0, "K", {"v": 1}, T0 + 100), (1, "K", {"v": 2}, T0 + 200),
+                                               (1, "M", {"v": 3}, T0 + 210), (1, "M", None, T0 + 220),
+                                               (0, "L", {"v": 4}, T0 + 230), (1, "N", {"v": 5}, T0 + 240)])
+    run_pipeline(config, RunContext("keyed"), lambda: spark)
+    assert _table(config) == {"K": (1, 0, 2), "L": (0, 1, 4), "N": (1, 3, 5)}
+    admin = AdminClient({"bootstrap.servers": pipeline.bootstrap})
+    from confluent_kafka import TopicPartition
+
+    for future in admin.delete_records([TopicPartition(pipeline.topic, 1, 3)]).values():
+        future.result(30)  # p1 keeps only N's record: K's winner and M's delete are past retention
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok, report.text()
+    assert report.against_kafka["past_retention"] == 3
+
+    # a row that is wrong where Kafka still holds its key's record is still found
+    sink = storage.table(config.sink_path)
+    sink.update(updates={"v": "40"}, predicate="_kafka_key = 'L'")
+    report = audit_pipeline(config, against_kafka=True)
+    assert not report.ok and "key _kafka_key='L'" in report.text(), report.text()
