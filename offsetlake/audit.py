@@ -28,14 +28,14 @@ import pyarrow.compute as pc
 
 from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC
+from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC, TOPIC_EPOCH
 from offsetlake.history import epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table, sink_columns, table_schema
-from offsetlake.topic_epochs import added_versions, check_pipeline_identity
+from offsetlake.topic_epochs import check_pipeline_identity
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -86,28 +86,23 @@ class AuditReport:
         return f"{head}\nFAILED ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems) + kafka
 
 
-def _sink_keys(config: PipelineConfig, starts: dict[str, list[int]]) -> pa.Table:
+def _sink_keys(config: PipelineConfig) -> pa.Table:
     """Coordinates (and ``_kafka_row`` where the sink has it, -1 for rows without one) of every row,
-    with the epoch of its topic its record belongs to (``EPOCH_OF``): the epoch of the commit that
-    added its file (``offsetlake.topic_epochs``), so rows of a re-created topic's old records never
-    stand for its new ones (invariant 16)."""
+    with the epoch of its topic its record belongs to (``EPOCH_OF``): the row's own
+    ``coordinates.TOPIC_EPOCH`` (null or absent: epoch 0), which compaction and rewrites keep, so
+    rows of a re-created topic's old records never stand for its new ones (invariant 16)."""
     table = open_table(config.sink_path)
     if table is None:
         return pa.table({TOPIC: pa.array([], pa.string()), PARTITION: pa.array([], pa.int32()),
                          OFFSET: pa.array([], pa.int64()), EPOCH_OF: pa.array([], pa.int32()),
                          ROW_INDEX: pa.array([], pa.int32())})
-    has_index = ROW_INDEX in table_schema(table).names
-    data = table.to_pyarrow_dataset().to_table(
-        columns=[*_COORDS, *([ROW_INDEX] if has_index else []), *(["__filename"] if starts else [])])
-    index = pc.fill_null(data[ROW_INDEX], -1) if has_index else pa.array(np.full(data.num_rows, -1), pa.int32())
-    epochs = np.zeros(data.num_rows, np.int32)
-    if starts:
-        added = added_versions(table, min(v for versions in starts.values() for v in versions))
-        names = [name.rsplit("/", 1)[-1] for name in data["__filename"].to_pylist()]
-        for i, (topic, name) in enumerate(zip(data[TOPIC].to_pylist(), names, strict=True)):
-            if topic in starts:
-                epochs[i] = epoch_at(starts[topic], added.get(name, -1))
-    return data.select(_COORDS).append_column(EPOCH_OF, pa.array(epochs, pa.int32())).append_column(
+    names = table_schema(table).names
+    extra = [c for c in (ROW_INDEX, TOPIC_EPOCH) if c in names]
+    data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *extra])
+    index = pc.fill_null(data[ROW_INDEX], -1) if ROW_INDEX in names else pa.array(np.full(data.num_rows, -1), pa.int32())
+    epochs = (pc.fill_null(data[TOPIC_EPOCH], 0) if TOPIC_EPOCH in names
+              else pa.array(np.zeros(data.num_rows, np.int32), pa.int32()))
+    return data.select(_COORDS).append_column(EPOCH_OF, epochs.cast(pa.int32())).append_column(
         ROW_INDEX, index.cast(pa.int32()))
 
 
@@ -140,7 +135,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     sink = open_table(config.sink_path)
     commits = sink_commits(sink, config.name)
     starts = epoch_starts(commits)  # a topic re-created under the pipeline: its epochs are kept apart
-    rows = _sink_keys(config, starts)
+    rows = _sink_keys(config)
     dead = _with_epochs(dead_letters.coordinates_applied(config, [*_COORDS, "batch_id"]), starts, commits)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
     if config.sink.mode == "upsert" and sink is not None:

@@ -2,7 +2,9 @@
 
 Invariant 6: every sink row carries its Kafka coordinates, so reprocessing ``[a, b)`` of a
 partition removes the rows with those coordinates and adds the new ones in ONE commit; repeating
-a backfill changes nothing. A backfill works only below the pipeline's committed end and never
+a backfill changes nothing. Of a topic re-created under the pipeline (invariant 16), only the rows
+of its current epoch are replaced (``coordinates.Selection``): the old topic's rows at the same
+offsets are other records, which Kafka no longer has, and stay. A backfill works only below the pipeline's committed end and never
 moves the txn versions (new offsets belong to the ingest path). By-time backfills resolve to
 offsets with offsets_for_times first.
 """
@@ -22,9 +24,9 @@ from deltalake.exceptions import CommitFailedError
 from offsetlake import dead_letters, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
-from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
+from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import commit_version, landed_version, ledger_entry, refuse_foreign_sink
+from offsetlake.history import commit_version, current_epochs, landed_version, ledger_entry, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
@@ -235,9 +237,18 @@ def commit_replace(
     here: the removes became no-ops, the compacted file kept the old rows of the range, and the
     range was in the sink twice); rebasing onto a newer version is therefore never safe here.
     Raises SinkOwnedError, committing nothing, when the table belongs to another pipeline
-    (invariant 16: a backfill's replace would cut into that pipeline's rows).
+    (invariant 16: a backfill's replace would cut into that pipeline's rows), and StalePlanError
+    when a topic of the plan started a new epoch since the batch read its epochs: its rows would
+    carry the old epoch's number and its offsets name the old topic's records.
     """
     refuse_foreign_sink(table, config.name)
+    now = current_epochs(sink_commits(table, config.name))
+    moved = sorted({r.topic for r in plan.ranges if now.get(r.topic, 0) != plan.topic_epochs.get(r.topic, 0)})
+    if moved:
+        raise StalePlanError(
+            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: topic {moved[0]} started a new epoch "
+            f"(`offsetlake topic reset-epoch`) while the backfill ran; its offsets name other records now, so nothing "
+            "was committed; plan the backfill anew against the current topic")
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)

@@ -8,12 +8,19 @@ question — which rows came from the records of these offset ranges (and, for a
 time, whose record timestamps fall in its window)? — so a ``Selection`` answers it here once per
 engine: an Arrow filter for pyarrow datasets, a Spark column, and the file-statistics test that
 says which data files may hold such rows.
+
+Invariant 16: offsets name records only within one epoch of their topic (a topic deleted and
+re-created starts a new epoch, ``offsetlake topic reset-epoch``), and the sink keeps the rows of
+earlier epochs. So a row of a topic in epoch 1 or later carries its epoch as data
+(``TOPIC_EPOCH``, ``_offsetlake_epoch``; null or absent = epoch 0), whatever compaction or a
+rewrite did to the files, and a ``Selection`` planned for a topic's current epoch selects only
+that epoch's rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +31,7 @@ from offsetlake.file_stats import may_hold_between
 from offsetlake.plan import BatchPlan, OffsetRange, RecordTimeWindow
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 TOPIC, PARTITION, OFFSET, TIMESTAMP = "_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp"
 COORDINATE_COLUMNS = (TOPIC, PARTITION, OFFSET, TIMESTAMP)
@@ -32,6 +39,10 @@ RECORD_KEY = (TOPIC, PARTITION, OFFSET)  # what identifies the source record of 
 # With a transform, a record may become several rows (explode): each row's index among its
 # record's rows, so (record, index) identifies a row and a record written twice shows as duplicates.
 ROW_INDEX = "_kafka_row"
+# The epoch of its topic a row's record belongs to (module docstring): an int, null for epoch 0,
+# so the rows of a pipeline whose topics were never re-created carry nothing new.
+TOPIC_EPOCH = "_offsetlake_epoch"
+TOPIC_EPOCH_TYPE = pa.int32()
 _MICROS = pa.timestamp("us", tz="UTC")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -40,18 +51,22 @@ _MICROSECOND = timedelta(microseconds=1)
 @dataclass(frozen=True)
 class Selection:
     """The rows whose source records lie in ``ranges`` and, with a ``window``, whose record
-    timestamps fall in it (a row without a timestamp is then never selected)."""
+    timestamps fall in it (a row without a timestamp is then never selected); of a topic that
+    ``epochs`` gives an epoch of 1 or more, only the rows of that epoch (``TOPIC_EPOCH``)."""
 
     ranges: tuple[OffsetRange, ...]
     window: RecordTimeWindow | None = None
+    epochs: Mapping[str, int] = field(default_factory=dict)  # topic -> its current epoch (absent: 0)
 
     @staticmethod
     def of(plan: BatchPlan) -> Selection:
-        return Selection(tuple(plan.ranges), plan.window)
+        return Selection(tuple(plan.ranges), plan.window, dict(plan.topic_epochs))
 
     @staticmethod
     def of_entry(entry: Mapping[str, Any]) -> Selection:
-        """The selection a ledger entry (``offsetlake.history.ledger_entry``) records."""
+        """The selection a ledger entry (``offsetlake.history.ledger_entry``) records, by offsets
+        (and window) alone: the dead-letter table has no epoch column; it tells the epochs of its
+        rows apart by the batch that wrote them (``offsetlake.dead_letters``)."""
         ranges = tuple(OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in entry.get("ranges", []))
         time = entry.get("record_time")
         return Selection(ranges, RecordTimeWindow(int(time["from_ms"]), int(time["to_ms"])) if time else None)
@@ -60,14 +75,21 @@ class Selection:
     def sized(self) -> list[OffsetRange]:
         return [r for r in self.ranges if r.size > 0]
 
+    def _epoch(self, topic: str) -> int:
+        return int(self.epochs.get(topic, 0))
+
     def arrow(self) -> pc.Expression | None:
-        """pyarrow dataset filter for the selected rows; None when no range holds an offset."""
+        """pyarrow dataset filter for the selected rows; None when no range holds an offset.
+        A range of a topic in epoch 1 or later also needs ``TOPIC_EPOCH`` equal to that epoch
+        (the sink has the column from the topic's first epoch commit on)."""
         expression = None
         for r in self.sized:
             term = (
                 (pc.field(TOPIC) == r.topic) & (pc.field(PARTITION) == r.partition)
                 & (pc.field(OFFSET) >= r.start) & (pc.field(OFFSET) < r.end)
             )
+            if self._epoch(r.topic):
+                term = term & (pc.field(TOPIC_EPOCH) == pa.scalar(self._epoch(r.topic), TOPIC_EPOCH_TYPE))
             expression = term if expression is None else expression | term
         if expression is not None and self.window is not None:
             expression = expression & (
@@ -77,11 +99,12 @@ class Selection:
         return expression
 
     def outside(self) -> pc.Expression | None:
-        """pyarrow filter for the rows NOT selected (rows without a timestamp included)."""
+        """pyarrow filter for the rows NOT selected (rows without a timestamp included, and rows
+        of an earlier epoch: their null epoch makes the inside test null, not false)."""
         inside = self.arrow()
         if inside is None:
             return None
-        return ~inside if self.window is None else (~inside | pc.field(TIMESTAMP).is_null())
+        return ~pc.coalesce(inside, pa.scalar(False)) if (self.window is not None or self.epochs) else ~inside
 
     def spark(self) -> Column:
         """Spark column that is true for the selected rows (false for none)."""
@@ -89,10 +112,11 @@ class Selection:
 
         condition = F.lit(False)
         for r in self.sized:
-            condition = condition | (
-                (F.col(TOPIC) == r.topic) & (F.col(PARTITION) == r.partition)
-                & (F.col(OFFSET) >= r.start) & (F.col(OFFSET) < r.end)
-            )
+            term = ((F.col(TOPIC) == r.topic) & (F.col(PARTITION) == r.partition)
+                    & (F.col(OFFSET) >= r.start) & (F.col(OFFSET) < r.end))
+            if self._epoch(r.topic):
+                term = term & F.coalesce(F.col(TOPIC_EPOCH) == F.lit(self._epoch(r.topic)), F.lit(False))
+            condition = condition | term
         if self.window is not None:
             condition = condition & F.coalesce(
                 (F.col(TIMESTAMP) >= F.timestamp_millis(F.lit(self.window.from_ms)))
@@ -107,7 +131,8 @@ class Selection:
         cut to a prefix, a timestamp kept in milliseconds). A file without statistics may hold
         anything, so it counts as a hit: a backfill that skipped it would leave the old rows of
         its range next to the new ones (invariant 6). With a window, a file whose timestamps all
-        lie outside it holds none.
+        lie outside it holds none; a file whose ``TOPIC_EPOCH`` statistics exclude a range's
+        epoch holds none of that range.
         """
         sized = self.sized
         if self.window is not None:
@@ -118,8 +143,28 @@ class Selection:
             may_hold_between(stats, TOPIC, r.topic, r.topic)
             and may_hold_between(stats, PARTITION, r.partition, r.partition)
             and may_hold_between(stats, OFFSET, r.start, r.end - 1)
+            and (not self._epoch(r.topic) or may_hold_between(stats, TOPIC_EPOCH, self._epoch(r.topic), self._epoch(r.topic)))
             for r in sized
         )
+
+
+def with_topic_epochs(rows: DataFrame, epochs: Mapping[str, int]) -> DataFrame:
+    """``rows`` with ``TOPIC_EPOCH``: each row's topic's epoch from ``epochs`` (null for a topic
+    absent from it: epoch 0). Unchanged when ``epochs`` is empty: a pipeline none of whose
+    topics was ever re-created writes no such column (invariant 16, module docstring)."""
+    from pyspark.sql import functions as F
+
+    if not epochs:
+        return rows
+    value = F.lit(None).cast("int")
+    for topic, epoch in sorted(epochs.items()):
+        value = F.when(F.col(TOPIC) == topic, F.lit(int(epoch))).otherwise(value)
+    return rows.withColumn(TOPIC_EPOCH, value.cast("int"))
+
+
+def topic_epoch_array(topic: str, rows: int, epochs: Mapping[str, int]) -> pa.Array:
+    """``TOPIC_EPOCH`` for ``rows`` rows of ``topic`` (what ``with_topic_epochs`` gives them)."""
+    return pa.array([epochs.get(topic)] * rows, TOPIC_EPOCH_TYPE)
 
 
 def _instant(ms: int) -> datetime | None:

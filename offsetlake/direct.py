@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from offsetlake import storage
+from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.plan import BatchPlan, OffsetRange
@@ -109,10 +110,12 @@ class DirectResult:
 
 def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config: dict[str, str], pipeline: str,
                    timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: str, folder: str,
-                   partition_by: list[str], *, max_record_bytes: int) -> DirectResult:
+                   partition_by: list[str], *, max_record_bytes: int, epochs: dict[str, int] | None = None) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
     under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file
-    (a record above ``max_record_bytes`` among them: the Spark path's rule, ``reader.decided_columns``)."""
+    (a record above ``max_record_bytes`` among them: the Spark path's rule, ``reader.decided_columns``).
+    ``epochs``: each topic's current epoch, which its rows carry as the Spark path's do
+    (``coordinates.TOPIC_EPOCH``, when ``rows_schema`` has it)."""
     splits = [(s.topic, s.partition, s.start, s.end) for s in
               split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
@@ -121,6 +124,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
     file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
     sources = [(column, inner) for column, _, inner in _sources(decoder)]
     max_open = MAX_OPEN_FILES
+    epochs = dict(epochs or {})
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
@@ -146,7 +150,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
                                                            max_record_bytes=max_record_bytes)
                         records = pa.RecordBatch.from_arrays(columns, schema=raw_schema)
                         mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
-                        files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema), (topic, partition))
+                        files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema, epochs), (topic, partition))
                         files.add_undecided(records.filter(pc.invert(mask)), (topic, partition))
             yield from files.close(read)
         finally:
@@ -183,9 +187,11 @@ def remove_undecided(table_root: str, paths: list[str]) -> None:
         fs.delete_file(f"{root.rstrip('/')}/{path}")
 
 
-def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema) -> pa.Table:
-    """Settled records as sink rows: the decoded fields (value, then key), then the coordinate
-    columns (the columns of ``formats.good_rows``), in the schema Spark gives them."""
+def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema,
+               epochs: dict[str, int]) -> pa.Table:
+    """Settled records (of one topic-partition) as sink rows: the decoded fields (value, then
+    key), then the coordinate columns (the columns of ``formats.good_rows``) and, when the schema
+    has it, the topic's epoch (``coordinates.with_topic_epochs``), in the schema Spark gives them."""
     columns = []
     for struct, inner in sources:
         column = records.column(struct)
@@ -193,6 +199,9 @@ def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_sch
         # a null struct (a record without a key) gives null fields, as in Spark
         columns.append(column.flatten()[column.type.get_field_index(inner)])
     columns += [records.column(c) for c in ("topic", "partition", "offset", "timestamp")]
+    if TOPIC_EPOCH in rows_schema.names:
+        topic = records.column("topic")[0].as_py() if records.num_rows else ""
+        columns.append(topic_epoch_array(topic, records.num_rows, epochs))
     return pa.Table.from_arrays(columns, schema=rows_schema)
 
 

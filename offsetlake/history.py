@@ -89,6 +89,8 @@ def ledger_entry(
         entry["topic_ids"] = dict(sorted(plan.topic_ids.items()))
     if plan.sink_table_id is not None:  # the table its ranges were planned on (invariant 16)
         entry["sink_table_id"] = plan.sink_table_id
+    if plan.topic_epochs:  # the epoch its rows carry, of each topic re-created under the pipeline
+        entry["topic_epochs"] = dict(sorted(plan.topic_epochs.items()))
     entry.update(extra or {})
     entry.update(facts)
     return entry
@@ -351,7 +353,8 @@ EPOCH = "epoch"  # entry key of an epoch commit: what it moved, from which topic
 def epoch_starts(commits: list[SinkCommit]) -> dict[str, list[int]]:
     """Per topic, the sink versions of its live epoch commits (``offsetlake topic reset-epoch``),
     ascending; a topic without any has one epoch. Offsets of different epochs of one topic name
-    different records (the topic was re-created or truncated)."""
+    different records (the topic was re-created or truncated). A rewind never undoes an epoch
+    commit (``offsetlake.rewind`` refuses), but one made before that rule may have."""
     rewound = rewound_batches(commits)
     out: dict[str, list[int]] = {}
     for c in sorted(commits, key=lambda c: c.version):
@@ -364,3 +367,16 @@ def epoch_at(starts: list[int], version: int) -> int:
     """The epoch (0 = the first) a commit at sink ``version`` belongs to, given a topic's
     ``epoch_starts``: an epoch commit opens the epoch it belongs to."""
     return bisect.bisect_right(starts, version)
+
+
+def current_epochs(commits: list[SinkCommit]) -> dict[str, int]:
+    """Each topic's current epoch, for the topics that have had an epoch commit (others are in
+    epoch 0): what a batch's rows carry (``coordinates.TOPIC_EPOCH``) and what it may replace."""
+    return {topic: len(versions) for topic, versions in epoch_starts(commits).items()}
+
+
+def latest_epoch_commit(commits: list[SinkCommit], topic: str) -> SinkCommit | None:
+    """The live epoch commit that opened ``topic``'s current epoch (None: it is in epoch 0)."""
+    rewound = rewound_batches(commits)
+    found = [c for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in rewound and c.entry[EPOCH]["topic"] == topic]
+    return max(found, key=lambda c: c.version) if found else None

@@ -2,7 +2,10 @@
 
 **The ordering rule.** Of two records of one key, the newer is the one at the higher offset when
 both come from the same topic-partition (Kafka orders a partition, and its default partitioner
-keeps a key in one partition). When they come from different topic-partitions, the newer is the
+keeps a key in one partition); of a topic deleted and re-created under the pipeline (``offsetlake
+topic reset-epoch``, invariant 16), a record of a later epoch is newer than every record of an
+earlier epoch of the same topic-partition, whatever their offsets or times (the epochs' logs
+follow each other; rows carry their epoch, ``coordinates.TOPIC_EPOCH``). When they come from different topic-partitions, the newer is the
 one with the later Kafka timestamp, then the greater (topic, partition, offset). A key's row is
 the newest, by that cross-partition rule, of the key's last records per topic-partition, over
 every committed record; rows carry their record's ``_kafka_*`` coordinates, which is how the
@@ -58,7 +61,7 @@ from deltalake import DeltaTable
 
 from offsetlake import staging
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, Selection
+from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.file_stats import may_hold_any, values_of
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
@@ -204,12 +207,14 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     CHANGE) applied, and each touched key's visible row chosen again (invariant 13).
 
     Per key and topic-partition, the batch's record (unless ``mark_later_records`` marked it)
-    replaces the stored state row if its offset is at least the row's, or if the row came from a
+    replaces the stored state row if it is at least as new by (topic epoch, offset) — a record
+    of a later epoch of a re-created topic is newer than every record of an earlier one, and
+    offsets of two epochs are never compared (invariant 16) — or if the row came from a
     record ``replaces`` selects (a backfill replaces the rows of what it reprocesses, invariant 6).
     A stored state row that ``replaces`` selects and no record of the batch replaces is left out
     and reported in ``lost_state`` (per topic-partition: how many, and one of them); the caller
     must refuse the batch unless those rows may go (``refuse_lost_state``). The key's
-    visible row is then its newest state row by (timestamp, topic, partition, offset), unless that
+    visible row is then its newest state row by (timestamp, topic, partition, epoch, offset), unless that
     one is a delete; every other state row is written hidden (``HIDDEN``). Rows of keys the batch
     does not touch are written as they were."""
     from pyspark.sql import Window
@@ -238,6 +243,9 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
         return F.struct(*[(staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c]) if c in present
                            else F.lit(None).cast(types[c])).alias(c) for c in order])
 
+    def epoch(state: Column) -> Column:  # a record's topic epoch (invariant 16; null: epoch 0)
+        return F.coalesce(state[TOPIC_EPOCH], F.lit(0)) if TOPIC_EPOCH in types else F.lit(0)
+
     later = F.col(LATER) if LATER in states.columns else F.lit(False)
     b = states.select(*[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"),
                       (F.col(CHANGE) == DELETE).alias("_b_delete"), later.alias("_b_later"))
@@ -254,7 +262,9 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     replaced = F.coalesce(F.col("_s_replaced"), F.lit(False))
     # a candidate a later record of its key replaced is never applied, and the key's state row
     # there came from (or will come from) that later record: it is not lost
-    take_b = bt.isNotNull() & ~F.col("_b_later") & (st.isNull() | replaced | (bt[OFFSET] >= st[OFFSET]))
+    # in one topic-partition a later epoch is a later log: (epoch, offset) orders its records
+    at_least_as_new = (epoch(bt) > epoch(st)) | ((epoch(bt) == epoch(st)) & (bt[OFFSET] >= st[OFFSET]))
+    take_b = bt.isNotNull() & ~F.col("_b_later") & (st.isNull() | replaced | at_least_as_new)
     lost = bt.isNull() & replaced
     joined = joined.select(
         *where,
@@ -267,7 +277,7 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     far_past = F.lit("0001-01-01 00:00:00").cast("timestamp")
     per_key = Window.partitionBy(*[F.col(f"`{c}`") for c in key])
     newest = per_key.orderBy(state.isNotNull().desc(), F.coalesce(state[TIMESTAMP], far_past).desc(),
-                             state[TOPIC].desc(), state[PARTITION].desc(), state[OFFSET].desc())
+                             state[TOPIC].desc(), state[PARTITION].desc(), epoch(state).desc(), state[OFFSET].desc())
     joined = joined.withColumn("_first", F.row_number().over(newest) == 1)
     winner = F.col("_first") & state.isNotNull()
     visible = winner & ~delete

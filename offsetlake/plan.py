@@ -177,6 +177,10 @@ class BatchPlan:
     # the Delta id of the sink table it was planned on (None: there was none yet); a plan never
     # applies to another table (invariant 16)
     sink_table_id: str | None = None
+    # each topic's current epoch, where 1 or more (``offsetlake topic reset-epoch``): read from the
+    # sink's history when the batch executes (``runs.execute_batch``), never from the ledger, and
+    # written into its rows (``coordinates.TOPIC_EPOCH``); a backfill replaces only that epoch's rows
+    topic_epochs: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", BatchKind(self.kind))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from offsetlake import dead_letters, direct, failpoints, keyed, staging
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import PARTITION, TOPIC, Selection
+from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
@@ -103,14 +103,15 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         why_not = direct.problem(config, plan, suite is not None, decoder)
         if why_not is None:
             # the schema the Spark path gives the rows (analysis only, nothing runs)
-            spark_rows = _rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw))
+            spark_rows = with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw)),
+                                           plan.topic_epochs)
             rows_schema = to_arrow_schema(spark_rows.schema, timezone="UTC", prefers_large_types=False)
             why_not = direct.schema_problem(config, decoder, rows_schema)
         if why_not is None:
             folder = staging_dir(config, plan.batch_id)
             wrote = direct.read_and_write(spark, sized, client, config.name, config.read_timeout_seconds, decoder,
                                           rows_schema, config.sink_path, folder, config.sink.partition_by,
-                                          max_record_bytes=config.max_record_bytes)
+                                          max_record_bytes=config.max_record_bytes, epochs=plan.topic_epochs)
             processed.direct = Direct(config.sink_path, folder, wrote.files, wrote.undecided)
             processed.rows_schema = rows_schema
             for key, count in wrote.records_read.items():
@@ -162,6 +163,8 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     table = dead.toArrow() if dead is not None else dead_letters.DEAD_LETTER_SCHEMA.empty_table()
     processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
     timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
+    # after validation (a suite checks the record's own columns): each row's topic epoch (invariant 16)
+    rows = with_topic_epochs(rows, plan.topic_epochs)
     processed.rows = rows
     if processed.rows_schema is None:
         processed.rows_schema = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)

@@ -23,8 +23,10 @@ and ``Ledger.rebuild`` mark every batch a rewind commit lists as ``rewound``, wh
 ``committed``, and a rewound batch's plan is never executed again.
 
 Refused with RewindError (naming pipeline and batch): an unknown batch id, a batch that never
-committed (planned, failed, superseded), a batch already rewound, a rewind commit, and a rewind
-whose files are gone from disk (vacuumed): then nothing is written, never a half restore.
+committed (planned, failed, superseded), a batch already rewound, a rewind commit, a batch
+committed before a topic's latest epoch commit (``offsetlake topic reset-epoch``: its offsets
+belong to a topic Kafka no longer has, invariant 16), and a rewind whose files are gone from
+disk (vacuumed): then nothing is written, never a half restore.
 Rewinding to the latest live batch changes nothing and says so. Any batch kind may be the
 target (ingest, gap or backfill): the target is the table version that batch committed.
 
@@ -57,9 +59,12 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, RewindError
 from offsetlake.history import (
+    EPOCH,
     SinkCommit,
     commit_version,
+    current_epochs,
     landed_version,
+    latest_epoch_commit,
     ledger_entry,
     refuse_foreign_sink,
     rewound_batches,
@@ -157,8 +162,9 @@ class RewindResult:
 def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None = None) -> RewindPlan:
     """Work out what rewinding to ``to_batch`` changes; reads only Delta, writes nothing.
 
-    Raises RewindError for an unknown, uncommitted or rewound batch, a rewind commit, or files
-    of the target version that are gone from disk (nothing could be restored whole then).
+    Raises RewindError for an unknown, uncommitted or rewound batch, a rewind commit, a batch
+    before a topic's latest epoch commit (``_refuse_past_epoch``), or files of the target version
+    that are gone from disk (nothing could be restored whole then).
     """
     config.check_storage()
     where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
@@ -180,6 +186,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     if to_batch in undone:
         raise RewindError(f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
                           f"(sink version {undone[to_batch].version}); its data is no longer in the sink")
+    _refuse_past_epoch(config, commits, target, where)
     plan = RewindPlan(config.name, to_batch, target.version, table.version())
     later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND
              and c.batch_id not in undone]
@@ -212,6 +219,26 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
         plan.dead_letters_readded = dead_letters.rows_readded_by_restore(config, dead_version)
     plan.txn = _txn_moves(config, table, then, commits)
     return plan
+
+
+def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target: SinkCommit, where: str) -> None:
+    """Invariant 16: RewindError when ``target`` was committed before the latest live epoch
+    commit of any topic (``offsetlake topic reset-epoch``). Undoing that commit would put back the
+    old topic's committed ends: its offsets name records Kafka no longer has, so they could never
+    be read again, and planning would read the re-created topic from those ends, skipping its
+    records below them (a broker that names no topic id cannot tell). A batch at or after the
+    epoch commit is inside the current epoch and rewinds as before."""
+    for topic in sorted(current_epochs(commits)):
+        opened = latest_epoch_commit(commits, topic)
+        if opened is None or target.version >= opened.version:
+            continue
+        old = opened.entry[EPOCH].get("previous_topic_id")
+        raise RewindError(
+            f"{where}: it was committed (sink version {target.version}) before topic {topic} started a new epoch in "
+            f"sink version {opened.version} (batch {opened.batch_id}, `offsetlake topic reset-epoch`); its offsets "
+            f"belong to topic {f'id {old}' if old else 'the topic before it was re-created'}, which Kafka no longer "
+            f"has. Nothing was changed. Rewind to batch {opened.batch_id} or a later one; the rows of the earlier epoch "
+            "stay in the sink")
 
 
 def rewind_pipeline(

@@ -24,7 +24,15 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
-from offsetlake.history import SinkCommit, covering_batch, ledger_entry, refuse_foreign_sink, rewound_batches, sink_commits
+from offsetlake.history import (
+    SinkCommit,
+    covering_batch,
+    current_epochs,
+    ledger_entry,
+    refuse_foreign_sink,
+    rewound_batches,
+    sink_commits,
+)
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
@@ -100,16 +108,30 @@ def execute_batch(
     If the sink already holds the plan (a rerun after a commit) this is a no-op that succeeds.
     Raises StalePlanError if another batch moved a partition part-way, and CommitConflictError
     if another writer won the commit race (invariant 10); nothing is committed then. Errors raised
-    inside Spark tasks (a range no longer readable, a read timeout) surface as themselves.
+    inside Spark tasks (a range no longer readable, a read timeout) surface as themselves. The
+    rows carry each topic's current epoch (``with_current_epochs``).
     ``before_commit`` runs right before the sink commit; raising there commits nothing (a stream
     checks its lease there).
     """
     from offsetlake.reader import errors_from_spark_tasks
 
+    plan = with_current_epochs(config, plan)
     with errors_from_spark_tasks(), storage_errors_named(config, plan):
         if plan.kind == BatchKind.BACKFILL:
             return _execute_backfill(config, plan, ledger, spark_factory)
         return _execute_forward(config, plan, ledger, spark_factory, before_commit)
+
+
+def with_current_epochs(config: PipelineConfig, plan: BatchPlan) -> BatchPlan:
+    """``plan`` with each topic's current epoch from the sink's history (``BatchPlan.topic_epochs``).
+
+    Read when the batch executes, not when it was planned: a plan recorded before an epoch commit
+    no longer applies anyway (the epoch commit moved its committed ends, or, for a backfill, the
+    range is no longer below them), and an epoch commit landing while the batch runs makes its
+    commit fail (it moves the same txns; a backfill checks, see ``backfill.commit_replace``)."""
+    from dataclasses import replace
+
+    return replace(plan, topic_epochs=current_epochs(sink_commits(open_table(config.sink_path), config.name)))
 
 
 @contextmanager

@@ -17,25 +17,30 @@ looks like the old one.
 The only way on is the operator's ``reset_topic_epoch`` (``offsetlake topic reset-epoch``): ONE
 sink commit that moves the topic's committed ends (txn versions) to its new log start and
 carries an ``epoch`` entry naming the old and new id, every move, who asked and why. It starts
-a new epoch of the topic: ``epoch_starts`` lists them, and the audit keeps the epochs apart (rows
-and committed ranges of an old epoch never stand for records of the new one). The rows already
-in the sink stay. A rewind back past an epoch commit undoes it like any batch: the recorded id
-is then the old one again and planning refuses again.
+a new epoch of the topic (``history.epoch_starts`` lists them). The rows already in the sink
+stay, and the same offsets now name other records, so every row of a topic in epoch 1 or later
+carries its epoch as data (``coordinates.TOPIC_EPOCH``, ``_offsetlake_epoch``; null = epoch 0),
+a column the epoch commit adds to the sink's schema. That survives compaction and rewrites, and
+every operation reads it: the audit keeps the epochs apart (rows and committed ranges of an old
+epoch never stand for records of the new one), a backfill replaces only the current epoch's rows,
+and a keyed merge takes a later epoch's record as newer (``offsetlake.keyed``). A rewind to a
+batch before a topic's latest epoch commit is refused (``offsetlake.rewind``): that batch's
+offsets belong to a topic Kafka no longer has, and undoing the epoch commit would plan the new
+topic from the old committed ends.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import time
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
+import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from offsetlake import storage
 from offsetlake.config import PipelineConfig
+from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
 from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
     EPOCH,
@@ -50,7 +55,7 @@ from offsetlake.history import (
 from offsetlake.kafka import current_offsets, topic_ids
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import CommitActions, commit, committed_end, open_table, txns
+from offsetlake.sink import CommitActions, commit, committed_end, open_table, table_schema, txns
 
 TopicPartitionKey = tuple[str, int]
 
@@ -74,25 +79,6 @@ def recorded_topic_ids(commits: list[SinkCommit]) -> dict[str, str]:
         elif c.kind in OFFSET_MOVING_KINDS:
             ids.update(c.entry.get("topic_ids") or {})
     return ids
-
-
-def added_versions(table: DeltaTable, since: int) -> dict[str, int]:
-    """File name -> the sink version that last added it, for the commits from ``since`` on (files
-    added before are absent): which epoch a file's rows belong to, for the audit. File names are
-    unique per file, so the name alone (decoded) stands for the file."""
-    out: dict[str, int] = {}
-    log_dir = storage.child(storage.table_location(table), "_delta_log")
-    fs, root = storage.filesystem(log_dir)
-    for version in range(max(since, 0), table.version() + 1):
-        try:
-            with fs.open_input_stream(f"{root}/{version:020d}.json") as handle:
-                lines = handle.read().decode("utf-8").splitlines()
-        except FileNotFoundError:
-            continue
-        for line in lines:
-            if line.startswith('{"add"'):
-                out[unquote(json.loads(line)["add"]["path"].rsplit("/", 1)[-1])] = version
-    return out
 
 
 # ---- the check --------------------------------------------------------------------------------
@@ -179,7 +165,9 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     commit that moves the committed end of every partition of ``topic`` the pipeline committed to
     the partition's log start now (0 for a partition Kafka no longer has: it begins there if it is
     added again), with an ``epoch`` ledger entry naming the old and new topic id, every move, who
-    asked and why; the ledger learns it from that commit. Rows already in the sink stay.
+    asked and why; the ledger learns it from that commit. Rows already in the sink stay; the
+    commit adds ``coordinates.TOPIC_EPOCH`` to the sink's schema if it lacks it (nullable: the
+    rows there read null, epoch 0), and the new epoch's rows carry its number.
 
     Refused with TopicEpochError when the pipeline committed nothing of ``topic``, or when the
     check sees nothing wrong (``force`` records the new epoch anyway: a broker that names no
@@ -225,7 +213,8 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
     try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0,
+               schema=_with_epoch_column(table_schema(table)))
     except CommitFailedError as err:
         if landed_version(config.sink_path, plan.batch_id) is None:
             raise CommitConflictError(
@@ -234,6 +223,13 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     result.batch_id, result.sink_version = plan.batch_id, commit_version(config.sink_path, plan.batch_id)
     reconcile_ledger(config, Ledger.of(config))
     return result
+
+
+def _with_epoch_column(schema: pa.Schema) -> pa.Schema | None:
+    """The sink's schema with ``TOPIC_EPOCH`` (nullable int) appended, None if it has it."""
+    if TOPIC_EPOCH in schema.names:
+        return None
+    return schema.append(pa.field(TOPIC_EPOCH, TOPIC_EPOCH_TYPE, nullable=True))
 
 
 def _user() -> str:
