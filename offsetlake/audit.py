@@ -231,7 +231,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         earlier = sum(e - s for (t, _, epoch), spans in covered.items() if epoch < len(starts.get(t, []))
                       for s, e in spans)
         if config.sink.mode == "upsert":
-            _check_keyed_against_kafka(config, report, current, earlier)
+            _check_keyed_against_kafka(config, report, current, earlier, starts)
         else:
             _check_against_kafka(config, report, _current_epoch_only(records, starts), _current_epoch_only(dead, starts),
                                  current, {(t, p): g for (t, p, e), g in gaps.items() if e == len(starts.get(t, []))})
@@ -300,11 +300,15 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
 
 
 def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
-                               covered: dict[tuple[str, int], list[tuple[int, int]]], earlier_epochs: int = 0) -> None:
+                               covered: dict[tuple[str, int], list[tuple[int, int]]], earlier_epochs: int = 0,
+                               starts: dict[str, list[int]] | None = None) -> None:
     """Each key's row is the newest record of that key up to the committed ends, and a key whose
     newest record is a delete has no row: the committed records are read back with a plain
     consumer, decoded as the pipeline decodes them, and replayed here by the ordering rule
-    (``offsetlake.keyed``), written out again on purpose rather than reusing the merge's code."""
+    (``offsetlake.keyed``), written out again on purpose rather than reusing the merge's code.
+    Records of a re-created topic's earlier epochs are gone from Kafka: the sink's state rows of
+    those epochs (visible or hidden; a ``deleted`` one is a delete) are their only witness, so
+    they join the replay as the key's last records of their topic-partition in that epoch."""
     from pyspark.sql import functions as F
 
     from offsetlake.formats import CHANGE, DELETE, REASON, decoder_for, good_rows
@@ -343,9 +347,11 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
         if config.sink.delete_on_tombstone:
             decoded = mark_tombstones(decoded)
-        readable = apply_transform(good_rows(decoded, decoder), config).toArrow().to_pylist()
-        readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE)
-        expected = _newest_by_key(readable, config.sink.key, CHANGE, DELETE)
+        rows = apply_transform(good_rows(decoded, decoder), config)
+        current = {t: len(v) for t, v in (starts or {}).items()}
+        readable = [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
+        readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
+        expected = _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
     deleted = {k for k, r in expected.items() if r is None}
     found["deleted_keys"] = len(deleted)
     found["keys"] = len(expected) - len(deleted)
@@ -363,8 +369,8 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         for have in actual[key]:
             found["rows_checked"] += 1
             # a row written before a column was added reads null there: only values it holds compare
-            differs = [c for c in row if c in have and c != CHANGE and not _holds(have[c], row[c])]
-            if (have[TOPIC], have[PARTITION], have[OFFSET]) != (row[TOPIC], row[PARTITION], row[OFFSET]):
+            differs = [c for c in row if c in have and c not in (CHANGE, HIDDEN, TOPIC_EPOCH) and not _holds(have[c], row[c])]
+            if _record_of(have) != _record_of(row):
                 differs.insert(0, "its record")
             if differs:
                 wrong.append(f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
@@ -382,7 +388,8 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
 
 
 def _unreadable_state(sink: DeltaTable | None, key: list[str], readable: list[dict],
-                      unreadable: dict[tuple[str, int], int], change: str, delete: str) -> list[dict]:
+                      unreadable: dict[tuple[str, int], int], change: str, delete: str,
+                      current: dict[str, int]) -> list[dict]:
     """The sink's state rows (``offsetlake.keyed``: a key's last record per topic-partition,
     delete markers included) that Kafka can no longer show: in a topic-partition whose committed
     offsets start below its log start, for a key with no record read back from it, at an offset
@@ -390,17 +397,40 @@ def _unreadable_state(sink: DeltaTable | None, key: list[str], readable: list[di
     topic-partition it wins over by time is still in Kafka); its state row is then the only
     account of it, so the replay takes it as it is — unchecked, like the offsets past retention —
     rather than call the key's row wrong. A state row at or past the log start has its record in
-    Kafka and is never taken on trust."""
+    Kafka and is never taken on trust. Only rows of their topic's ``current`` epoch: those of an
+    earlier epoch are replayed by ``_earlier_epoch_states``."""
     if sink is None or not unreadable:
         return []
     seen = {(_key_of(r, key), r[TOPIC], r[PARTITION]) for r in readable}
     state = []
     for r in sink.to_pyarrow_dataset().to_table().to_pylist():
         tp = (r[TOPIC], r[PARTITION])
+        if (r.get(TOPIC_EPOCH) or 0) != current.get(r[TOPIC], 0):
+            continue
         if tp in unreadable and r[OFFSET] < unreadable[tp] and (_key_of(r, key), *tp) not in seen:
             hidden = r.pop(HIDDEN, None)
             state.append({**r, change: delete if hidden == DELETED else None})
     return state
+
+
+def _earlier_epoch_states(sink: DeltaTable | None, current: dict[str, int]) -> list[dict]:
+    """The sink's state rows (hidden ones too) of topic epochs before their topic's current one,
+    as replayed records: a ``deleted`` state row as a delete (``CHANGE``), every other as an upsert."""
+    from offsetlake.formats import CHANGE, DELETE, UPSERT
+
+    if sink is None or not current or TOPIC_EPOCH not in table_schema(sink).names:
+        return []
+    older = None
+    for topic, epoch in current.items():
+        term = (pc.field(TOPIC) == topic) & (pc.coalesce(pc.field(TOPIC_EPOCH), pa.scalar(0, pa.int32())) < epoch)
+        older = term if older is None else older | term
+    rows = sink.to_pyarrow_dataset().to_table(filter=older).to_pylist()
+    return [{**r, TOPIC_EPOCH: r[TOPIC_EPOCH] or 0, CHANGE: DELETE if r.get(HIDDEN) == DELETED else UPSERT} for r in rows]
+
+
+def _record_of(row: dict) -> tuple:
+    """Which record a row is: its coordinates and its topic epoch (null: 0)."""
+    return row[TOPIC], row[PARTITION], row.get(TOPIC_EPOCH) or 0, row[OFFSET]
 
 
 def _holds(stored: object, decoded: object) -> bool:
@@ -419,7 +449,8 @@ def _holds(stored: object, decoded: object) -> bool:
 
 def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -> dict[tuple, dict | None]:
     """Each key's newest row (None: its newest record deletes it): the last per topic-partition
-    by (offset, row index), then across topic-partitions by (timestamp, topic, partition, offset)."""
+    by (topic epoch, offset, row index), then across topic-partitions by (timestamp, topic,
+    partition, epoch, offset)."""
     last: dict[tuple, dict] = {}
     for r in rows:
         k = _key_of(r, key)
@@ -427,7 +458,8 @@ def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -
             continue
         at = (k, r[TOPIC], r[PARTITION])
         seen = last.get(at)
-        if seen is None or (r[OFFSET], r.get(ROW_INDEX) or 0) > (seen[OFFSET], seen.get(ROW_INDEX) or 0):
+        if seen is None or ((r.get(TOPIC_EPOCH) or 0, r[OFFSET], r.get(ROW_INDEX) or 0)
+                            > (seen.get(TOPIC_EPOCH) or 0, seen[OFFSET], seen.get(ROW_INDEX) or 0)):
             last[at] = r
     newest: dict[tuple, dict] = {}
     for (k, _, _), r in last.items():
@@ -462,7 +494,8 @@ def _order(row: dict) -> tuple:
     from datetime import datetime
 
     stamp = row.get("_kafka_timestamp")
-    return (stamp.timestamp() if isinstance(stamp, datetime) else float("-inf"), row[TOPIC], row[PARTITION], row[OFFSET])
+    return (stamp.timestamp() if isinstance(stamp, datetime) else float("-inf"), row[TOPIC], row[PARTITION],
+            row.get(TOPIC_EPOCH) or 0, row[OFFSET])
 
 
 # ---- against Kafka ----------------------------------------------------------------------------

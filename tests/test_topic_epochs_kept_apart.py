@@ -150,39 +150,43 @@ def test_a_rewind_past_the_epoch_commit_is_refused_and_one_inside_the_epoch_work
     _assert_both_epochs_whole(config, new_ids)
 
 
-def _produce_keyed(bootstrap: str, topic: str, records: list[tuple[str, int, int]]) -> None:
-    """(key, order id, timestamp ms) records to partition 0, in order."""
+def _produce_keyed(bootstrap: str, topic: str, records: list[tuple[str, int, int, int]]) -> None:
+    """(key, order id, timestamp ms, partition) records, in order."""
     producer = Producer({"bootstrap.servers": bootstrap})
-    for key, order_id, stamp in records:
+    for key, order_id, stamp, partition in records:
         value = json.dumps({"order_id": order_id, "customer": key, "amount": float(order_id), "currency": "EUR",
                             "created_at": "2026-11-23T10:00:00Z"}).encode()
-        producer.produce(topic, key=key.encode(), value=value, partition=0, timestamp=stamp)
+        producer.produce(topic, key=key.encode(), value=value, partition=partition, timestamp=stamp)
     producer.flush(30)
 
 
 def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a_lower_offset(pipeline, spark):
+    """K: epoch 0 at time T, offset 5; epoch 1 at time T, offset 0 (same partition): the epoch-1
+    record is K's row. J: epoch 0 on partition 1 at T + 10 s, epoch 1 on partition 0 at T: across
+    topic-partitions the record time decides, so J's row stays the old epoch's, and the audit
+    against Kafka, which can no longer read that record, replays it from J's state row."""
     config = pipeline.write(sink={"mode": "upsert", "key": ["_kafka_key"]})
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     stamp = int(time.time() * 1000) - 60_000  # recent: the broker's retention goes by record time
-    # epoch 0: five other keys, then K at offset 5 (record time T)
-    _produce_keyed(pipeline.bootstrap, pipeline.topic, [(f"other{i}", i, stamp - 1000) for i in range(5)] + [("K", 5, stamp)])
+    _produce_keyed(pipeline.bootstrap, pipeline.topic,
+                   [(f"other{i}", i, stamp - 1000, 0) for i in range(5)] + [("K", 5, stamp, 0), ("J", 7, stamp + 10_000, 1)])
     run_pipeline(config, RunContext("old"), lambda: spark)
     assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.sink_path)}["K"] == 5
 
     _delete(pipeline.bootstrap, pipeline.topic)
-    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    # epoch 1: K at offset 0, the same record time T
-    _produce_keyed(pipeline.bootstrap, pipeline.topic, [("K", 1_000, stamp)])
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    _produce_keyed(pipeline.bootstrap, pipeline.topic, [("K", 1_000, stamp, 0), ("J", 1_001, stamp, 0)])
     reset_topic_epoch(config, pipeline.topic, reason="topic re-created")
     run_pipeline(config, RunContext("new"), lambda: spark)
 
     rows = keyed_sink_rows(config.sink_path)
     by_key = {r["_kafka_key"]: r for r in rows}
-    # other0 sits at offset 0 of the old topic, the offset of K's new record: a merge that took it
-    # for a record the batch reprocesses dropped it
-    assert sorted(by_key) == ["K", *(f"other{i}" for i in range(5))] and len(rows) == 6, rows
+    # other0 and other1 sit at offsets 0 and 1 of the old topic, the offsets of K's and J's new
+    # records: a merge that took them for records the batch reprocesses dropped them
+    assert sorted(by_key) == ["J", "K", *(f"other{i}" for i in range(5))] and len(rows) == 7, rows
     assert (by_key["K"]["order_id"], by_key["K"]["_kafka_offset"]) == (1_000, 0), "the epoch-1 record is K's newest"
     assert by_key["K"]["_offsetlake_epoch"] == 1
+    assert (by_key["J"]["order_id"], by_key["J"]["_kafka_partition"], by_key["J"]["_offsetlake_epoch"]) == (7, 1, None)
     assert all(by_key[f"other{i}"]["order_id"] == i and by_key[f"other{i}"]["_offsetlake_epoch"] is None for i in range(5))
     state = storage.table(config.sink_path).to_pyarrow_dataset().to_table(filter=pc.field("_kafka_key") == "K")
     assert state.num_rows == 1, "K keeps one state row in partition 0: the later epoch's record replaced it"
