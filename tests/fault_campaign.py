@@ -5,7 +5,12 @@ records (plain with some malformed, transactional committed, aborted, or left op
 batches, run a CLI batch that dies at a random failpoint, SIGKILL a running ``offsetlake run``
 at a random moment, backfill a random range of offsets or of record times, rewind to an
 earlier batch, compact/checkpoint/vacuum, add or drop a nullable field of the pipeline's schema,
-add partitions, delete records (with ``on_offsets_lost: skip``) and restart the broker. After
+add a field inside a struct or an array of structs, add partitions, delete records (with
+``on_offsets_lost: skip``), delete the topic and create it again (runs must refuse until
+``offsetlake topic reset-epoch``) and restart the broker. A second pipeline reads the same topic
+into a keyed sink (``sink.mode: upsert``) whose key is a timestamp with sub-millisecond digits
+taken from the record key, with tombstones that delete keys; it runs, backfills and is compacted
+beside the first. After
 EVERY step the invariants are checked twice. First against an independent model — what the
 campaign itself produced, with offsets and timestamps from the producer's delivery reports —
 and plain deltalake reads of the sink, dead letters and ledger:
@@ -16,8 +21,15 @@ and plain deltalake reads of the sink, dead letters and ledger:
   if malformed, in the dead letters exactly once), unless it lies in a recorded gap;
 * gaps are recorded only over offsets the campaign deleted while no live batch held them
   (never ingested, or ingested by a batch a rewind undid);
-* the sink's live committed ranges (those no rewind undid) per partition are contiguous, and
-  after every clean run the ledger's committed ranges equal them.
+* the sink's live committed ranges (those no rewind undid) per partition and epoch of the topic
+  are contiguous, and after every clean run the ledger's committed ranges equal them;
+* a nested field added to the schema reads null in rows written before, and the record's value in
+  every row of a record past the committed end when it was added; other nested values are the record's;
+* records of a deleted topic stay in the tables as they were, beside the new topic's records at
+  the same offsets;
+* the keyed sink holds, per key, the newest committed record by offsetlake's ordering rule (the
+  key's last record per topic-partition, a later epoch's record being later, then the latest of
+  those by record time, partition, epoch and offset), and no row for a key whose newest record is a tombstone.
 
 Then with offsetlake's own audit against Kafka (``audit_pipeline(against_kafka=True)``), which
 reads every committed range back from the broker: the two checks are written apart, so a bug
@@ -33,6 +45,7 @@ every kind of fault is exercised.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
@@ -62,6 +75,28 @@ SCHEMA = {"order_id": "long", "customer": "string", "amount": "double"}
 # finding 1) and values Spark escapes in folder names, next to plain ones.
 CUSTOMERS = ["a", "", None, "b", "q?r#s", "x%20y", "São Paulo", "k:v=1"]
 EXTRA_FIELD = ("note", "string")  # what schema_change adds and drops: nullable, no record carries it
+# Nested values every record carries (derived from its order id, see ``nested_values``); the
+# schema starts without some of them and ``nested_field`` adds them one stage at a time: a field
+# inside a struct, inside an array of structs, inside a struct inside a struct.
+NESTED_STAGES = [
+    {"addr": "struct<city: string>", "lines": "array<struct<sku: string>>"},
+    {"addr": "struct<city: string, zip: string>", "lines": "array<struct<sku: string>>"},
+    {"addr": "struct<city: string, zip: string>", "lines": "array<struct<sku: string, qty: int>>"},
+    {"addr": "struct<city: string, zip: string, geo: struct<lat: double>>", "lines": "array<struct<sku: string, qty: int>>"},
+]
+NESTED_ADDED = ["addr.zip", "lines.qty", "addr.geo.lat"]  # the field stage i + 1 adds
+# The keyed pipeline's key: a timestamp from the record key, drawn from few values that share
+# milliseconds and differ below them (Delta's statistics keep milliseconds: issue 35 finding 2).
+SLOT_BASE_US = 1_795_000_000_000_000
+SLOT_POOL_US = [SLOT_BASE_US + ms * 1000 + us for ms in range(6) for us in (0, 1, 499, 999)]
+KEYED_SCHEMA = {"order_id": "long", "customer": "string", "amount": "double"}
+TOMBSTONE_SHARE = 0.04  # of plain records: a null value, the keyed sink's delete (a dead letter in the other)
+
+
+def nested_values(order_id: int) -> dict:
+    """The nested fields of record ``order_id``: a pure function, so the check needs no copy."""
+    return {"addr": {"city": f"c{order_id % 5}", "zip": f"z{order_id}", "geo": {"lat": order_id / 8}},
+            "lines": [{"sku": f"s{order_id}-{i}", "qty": i + order_id % 3} for i in range(order_id % 3)]}
 
 
 class InvariantBroken(AssertionError):
@@ -72,19 +107,42 @@ class InvariantBroken(AssertionError):
 class Record:
     partition: int
     offset: int
-    order_id: int | None  # None: a malformed value (a dead letter)
+    order_id: int | None  # None: a malformed value or a tombstone (a dead letter of the plain pipeline)
     state: str  # visible | aborted | open
     txn: str | None = None  # the transactional producer's id, for records sent in a transaction
     timestamp_ms: int | None = None  # the record time the delivery report gave
+    incarnation: int = 0  # which creation of the topic the record was produced to
+    slot_us: int = 0  # its key: the keyed sink's key column (a timestamp, in microseconds)
+    tombstone: bool = False  # a null value: deletes its key in the keyed sink
+
+
+@dataclass
+class Incarnation:
+    """A creation of the topic the campaign deleted since: where each pipeline's committed ends
+    stood when it was deleted, and the log starts the campaign had set on it."""
+
+    ends: dict[str, dict[int, int | None]]  # pipeline name -> partition -> committed end
+    deleted_below: dict[int, int]
 
 
 @dataclass
 class Model:
     """What the campaign produced and deleted: the truth the tables are checked against."""
 
-    records: dict[tuple[int, int], Record] = field(default_factory=dict)
-    deleted_below: dict[int, int] = field(default_factory=dict)  # partition -> log start we set
+    records: dict[tuple[int, int, int], Record] = field(default_factory=dict)  # (incarnation, partition, offset)
+    deleted_below: dict[int, int] = field(default_factory=dict)  # partition -> log start we set (this incarnation)
     next_id: int = 0
+    incarnation: int = 0  # the topic's current creation
+    past: list[Incarnation] = field(default_factory=list)  # index: incarnation
+    # per pipeline, the incarnation each of its epochs reads (an epoch outlives a re-creation when
+    # the pipeline had committed nothing of the old topic: it needs no reset-epoch then)
+    epoch_incarnation: dict[str, list[int]] = field(default_factory=dict)
+    nested_stage: int = 0
+    # when each nested field was added: (incarnation, the plain pipeline's committed ends then)
+    nested_added: list[tuple[int, dict[int, int | None]]] = field(default_factory=list)
+
+    def current(self) -> list[Record]:
+        return [r for (inc, _, _), r in self.records.items() if inc == self.incarnation]
 
 
 class Campaign:
@@ -103,29 +161,50 @@ class Campaign:
         self.cli_run_seconds = 12.0  # how long an unkilled `offsetlake run` took, for kill timing
         suffix = uuid.uuid4().hex[:8]
         self.name, self.topic = f"torture_{suffix}", f"torture_{suffix}"
+        self.keyed_name = f"{self.name}_keyed"
         self.folder = work / "pipelines"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.file = self.folder / f"{self.name}.yaml"
+        self.keyed_file = self.folder / f"{self.keyed_name}.yaml"
         self.with_extra_field = False
+        self.model.epoch_incarnation = {self.name: [0], self.keyed_name: [0]}
         self.config = self._write_pipeline()
+        self.keyed = self._write_keyed_pipeline()
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a dropped client cancels its futures
         admin.create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
         self.partitions = 2
 
     def _write_pipeline(self):
-        """(Re)write the pipeline YAML, with or without the extra field, and load it as the CLI
-        steps will: they read the same file."""
+        """(Re)write the pipeline YAML, with or without the extra field and with the nested
+        fields of the current stage, and load it as the CLI steps will: they read the same file."""
         from offsetlake.config import load_pipeline
 
-        schema = {**SCHEMA, **dict([EXTRA_FIELD] if self.with_extra_field else [])}
+        schema = {**SCHEMA, **NESTED_STAGES[self.model.nested_stage],
+                  **dict([EXTRA_FIELD] if self.with_extra_field else [])}
         self.file.write_text(yaml.safe_dump({
             "name": self.name, "topic": self.topic, "lake": str(self.work / "lake"), "start": "earliest",
             "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign"}},
             "max_records_per_batch": 400, "read_timeout_seconds": 60, "on_offsets_lost": "skip",
+            "key_format": "none",
             "format": {"type": "json", "schema": schema, "required": ["order_id"]},
             "sink": {"partition_by": ["customer"]},
         }, sort_keys=False))
         return load_pipeline(str(self.file))
+
+    def _write_keyed_pipeline(self):
+        """The keyed pipeline: the same topic into an upsert sink keyed by the record key's
+        timestamp; small files, so keys at both ends of many files' statistics meet the merge."""
+        from offsetlake.config import load_pipeline
+
+        self.keyed_file.write_text(yaml.safe_dump({
+            "name": self.keyed_name, "topic": self.topic, "lake": str(self.work / "lake"), "start": "earliest",
+            "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-keyed"}},
+            "max_records_per_batch": 300, "read_timeout_seconds": 60, "on_offsets_lost": "skip",
+            "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
+            "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
+            "sink": {"mode": "upsert", "key": ["slot"], "file_rows": 8},
+        }, sort_keys=False))
+        return load_pipeline(str(self.keyed_file))
 
     # ---- the campaign ---------------------------------------------------------------------
     def kinds(self) -> dict[str, tuple[int, object]]:
@@ -145,8 +224,11 @@ class Campaign:
             "rewind": (1, self.rewind),
             "maintenance": (1, self.maintenance),
             "schema_change": (1, self.schema_change),
+            "nested_field": (1, self.nested_field),
             "add_partition": (1, self.add_partition),
             "delete_records": (1, self.delete_records),
+            "recreate_topic": (1, self.recreate_topic),
+            "keyed_backfill": (1, self.keyed_backfill),
         }
         if self.restart_broker is not None:
             kinds["restart_broker"] = (1, self.restart)
@@ -161,6 +243,7 @@ class Campaign:
         first = [k for k in kinds if k not in ("produce", "run", "rewind")]
         self.rng.shuffle(first)
         first = ["produce", "run", *first, "rewind"]
+        self.first_steps = len(first)
         names, weights = zip(*[(k, w) for k, (w, _) in kinds.items()], strict=True)
         started = time.monotonic()
         for step in range(self.steps):
@@ -174,6 +257,7 @@ class Campaign:
                 self.stats["steps"] += 1
                 self.stats[f"step:{kind}"] += 1
                 self.check(clean_run=kind == "run")
+                self.check_keyed()
                 self.audit(against_kafka=(step + 1) % self.kafka_audit_every == 0)
             except InvariantBroken as broken:
                 raise InvariantBroken(f"step {step + 1} ({kind}): {broken}") from None
@@ -182,6 +266,7 @@ class Campaign:
         self.finish_open_txn()
         self.run_in_process(to_the_end=True)
         self.check(clean_run=True, final=True)
+        self.check_keyed(final=True)
         self.audit()
         figures = self.figures(time.monotonic() - started)
         self.log("campaign figures " + json.dumps(figures))
@@ -202,6 +287,10 @@ class Campaign:
             "rewinds_refused": self.stats["rewinds_refused"], "maintenance_runs": self.stats["maintenance_runs"],
             "files_vacuumed": self.stats["files_vacuumed"], "schema_changes": self.stats["schema_changes"],
             "broker_restarts": self.stats["step:restart_broker"],
+            "topic_recreations": self.stats["recreations"], "epochs_reset": self.stats["epochs_reset"],
+            "nested_fields_added": self.model.nested_stage, "keyed_rows": self.stats["last_keyed_rows"],
+            "keyed_keys_deleted": self.stats["last_keyed_deleted"], "keyed_backfills": self.stats["keyed_backfills"],
+            "keyed_backfills_refused": self.stats["keyed_backfills_refused"],
             "partitions": self.partitions, "duplicates_found": self.stats["duplicates_found"],
             "records_lost": self.stats["records_lost"], "checks": self.stats["checks"],
             "checks_with_dead_letters_pending": self.stats["checks_with_dead_letters_pending"],
@@ -212,42 +301,53 @@ class Campaign:
         }
 
     # ---- steps: producing -----------------------------------------------------------------
-    def _values(self, count: int, malformed_share: float) -> list[tuple[int | None, bytes]]:
-        values = []
+    def _values(self, count: int, malformed_share: float, tombstone_share: float = 0.0
+                ) -> list[tuple[int | None, bytes | None, int]]:
+        """(order id or None, value or None for a tombstone, key slot in microseconds) per record."""
+        values: list[tuple[int | None, bytes | None, int]] = []
         for _ in range(count):
             order_id = self.model.next_id
             self.model.next_id += 1
-            if self.rng.random() < malformed_share:
-                values.append((None, b'{"order_id": ' + str(order_id).encode() + b', "cut'))
+            slot = self.rng.choice(SLOT_POOL_US)
+            draw = self.rng.random()
+            if draw < malformed_share:
+                values.append((None, b'{"order_id": ' + str(order_id).encode() + b', "cut', slot))
+            elif draw < malformed_share + tombstone_share:
+                values.append((None, None, slot))
             else:
-                values.append((order_id, json.dumps({"order_id": order_id, "customer": self.rng.choice(CUSTOMERS),
-                                                     "amount": order_id % 1000 / 10}).encode()))
+                body = {"order_id": order_id, "customer": self.rng.choice(CUSTOMERS), "amount": order_id % 1000 / 10,
+                        **nested_values(order_id)}
+                values.append((order_id, json.dumps(body).encode(), slot))
         return values
 
     def _send(self, producer: Producer, count: int, state: str, malformed_share: float = 0.0,
-              txn: str | None = None) -> list[Record]:
+              txn: str | None = None, tombstone_share: float = 0.0) -> list[Record]:
         sent: list[Record] = []
         failures: list[str] = []
-        for order_id, value in self._values(count, malformed_share):
+        incarnation = self.model.incarnation
+        for order_id, value, slot in self._values(count, malformed_share, tombstone_share):
             partition = self.rng.randrange(self.partitions)
 
-            def delivered(err, msg, order_id=order_id):
+            def delivered(err, msg, order_id=order_id, slot=slot, tombstone=value is None):
                 if err is not None:
                     failures.append(str(err))
                 else:
-                    sent.append(Record(msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1]))
+                    sent.append(Record(msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1],
+                                       incarnation, slot, tombstone))
 
-            producer.produce(self.topic, value=value, partition=partition, on_delivery=delivered)
+            key = json.dumps({"slot": _iso_us(slot)}).encode()
+            producer.produce(self.topic, key=key, value=value, partition=partition, on_delivery=delivered)
         producer.flush(60)
         if failures or len(sent) != count:
             raise InvariantBroken(f"produce: {len(sent)} of {count} delivered: {failures[:3]}")
         for record in sent:
-            self.model.records[(record.partition, record.offset)] = record
+            self.model.records[(incarnation, record.partition, record.offset)] = record
         return sent
 
     def produce(self) -> None:
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
-        self._send(producer, self.rng.randint(1, 300), "visible", malformed_share=0.03)
+        self._send(producer, self.rng.randint(1, 300), "visible", malformed_share=0.03,
+                   tombstone_share=TOMBSTONE_SHARE)
         self.stats["produced_plain"] += 1
 
     def _txn_producer(self) -> tuple[Producer, str]:
@@ -280,8 +380,9 @@ class Campaign:
         from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session
 
-        run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
-                     max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
+        for config in (self.config, self.keyed):
+            run_pipeline(config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
+                         max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
         self.stats["runs"] += 1
 
     def _cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -378,7 +479,7 @@ class Campaign:
 
         ends = self._committed_ends()
         timed: dict[int, list[Record]] = {}
-        for r in self.model.records.values():
+        for r in self.model.current():
             end = ends.get(r.partition)
             if (r.state == "visible" and r.timestamp_ms is not None and end is not None
                     and self.model.deleted_below.get(r.partition, 0) <= r.offset < end):
@@ -417,16 +518,35 @@ class Campaign:
     def rewind(self) -> None:
         """Rewind the pipeline to a random earlier live batch, in this process, as `offsetlake
         rewind` does. Later runs read the rewound offsets again; the model needs no change,
-        because it only expects records below each partition's committed end."""
+        because it only expects records below each partition's committed end. A batch of an
+        earlier epoch of the topic (before a reset-epoch) must be refused: its offsets name
+        records of a topic Kafka no longer has. With fewer than two live batches in the current
+        epoch the step first makes two (produce, run one batch, twice), so a rewind happens."""
         from offsetlake.errors import RewindError
         from offsetlake.history import rewound_batches, sink_commits
-        from offsetlake.plan import BatchKind
+        from offsetlake.plan import BatchKind, RunContext
         from offsetlake.rewind import rewind_pipeline
+        from offsetlake.runs import run_pipeline
+        from offsetlake.spark import spark_session
         from offsetlake.storage import open_table
 
-        commits = sink_commits(open_table(self.config.sink_path), self.config.name)
-        undone = rewound_batches(commits)
-        live = [c for c in commits if c.kind != BatchKind.REWIND and c.batch_id not in undone]
+        def live_batches() -> tuple[list, int]:
+            commits = sink_commits(open_table(self.config.sink_path), self.config.name) \
+                if storage.is_table(self.config.sink_path) else []
+            undone = rewound_batches(commits)
+            live = [c for c in commits if c.kind not in (BatchKind.REWIND, BatchKind.EPOCH) and c.batch_id not in undone]
+            epoch_start = max((c.version for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in undone),
+                              default=-1)
+            return live, epoch_start
+
+        live, epoch_start = live_batches()
+        for _ in range(2):
+            if len([c for c in live if c.version > epoch_start]) >= 2:
+                break
+            self._ensure_pending()
+            run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
+                         max_batches=1, emit=lambda _: None)
+            live, epoch_start = live_batches()
         candidates = live[:-1]  # rewinding to the latest live batch changes nothing: no fault
         if not candidates:
             self.stats["skipped:rewind"] += 1
@@ -434,10 +554,16 @@ class Campaign:
         target = self.rng.choice(candidates)
         try:
             result = rewind_pipeline(self.config, target.batch_id, reason="campaign")
-        except RewindError as refused:  # files of the target's version were vacuumed: refused whole
-            self.log(f"campaign: rewind refused: {refused}")
-            self.stats["rewinds_refused"] += 1
+        except RewindError as refused:  # files of the target's version were vacuumed, or an earlier epoch
+            if target.version < epoch_start:
+                self.stats["rewinds_refused_earlier_epoch"] += 1
+            else:
+                self.log(f"campaign: rewind refused: {refused}")
+                self.stats["rewinds_refused"] += 1
             return
+        if target.version < epoch_start:
+            raise InvariantBroken(f"rewind to batch {target.batch_id} (sink version {target.version}) went through, but "
+                                  f"it lies before the topic's epoch commit at version {epoch_start}")
         self.stats["rewinds"] += 1
         self.stats["batches_rewound"] += len(result.plan.rewound)
 
@@ -446,7 +572,8 @@ class Campaign:
         or a rewind of this campaign still needs is deleted unless the campaign is that old."""
         from offsetlake.maintenance import maintain
 
-        reports = maintain(self.config, retention_hours=1, vacuum=True)
+        reports = [*maintain(self.config, retention_hours=1, vacuum=True),
+                   *maintain(self.keyed, retention_hours=1, vacuum=True)]
         self.stats["maintenance_runs"] += 1
         self.stats["files_vacuumed"] += sum(r.vacuumed for r in reports)
 
@@ -458,6 +585,49 @@ class Campaign:
         self.with_extra_field = not self.with_extra_field
         self.config = self._write_pipeline()
         self.stats["schema_changes"] += 1
+
+    def nested_field(self) -> None:
+        """Add the next nested field (``NESTED_STAGES``) to the plain pipeline's schema: inside a
+        struct, inside an array of structs, inside a struct in a struct. Every record carries all
+        of them, so rows written from now on hold them; older rows read null."""
+        if self.model.nested_stage + 1 >= len(NESTED_STAGES):
+            self.stats["skipped:nested_field"] += 1
+            return
+        self.model.nested_added.append((self.model.incarnation, self._committed_ends()))
+        self.model.nested_stage += 1
+        self.config = self._write_pipeline()
+
+    def keyed_backfill(self) -> None:
+        """Backfill a random committed range of the keyed pipeline (current epoch). A keyed
+        backfill may be refused (BackfillParamsError) when the range no longer holds a key's
+        state: that is counted, anything else fails the campaign."""
+        from offsetlake.backfill import plan_backfill
+        from offsetlake.errors import BackfillParamsError
+        from offsetlake.ledger import Ledger
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import execute_recorded_batch
+        from offsetlake.spark import spark_session
+
+        ends = self._committed_ends(self.keyed)
+        candidates = [(p, e) for p, e in ends.items() if e and e > self.model.deleted_below.get(p, 0) + 1]
+        if not candidates:
+            self.stats["skipped:keyed_backfill"] += 1
+            return
+        partition, end = self.rng.choice(candidates)
+        start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
+        stop = self.rng.randrange(start + 1, end + 1)
+        try:
+            plan = plan_backfill(self.keyed, RunContext(run_id=f"campaign-kbackfill-{uuid.uuid4().hex[:6]}"),
+                                 [partition], start, stop)
+            Ledger.of(self.keyed).record_plan(plan)
+            result = execute_recorded_batch(self.keyed, plan.batch_id, spark_session)
+        except BackfillParamsError as refused:
+            self.log(f"campaign: keyed backfill refused: {str(refused)[:300]}")
+            self.stats["keyed_backfills_refused"] += 1
+            return
+        if result.status != "committed":
+            raise InvariantBroken(f"keyed backfill {plan.describe()} ended {result.status}")
+        self.stats["keyed_backfills"] += 1
 
     # ---- steps: the topic and the broker ------------------------------------------------------
     def add_partition(self) -> None:
@@ -496,7 +666,7 @@ class Campaign:
         offsetlake can see, so the campaign never deletes into the middle of an aborted transaction.
         """
         spans: dict[str, tuple[int, int]] = {}
-        for record in self.model.records.values():
+        for record in self.model.current():
             if record.partition == partition and record.state == "aborted" and record.txn:
                 low, high = spans.get(record.txn, (record.offset, record.offset))
                 spans[record.txn] = (min(low, record.offset), max(high, record.offset))
@@ -504,8 +674,8 @@ class Campaign:
 
     def _model_matches_a_consumer(self, lso: dict[int, int]) -> list[str]:
         """The model itself, checked against what a plain read_committed consumer reads now."""
-        expected = {(p, o): r.order_id for (p, o), r in self.model.records.items()
-                    if r.state == "visible" and o >= self.model.deleted_below.get(p, 0) and o < lso.get(p, 0)}
+        expected = {(r.partition, r.offset): r.order_id for r in self.model.current()
+                    if r.state == "visible" and self.model.deleted_below.get(r.partition, 0) <= r.offset < lso.get(r.partition, 0)}
         seen = _consumer_view(self.bootstrap, self.topic, lso)
         if seen == expected:
             return []
@@ -515,9 +685,57 @@ class Campaign:
         return [f"the campaign's model and a plain consumer disagree: only in the model {only_model}, "
                 f"only in Kafka {only_kafka}, different values {differ}"]
 
+    def recreate_topic(self) -> None:
+        """Delete the topic and create it again (same name, same partitions), then run each
+        pipeline at once: one that committed past offset 0 must refuse (the committed end is past
+        the new log end; the test broker names no topic id) until ``offsetlake topic reset-epoch``,
+        run as the CLI; one that committed nothing reads the new topic from its start. The old
+        topic's records stay in the tables; those past a pipeline's committed end are gone."""
+        from offsetlake.errors import TopicIdentityError
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import run_pipeline
+        from offsetlake.spark import spark_session
+
+        self.finish_open_txn()
+        pipelines = {self.name: (self.config, self.file), self.keyed_name: (self.keyed, self.keyed_file)}
+        ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.delete_topics([self.topic])[self.topic].result(30)
+        deadline = time.monotonic() + 60
+        while self.topic in admin.list_topics(timeout=10).topics:
+            if time.monotonic() > deadline:
+                raise InvariantBroken(f"{self.topic} still listed 60 s after its deletion")
+            time.sleep(0.2)
+        admin.create_topics([_new_topic(self.topic, self.partitions)])[self.topic].result(30)
+        self.model.past.append(Incarnation(ends, dict(self.model.deleted_below)))
+        self.model.incarnation += 1
+        self.model.deleted_below = {}
+        for name, (config, file) in pipelines.items():
+            epochs = self.model.epoch_incarnation[name]
+            if not any(ends[name].values()):  # nothing committed past 0: no epoch to end
+                epochs[-1] = self.model.incarnation
+                continue
+            try:
+                run_pipeline(config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
+                             max_batches=1, emit=lambda _: None)
+            except TopicIdentityError as refused:
+                if "the topic was re-created or truncated" not in str(refused):
+                    raise InvariantBroken(f"{name}: the refusal does not say what happened: {refused}") from None
+            else:
+                raise InvariantBroken(f"{name} ran on the re-created topic {self.topic} from the old committed ends "
+                                      f"{ends[name]} instead of refusing")
+            done = subprocess.run([sys.executable, "-m", "offsetlake", "topic", "reset-epoch", "--topic", self.topic,
+                                   "--reason", "campaign re-created the topic", str(file)],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                raise InvariantBroken(f"{name}: offsetlake topic reset-epoch exited {done.returncode}: {done.stderr[-2000:]}")
+            epochs.append(self.model.incarnation)
+            self.stats["epochs_reset"] += 1
+        self.stats["recreations"] += 1
+
     def restart(self) -> None:
         self.finish_open_txn()  # a transaction coordinator's state across restarts is not under test
-        if not self.model.records:
+        if not self.model.current():
             return  # noida-db drops a topic that holds no records when it restarts; Kafka does not
         self.restart_broker(wait_for_topics=[self.topic])
 
@@ -532,113 +750,158 @@ class Campaign:
         """
         from offsetlake.audit import audit_pipeline
 
-        report = audit_pipeline(self.config, against_kafka=against_kafka)
+        for config in (self.config, self.keyed):
+            if not storage.is_table(config.sink_path):
+                continue
+            report = audit_pipeline(config, against_kafka=against_kafka)
+            if not report.ok:
+                raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: offsetlake's audit of "
+                                      f"{config.name}{' against Kafka' if against_kafka else ''} failed:\n{report.text()}")
         self.stats["audits_against_kafka" if against_kafka else "audits_of_delta_only"] += 1
-        if not report.ok:
-            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: offsetlake's audit"
-                                  f"{' against Kafka' if against_kafka else ''} failed:\n{report.text()}")
 
-    def _committed_ends(self) -> dict[int, int | None]:
-        if not storage.is_table(self.config.sink_path):
+    def _committed_ends(self, config=None) -> dict[int, int | None]:
+        config = config or self.config
+        if not storage.is_table(config.sink_path):
             return {p: None for p in range(self.partitions)}
-        sink = storage.table(self.config.sink_path)
-        return {p: sink.transaction_version(self.config.app_id(self.topic, p)) for p in range(self.partitions)}
+        sink = storage.table(config.sink_path)
+        return {p: sink.transaction_version(config.app_id(self.topic, p)) for p in range(self.partitions)}
+
+    def _history(self, config) -> tuple[list[dict], set[str], list[dict], callable]:
+        """The sink's commits (ledger entries with their "version"), the rewound batch ids, the
+        live commits, and a function from a sink version to the epoch of the topic it belongs to
+        (the number of live epoch commits at or before it)."""
+        commits: list[dict] = []
+        if storage.is_table(config.sink_path):
+            for info in storage.table(config.sink_path).history():
+                meta = info.get("userMetadata")
+                if meta:
+                    commits.append({**json.loads(meta), "version": int(info["version"])})
+        commits.sort(key=lambda c: c["version"])
+        # A rewind commit lists the batches it undid: their ranges no longer count (they are read again).
+        rewound = {b for c in commits if c.get("kind") == "rewind" for b in c.get("rewound", [])}
+        live = [c for c in commits if c.get("kind") != "rewind" and c.get("batch_id") not in rewound]
+        starts = [c["version"] for c in live if c.get("kind") == "epoch"]
+        return commits, rewound, live, lambda version: bisect.bisect_right(starts, version)
+
+    def _ends_of(self, name: str, incarnation: int, current: dict[int, int | None]) -> dict[int, int | None]:
+        """Where pipeline ``name``'s committed ends stand for records of ``incarnation``: now for
+        the current topic, as they stood when it was deleted for an earlier one."""
+        return current if incarnation == self.model.incarnation else self.model.past[incarnation].ends[name]
+
+    def _deleted_below(self, incarnation: int) -> dict[int, int]:
+        return self.model.deleted_below if incarnation == self.model.incarnation else self.model.past[incarnation].deleted_below
+
+    def _gaps(self, name: str, live: list[dict], epoch_of) -> list[tuple[int, int, int, int]]:
+        """(incarnation, partition, start, end) of each live gap commit of pipeline ``name``."""
+        incarnations = self.model.epoch_incarnation[name]
+        return [(incarnations[epoch_of(c["version"])], r["partition"], r["start"], r["end"])
+                for c in live if c.get("kind") == "gap" for r in c["ranges"]]
 
     def check(self, clean_run: bool, final: bool = False) -> None:
         self.stats["checks"] += 1
         ends = self._committed_ends()
         problems: list[str] = []
-        sink_rows: list[tuple[int, int, int, int | None]] = []  # partition, offset, order id, record time (ms)
-        commits: list[dict] = []  # the ledger entries of the sink's commits, each with its "version"
+        commits, rewound, live, epoch_of = self._history(self.config)
+        incarnations = self.model.epoch_incarnation[self.name]
+        by_order = {r.order_id: r for r in self.model.records.values() if r.order_id is not None}
+        sink_rows: list[dict] = []
         if storage.is_table(self.config.sink_path):
-            sink = storage.table(self.config.sink_path)
-            dataset = sink.to_pyarrow_dataset()
+            dataset = storage.table(self.config.sink_path).to_pyarrow_dataset()
             extra = [EXTRA_FIELD[0]] if EXTRA_FIELD[0] in dataset.schema.names else []
-            data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp", *extra])
+            data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp",
+                                             "addr", "lines", *extra])
             micros = pc.cast(data["_kafka_timestamp"], pa.int64()).to_pylist()
-            sink_rows = list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(),
-                                 data["order_id"].to_pylist(), [None if t is None else t // 1000 for t in micros],
-                                 strict=True))
+            sink_rows = data.drop_columns(["_kafka_timestamp"]).to_pylist()
+            for row, t in zip(sink_rows, micros, strict=True):
+                row["time_ms"] = None if t is None else t // 1000
             if extra and pc.count(data[EXTRA_FIELD[0]]).as_py():
                 problems.append(f"{pc.count(data[EXTRA_FIELD[0]]).as_py()} sink rows hold a value in "
                                 f"'{EXTRA_FIELD[0]}', which no record carries")
-            for info in sink.history():
-                meta = info.get("userMetadata")
-                if meta:
-                    commits.append({**json.loads(meta), "version": int(info["version"])})
-        # A rewind commit lists the batches it undid: their ranges no longer count (they are read again).
-        rewound = {b for c in commits if c.get("kind") == "rewind" for b in c.get("rewound", [])}
-        live = [c for c in commits if c.get("kind") != "rewind" and c.get("batch_id") not in rewound]
-        dead: list[tuple[int, int]] = []
         # The dead-letter table follows the sink one commit behind at most: a crash between a sink
         # commit and its dead-letter commit leaves that change for the next run to apply (its txn
         # "sink:<sink table id>" says which sink version it holds). Meanwhile the audit counts the pending change.
         changes = [c["version"] for c in commits if "dead_letter_files" in c or "dead_letter_restore" in c]
         dead_pending = bool(changes)
+        dead: list[tuple[int, int, int]] = []  # incarnation, partition, offset
         if storage.is_table(self.config.dead_letter_path):
             dead_table = storage.table(self.config.dead_letter_path)
-            d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
-            dead = list(zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(), strict=True))
+            d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "batch_id"])
+            version_of = {c.get("batch_id"): c["version"] for c in commits}
+            # a dead letter belongs to the epoch of the batch that wrote it
+            dead = [(incarnations[min(epoch_of(version_of.get(b, 1 << 62)), len(incarnations) - 1)], p, o)
+                    for p, o, b in zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(),
+                                       d["batch_id"].to_pylist(), strict=True)]
             sink_id = str(storage.table(self.config.sink_path).metadata().id) if changes else ""
             applied = dead_table.transaction_version(dead_letters.applied_app_id(sink_id)) if changes else None
             dead_pending = bool(changes) and (applied is None or applied < max(changes))
         if dead_pending:
             self.stats["checks_with_dead_letters_pending"] += 1
 
-        sink_count = Counter((p, o) for p, o, _, _ in sink_rows)
+        sink_count = Counter(row["order_id"] for row in sink_rows)
         dead_count = Counter(dead)
-        duplicates = [k for k, n in sink_count.items() if n > 1] + [k for k, n in dead_count.items() if n > 1]
+        duplicates = [("order", k) for k, n in sink_count.items() if n > 1] + [k for k, n in dead_count.items() if n > 1]
         if duplicates:
             self.stats["duplicates_found"] += len(duplicates)
-            problems.append(f"duplicates (partition, offset): {sorted(duplicates)[:10]}")
-        for p, o, order_id, time_ms in sink_rows:
-            record = self.model.records.get((p, o))
-            if record is None or record.state != "visible" or record.order_id != order_id:
+            problems.append(f"duplicates (order id, or dead letter (incarnation, partition, offset)): {sorted(duplicates, key=str)[:10]}")
+        for row in sink_rows:
+            p, o, order_id = row["_kafka_partition"], row["_kafka_offset"], row["order_id"]
+            record = by_order.get(order_id)
+            if record is None or record.state != "visible" or (record.partition, record.offset) != (p, o):
                 problems.append(f"sink row {p}:{o} order {order_id} is not a committed record ({record})")
-            elif ends.get(p) is None or o >= ends[p]:
-                problems.append(f"sink row {p}:{o} lies beyond the committed end {ends.get(p)}")
-            elif record.timestamp_ms is not None and time_ms != record.timestamp_ms:
-                problems.append(f"sink row {p}:{o} has record time {time_ms} ms, the record {record.timestamp_ms} ms")
-        for p, o in dead:
-            record = self.model.records.get((p, o))
+                continue
+            end = self._ends_of(self.name, record.incarnation, ends).get(p)
+            if end is None or o >= end:
+                problems.append(f"sink row {p}:{o} (topic creation {record.incarnation}) lies beyond the committed end {end}")
+            elif record.timestamp_ms is not None and row["time_ms"] != record.timestamp_ms:
+                problems.append(f"sink row {p}:{o} has record time {row['time_ms']} ms, the record {record.timestamp_ms} ms")
+            problems += self._nested_problems(row, record)
+        for inc, p, o in dead:
+            record = self.model.records.get((inc, p, o))
             if record is None or record.state != "visible" or record.order_id is not None:
-                problems.append(f"dead letter {p}:{o} is not a committed malformed record ({record})")
+                problems.append(f"dead letter {p}:{o} (topic creation {inc}) is not a committed malformed record or "
+                                f"tombstone ({record})")
 
-        gaps = [(r["partition"], r["start"], r["end"]) for c in live if c.get("kind") == "gap" for r in c["ranges"]]
-        for p, a, b in gaps:
-            if b > self.model.deleted_below.get(p, 0):
-                problems.append(f"gap {p}:[{a}, {b}) covers offsets the campaign never deleted (log start "
-                                f"{self.model.deleted_below.get(p, 0)})")
+        gaps = self._gaps(self.name, live, epoch_of)
+        for inc, p, a, b in gaps:
+            if b > self._deleted_below(inc).get(p, 0):
+                problems.append(f"gap {p}:[{a}, {b}) of topic creation {inc} covers offsets the campaign never deleted "
+                                f"(log start {self._deleted_below(inc).get(p, 0)})")
         in_gaps = 0
         lost = []
-        for (p, o), record in self.model.records.items():
-            if record.state != "visible" or ends.get(p) is None or o >= ends[p]:
+        for (inc, p, o), record in self.model.records.items():
+            end = self._ends_of(self.name, inc, ends).get(p)
+            if record.state != "visible" or end is None or o >= end:
                 continue
-            found = dead_count[(p, o)] if record.order_id is None else sink_count[(p, o)]
-            if any(gp == p and a <= o < b for gp, a, b in gaps):
+            found = dead_count[(inc, p, o)] if record.order_id is None else sink_count[record.order_id]
+            if any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps):
                 in_gaps += 1
                 if found:
-                    problems.append(f"record {p}:{o} is in a recorded gap and also in the tables")
+                    problems.append(f"record {p}:{o} (topic creation {inc}) is in a recorded gap and also in the tables")
                 continue
             if found == 0 and not (record.order_id is None and dead_pending):
-                lost.append((p, o))
+                lost.append((inc, p, o))
         if lost:
             self.stats["records_lost"] += len(lost)
-            problems.append(f"{len(lost)} committed records below the committed end are missing: {lost[:10]}")
+            problems.append(f"{len(lost)} committed records below the committed end are missing "
+                            f"(topic creation, partition, offset): {lost[:10]}")
 
-        ranges: dict[int, list[tuple[int, int]]] = {}
+        ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (epoch, partition) -> spans
         for c in live:
             if c.get("kind") in ("ingest", "gap"):
                 for r in c["ranges"]:
                     if r["end"] > r["start"]:
-                        ranges.setdefault(r["partition"], []).append((r["start"], r["end"]))
-        for p, spans in ranges.items():
+                        ranges.setdefault((epoch_of(c["version"]), r["partition"]), []).append((r["start"], r["end"]))
+        current_epoch = len(incarnations) - 1
+        for (epoch, p), spans in ranges.items():
             spans.sort()
             for (a1, b1), (a2, b2) in zip(spans, spans[1:], strict=False):
                 if a2 != b1:
-                    problems.append(f"partition {p}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) are not contiguous")
-            if spans[-1][1] != ends.get(p):
-                problems.append(f"partition {p}: last committed range ends at {spans[-1][1]}, txn version {ends.get(p)}")
+                    problems.append(f"partition {p} epoch {epoch}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) "
+                                    "are not contiguous")
+            want = self._ends_of(self.name, incarnations[epoch], ends).get(p)
+            if spans[-1][1] != want:
+                problems.append(f"partition {p} epoch {epoch}: last committed range ends at {spans[-1][1]}, "
+                                    f"the committed end {'is' if epoch == current_epoch else 'was'} {want}")
         if clean_run and storage.is_table(self.config.ledger_path):
             ledger = [r for r in storage.table(self.config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
                       if r["pipeline"] == self.name]
@@ -649,11 +912,12 @@ class Campaign:
                                 f"{sorted(rewound_in_ledger - rewound)[:5]}, only in sink {sorted(rewound - rewound_in_ledger)[:5]}")
             mine = [r for r in ledger if r["status"] in ("committed", "gap") and r["batch_id"] not in rewound_in_ledger
                     and r["kind"] in ("ingest", "gap") and r["end_offset"] > r["start_offset"]]
-            ledger_spans = {(r["partition"], r["start_offset"], r["end_offset"]) for r in mine}
-            sink_spans = {(p, a, b) for p, spans in ranges.items() for a, b in spans}
+            ledger_spans = Counter((r["partition"], r["start_offset"], r["end_offset"]) for r in mine)
+            sink_spans = Counter((p, a, b) for (_, p), spans in ranges.items() for a, b in spans)
             if ledger_spans != sink_spans:
                 problems.append(f"ledger committed ranges differ from the sink's: only in ledger "
-                                f"{sorted(ledger_spans - sink_spans)[:5]}, only in sink {sorted(sink_spans - ledger_spans)[:5]}")
+                                f"{sorted((ledger_spans - sink_spans).elements())[:5]}, only in sink "
+                                f"{sorted((sink_spans - ledger_spans).elements())[:5]}")
         for kind, count in Counter(c.get("kind") for c in commits).items():
             self.stats[f"commits:{kind}"] = count
         self.stats["last_sink_rows"] = len(sink_rows)
@@ -663,7 +927,7 @@ class Campaign:
             if dead_pending:
                 problems.append("after the final run the dead-letter table still lacks a sink commit's change")
             # caught up: a dead letter at or past the committed end was left by a batch that never committed
-            beyond = [(p, o) for p, o in dead if ends.get(p) is None or o >= ends[p]]
+            beyond = [(p, o) for inc, p, o in dead if inc == self.model.incarnation and (ends.get(p) is None or o >= ends[p])]
             if beyond:
                 problems.append(f"dead letters beyond the committed end after the final run: {sorted(beyond)[:10]}")
             lso = _last_stable(self.bootstrap, self.topic, self.partitions)
@@ -673,6 +937,88 @@ class Campaign:
             problems += self._model_matches_a_consumer(lso)
         if problems:
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: " + "; ".join(problems[:8]))
+
+    def _nested_problems(self, row: dict, record: Record) -> list[str]:
+        """A row's nested values are its record's; a nested field added to the schema is null in
+        rows written before (or the record's value, if a backfill or rewind wrote it again) and
+        the record's value in every row of a record past the committed end when it was added."""
+        want = nested_values(record.order_id)
+        addr, lines = row["addr"] or {}, row["lines"] or []
+        got = {"addr.zip": addr.get("zip"), "addr.geo.lat": (addr.get("geo") or {}).get("lat"),
+               "lines.qty": [line.get("qty") for line in lines] if lines else None}
+        expected = {"addr.zip": want["addr"]["zip"], "addr.geo.lat": want["addr"]["geo"]["lat"],
+                    "lines.qty": [line["qty"] for line in want["lines"]] if want["lines"] else None}
+        where = f"sink row {record.partition}:{record.offset} (order {record.order_id})"
+        problems = []
+        if addr.get("city") != want["addr"]["city"] or [line.get("sku") for line in lines] != [line["sku"] for line in want["lines"]]:
+            problems.append(f"{where} holds addr {addr} and lines {lines}; the record has {want}")
+        for stage, name in enumerate(NESTED_ADDED):
+            if stage >= self.model.nested_stage:
+                if got[name] not in (None, [None] * len(lines)):
+                    problems.append(f"{where}: {name} = {got[name]} before the schema has it")
+                continue
+            inc, ends_then = self.model.nested_added[stage]
+            end_then = ends_then.get(record.partition) if inc == record.incarnation else None
+            written_after = record.incarnation > inc or (record.incarnation == inc and record.offset >= (end_then or 0))
+            empty = got[name] is None or (name == "lines.qty" and got[name] == [None] * len(lines))
+            if empty and written_after and expected[name] is not None:
+                problems.append(f"{where}: {name} is null, but the record lies past the committed end "
+                                f"{end_then} when the field was added (it should hold {expected[name]})")
+            elif not empty and got[name] != expected[name]:
+                problems.append(f"{where}: {name} = {got[name]}, the record's is {expected[name]}")
+        return problems
+
+    def check_keyed(self, final: bool = False) -> None:
+        """The keyed sink against the model: per key (the record key's timestamp), the newest
+        committed record by the ordering rule, computed here from the records the campaign
+        produced; no row for a key whose newest record is a tombstone; one row per key."""
+        if not storage.is_table(self.keyed.sink_path):
+            return
+        ends = self._committed_ends(self.keyed)
+        _, _, live, epoch_of = self._history(self.keyed)
+        gaps = self._gaps(self.keyed_name, live, epoch_of)
+        # the key's last record per topic-partition (a record of a later creation of the topic is later)
+        state: dict[tuple[int, int], Record] = {}
+        for (inc, p, o), record in self.model.records.items():
+            end = self._ends_of(self.keyed_name, inc, ends).get(p)
+            if record.state != "visible" or end is None or o >= end or (record.order_id is None and not record.tombstone):
+                continue
+            if any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps):
+                continue
+            held = state.get((record.slot_us, p))
+            if held is None or (inc, o) > (held.incarnation, held.offset):
+                state[(record.slot_us, p)] = record
+        newest: dict[int, Record] = {}
+        for (slot, _), record in state.items():
+            held = newest.get(slot)
+            rank = (record.timestamp_ms or 0, record.partition, record.incarnation, record.offset)
+            if held is None or rank > (held.timestamp_ms or 0, held.partition, held.incarnation, held.offset):
+                newest[slot] = record
+        expected = {slot: r.order_id for slot, r in newest.items() if not r.tombstone}
+        from offsetlake.keyed import current_rows
+
+        rows = current_rows(storage.table(self.keyed.sink_path), ["slot", "order_id"])
+        slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
+        got: dict[int, int] = {}
+        problems = []
+        for slot, order_id in zip(slots, rows["order_id"].to_pylist(), strict=True):
+            if slot in got:
+                problems.append(f"key {_iso_us(slot)} has two rows: orders {got[slot]} and {order_id}")
+            got[slot] = order_id
+        if got != expected:
+            differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+            problems.append(f"the keyed sink differs from the model on {len(differ)} keys: " + ", ".join(
+                f"{_iso_us(k)}: sink order {got.get(k)}, model {expected.get(k)} ({newest.get(k)})" for k in differ[:5]))
+        self.stats["last_keyed_rows"] = len(got)
+        self.stats["last_keyed_deleted"] = sum(r.tombstone for r in newest.values())
+        if final:
+            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+            behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
+            if behind:
+                problems.append(f"after the final run the keyed pipeline's partitions are behind their LSO: {behind}")
+        if problems:
+            self.stats["keyed_problems"] += len(problems)
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, keyed sink: " + "; ".join(problems[:6]))
 
 
 def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: float = 120) -> dict[tuple[int, int], int | None]:
@@ -723,6 +1069,11 @@ def _end_transaction(producer: Producer, sent: list[Record], commit: bool) -> No
 def _iso_ms(ms: int) -> str:
     """A Kafka record time (ms) as the ISO-8601 UTC string a backfill by time takes, exactly."""
     return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _iso_us(us: int) -> str:
+    """A key slot (microseconds since the epoch) as the ISO-8601 UTC text a JSON key carries."""
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _new_topic(topic: str, partitions: int):

@@ -29,10 +29,13 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
     kinds = set(figures["steps_by_kind"])
     expected = {"produce", "produce_txn_committed", "produce_txn_aborted", "open_txn", "finish_open_txn", "run",
                 "crash_at_failpoint", "kill_cli_run", "backfill", "backfill_by_time", "rewind", "maintenance",
-                "schema_change", "add_partition", "delete_records"}
+                "schema_change", "add_partition", "delete_records", "nested_field", "recreate_topic", "keyed_backfill"}
     assert expected <= kinds, f"every kind of step must run at least once: missing {expected - kinds}"
     assert figures["records_in_sink"] > 0 and figures["batches_committed"] > 0
     assert figures["failpoint_crashes"] > 0 and figures["backfills"] > 0, "the faults must have happened, not been no-ops"
     assert figures["rewinds"] > 0 and figures["batches_rewound"] > 0, f"no rewind happened: {figures['skipped_steps']}"
     assert figures["backfills_by_time"] > 0, f"no backfill by time happened: {figures['skipped_steps']}"
     assert figures["maintenance_runs"] > 0 and figures["schema_changes"] > 0
+    assert figures["topic_recreations"] > 0 and figures["epochs_reset"] > 0, "the topic was never re-created under a pipeline"
+    assert figures["nested_fields_added"] > 0 and figures["keyed_rows"] > 0
+    assert figures["keyed_backfills"] + figures["keyed_backfills_refused"] > 0
