@@ -3,8 +3,10 @@
 Random partition values (any Unicode, URI-reserved characters, empty, very long), lake folder
 names, header bytes and timestamps, JSON values (depth, duplicate keys, surrogates, extra data),
 and random sequences of ingest / backfill by offset and by time (with a schema that accepts or
-rejects the records) / rewind / maintenance / crash at a failpoint, each ending with ``audit
---against-kafka``. ``make test`` runs a few examples with a fixed seed (derandomized);
+rejects the records) / rewind / maintenance / crash at a failpoint / a nested field added / a
+partition added / the topic deleted and re-created, over a sink partitioned by a string column
+(null, "", escaped values) and over a keyed sink whose key is a timestamp with sub-millisecond
+digits, each operation followed by ``audit --against-kafka``. ``make test`` runs a few examples with a fixed seed (derandomized);
 ``make torture`` sets ``OFFSETLAKE_PROPERTY_EXAMPLES`` for many more.
 """
 
@@ -14,6 +16,7 @@ import json
 import os
 import string
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from raw_records import produce_raw
 
@@ -224,79 +227,202 @@ def test_what_a_json_value_becomes_never_depends_on_its_neighbours(spark, scenes
 
 
 # ---- sequences of operations ------------------------------------------------------------------
-STRICT = {"type": "json", "schema": {"order_id": "long", "vendor": "string"}, "required": ["vendor"]}
+STRICT = {"type": "json", "schema": {"order_id": "long", "customer": "string", "vendor": "string"}, "required": ["vendor"]}
+# string partition values: null and "" (both the default partition folder) and ones that escape
+CUSTOMERS = [None, "", "a", "q?r#s", "x%20y", "São Paulo", "k:v=1", "中"]
+NESTED = [{"addr": "struct<city: string>"}, {"addr": "struct<city: string, zip: string>"},
+          {"addr": "struct<city: string, zip: string, geo: struct<lat: double>>"}]
 operations = st.lists(st.sampled_from(
     ["produce", "ingest", "backfill", "backfill_by_time", "strict_schema", "plain_schema", "rewind", "maintenance",
-     "crash"]), min_size=4, max_size=9)
+     "crash", "nested_field", "add_partition", "recreate_topic"]), min_size=4, max_size=10)
+SLOTS_US = [1_795_000_000_000_000 + ms * 1000 + us for ms in range(4) for us in (0, 1, 999)]  # sub-ms digits
+keyed_operations = st.lists(st.sampled_from(
+    ["produce", "ingest", "backfill", "maintenance", "crash", "add_partition", "recreate_topic"]), min_size=4, max_size=10)
+
+
+class Sequence:
+    """One example's topic, pipeline and operations; records go to random partitions, carry a
+    customer from ``CUSTOMERS``, nested fields and a key from ``SLOTS_US``; ``recreate_topic``
+    deletes the topic and creates it again, sees the run refused and resets the epoch."""
+
+    def __init__(self, spark, scene: Scene, seed: int, keyed: bool) -> None:
+        import random
+
+        self.spark, self.scene, self.keyed = spark, scene, keyed
+        self.rng = random.Random(seed)
+        self.next_id, self.partitions, self.stage, self.strict = 0, 1, 0, False
+        self.earlier: Counter = Counter()  # order ids of earlier topics' rows: they must stay as they are
+        self.config = self.write()
+
+    def write(self) -> PipelineConfig:
+        if self.keyed:
+            return self.scene.write(max_records_per_batch=70, key_format={"type": "json", "schema": {"slot": "timestamp"}},
+                                    format={"type": "json", "schema": ORDER_SCHEMA, "required": ["order_id"]},
+                                    sink={"mode": "upsert", "key": ["slot"], "file_rows": 4})
+        body = STRICT if self.strict else {"type": "json", "schema": {**ORDER_SCHEMA, **NESTED[self.stage]},
+                                           "required": ["order_id"]}
+        return self.scene.write(max_records_per_batch=70, format=body, sink={"partition_by": ["customer"]})
+
+    def produce(self) -> None:
+        from datetime import UTC, datetime, timedelta
+
+        count = self.rng.randint(20, 120)
+        producer = Producer({"bootstrap.servers": self.scene.bootstrap})
+        for i in range(count):
+            order_id = self.next_id + i
+            slot = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=self.rng.choice(SLOTS_US))
+            key = json.dumps({"slot": slot.isoformat().replace("+00:00", "Z")}).encode()
+            draw = self.rng.random()
+            value = b"{broken" if draw < 0.05 else None if self.keyed and draw < 0.12 else json.dumps(
+                {"order_id": order_id, "customer": self.rng.choice(CUSTOMERS),
+                 "addr": {"city": f"c{order_id % 3}", "zip": f"z{order_id}", "geo": {"lat": order_id / 4}}}).encode()
+            producer.produce(self.scene.topic, key=key, value=value, partition=self.rng.randrange(self.partitions),
+                             timestamp=1_700_000_000_000 + order_id)
+        assert producer.flush(30) == 0
+        self.next_id += count
+
+    def ends(self) -> dict[int, int]:
+        table = storage.open_table(self.config.sink_path)
+        return {p: (table.transaction_version(self.config.app_id(self.scene.topic, p)) or 0) if table is not None else 0
+                for p in range(self.partitions)}
+
+    def ingest(self, name: str = "seq-ingest") -> None:
+        run_pipeline(self.config, RunContext(name), lambda: self.spark, emit=lambda _: None)
+
+    def backfill(self, by_time: bool) -> None:
+        candidates = [(p, e) for p, e in self.ends().items() if e > 1]
+        if not candidates:
+            return
+        partition, end = self.rng.choice(candidates)
+        start = self.rng.randrange(0, end - 1)
+        stop = self.rng.randrange(start + 1, end + 1)
+        try:
+            if by_time:  # record times are 1_700_000_000_000 + order id: a window of ids, any partition's
+                low, high = 1_700_000_000_000 + start, 1_700_000_000_000 + stop
+                plan = plan_backfill(self.config, RunContext("seq-by-time"), [partition], from_time=_iso(low),
+                                     to_time=_iso(high))
+            else:
+                plan = plan_backfill(self.config, RunContext("seq-backfill"), [partition], start, stop)
+        except BackfillParamsError:
+            return
+        Ledger.of(self.config).record_plan(plan)
+        try:
+            execute_recorded_batch(self.config, plan.batch_id, lambda: self.spark)
+        except BackfillParamsError:
+            assert self.keyed, "only a keyed backfill may be refused once planned (a key's state it cannot rebuild)"
+
+    def rewind(self) -> None:
+        commits = sink_commits(storage.open_table(self.config.sink_path), self.config.name)
+        undone = rewound_batches(commits)
+        live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
+        if live:
+            try:
+                rewind_pipeline(self.config, self.rng.choice(live), reason="property")
+            except RewindError:
+                pass
+
+    def crash(self) -> None:
+        self.produce()
+        name = self.rng.choice(failpoints.NAMES)
+
+        def crash(_name: str) -> None:
+            raise failpoints.SimulatedCrash()
+
+        with failpoints.on(name, crash), pytest.raises(failpoints.SimulatedCrash):
+            self.ingest("seq-crash")
+
+    def add_partition(self) -> None:
+        from confluent_kafka.admin import NewPartitions
+
+        if self.partitions < 3:
+            admin = AdminClient({"bootstrap.servers": self.scene.bootstrap})
+            admin.create_partitions([NewPartitions(self.scene.topic, self.partitions + 1)])[self.scene.topic].result(30)
+            self.partitions += 1
+
+    def recreate_topic(self) -> None:
+        import time
+
+        from offsetlake.errors import TopicIdentityError
+        from offsetlake.topic_epochs import reset_topic_epoch
+
+        committed = any(self.ends().values())
+        if not self.keyed and storage.open_table(self.config.sink_path) is not None:
+            self.earlier = Counter(storage.table(self.config.sink_path).to_pyarrow_dataset()
+                                   .to_table(columns=["order_id"])["order_id"].to_pylist())
+        admin = AdminClient({"bootstrap.servers": self.scene.bootstrap})
+        admin.delete_topics([self.scene.topic])[self.scene.topic].result(30)
+        deadline = time.monotonic() + 30
+        while self.scene.topic in admin.list_topics(timeout=10).topics:
+            assert time.monotonic() < deadline, f"{self.scene.topic} still listed after its deletion"
+            time.sleep(0.2)
+        topic = NewTopic(self.scene.topic, num_partitions=self.partitions, replication_factor=1,
+                         config={"retention.ms": "-1", "message.timestamp.type": "CreateTime"})
+        admin.create_topics([topic])[self.scene.topic].result(30)
+        if committed:
+            event("the topic re-created under committed offsets")
+            with pytest.raises(TopicIdentityError, match="the topic was re-created or truncated"):
+                self.ingest("seq-refused")
+            reset_topic_epoch(self.config, self.scene.topic, reason="property")
+
+    def step(self, op: str) -> None:
+        if op == "produce":
+            self.produce()
+        elif op == "ingest":
+            self.ingest()
+        elif op in ("backfill", "backfill_by_time"):
+            self.backfill(by_time=op == "backfill_by_time")
+        elif op in ("strict_schema", "plain_schema"):
+            self.strict = op == "strict_schema"
+            self.config = self.write()
+        elif op == "nested_field":
+            self.stage = min(self.stage + 1, len(NESTED) - 1)
+            self.config = self.write()
+        elif op == "rewind":
+            self.rewind()
+        elif op == "maintenance" and storage.open_table(self.config.sink_path) is not None:
+            maintain(self.config, retention_hours=1)
+        elif op == "crash":
+            self.crash()
+        elif op == "add_partition":
+            self.add_partition()
+        elif op == "recreate_topic":
+            self.recreate_topic()
+        event(f"operation: {op}")  # --hypothesis-show-statistics: how often each one ran
+        _audit(self.config)
+        if self.earlier:  # the rows of a deleted topic stay, once each, whatever came after
+            now = Counter(storage.table(self.config.sink_path).to_pyarrow_dataset()
+                          .to_table(columns=["order_id"])["order_id"].to_pylist())
+            changed = {i: (n, now[i]) for i, n in self.earlier.items() if now[i] != n}
+            assert not changed, f"rows of the deleted topic changed (order id: (before, now)): {dict(list(changed.items())[:5])}"
 
 
 @PROPERTY
 @given(ops=operations, seed=st.integers(0, 2**16))
 def test_random_sequences_of_runs_backfills_rewinds_and_crashes_stay_exactly_once(spark, scenes, ops, seed):
-    import random
-
-    rng = random.Random(seed)
-    scene = scenes()
-    config = scene.write(max_records_per_batch=70)
-    next_id = 0
-
-    def produce() -> None:
-        nonlocal next_id
-        count = rng.randint(20, 120)
-        values = [b"{broken" if rng.random() < 0.05 else json.dumps({"order_id": next_id + i, "customer": "c"}).encode()
-                  for i in range(count)]
-        _produce(scene.bootstrap, scene.topic, values, [1_700_000_000_000 + next_id + i for i in range(count)])
-        next_id += count
-
-    def committed_end() -> int:
-        table = storage.open_table(config.sink_path)
-        return (table.transaction_version(config.app_id(scene.topic, 0)) or 0) if table is not None else 0
-
-    produce()
+    """Append sink partitioned by a string column (null, "", escaped values), with nested fields
+    added, partitions added and the topic re-created between the runs, backfills, rewinds,
+    compactions and crashes; ``audit --against-kafka`` after each operation."""
+    sequence = Sequence(spark, scenes(), seed, keyed=False)
+    sequence.produce()
     for op in [*ops, "ingest"]:
-        if op == "produce":
-            produce()
-        elif op == "ingest":
-            run_pipeline(config, RunContext(f"seq-{op}"), lambda: spark, emit=lambda _: None)
-        elif op in ("backfill", "backfill_by_time") and committed_end() > 1:
-            end = committed_end()
-            start = rng.randrange(0, end - 1)
-            stop = rng.randrange(start + 1, end + 1)
-            try:
-                if op == "backfill":
-                    plan = plan_backfill(config, RunContext("seq-backfill"), [0], start, stop)
-                else:
-                    low, high = 1_700_000_000_000 + start, 1_700_000_000_000 + stop
-                    plan = plan_backfill(config, RunContext("seq-by-time"), [0], from_time=_iso(low), to_time=_iso(high))
-            except BackfillParamsError:
-                continue
-            Ledger.of(config).record_plan(plan)
-            execute_recorded_batch(config, plan.batch_id, lambda: spark)
-        elif op == "strict_schema":
-            config = scene.write(max_records_per_batch=70, format=STRICT)
-        elif op == "plain_schema":
-            config = scene.write(max_records_per_batch=70)
-        elif op == "rewind":
-            commits = sink_commits(storage.open_table(config.sink_path), config.name)
-            undone = rewound_batches(commits)
-            live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
-            if live:
-                try:
-                    rewind_pipeline(config, rng.choice(live), reason="property")
-                except RewindError:
-                    pass
-        elif op == "maintenance" and storage.open_table(config.sink_path) is not None:
-            maintain(config, retention_hours=1)
-        elif op == "crash":
-            produce()
-            name = rng.choice(failpoints.NAMES)
+        sequence.step(op)
 
-            def crash(_name: str) -> None:
-                raise failpoints.SimulatedCrash()
 
-            with failpoints.on(name, crash), pytest.raises(failpoints.SimulatedCrash):
-                run_pipeline(config, RunContext("seq-crash"), lambda: spark, emit=lambda _: None)
-        _audit(config)
+@PROPERTY
+@given(ops=keyed_operations, seed=st.integers(0, 2**16))
+def test_random_sequences_on_a_sub_millisecond_timestamp_key_keep_the_newest_record_per_key(spark, scenes, ops, seed):
+    """Keyed sink whose key is a timestamp with sub-millisecond digits (Delta's statistics keep
+    milliseconds), with tombstones, small files, partitions added and the topic re-created;
+    ``audit --against-kafka`` (newest record per key) after each operation, one row per key."""
+    from kafka_truth import keyed_sink_rows
+
+    sequence = Sequence(spark, scenes(), seed, keyed=True)
+    sequence.produce()
+    for op in [*ops, "ingest"]:
+        sequence.step(op)
+    exists = storage.open_table(sequence.config.sink_path) is not None  # the topic may have been re-created empty
+    slots = [row["slot"] for row in keyed_sink_rows(sequence.config.sink_path)] if exists else []
+    assert len(slots) == len(set(slots)), f"keys with several rows: {[s for s, n in Counter(slots).items() if n > 1]}"
 
 
 def _iso(ms: int) -> str:
