@@ -8,7 +8,7 @@ run, a rewind with nothing to undo, a failed batch) adds none, so no event is em
 without events emits nothing, where a plain outlet would emit one on every success.
 
 A downstream DAG schedules on the sink with ``schedule=[sink_asset("orders")]`` and reads the
-batch from ``triggering_asset_events`` (README, "Downstream DAGs").
+batch from ``triggering_asset_events`` (docs/guides/airflow.md, "Downstream DAGs").
 """
 
 from __future__ import annotations

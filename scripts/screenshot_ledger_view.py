@@ -1,4 +1,4 @@
-"""Screenshot of the Airflow UI's "Offset ledger" view of `orders` in headless Chromium, for the README.
+"""Screenshot of the Airflow UI's "Offset ledger" view of `orders` in headless Chromium, for docs/guides/airflow.md.
 
 Run after `make demo`: starts the demo's broker (.noida/, unless KAFKA_BOOTSTRAP_SERVERS is set)
 and Airflow on the demo's home (.airflow/) and lake (lake/), produces 2,000 more orders so the

@@ -1,4 +1,4 @@
-"""Screenshot of the `orders_backfill` trigger form (Params) in headless Chromium, for the README.
+"""Screenshot of the `orders_backfill` trigger form (Params) in headless Chromium, for docs/guides/airflow.md.
 
 Run after `make demo`: starts Airflow on the demo's home, logs in, opens the trigger form.
 Needs Debian's chromium (/usr/bin/chromium) and the playwright package (no browser download).

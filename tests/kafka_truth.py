@@ -171,7 +171,7 @@ def replay_by_key(records: list[Record], key_of: Callable[[Record], object | Non
 
 def newest_by_key(records: list[Record], key_of: Callable[[Record], object | None],
                   row_of: Callable[[Record], dict | None]) -> dict[object, dict]:
-    """The table a keyed sink must hold by the README's ordering rule, for keys that may live in
+    """The table a keyed sink must hold by the ordering rule (docs/design.md), for keys that may live in
     several partitions: each key's last record per partition (by offset), then the newest of
     those by (timestamp, partition, offset); ``row_of`` returns None for a delete, and a key whose
     newest record is a delete has no row. Records whose key is None are skipped. One topic only."""
@@ -189,11 +189,11 @@ def newest_by_key(records: list[Record], key_of: Callable[[Record], object | Non
     return {key: row for key, row in table.items() if row is not None}
 
 
-HIDDEN_COLUMN = "_offsetlake_hidden"  # an upsert sink's delete markers and superseded records (README)
+HIDDEN_COLUMN = "_offsetlake_hidden"  # an upsert sink's delete markers and superseded records (docs/guides/keyed-sinks-and-cdc.md)
 
 
 def keyed_sink_rows(path: str) -> list[dict]:
-    """The rows a reader of an upsert sink sees: ``_offsetlake_hidden IS NULL``, as the README says."""
+    """The rows a reader of an upsert sink sees: ``_offsetlake_hidden IS NULL``, as docs/guides/keyed-sinks-and-cdc.md says."""
     dataset = storage.table(path).to_pyarrow_dataset()
     if HIDDEN_COLUMN not in dataset.schema.names:
         return dataset.to_table().to_pylist()

@@ -1,6 +1,6 @@
 """Keyed sinks converge whatever the batch boundaries (invariant 13; issue 35, findings 9 and 10).
 
-A key that lives in several topic-partitions is ordered by the README's rule: its last record per
+A key that lives in several topic-partitions is ordered by the ordering rule (docs/design.md): its last record per
 topic-partition, then the newest of those by record time. The same records must give the same
 table in one batch or many, a backfill must never bring back a key deleted later (from any
 partition), and the audit must agree with the keyed backfill rule. Each table is compared with

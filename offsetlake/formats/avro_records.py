@@ -11,7 +11,7 @@ a missing or wrong header, a schema id the registry does not hold, a payload tha
 decode or leaves bytes over, a writer schema that does not resolve to the reader schema. A
 registry that cannot be reached fails the batch instead (``offsetlake.formats.registry``).
 
-The Avro-to-Arrow mapping (``arrow_type``) is the table in the README; what has no Delta type
+The Avro-to-Arrow mapping (``arrow_type``) is the table in docs/guides/formats-and-registry.md; what has no Delta type
 this project writes (a union of several non-null types, a field of type null) is refused when
 the batch is planned, naming the field.
 """

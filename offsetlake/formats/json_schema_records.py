@@ -41,7 +41,7 @@ def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
 
 
 def spark_type(schema: Any, path: str, where: str) -> str:
-    """The Spark SQL type of a JSON Schema (the README's table); ConfigError naming the field for
+    """The Spark SQL type of a JSON Schema (the table in docs/guides/formats-and-registry.md); ConfigError naming the field for
     what has no one column type (``oneOf``/``anyOf``, ``$ref``, a type list of several non-null types)."""
     if not isinstance(schema, dict):
         raise ConfigError(f"{where}: field '{path}' has no schema object")

@@ -10,7 +10,7 @@ descriptor pool of its own (two versions of one file declare the same names).
 
 The reader message is ``format.message`` (a full name), or the first message of the reader
 schema (the subject version recorded in the plan, invariant 12). Its fields are the columns
-(``arrow_type``, the README's table). A record is decoded with its writer message, then each
+(``arrow_type``, the table in docs/guides/formats-and-registry.md). A record is decoded with its writer message, then each
 reader field takes the writer field of the same name (Protobuf's wire compatibility goes by field
 number; a column goes by name): a field the writer lacks is null, one the reader lacks is not
 kept, one whose type differs (other than int32 -> int64 or float -> double) makes every record of
@@ -89,7 +89,7 @@ def _type_text(kind: pa.DataType) -> str:
 
 
 def arrow_type(message: Descriptor, where: str, path: str = "", within: tuple[str, ...] = ()) -> pa.StructType:
-    """The Arrow struct a message's fields become (the README's table); ConfigError naming the
+    """The Arrow struct a message's fields become (the table in docs/guides/formats-and-registry.md); ConfigError naming the
     field for a message that contains itself (a column type is finite)."""
     if message.full_name in within:
         raise ConfigError(f"{where}: field '{path}' is a {message.full_name}, which contains itself; a column type "
