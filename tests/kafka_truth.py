@@ -102,7 +102,7 @@ def assert_exactly_once(config, truth: TopicTruth) -> None:
 
 
 def ledger_rows(config) -> list[dict]:
-    table = storage.table(config.ledger_path).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
+    table = storage.table(config.layout.ledger).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
     return table.to_pylist()
 
 
@@ -111,7 +111,7 @@ def wait_until_committed(config, truth: TopicTruth, timeout_s: float = 120) -> N
     running in another process commits on its own time)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        table = storage.table(config.sink_path)
+        table = storage.table(config.layout.sink)
         if all((table.transaction_version(config.app_id(config.topic, p)) or 0) >= end for p, end in truth.lso.items()):
             return
         time.sleep(0.5)

@@ -21,7 +21,7 @@ def test_audit_reports_a_row_copied_behind_its_back(pipeline, spark):
     run_pipeline(config, RunContext("r"), lambda: spark)
     assert pipeline.cli("audit").returncode == 0
 
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     row = sink.to_pyarrow_dataset().head(1)
     write_deltalake(sink, row, mode="append")
 
@@ -42,12 +42,12 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     assert len({b for b, *_ in before}) == len(results) >= 3
 
     # Compaction (what keeps planning flat as history grows) changes files, never rows.
-    ledger = Ledger(config.ledger_path, config.name)
-    rows_before, files_before = ledger.rows().to_pylist(), len(storage.table(config.ledger_path).file_uris())
+    ledger = Ledger(config.layout.ledger, config.name)
+    rows_before, files_before = ledger.rows().to_pylist(), len(storage.table(config.layout.ledger).file_uris())
     assert files_before > 2
     assert ledger.compact_if_fragmented(max_files=2)
     assert ledger.rows().to_pylist() == rows_before
-    assert len(storage.table(config.ledger_path).file_uris()) == 1
+    assert len(storage.table(config.layout.ledger).file_uris()) == 1
     assert not ledger.compact_if_fragmented(max_files=2)
 
     delete_tree(config.ledger_path)

@@ -30,7 +30,7 @@ def _crash(_name: str) -> None:
 
 
 def _rows(config) -> int:
-    return storage.table(config.sink_path).to_pyarrow_dataset().count_rows()
+    return storage.table(config.layout.sink).to_pyarrow_dataset().count_rows()
 
 
 def _audit_ok(config) -> None:
@@ -141,7 +141,7 @@ def test_audit_against_kafka_finds_records_in_neither_table(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0)
     run_pipeline(strict, RunContext("strict-ingest"), lambda: spark)
-    storage.table(strict.dead_letter_path).delete("_kafka_offset < 500")
+    storage.table(strict.layout.dead_letters).delete("_kafka_offset < 500")
 
     plain = audit_pipeline(strict)
     assert not plain.ok and any("the ledger says 1000 dead letters were written, the dead-letter table holds 500" in p

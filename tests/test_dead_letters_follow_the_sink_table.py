@@ -94,12 +94,12 @@ def test_a_deleted_and_recreated_sink_table_starts_with_its_own_dead_letters(pip
 def _apply_as_the_old_code_did(config) -> None:
     """The dead-letter commit the code before sink table ids made for the sink's newest change: the
     staged files added, the entry without a table id, the unkeyed marker txn ``sink``."""
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     change = sink_commits(sink, config.name)[-1]
     table = create_table_once(config.dead_letter_path, dead_letters.DEAD_LETTER_SCHEMA, [], "dead letters")
     files = []
     for staged in change.entry[dead_letters.STAGED]:
-        fs, path = storage.filesystem(storage.child(config.dead_letter_path, staged["path"]))
+        fs, path = storage.filesystem(config.layout.dead_letters.child(staged["path"]))
         with fs.open_input_file(path) as handle:
             stats = delta_stats(pq.read_metadata(handle))
         files.append(AddAction(path=staged["path"], size=int(staged["size"]), partition_values={},
@@ -130,7 +130,7 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     with failpoints.on("after_commit", _crash), pytest.raises(failpoints.SimulatedCrash):
         run_pipeline(old, RunContext("old-code"), lambda: spark)
     _apply_as_the_old_code_did(old)
-    applied_by_hand = storage.table(old.dead_letter_path).version()
+    applied_by_hand = storage.table(old.layout.dead_letters).version()
     assert len(dead_letter_coordinates(old.dead_letter_path)) == 10
 
     # a new table whose first batch has other dead letters: 10 truncated + 20 without a customer
@@ -148,8 +148,8 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     assert_exactly_once(back, read_topic(pipeline.bootstrap, pipeline.topic))
     report = audit_pipeline(back, against_kafka=True)
     assert report.ok, report.text()
-    first_batch = sink_commits(storage.table(old.sink_path), old.name)[0].batch_id
-    applies = [i for i in storage.table(old.dead_letter_path).history()
+    first_batch = sink_commits(storage.table(old.layout.sink), old.name)[0].batch_id
+    applies = [i for i in storage.table(old.layout.dead_letters).history()
                if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand]
     assert applies == [], "the change the old code applied is adopted, never applied again"
 
@@ -165,7 +165,7 @@ def test_a_plan_made_on_a_sink_table_that_was_then_replaced_is_never_applied_to_
     run_pipeline(config, RunContext("first-table"), lambda: spark, max_batches=1)
     plan = plan_next_batch(config, RunContext("planned-on-the-first-table"))
     assert plan is not None and [(r.start, r.end) for r in plan.ranges] == [(50, 100)]
-    assert plan.sink_table_id == str(storage.table(config.sink_path).metadata().id)
+    assert plan.sink_table_id == str(storage.table(config.layout.sink).metadata().id)
     Ledger.of(config).record_plan(plan)
 
     delete_tree(config.sink_path)

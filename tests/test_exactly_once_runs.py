@@ -62,7 +62,7 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
     # file statistics must let readers prune correctly: a filter on each coordinate finds every row
     import pyarrow.compute as pc
 
-    dataset = storage.table(config.sink_path).to_pyarrow_dataset()
+    dataset = storage.table(config.layout.sink).to_pyarrow_dataset()
     total = dataset.count_rows()
     assert dataset.count_rows(filter=pc.field("_kafka_topic") == pipeline.topic) == total
     assert sum(dataset.count_rows(filter=pc.field("_kafka_partition") == p) for p in range(3)) == total

@@ -53,7 +53,7 @@ def _send(bootstrap: str, topic: str, records: list[tuple[int, str, dict | None,
 
 def _table(config) -> dict[str, tuple]:
     """What a reader of the sink sees: key -> (partition, offset, v)."""
-    rows = keyed_sink_rows(config.sink_path) if storage.is_table(config.sink_path) else []
+    rows = keyed_sink_rows(config.sink_path) if storage.is_table(config.layout.sink) else []
     keys = [r["_kafka_key"] for r in rows]
     assert len(keys) == len(set(keys)), f"a key has several visible rows: {sorted(keys)}"
     return {r["_kafka_key"]: (r["_kafka_partition"], r["_kafka_offset"], r["v"]) for r in rows}
@@ -200,7 +200,7 @@ def test_a_keyed_backfill_that_makes_a_keys_newest_record_a_dead_letter_gives_th
     assert _table(config) == {"k": (0, 1, 2), "j": (0, 2, 3)}, "nothing was committed"
     _backfill(config, spark, 0, 3, partition=0)
     assert _table(config) == {"k": (0, 0, 1), "j": (0, 2, 3)}
-    dead = storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()
     assert [d["_kafka_offset"] for d in dead] == [1]
     _audit_ok(config)
 
@@ -277,7 +277,7 @@ def test_the_audit_against_kafka_takes_the_state_of_a_key_whose_newest_record_re
     assert report.against_kafka["past_retention"] == 3
 
     # a row that is wrong where Kafka still holds its key's record is still found
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     sink.update(updates={"v": "40"}, predicate="_kafka_key = 'L'")
     report = audit_pipeline(config, against_kafka=True)
     assert not report.ok and "key _kafka_key='L'" in report.text(), report.text()

@@ -29,23 +29,23 @@ def _on_s3(pipeline, s3, **overrides):
 def test_the_embedded_server_refuses_a_second_put_if_absent_and_a_stale_delta_commit(s3, tmp_path):
     bucket = s3.bucket()
     options = {k.lower(): v for k, v in s3.options().items()}
-    root = f"s3://{bucket}/t"
-    storage.register_options(root, options)
-    store = storage._object_store(root, storage.options_for(root) or {})
+    where = storage.Location.of(f"s3://{bucket}/t", options)
+    root = where.path
+    store = storage._object_store(root, dict(where.options or {}))
     obstore.put(store, "k", b"first", mode="create")
     with pytest.raises(AlreadyExistsError):
         obstore.put(store, "k", b"second", mode="create")
     assert bytes(obstore.get(store, "k").bytes()) == b"first"
 
     import pyarrow as pa
-    write_deltalake(root, pa.table({"a": [0]}), storage_options=storage.options_for(root))
-    first, second = storage.table(root), storage.table(root)  # both at version 0
+    write_deltalake(root, pa.table({"a": [0]}), storage_options=dict(where.options or {}))
+    first, second = storage.table(where), storage.table(where)  # both at version 0
     write_deltalake(first, pa.table({"a": [1]}), mode="append",
                     commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
     with pytest.raises(CommitFailedError):
         write_deltalake(second, pa.table({"a": [2]}), mode="append",
                         commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
-    assert sorted(storage.table(root).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
+    assert sorted(storage.table(where).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
 
 
 @pytest.mark.parametrize("case", ["unknown bucket", "unreachable endpoint"])
@@ -117,11 +117,11 @@ def test_the_store_going_down_mid_batch_fails_the_run_and_the_next_run_lands_eve
         said = str(failed.value)
         assert f"pipeline {pipeline.name}" in said and "the object store" in said and "failed" in said and proxy.endpoint in said, said
         proxy.down = False
-        rows_before = storage.table(config.sink_path).count() if storage.is_table(config.sink_path) else 0
+        rows_before = storage.table(config.layout.sink).count() if storage.is_table(config.layout.sink) else 0
         run_pipeline(config, RunContext("s3-after-outage"), lambda: spark)
         truth = read_topic(pipeline.bootstrap, pipeline.topic)
         assert_exactly_once(config, truth)
-        assert storage.table(config.sink_path).count() > rows_before
+        assert storage.table(config.layout.sink).count() > rows_before
         audit = pipeline.cli("audit", "--against-kafka")
         assert audit.returncode == 0, audit.stdout + audit.stderr
 
@@ -187,7 +187,7 @@ def test_runs_racing_on_a_store_without_conditional_writes_are_both_refused_at_s
             _, err = racer.communicate(timeout=300)
             assert racer.returncode == 2, err[-3000:]
             assert "accepted a second put-if-absent" in err and pipeline.name in err, err[-3000:]
-        assert not storage.is_table(config.sink_path) and not storage.is_table(config.ledger_path)
+        assert not storage.is_table(config.layout.sink) and not storage.is_table(config.layout.ledger)
 
 
 def test_a_stream_lease_taken_whose_answer_was_lost_is_held(pipeline, s3):

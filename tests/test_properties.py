@@ -122,10 +122,10 @@ def test_any_partition_value_is_a_row_or_a_dead_letter_through_backfill_and_rewi
     _audit(config)
     run_pipeline(config, RunContext("values-again"), lambda: spark, emit=lambda _: None)
     _audit(config)
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     rows = {r["_kafka_offset"]: r["customer"] for r in sink.to_pyarrow_dataset().to_table().to_pylist()}
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.layout.dead_letters) else {}
     for offset, value in enumerate(values):
         if offset in dead:
             assert "partition value of column 'customer'" in dead[offset], (value, dead[offset])
@@ -168,8 +168,8 @@ def test_any_header_and_timestamp_gives_a_row_or_a_dead_letter_with_its_reason(s
     for i, (headers, stamp) in enumerate(records):
         produce_raw(scene.bootstrap, scene.topic, 0, json.dumps({"order_id": i}).encode(), headers, timestamp_ms=stamp)
     [result] = run_pipeline(config, RunContext("headers"), lambda: spark, emit=lambda _: None)
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.layout.dead_letters) else {}
     for offset, (headers, stamp) in enumerate(records):
         # header keys are never part of a row, UTF-8 or not; librdkafka stamps 0 (and -1) with the time of producing
         bad_time = stamp not in (0, -1) and not YEAR_1_MS <= stamp < YEAR_10000_MS
@@ -249,7 +249,7 @@ def test_random_sequences_of_runs_backfills_rewinds_and_crashes_stay_exactly_onc
         next_id += count
 
     def committed_end() -> int:
-        table = storage.open_table(config.sink_path)
+        table = storage.open_table(config.layout.sink)
         return (table.transaction_version(config.app_id(scene.topic, 0)) or 0) if table is not None else 0
 
     produce()
@@ -277,7 +277,7 @@ def test_random_sequences_of_runs_backfills_rewinds_and_crashes_stay_exactly_onc
         elif op == "plain_schema":
             config = scene.write(max_records_per_batch=70)
         elif op == "rewind":
-            commits = sink_commits(storage.open_table(config.sink_path), config.name)
+            commits = sink_commits(storage.open_table(config.layout.sink), config.name)
             undone = rewound_batches(commits)
             live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
             if live:
@@ -285,7 +285,7 @@ def test_random_sequences_of_runs_backfills_rewinds_and_crashes_stay_exactly_onc
                     rewind_pipeline(config, rng.choice(live), reason="property")
                 except RewindError:
                     pass
-        elif op == "maintenance" and storage.open_table(config.sink_path) is not None:
+        elif op == "maintenance" and storage.open_table(config.layout.sink) is not None:
             maintain(config, retention_hours=1)
         elif op == "crash":
             produce()
