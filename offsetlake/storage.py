@@ -270,18 +270,20 @@ def table(where: Where, version: int | None = None) -> DeltaTable:
     """The Delta table at ``where``; raises TableNotFoundError when there is none."""
     location, options = _reach(where)
     opened = DeltaTable(location, version=version, storage_options=options)
-    _OPENED_AT[opened] = Location(location, options)
+    _OPENED_AT[id(opened)] = Location(location, options)
+    weakref.finalize(opened, _OPENED_AT.pop, id(opened), None)
     return opened
 
 
 # The location each open table was opened at, with its settings: what reaches the table's own
-# files (its log, the history cache) when a caller holds only the table. Held as long as the table.
-_OPENED_AT: weakref.WeakKeyDictionary[DeltaTable, Location] = weakref.WeakKeyDictionary()
+# files (its log, the history cache) when a caller holds only the table. An entry lives as long
+# as its table object (DeltaTable is not hashable, so by id, dropped when the table is).
+_OPENED_AT: dict[int, Location] = {}
 
 
 def table_place(delta_table: DeltaTable) -> Location:
     """Where an open table lives, with the settings it was opened with (``table``)."""
-    return _OPENED_AT.get(delta_table) or Location.of(table_location(delta_table))
+    return _OPENED_AT.get(id(delta_table)) or Location.of(table_location(delta_table))
 
 
 def create_table(where: Where, schema: pa.Schema, **kwargs: Any) -> None:

@@ -91,7 +91,7 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
                  for r in ledger_rows(config) if r["status"] == "committed" and r["run_id"] == run_id}
     assert committed == planned, "the cleared task must commit exactly the ranges the failed try planned"
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    every = [(p, o) for p, o, _ in sink_coordinates(config.sink_path)] + dead_letter_coordinates(config.dead_letter_path)
+    every = [(p, o) for p, o, _ in sink_coordinates(config.layout.sink)] + dead_letter_coordinates(config.layout.dead_letters)
     assert len(every) == len(set(every)) and set(every) == set(truth.good) | truth.bad
     reasons = storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
     assert reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 25

@@ -50,7 +50,7 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     assert len(storage.table(config.layout.ledger).file_uris()) == 1
     assert not ledger.compact_if_fragmented(max_files=2)
 
-    delete_tree(config.ledger_path)
+    delete_tree(config.layout.ledger)
     rebuilt = pipeline.cli("ledger", "rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
     after = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])

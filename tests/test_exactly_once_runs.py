@@ -49,7 +49,7 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
     assert_exactly_once(config, truth)
     from kafka_truth import sink_coordinates
 
-    assert not aborted & {oid for _, _, oid in sink_coordinates(config.sink_path)}, "aborted records leaked"
+    assert not aborted & {oid for _, _, oid in sink_coordinates(config.layout.sink)}, "aborted records leaked"
     _contiguous_from_zero(ledger_rows(config), truth.lso)
     assert all(r["status"] != "planned" or any(
         o["batch_id"] == r["batch_id"] and o["status"] != "planned" for o in ledger_rows(config)

@@ -51,7 +51,7 @@ def test_history_cache_returns_what_the_log_holds(pipeline):
     # a cache from another table at this path (the sink was deleted and recreated) is ignored
     with fs.open_input_stream(cache) as handle:
         saved = handle.read()
-    delete_tree(config.sink_path)
+    delete_tree(config.layout.sink)
     fresh = [_commit(config, 0)]
     fs.create_dir(cache.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(cache) as out:

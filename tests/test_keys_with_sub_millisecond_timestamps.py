@@ -62,7 +62,7 @@ def _run(config, spark, name: str) -> None:
 def _sink_rows(config, key: list[str]) -> dict[tuple, list[dict]]:
     """The sink's rows readers see, grouped by key (as a tuple of the key columns' values)."""
     grouped: dict[tuple, list[dict]] = {}
-    for row in keyed_sink_rows(config.sink_path):
+    for row in keyed_sink_rows(config.layout.sink):
         grouped.setdefault(tuple(row[c] for c in key), []).append(row)
     return grouped
 

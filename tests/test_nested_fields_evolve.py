@@ -63,7 +63,7 @@ def _json_pipeline(pipeline, schema: dict, **overrides):
 def _sink_rows(config) -> dict[int, dict]:
     """The sink's rows by order id, read by plain delta-rs (one row per id in these tests): the
     rows readers see (an upsert sink also keeps hidden rows, ``kafka_truth.keyed_sink_rows``)."""
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     by_id = {r["order_id"]: r for r in rows}
     assert len(by_id) == len(rows), "one row per order id"
     return by_id

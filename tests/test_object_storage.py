@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import obstore
+import pyarrow as pa
 import pytest
+import yaml
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
@@ -14,6 +16,7 @@ from obstore.exceptions import AlreadyExistsError
 from s3_tools import S3Proxy
 
 from offsetlake import storage
+from offsetlake.config import load_pipeline
 from offsetlake.embedded.local_s3 import LocalS3
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import ConfigError, StorageError
@@ -207,3 +210,32 @@ def test_a_stream_lease_taken_whose_answer_was_lost_is_held(pipeline, s3):
         state = StreamLease(config, "second-owner", "test", ttl_seconds=30).acquire(wait_seconds=5)
         assert proxy.answer_lost
         assert state.owner == "second-owner" and current_lease(config).owner == "second-owner"
+
+
+def test_two_pipelines_on_one_lake_root_each_reach_it_with_their_own_credentials(pipeline, tmp_path):
+    """Storage settings travel with each pipeline's lake value: loading a second pipeline on the
+    same lake root with other credentials changes nothing for the first (a process-wide registry
+    keyed by lake root let the last pipeline loaded win for both)."""
+    server = LocalS3(tmp_path / "auth-s3.log", auth=True).start()
+    try:
+        lake = f"s3://{server.bucket()}/lake"
+        pipeline.write(lake=lake, storage=server.options())
+        body = yaml.safe_load(pipeline.file.read_text())
+        other = f"{pipeline.name}_other"
+        body.update(name=other, storage={**server.options(), "AWS_SECRET_ACCESS_KEY": "wrong"})
+        (pipeline.folder / f"{other}.yaml").write_text(yaml.safe_dump(body))
+
+        mine = load_pipeline(pipeline.name, pipeline.folder)
+        theirs = load_pipeline(other, pipeline.folder)  # loaded last, same lake root
+        assert mine.layout.lake.path == theirs.layout.lake.path == lake
+
+        mine.check_storage()  # the right credentials pass the probe, whoever loaded last
+        storage.create_table(mine.layout.sink, pa.schema([("a", pa.int64())]))
+        storage.append(mine.layout.sink, pa.table({"a": [1]}))
+        assert storage.table(mine.layout.sink).to_pyarrow_table()["a"].to_pylist() == [1]
+
+        with pytest.raises(StorageError, match="the credentials were refused") as refused:
+            theirs.check_storage()  # its own wrong secret, though the same root passed for the first
+        assert other in str(refused.value) and "wrong" not in str(refused.value)
+    finally:
+        server.stop()

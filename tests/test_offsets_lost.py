@@ -71,12 +71,12 @@ def test_gap_over_a_crashed_batch_leaves_none_of_its_dead_letters(pipeline, spar
     crashed = pipeline.cli("run", env={"OFFSETLAKE_FAILPOINT": "after_files_written"})
     assert crashed.returncode < 0, crashed.stderr[-2000:]
     # dead letters follow their sink commit now: the crashed batch only staged its 20
-    assert dead_letter_coordinates(config.dead_letter_path) == [], "a batch that never committed shows no dead letter"
+    assert dead_letter_coordinates(config.layout.dead_letters) == [], "a batch that never committed shows no dead letter"
 
     _delete_before(pipeline.bootstrap, pipeline.topic, 0, 1_600)
     run_pipeline(config, RunContext("after"), lambda: spark)
     gaps = [(r["start_offset"], r["end_offset"]) for r in ledger_rows(config) if r["status"] == "gap"]
     assert gaps == [(1_000, 1_600)]
-    dead = sorted(o for _, o in dead_letter_coordinates(config.dead_letter_path))
+    dead = sorted(o for _, o in dead_letter_coordinates(config.layout.dead_letters))
     assert dead == [o for o in range(1_000, 2_000) if (o - 1_000) % 50 == 49 and o >= 1_600], dead
     assert pipeline.cli("audit", "--against-kafka").returncode == 0

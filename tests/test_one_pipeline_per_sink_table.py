@@ -67,7 +67,7 @@ def test_a_second_pipeline_on_the_same_sink_table_is_refused_naming_both(pipelin
     run_pipeline(eu_config, RunContext("eu-2"), lambda: spark)
     assert_exactly_once(eu_config, read_topic(eu.bootstrap, eu.topic))
     _audit_ok(eu_config, 400)
-    topics = storage.table(shared).to_pyarrow_dataset().to_table(columns=["_kafka_topic"])["_kafka_topic"]
+    topics = storage.table(eu_config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_topic"])["_kafka_topic"]
     assert set(topics.to_pylist()) == {eu.topic}
 
     # with its own table, us runs; the way to merge is one pipeline with `topics:`

@@ -123,7 +123,7 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     compacted = storage.table(config.layout.sink)
     assert compacted.optimize.compact()["numFilesRemoved"] > 0
     gone = storage.table(config.layout.sink, version=first[0].sink_version).file_uris()[0]
-    delete_file(gone)
+    delete_file(gone, config.layout.sink.options)
     version = storage.table(config.layout.sink).version()
     with pytest.raises(RewindError, match=f"batch {batches[0]}: 1 data files of sink version .* are gone from disk"):
         rewind_pipeline(config, batches[0])

@@ -79,7 +79,7 @@ def _rows_by_epoch(config) -> dict[int, list[tuple[int, int]]]:
 def _assert_both_epochs_whole(config, new_ids: set[int]) -> None:
     """Every old-epoch row and every new-epoch record in the sink exactly once, both audits pass,
     and each row carries its epoch."""
-    order_ids = [order_id for _, _, order_id in sink_coordinates(config.sink_path)]
+    order_ids = [order_id for _, _, order_id in sink_coordinates(config.layout.sink)]
     assert sorted(order_ids) == sorted(OLD_IDS | new_ids), (
         f"missing {sorted((OLD_IDS | new_ids) - set(order_ids))[:5]}, {len(order_ids) - len(set(order_ids))} twice")
     for against_kafka in (False, True):
@@ -171,7 +171,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     _produce_keyed(pipeline.bootstrap, pipeline.topic,
                    [(f"other{i}", i, stamp - 1000, 0) for i in range(5)] + [("K", 5, stamp, 0), ("J", 7, stamp + 10_000, 1)])
     run_pipeline(config, RunContext("old"), lambda: spark)
-    assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.sink_path)}["K"] == 5
+    assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.layout.sink)}["K"] == 5
 
     _delete(pipeline.bootstrap, pipeline.topic)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -179,7 +179,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     reset_topic_epoch(config, pipeline.topic, reason="topic re-created")
     run_pipeline(config, RunContext("new"), lambda: spark)
 
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     by_key = {r["_kafka_key"]: r for r in rows}
     # other0 and other1 sit at offsets 0 and 1 of the old topic, the offsets of K's and J's new
     # records: a merge that took them for records the batch reprocesses dropped them

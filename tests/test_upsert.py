@@ -45,7 +45,7 @@ def _updates(n: int, keys: int, partitions: int, seed: int, delete_share: float 
 
 
 def _sink_by_key(config) -> dict[str, dict]:
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     keys = [r["_kafka_key"] for r in rows]
     assert len(keys) == len(set(keys)), "a key appears more than once"
     return {r["_kafka_key"]: r for r in rows}
@@ -181,7 +181,7 @@ def test_a_debezium_topic_gives_the_table_its_changes_replayed_in_order_give(pip
     run_pipeline(config, RunContext("changes"), lambda: spark)
 
     expected = _replay_debezium(read_records(pipeline.bootstrap, pipeline.topic))
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     assert len(rows) == len({r["id"] for r in rows}), "one row per id"
     got = {r["id"]: r for r in rows}
     assert set(got) == set(expected)
@@ -330,7 +330,7 @@ def test_debezium_avro_events_through_the_registry_keyed_by_the_record_key(pipel
         "type": "avro", "envelope": "debezium", "schema_registry": schema_registry.settings},
         sink={"mode": "upsert", "key": ["_kafka_key"]})
     run_pipeline(config, RunContext("avro-cdc"), lambda: spark)
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     got = {int(r["_kafka_key"]): {"id": r["id"], "name": r["name"], "tier": r["tier"]} for r in rows}
     assert got == live
     assert all(r["_cdc_op"] in ("c", "u") and r["_cdc_lsn"] == r["_cdc_ts_ms"] for r in rows)

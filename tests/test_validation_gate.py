@@ -106,8 +106,8 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert result["rows_written"] == 600 - 12 - 24 and result["dead_letters"] == 12 + 24
 
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    sink_rows = sink_coordinates(config.sink_path)
-    dead = dead_letter_coordinates(config.dead_letter_path)
+    sink_rows = sink_coordinates(config.layout.sink)
+    dead = dead_letter_coordinates(config.layout.dead_letters)
     every = [(p, o) for p, o, _ in sink_rows] + dead
     assert len(every) == len(set(every)), "a record is both in the sink and a dead letter, or twice in one"
     assert set(every) == set(truth.good) | truth.bad
