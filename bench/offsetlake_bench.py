@@ -273,7 +273,7 @@ def commit_synthetic_batches(config, count: int, start_at: int) -> None:
 
     schema = pa.schema([("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()),
                         ("_kafka_offset", pa.int64())])
-    ledger = Ledger(config.ledger_path, config.name)
+    ledger = Ledger(config.layout.ledger, config.name)
     for i in range(start_at, start_at + count):
         ranges = tuple(OffsetRange(config.topic, p, i, i + 1) for p in range(6))
         plan = BatchPlan(config.name, new_batch_id(config.name), "ingest", ranges, RunContext(f"bench-{i}"))

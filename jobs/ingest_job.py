@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
-    from offsetlake.config import load_pipeline, with_orchestrator_settings
+    from offsetlake.config import resolve_pipeline
     from offsetlake.errors import OffsetlakeError, describe_unexpected
     from offsetlake.runs import execute_recorded_batch
     from offsetlake.spark import spark_session, stop_spark
 
     try:
-        config = with_orchestrator_settings(load_pipeline(args.pipeline, args.pipelines_dir))
+        config = resolve_pipeline(args.pipeline, args.pipelines_dir)
         result = execute_recorded_batch(config, args.batch_id, spark_session)
     except OffsetlakeError as err:
         print(f"ingest_job: error: {err}", file=sys.stderr)

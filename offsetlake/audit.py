@@ -91,7 +91,7 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
     with the epoch of its topic its record belongs to (``EPOCH_OF``): the row's own
     ``coordinates.TOPIC_EPOCH`` (null or absent: epoch 0), which compaction and rewrites keep, so
     rows of a re-created topic's old records never stand for its new ones (invariant 16)."""
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     if table is None:
         return pa.table({TOPIC: pa.array([], pa.string()), PARTITION: pa.array([], pa.int32()),
                          OFFSET: pa.array([], pa.int64()), EPOCH_OF: pa.array([], pa.int32()),
@@ -132,7 +132,7 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
 def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
     config.check_storage()
     report = AuditReport(config.name)
-    sink = open_table(config.sink_path)
+    sink = open_table(config.layout.sink)
     commits = sink_commits(sink, config.name)
     starts = epoch_starts(commits)  # a topic re-created under the pipeline: its epochs are kept apart
     rows = _sink_keys(config)
@@ -281,7 +281,7 @@ def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, 
 def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
     """A keyed sink shows each key at most once, and holds at most one state row (visible or
     hidden, ``offsetlake.keyed``) per key and topic-partition."""
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     if table is None:
         return
     key = config.sink.key
@@ -335,7 +335,7 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
             for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
                 chunks.append((topic, partition, list(chunk)))
                 found["records"] += len(chunk)
-    sink = open_table(config.sink_path)
+    sink = open_table(config.layout.sink)
     actual: dict[tuple, list[dict]] = {}
     for r in current_rows(sink).to_pylist() if sink is not None else []:
         actual.setdefault(_key_of(r, config.sink.key), []).append(r)
@@ -568,7 +568,7 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list
     from offsetlake.transform import apply_transform
 
     spark = spark_session()
-    decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.sink_path)))
+    decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.layout.sink)))
     decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder, max_record_bytes=config.max_record_bytes))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
     should_be_dead = {(r["topic"], r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())

@@ -106,7 +106,7 @@ def plan_backfill(
         raise BackfillParamsError(
             f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
         )
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     ends = committed_ends(table, config, topic, chosen)
 
     window: RecordTimeWindow | None = None
@@ -177,7 +177,7 @@ def plan_interval_backfill(config: PipelineConfig, run: RunContext, start: datet
     is ingested yet): the run is a no-op. Never reaches the committed ends (invariant 6)."""
     config.check_storage()
     window = RecordTimeWindow(int(start.timestamp() * 1000), int(end.timestamp() * 1000))
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     if table is None:
         return None
     every = current_offsets(config)
@@ -253,12 +253,12 @@ def commit_replace(
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
-        if landed_version(config.sink_path, plan.batch_id) is None:  # else: applied, its answer lost
+        if landed_version(config.layout.sink, plan.batch_id) is None:  # else: applied, its answer lost
             raise CommitConflictError(
                 f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
                 f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
             ) from None
-    return commit_version(config.sink_path, plan.batch_id)
+    return commit_version(config.layout.sink, plan.batch_id)
 
 
 COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit
@@ -275,14 +275,14 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     the same backfill again is always safe because it replaces, never appends.
     """
     started = time.monotonic()
-    if open_table(config.sink_path) is None:
+    if open_table(config.layout.sink) is None:
         raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
     suite = load_suite(config)
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
     later = None
     if config.sink.mode == "upsert":  # a record a later one of its key replaced is never restored
-        table = open_table(config.sink_path)
+        table = open_table(config.layout.sink)
         ends = {(r.topic, r.partition): committed_end(table, config, r.topic, r.partition) for r in plan.ranges}
         later = later_records(config, plan, spark, ends)
     try:
@@ -309,7 +309,7 @@ def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     replaced) into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a
     row is replaced only by a record at least as new as its own), in one commit without txns.
     Raises CommitConflictError if another writer committed meanwhile."""
-    table = _add_new_columns(config, storage.table(config.sink_path), processed.rows, plan)
+    table = _add_new_columns(config, storage.table(config.layout.sink), processed.rows, plan)
     merge = stage_merge(config, plan, processed, spark, table, later)
     t = time.monotonic()
     c = merge.counts
@@ -326,7 +326,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
                   started: float) -> tuple[int, dict]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     selected = Selection.of(plan)
     removed = touched_files(table, selected)
     rows = processed.rows
@@ -352,7 +352,7 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):
-        latest = storage.table(config.sink_path)
+        latest = storage.table(config.layout.sink)
         if {f["path"] for f in touched_files(latest, selected)} != {f["path"] for f in removed}:
             raise CommitConflictError(
                 f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "

@@ -18,7 +18,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from offsetlake.config import PipelineConfig, load_pipeline
+from offsetlake.config import PipelineConfig, resolve_pipeline
 from offsetlake.errors import OffsetlakeError, describe_unexpected
 from offsetlake.log_lines import log_line
 from offsetlake.plan import ReaderSchema
@@ -250,7 +250,9 @@ def _load(args: argparse.Namespace, name: str) -> PipelineConfig:
         remote = remote_url(args.remote)
         if remote:
             check_reachable(remote)  # before anything is planned: a missing server is not a failed batch
-    return load_pipeline(name, args.pipelines_dir)
+    # every command: the YAML, then what an orchestrator handed over in the environment (e.g. the
+    # <pipeline>_stream DAG's Kafka, storage and registry secrets) on top
+    return resolve_pipeline(name, args.pipelines_dir)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -288,12 +290,10 @@ def _duration(text: str) -> float:
 
 
 def cmd_stream(args: argparse.Namespace) -> int:
-    from offsetlake.config import with_orchestrator_settings
     from offsetlake.spark import spark_session, stop_spark
     from offsetlake.stream import StopControl, StreamOptions, run_stream
 
-    # an orchestrator (the <pipeline>_stream DAG) hands over Kafka and storage secrets in the environment
-    config = with_orchestrator_settings(_load(args, args.pipeline))
+    config = _load(args, args.pipeline)
     options = StreamOptions(
         trigger_interval=args.trigger_interval, max_records_per_batch=args.max_records_per_batch,
         max_duration=args.max_duration, lease_ttl=args.lease_ttl, parent_pid=args.parent_pid,
@@ -396,7 +396,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     if len(words) == 2 and words[0] == "rebuild":
         config = _load(args, words[1])
         ledger = Ledger.of(config)
-        count = ledger.rebuild(sink_commits(open_table(config.sink_path), config.name))
+        count = ledger.rebuild(sink_commits(open_table(config.layout.sink), config.name))
         print(f"rebuilt ledger of pipeline {config.name} from sink history: {count} rows at {config.ledger_path}")
         return 0
     if len(words) != 1:

@@ -118,7 +118,7 @@ class SinkTable:
 
 def sink_table(config: PipelineConfig) -> SinkTable | None:
     """The pipeline's sink table now (None before its first batch)."""
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     return None if table is None else SinkTable(str(table.metadata().id), sink_commits(table, config.name))
 
 
@@ -130,7 +130,7 @@ def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> list[dict[st
         return []
     rows = rows.cast(DEAD_LETTER_SCHEMA)
     relative = f"staged/{batch_id}-{uuid.uuid4().hex[:8]}.parquet"
-    fs, path = storage.filesystem(storage.child(config.dead_letter_path, relative))
+    fs, path = storage.filesystem(config.layout.dead_letters.child(relative))
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(path) as out:
         pq.write_table(rows, out)
@@ -140,7 +140,7 @@ def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> list[dict[st
 
 # ---- after it ---------------------------------------------------------------------------------
 def _table(config: PipelineConfig) -> DeltaTable:
-    return create_table_once(config.dead_letter_path, DEAD_LETTER_SCHEMA, [], f"dead letters of {config.name}")
+    return create_table_once(config.layout.dead_letters, DEAD_LETTER_SCHEMA, [], f"dead letters of {config.name}")
 
 
 def applied_through(table: DeltaTable | None, sink: SinkTable) -> int:
@@ -168,7 +168,7 @@ def pending(config: PipelineConfig, sink: SinkTable | None = None) -> list[SinkC
     changes = [c for c in sink.commits if STAGED in c.entry or RESTORE in c.entry]
     if not changes:
         return []
-    done = applied_through(open_table(config.dead_letter_path), sink)
+    done = applied_through(open_table(config.layout.dead_letters), sink)
     return [c for c in changes if c.version > done]
 
 
@@ -308,7 +308,7 @@ def _kept_by(change: SinkCommit, commits: list[SinkCommit]) -> pc.Expression | N
 def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], kept: pc.Expression | None) -> pa.Table:
     parts = []
     for f in files:
-        fs, path = storage.filesystem(storage.data_file(config.dead_letter_path, f["path"]))
+        fs, path = storage.filesystem(storage.data_file(config.layout.dead_letters, f["path"]))
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
         parts.append(rows.filter(kept) if kept is not None else rows)
@@ -317,10 +317,10 @@ def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], kept: pc.
 
 def _add_files(config: PipelineConfig, staged: list[dict[str, Any]]) -> list:
     """Add actions for staged files (their statistics read from their footers)."""
-    fs, _ = storage.filesystem(config.dead_letter_path)
+    fs, _ = storage.filesystem(config.layout.dead_letters)
     actions = []
     for s in staged:
-        _, path = storage.filesystem(storage.child(config.dead_letter_path, s["path"]))
+        _, path = storage.filesystem(config.layout.dead_letters.child(s["path"]))
         try:
             with fs.open_input_file(path) as handle:
                 metadata = pq.read_metadata(handle)
@@ -340,7 +340,7 @@ def version_as_of(config: PipelineConfig, sink_version: int) -> int | None:
     """The dead-letter table version holding its state right after version ``sink_version`` of the
     pipeline's sink table, or None when the table's history cannot say (dead letters written
     before this scheme)."""
-    table = open_table(config.dead_letter_path)
+    table = open_table(config.layout.dead_letters)
     sink = sink_table(config)
     if table is None or sink is None:
         return None
@@ -376,10 +376,10 @@ def _marked(info: dict) -> dict | None:
 
 def missing_files_as_of(config: PipelineConfig, version: int) -> list[str]:
     """Data files of dead-letter table ``version`` that are gone from storage (vacuumed)."""
-    then = storage.table(config.dead_letter_path, version=version)
-    now = {f["path"] for f in live_files(storage.table(config.dead_letter_path))}
+    then = storage.table(config.layout.dead_letters, version=version)
+    now = {f["path"] for f in live_files(storage.table(config.layout.dead_letters))}
     return [f["path"] for f in live_files(then)
-            if f["path"] not in now and not storage.exists(storage.data_file(config.dead_letter_path, f["path"]))]
+            if f["path"] not in now and not storage.exists(storage.data_file(config.layout.dead_letters, f["path"]))]
 
 
 def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: SinkCommit,
@@ -395,9 +395,9 @@ def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version:
 def _diff_to(config: PipelineConfig, table: DeltaTable, version: int) -> list:
     """Removes and re-adds that make ``table``'s live files those of its ``version``."""
     now = {f["path"]: f for f in live_files(table)}
-    then = {f["path"]: f for f in live_files(storage.table(config.dead_letter_path, version=version))}
+    then = {f["path"]: f for f in live_files(storage.table(config.layout.dead_letters, version=version))}
     return [*remove_actions([now[p] for p in sorted(set(now) - set(then))], []),
-            *readd_actions(config.dead_letter_path, [then[p] for p in sorted(set(then) - set(now))], [])]
+            *readd_actions(config.layout.dead_letters, [then[p] for p in sorted(set(then) - set(now))], [])]
 
 
 def _legacy_delete_actions(config: PipelineConfig, table: DeltaTable, batch_ids: list[str]) -> list:
@@ -405,7 +405,7 @@ def _legacy_delete_actions(config: PipelineConfig, table: DeltaTable, batch_ids:
     touched = []
     kept_parts = []
     for f in live_files(table):
-        fs, path = storage.filesystem(storage.data_file(config.dead_letter_path, f["path"]))
+        fs, path = storage.filesystem(storage.data_file(config.layout.dead_letters, f["path"]))
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
         if rows.filter(gone).num_rows:
@@ -421,7 +421,7 @@ def _legacy_delete_actions(config: PipelineConfig, table: DeltaTable, batch_ids:
 # ---- reading ----------------------------------------------------------------------------------
 def count_by_batch(config: PipelineConfig, batch_ids: list[str]) -> dict[str, int]:
     """How many dead letters each of ``batch_ids`` wrote that the table holds now (0 for none)."""
-    table = open_table(config.dead_letter_path)
+    table = open_table(config.layout.dead_letters)
     if table is None or not batch_ids:
         return {b: 0 for b in batch_ids}
     found = table.to_pyarrow_dataset().to_table(columns=["batch_id"], filter=pc.field("batch_id").isin(batch_ids))
@@ -433,7 +433,7 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
     """``columns`` of every dead letter as the table will hold them once its pending changes are
     applied (what an audit checks: a crash between a sink commit and its dead-letter commit is a
     state the next run repairs, not a loss)."""
-    table = open_table(config.dead_letter_path)
+    table = open_table(config.layout.dead_letters)
     sink = sink_table(config)
     empty = DEAD_LETTER_SCHEMA.empty_table().select(columns)
     rows = table.to_pyarrow_dataset().to_table(columns=columns) if table is not None else empty
@@ -444,7 +444,7 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
         applied = applied_through(table, sink)
         start = 0 if applied < 0 else _version_as_of(table, sink, applied)
         if start is not None:
-            rows = storage.table(config.dead_letter_path, version=start).to_pyarrow_dataset().to_table(columns=columns)
+            rows = storage.table(config.layout.dead_letters, version=start).to_pyarrow_dataset().to_table(columns=columns)
     for change in changes:
         if RESTORE in change.entry:
             version = None if table is None else _version_as_of(table, sink, int(change.entry[RESTORE]["to_sink_version"]))
@@ -452,25 +452,25 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
                 rows = rows.filter(~pc.field("batch_id").isin(list(change.entry.get("rewound", [])))) \
                     if "batch_id" in columns else rows
             else:
-                rows = storage.table(config.dead_letter_path, version=version).to_pyarrow_dataset().to_table(columns=columns)
+                rows = storage.table(config.layout.dead_letters, version=version).to_pyarrow_dataset().to_table(columns=columns)
             continue
         kept = _kept_by(change, sink.commits) if "batch_id" in columns else Selection.of_entry(change.entry).outside()
         if kept is not None:
             rows = rows.filter(kept)
         for s in change.entry.get(STAGED, []):
-            fs, path = storage.filesystem(storage.child(config.dead_letter_path, s["path"]))
+            fs, path = storage.filesystem(config.layout.dead_letters.child(s["path"]))
             with fs.open_input_file(path) as handle:
                 rows = pa.concat_tables([rows, pq.read_table(handle, columns=columns).cast(rows.schema)])
     return rows
 
 
 def row_count(config: PipelineConfig) -> int:
-    table = open_table(config.dead_letter_path)
+    table = open_table(config.layout.dead_letters)
     return 0 if table is None else sum(int(f.get("num_records") or 0) for f in live_files(table))
 
 
 def rows_readded_by_restore(config: PipelineConfig, version: int) -> int:
     """Dead letters a restore to ``version`` brings back (in files later commits removed)."""
-    now = {f["path"] for f in live_files(storage.table(config.dead_letter_path))}
-    return sum(int(f.get("num_records") or 0) for f in live_files(storage.table(config.dead_letter_path, version=version))
+    now = {f["path"] for f in live_files(storage.table(config.layout.dead_letters))}
+    return sum(int(f.get("num_records") or 0) for f in live_files(storage.table(config.layout.dead_letters, version=version))
                if f["path"] not in now)

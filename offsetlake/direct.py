@@ -109,7 +109,7 @@ class DirectResult:
 
 
 def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config: dict[str, str], pipeline: str,
-                   timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: str, folder: str,
+                   timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: storage.Location, folder: str,
                    partition_by: list[str], *, max_record_bytes: int, epochs: dict[str, int] | None = None) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
     under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file
@@ -119,8 +119,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
     splits = [(s.topic, s.partition, s.start, s.end) for s in
               split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
-    options = storage.options_for(table_root)
-    relative_folder = folder[len(table_root.rstrip("/")) + 1:]
+    relative_folder = folder[len(table_root.path.rstrip("/")) + 1:]
     file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
     sources = [(column, inner) for column, _, inner in _sources(decoder)]
     max_open = MAX_OPEN_FILES
@@ -135,7 +134,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
 
         context = TaskContext.get()
         attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
-        fs, root = storage.filesystem(table_root, options)
+        fs, root = storage.filesystem(table_root)
         files = _TaskFiles(fs, root, relative_folder, attempt, file_schema, partition_by, max_open)
         read: Counter[tuple[str, int]] = Counter()
         was_enabled = gc.isenabled()
@@ -170,7 +169,7 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
     return result
 
 
-def undecided_frame(spark: SparkSession, table_root: str, paths: list[str], decoder: Decoder) -> DataFrame | None:
+def undecided_frame(spark: SparkSession, table_root: storage.Location, paths: list[str], decoder: Decoder) -> DataFrame | None:
     """The undecided records as the read frame the Spark path reads (``reader.read_ranges``'s
     columns), or None when there are none."""
     if not paths:
@@ -179,7 +178,7 @@ def undecided_frame(spark: SparkSession, table_root: str, paths: list[str], deco
     return read_files(spark, table_root, [{"path": storage.log_path_from_file_path(p)} for p in paths], raw_schema, [])
 
 
-def remove_undecided(table_root: str, paths: list[str]) -> None:
+def remove_undecided(table_root: storage.Location, paths: list[str]) -> None:
     """Delete the undecided records' files once the Spark path has decided them (a crash
     leaves them, uncommitted and inert, for vacuum)."""
     fs, root = storage.filesystem(table_root)

@@ -162,7 +162,7 @@ def _history(table: DeltaTable | None, pipeline: str) -> _History:
         return _History([], {})
     version = table.version()
     table_id = table.metadata().id
-    cache = storage.child(storage.table_location(table), CACHE_FOLDER, f"{pipeline}.json")
+    cache = storage.table_place(table).child(CACHE_FOLDER, f"{pipeline}.json")
     cached = _read_cache(cache, table_id, version)
     seen, history = (-1, _History([], {})) if cached is None else cached
     infos = [i for i in commit_infos(table, seen + 1, version) if int(i["version"]) > seen]
@@ -213,7 +213,7 @@ def _commits_in(history: list[dict], pipeline: str) -> list[SinkCommit]:
     return sorted(commits, key=lambda c: c.version)
 
 
-def _read_cache(location: str, table_id: object, version: int) -> tuple[int, _History] | None:
+def _read_cache(location: storage.Location, table_id: object, version: int) -> tuple[int, _History] | None:
     try:
         fs, path = storage.filesystem(location)
         with fs.open_input_stream(path) as handle:
@@ -226,7 +226,7 @@ def _read_cache(location: str, table_id: object, version: int) -> tuple[int, _Hi
         return None
 
 
-def _write_cache(location: str, table_id: object, version: int, history: _History) -> None:
+def _write_cache(location: storage.Location, table_id: object, version: int, history: _History) -> None:
     body = json.dumps({"table_id": table_id, "version": version, "owners": history.owners,
                        "commits": [[c.version, c.entry] for c in history.commits]})
     try:
@@ -256,7 +256,7 @@ def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any
     """
     if last < first:
         return []
-    log_dir = storage.child(storage.table_location(table), "_delta_log")
+    log_dir = storage.table_place(table).child("_delta_log")
     fs, root = storage.filesystem(log_dir)
     infos: list[dict[str, Any]] = []
     missing = []
@@ -279,14 +279,14 @@ def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any
 def latest_commit_info(table: DeltaTable) -> dict[str, Any] | None:
     """The ``commitInfo`` of the table's newest commit (which may be newer than ``table``'s version)."""
     version = table.version()
-    fs, root = storage.filesystem(storage.child(storage.table_location(table), "_delta_log"))
+    fs, root = storage.filesystem(storage.table_place(table).child("_delta_log"))
     while fs.get_file_info(f"{root}/{version + 1:020d}.json").type != pafs.FileType.NotFound:
         version += 1
     infos = commit_infos(table, version, version)
     return infos[0] if infos else None
 
 
-def commit_version(location: str, batch_id: str) -> int:
+def commit_version(location: storage.Location, batch_id: str) -> int:
     """The version of the sink commit holding ``batch_id``'s entry (a DeltaTable does not say
     which version its own commit got); raises RuntimeError if there is none."""
     version = landed_version(location, batch_id)
@@ -295,7 +295,7 @@ def commit_version(location: str, batch_id: str) -> int:
     return version
 
 
-def landed_version(location: str, batch_id: str) -> int | None:
+def landed_version(location: storage.Location, batch_id: str) -> int | None:
     """The version of the sink commit holding ``batch_id``'s entry, or None.
 
     Also how a writer whose commit failed learns that it landed after all: on object storage a

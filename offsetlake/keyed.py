@@ -230,7 +230,7 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
         # the stored rows in the sink's schema with the batch's new nested fields (null in old files)
         schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC",
                                                                   prefers_large_types=False)).merged
-        stored = staging.read_files(spark, config.sink_path, files, _spark_safe(schema), config.sink.partition_by)
+        stored = staging.read_files(spark, config.layout.sink, files, _spark_safe(schema), config.sink.partition_by)
     have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
     new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
     if HIDDEN not in have:

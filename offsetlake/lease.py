@@ -76,7 +76,7 @@ class LeaseState:
         return {**asdict(self), "live": self.live()}
 
 
-def _read(path: str) -> tuple[DeltaTable | None, LeaseState | None]:
+def _read(path: storage.Location) -> tuple[DeltaTable | None, LeaseState | None]:
     """The lease table at one version and the lease state that version holds.
 
     The state comes from the newest commit's userMetadata, which may be newer than the loaded
@@ -100,7 +100,7 @@ def _read(path: str) -> tuple[DeltaTable | None, LeaseState | None]:
 
 def current_lease(config: PipelineConfig) -> LeaseState | None:
     """The pipeline's lease as last written (live or not), None if no stream ever ran."""
-    return _read(config.stream_lease_path)[1]
+    return _read(config.layout.stream_leases)[1]
 
 
 def live_lease(config: PipelineConfig) -> LeaseState | None:
@@ -130,7 +130,7 @@ class StreamLease:
         if ttl_seconds < 3:
             raise OffsetlakeError(f"pipeline {config.name}: a stream lease must last at least 3 s, not {ttl_seconds}")
         self.config, self.owner, self.label, self.ttl = config, owner, label, ttl_seconds
-        self.path = config.stream_lease_path
+        self.path = config.layout.stream_leases
         self.state: LeaseState | None = None
         self.lost: str | None = None  # why the lease was lost, once it is
         self._stop = threading.Event()

@@ -83,14 +83,14 @@ LEDGER_SCHEMA = pa.schema(
 class Ledger:
     """One pipeline's rows of the ledger table."""
 
-    def __init__(self, path: str, pipeline: str) -> None:
+    def __init__(self, path: storage.Where, pipeline: str) -> None:
         self.path = path
         self.pipeline = pipeline
         self._schema_current = False
 
     @classmethod
     def of(cls, config: PipelineConfig) -> Ledger:
-        return cls(config.ledger_path, config.name)
+        return cls(config.layout.ledger, config.name)
 
     # ---- writing -------------------------------------------------------------------------
     def _append(self, rows: list[dict]) -> None:
@@ -290,7 +290,7 @@ class Ledger:
 def reconcile_ledger(config: PipelineConfig, ledger: Ledger | None = None, abandon_after_s: float = ABANDON_AFTER_S) -> int:
     """Invariant 4: bring the pipeline's ledger projection in line with the sink's history."""
     ledger = ledger or Ledger.of(config)
-    table = storage.open_table(config.sink_path)
+    table = storage.open_table(config.layout.sink)
     added = ledger.reconcile(sink_commits(table, config.name), committed_end_lookup(table, config), abandon_after_s)
     if table is not None:
         ledger.compact_if_fragmented()

@@ -43,7 +43,7 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     TopicIdentityError when a committed end is past its log end or the topic's id changed.
     """
     offsets = current_offsets(config)
-    table = table if table is not None else open_table(config.sink_path)
+    table = table if table is not None else open_table(config.layout.sink)
     check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
     ends: dict[tuple[str, int], int | None] = {}
     for topic in sorted({t for t, _ in offsets}):
@@ -99,7 +99,7 @@ def _headline(config: PipelineConfig, batches: list[dict]) -> dict:
 
 def pipeline_overview(config: PipelineConfig) -> dict:
     """One line of the pipelines list: total lag, last commit time, last batch and its status."""
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     batches = summarize_batches(ledger_batch_rows(config, table))
     _, total_lag, kafka_error = _lag(config, table)
     return {**_headline(config, batches), "total_lag": total_lag, "kafka_error": kafka_error, "error": None}
@@ -107,7 +107,7 @@ def pipeline_overview(config: PipelineConfig) -> dict:
 
 def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict:
     """Everything the per-pipeline page shows: lag per partition, recent batches, recorded gaps."""
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     batches = summarize_batches(ledger_batch_rows(config, table))
     partitions, total_lag, kafka_error = _lag(config, table)
     return {
@@ -129,7 +129,7 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
 
 def validation_report(config: PipelineConfig, batch_id: str) -> str | None:
     """URI of the batch's latest validation report (HTML), as its ledger row or commit records it."""
-    rows = [r for r in ledger_batch_rows(config, open_table(config.sink_path)) if r["batch_id"] == batch_id]
+    rows = [r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["batch_id"] == batch_id]
     return next((r["validation_report"] for r in rows if r.get("validation_report")), None)
 
 

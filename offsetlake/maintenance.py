@@ -63,16 +63,16 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
     # A dead-letter change a crash left pending names staged files vacuum would otherwise take.
     dead_letters.apply_pending(config)
     reports = []
-    for label, path, mine in (
-        ("sink", config.sink_path, None),
-        ("dead_letters", config.dead_letter_path, None),
-        ("ledger", config.ledger_path, [("pipeline", "=", config.name)]),
+    for label, place, mine in (
+        ("sink", config.layout.sink, None),
+        ("dead_letters", config.layout.dead_letters, None),
+        ("ledger", config.layout.ledger, [("pipeline", "=", config.name)]),
     ):
-        table = open_table(path)
+        table = open_table(place)
         if table is None:
-            log_line(log, "maintenance", "no table yet", pipeline=config.name, table=label, path=path)
+            log_line(log, "maintenance", "no table yet", pipeline=config.name, table=label, path=place.path)
             continue
-        reports.append(_maintain_table(config, label, path, table, mine, retention_hours, vacuum))
+        reports.append(_maintain_table(config, label, place.path, table, mine, retention_hours, vacuum))
     return reports
 
 

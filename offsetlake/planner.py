@@ -128,7 +128,7 @@ def plan_next_batch(
     when the run started).
     """
     offsets = current_offsets(config)
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     check_no_topic_gone(config, table, {t for t, _ in offsets})
     ends = all_committed_ends(table, config, sorted(offsets))
     commits = sink_commits(table, config.name)

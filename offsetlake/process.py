@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, failpoints, keyed, staging
+from offsetlake import dead_letters, direct, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
@@ -54,7 +54,7 @@ class Direct:
     """A batch whose read tasks wrote its rows' files (``offsetlake.direct``): the staging folder,
     those files, and the files of the records they left to Spark (removed once decided)."""
 
-    table_root: str
+    table_root: storage.Location
     folder: str
     files: list[StagedFile]
     undecided: list[str]
@@ -110,13 +110,13 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         if why_not is None:
             folder = staging_dir(config, plan.batch_id)
             wrote = direct.read_and_write(spark, sized, client, config.name, config.read_timeout_seconds, decoder,
-                                          rows_schema, config.sink_path, folder, config.sink.partition_by,
+                                          rows_schema, config.layout.sink, folder, config.sink.partition_by,
                                           max_record_bytes=config.max_record_bytes, epochs=plan.topic_epochs)
-            processed.direct = Direct(config.sink_path, folder, wrote.files, wrote.undecided)
+            processed.direct = Direct(config.layout.sink, folder, wrote.files, wrote.undecided)
             processed.rows_schema = rows_schema
             for key, count in wrote.records_read.items():
                 per_range[key]["records_read"] = count
-            raw = direct.undecided_frame(spark, config.sink_path, wrote.undecided, decoder)
+            raw = direct.undecided_frame(spark, config.layout.sink, wrote.undecided, decoder)
         log_step("path", plan, t, direct="true" if why_not is None else "false", why_not=why_not)
     if raw is None:  # the read tasks decided every record: every one is a row they wrote
         records = sum(v["records_read"] for v in per_range.values())
@@ -327,10 +327,10 @@ def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     folder = done.folder if done is not None else staging_dir(config, plan.batch_id)
     staged = list(done.files) if done is not None else []
     if rows is not None:
-        staged += staging.write_rows(rows, config.sink_path, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+        staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
     if done is not None:
         done.remove_undecided()
-    files = add_actions_for(config.sink_path, staged)
+    files = add_actions_for(config.layout.sink, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0
         counts.pop("empty_as_null", None)

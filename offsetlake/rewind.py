@@ -168,7 +168,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     """
     config.check_storage()
     where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
-    table = table if table is not None else open_table(config.sink_path)
+    table = table if table is not None else open_table(config.layout.sink)
     if table is None:
         raise RewindError(f"{where}: the sink {config.sink_path} does not exist")
     commits = sink_commits(table, config.name)
@@ -195,14 +195,14 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     if plan.noop:
         return plan
 
-    then = storage.table(config.sink_path, version=target.version)
+    then = storage.table(config.layout.sink, version=target.version)
     before = set(then.schema().to_arrow().names)
     plan.kept_columns = [name for name in table.schema().to_arrow().names if name not in before]
     now_files = _files(table)
     then_files = _files(then)
     plan.remove_files = sorted(set(now_files) - set(then_files))
     plan.readd_files = sorted(set(then_files) - set(now_files))
-    missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.sink_path, f))]
+    missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.layout.sink, f))]
     if missing:
         raise RewindError(
             f"{where}: {len(missing)} data files of sink version {target.version} are gone from disk "
@@ -260,7 +260,7 @@ def rewind_pipeline(
     requested_by = requested_by or _user()
     run = run or RunContext(run_id=f"cli-rewind-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
     started = time.monotonic()
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     if table is None:
         raise RewindError(f"pipeline {config.name}: cannot rewind to batch {to_batch}: the sink {config.sink_path} does not exist")
     plan = plan_rewind(config, to_batch, table)
@@ -307,22 +307,22 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
     would undo that pipeline's later commits while its txns stay (invariant 16)."""
     refuse_foreign_sink(table, config.name)
     live = {f["path"]: f for f in live_files(table)}
-    then = {f["path"]: f for f in live_files(storage.table(config.sink_path, version=plan.to_version))}
+    then = {f["path"]: f for f in live_files(storage.table(config.layout.sink, version=plan.to_version))}
     partition_by = config.sink.partition_by
     actions = CommitActions(
         files=[*remove_actions([live[p] for p in plan.remove_files], partition_by),
-               *readd_actions(config.sink_path, [then[p] for p in plan.readd_files], partition_by)],
+               *readd_actions(config.layout.sink, [then[p] for p in plan.readd_files], partition_by)],
         txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
     )
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
-        if landed_version(config.sink_path, entry["batch_id"]) is None:  # else: applied, its answer lost
+        if landed_version(config.layout.sink, entry["batch_id"]) is None:  # else: applied, its answer lost
             raise CommitConflictError(
                 f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
                 f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
             ) from None
-    return commit_version(config.sink_path, entry["batch_id"])
+    return commit_version(config.layout.sink, entry["batch_id"])
 
 
 def _files(table: DeltaTable) -> list[str]:

@@ -67,7 +67,7 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``), and so is
     a sink table that belongs to another pipeline (invariant 16), before anything is planned."""
     config.check_storage()
-    refuse_foreign_sink(open_table(config.sink_path), config.name)
+    refuse_foreign_sink(open_table(config.layout.sink), config.name)
     dead_letters.apply_pending(config)
     reconcile_ledger(config, ledger or Ledger.of(config))
 
@@ -131,7 +131,7 @@ def with_current_epochs(config: PipelineConfig, plan: BatchPlan) -> BatchPlan:
     commit fail (it moves the same txns; a backfill checks, see ``backfill.commit_replace``)."""
     from dataclasses import replace
 
-    return replace(plan, topic_epochs=current_epochs(sink_commits(open_table(config.sink_path), config.name)))
+    return replace(plan, topic_epochs=current_epochs(sink_commits(open_table(config.layout.sink), config.name)))
 
 
 @contextmanager
@@ -147,7 +147,7 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
             raise
         raise StorageError(
             f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
-            f"({storage.store_name(config.lake_path)}) failed: {storage.describe_store_error(err)}; the batch did not "
+            f"({storage.store_name(config.layout.lake)}) failed: {storage.describe_store_error(err)}; the batch did not "
             "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers") from err
 
 
@@ -157,7 +157,7 @@ def _execute_forward(
     """An ingest, stream or gap batch: files (none for a gap) + committed ends moved to the plan's
     ends + its ledger entry, in one sink commit."""
     started = time.monotonic()
-    if not check_plan_applies(open_table(config.sink_path), config, plan):
+    if not check_plan_applies(open_table(config.layout.sink), config, plan):
         return _plan_already_held(config, plan, ledger, started, {"total": 0})
     if plan.kind == BatchKind.GAP:
         return _commit_gap(config, plan, ledger, started, before_commit)
@@ -210,7 +210,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     The gap replaces the dead letters of the lost range with none: those offsets are recorded as
     never ingested, and no later batch will read (and so replace) them again.
     """
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     lost = ", ".join(str(r) for r in plan.ranges)
     entry = ledger_entry(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion",
                          extra={dead_letters.STAGED: []})
@@ -227,7 +227,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
 def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
     """Run a recorded backfill plan; a rerun after its commit writes nothing and succeeds."""
     started = time.monotonic()
-    done = {c.batch_id: c for c in sink_commits(open_table(config.sink_path), config.name)}
+    done = {c.batch_id: c for c in sink_commits(open_table(config.layout.sink), config.name)}
     if plan.batch_id in done:
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
@@ -250,7 +250,7 @@ def _plan_already_held(
     very same ranges first, e.g. a CLI run that planned from the same committed ends; then this
     plan is recorded as ``superseded`` by that batch and nothing is written.
     """
-    commits = sink_commits(open_table(config.sink_path), config.name)
+    commits = sink_commits(open_table(config.layout.sink), config.name)
     mine = [c for c in commits if c.batch_id == plan.batch_id]
     if mine:
         reconcile(config, ledger)
@@ -384,7 +384,7 @@ def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
 
     Checked here, where old plans come back, not per batch of a run: a run's plans are new.
     """
-    rewind = rewound_batches(sink_commits(open_table(config.sink_path), config.name)).get(plan.batch_id)
+    rewind = rewound_batches(sink_commits(open_table(config.layout.sink), config.name)).get(plan.batch_id)
     if rewind is not None:
         raise StalePlanError(
             f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
@@ -412,7 +412,7 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
     ledger = Ledger.of(config)
     reconcile(config, ledger)
     rows = ledger.batches(pc.field("batch_id") == batch_id)
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
     held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
     status = rows[0]["status"] if rows else "unknown"

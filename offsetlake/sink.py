@@ -133,7 +133,7 @@ def table_id(table: DeltaTable | None) -> str | None:
 
 
 # ---- tables -----------------------------------------------------------------------------------
-def create_table_once(location: str, schema: pa.Schema, partition_by: list[str], description: str,
+def create_table_once(location: storage.Location, schema: pa.Schema, partition_by: list[str], description: str,
                       created_by: str | None = None) -> DeltaTable:
     """Open ``location``, creating an empty table (protocol 1/2) first if there is none; its
     create commit names the pipeline ``created_by`` when given (a sink, see ``ensure_table``).
@@ -157,7 +157,7 @@ def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
     """Open the sink, creating it from the first batch's schema if needed (its create commit names
     the pipeline: of two first runs racing on one table, the loser is refused, invariant 16)."""
     return create_table_once(
-        config.sink_path, schema, config.sink.partition_by,
+        config.layout.sink, schema, config.sink.partition_by,
         f"offsetlake sink of pipeline {config.name} ({config.topic_label})", created_by=config.name,
     )
 
@@ -168,7 +168,7 @@ def staging_dir(config: PipelineConfig, batch_id: str) -> str:
 
 
 # ---- file actions -----------------------------------------------------------------------------
-def add_actions_for(table_root: str, staged: Sequence[StagedFile]) -> WrittenFiles:
+def add_actions_for(table_root: storage.Location, staged: Sequence[StagedFile]) -> WrittenFiles:
     """Add actions (with stats from each footer) for exactly the files the tasks reported
     (``staged``, paths relative to the table, unescaped); empty files are left out.
 
@@ -183,16 +183,16 @@ def add_actions_for(table_root: str, staged: Sequence[StagedFile]) -> WrittenFil
     rows = 0
     for file in staged:
         if file.path in seen:
-            raise StagedFilesError(table_root, file.path, "two files a task reported have this path")
+            raise StagedFilesError(table_root.path, file.path, "two files a task reported have this path")
         seen.add(file.path)
         path = f"{root.rstrip('/')}/{file.path}"
         info = fs.get_file_info(path)
         if info.type != pafs.FileType.File:
-            raise StagedFilesError(table_root, file.path, "it is missing")
+            raise StagedFilesError(table_root.path, file.path, "it is missing")
         with fs.open_input_file(path) as handle:
             metadata = pq.read_metadata(handle)
         if info.size != file.size or metadata.num_rows != file.rows:
-            raise StagedFilesError(table_root, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
+            raise StagedFilesError(table_root.path, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
                                    f"task wrote {file.rows} rows in {file.size} bytes")
         if metadata.num_rows == 0:
             continue
@@ -236,7 +236,7 @@ def remove_actions(files: Iterable[dict[str, Any]], partition_by: list[str]) -> 
     ]
 
 
-def readd_actions(table_root: str, files: Iterable[dict[str, Any]], partition_by: list[str]) -> list[AddAction]:
+def readd_actions(table_root: storage.Location, files: Iterable[dict[str, Any]], partition_by: list[str]) -> list[AddAction]:
     """Add actions that bring back files an earlier version had (``live_files`` rows of that
     version), with their statistics read again from the files' footers."""
     fs, _ = storage.filesystem(table_root)
@@ -526,14 +526,14 @@ def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, fil
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0 if removes else 5,
                schema=schema)
     except CommitFailedError as err:
-        if landed_version(config.sink_path, plan.batch_id) is None:
+        if landed_version(config.layout.sink, plan.batch_id) is None:
             raise CommitConflictError(
                 f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
             ) from None
         log.warning("pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
                     config.name, plan.batch_id, str(err).splitlines()[0])
-    version = commit_version(config.sink_path, plan.batch_id)
-    after = storage.table(config.sink_path, version=version)
+    version = commit_version(config.layout.sink, plan.batch_id)
+    after = storage.table(config.layout.sink, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]
     if behind:
         # Never expected; without this a run would re-plan the same ranges forever.

@@ -72,20 +72,19 @@ def partition_folder(column: str, value: Any) -> str:
     return f"{escape_partition_value(column)}={text}"
 
 
-def write_rows(rows: DataFrame, table_root: str, folder: str, partition_by: list[str],
+def write_rows(rows: DataFrame, table_root: storage.Location, folder: str, partition_by: list[str],
                selection: Selection, sort_by: tuple[str, ...] = ()) -> list[StagedFile]:
     """Write ``rows`` as parquet files under ``folder`` (inside ``table_root``) from the Spark
     tasks; the files written, for one commit. ``sort_by``: columns each file is sorted by after
     the partition columns (a keyed sink's key, so file statistics bound each file's keys)."""
-    options = storage.options_for(table_root)
-    relative_folder = folder[len(table_root.rstrip("/")) + 1:]
+    relative_folder = folder[len(table_root.path.rstrip("/")) + 1:]
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
-        fs, root = storage.filesystem(table_root, options)
+        fs, root = storage.filesystem(table_root)
         inside = selection.arrow()
         done: list[_OpenFile] = []
         current: _OpenFile | None = None
@@ -173,7 +172,7 @@ def _runs(batch: pa.RecordBatch, partition_by: list[str]) -> Iterator[tuple[tupl
 
 
 # ---- reading files back (a keyed sink's merge rewrites the files holding touched keys) ---------
-def read_files(spark: Any, table_root: str, files: list[dict[str, Any]], schema: pa.Schema,
+def read_files(spark: Any, table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema,
                partition_by: list[str]) -> DataFrame:
     """The rows of these data files (``sink.live_files`` rows) as a DataFrame of ``schema``,
     read by the Spark tasks with pyarrow (the same filesystem as ``write_rows``, so on object
@@ -181,11 +180,10 @@ def read_files(spark: Any, table_root: str, files: list[dict[str, Any]], schema:
     (written before the column was added) as null."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    options = storage.options_for(table_root)
     entries = [(storage.file_path_from_log(f["path"]), {c: f.get(f"partition.{c}") for c in partition_by}) for f in files]
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        fs, root = storage.filesystem(table_root, options)
+        fs, root = storage.filesystem(table_root)
         for batch in batches:
             for index in batch.column("id").to_pylist():
                 path, values = entries[index]

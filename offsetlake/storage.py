@@ -23,6 +23,9 @@ from __future__ import annotations
 import os
 import unicodedata
 import uuid
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -92,10 +95,9 @@ _UNADDRESSABLE = "%[]^|\\"
 
 # ---- storage options ----------------------------------------------------------------------------
 # Object-store settings (delta-rs / object_store keys such as AWS_ENDPOINT_URL, AWS_REGION,
-# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP), registered once per lake root when
-# a pipeline loads, and looked up by location here, so no caller passes credentials around and
-# none reaches a log line, the ledger or a table's metadata.
-_OPTIONS: dict[str, dict[str, str]] = {}
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP) travel with the location they are for
+# (``Location``), so two pipelines on one bucket with different credentials each reach it with
+# their own, and none reaches a log line, the ledger or a table's metadata.
 
 # Keys offsetlake refuses: each would make a commit on object storage unsafe or hang a run.
 UNSAFE_OPTIONS = {
@@ -116,7 +118,7 @@ _SHOWN_OPTIONS = {
 _DEFAULT_OPTIONS = {"timeout": "30s", "connect_timeout": "10s", "max_retries": "3", "retry_timeout": "60s"}
 
 
-def normalized_options(options: dict[str, str]) -> dict[str, str]:
+def normalized_options(options: Mapping[str, str]) -> dict[str, str]:
     """Option keys in object_store's lower-case form (delta-rs accepts either)."""
     return {str(k).lower(): str(v) for k, v in options.items()}
 
@@ -129,20 +131,48 @@ def option_problem(key: str, value: str) -> str | None:
     return None
 
 
-def register_options(root: str, options: dict[str, str]) -> None:
-    """Use ``options`` for every location under ``root`` (a lake URI) in this process."""
-    _OPTIONS[root.rstrip("/")] = {**_DEFAULT_OPTIONS, **normalized_options(options)}
-
-
-def options_for(location: str) -> dict[str, str] | None:
-    """The storage options for ``location`` (the longest registered root holding it); None for a
-    local folder. A URI nothing registered gets the defaults, so the library still applies its
-    timeouts and reads credentials from the environment the way delta-rs does."""
+def effective_options(location: str, options: Mapping[str, str] | None) -> dict[str, str] | None:
+    """What the store clients get for ``location``: None for a local folder; for a URI the given
+    settings on top of offsetlake's timeouts (with none given, the defaults alone, and the client
+    reads credentials from the environment the way delta-rs does)."""
     if not is_uri(location) or location.startswith("file://"):
         return None
-    best = max((root for root in _OPTIONS if location == root or location.startswith(root + "/")),
-               key=len, default=None)
-    return dict(_OPTIONS[best]) if best is not None else dict(_DEFAULT_OPTIONS)
+    return {**_DEFAULT_OPTIONS, **normalized_options(options or {})}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A location in or under a lake (a local folder or a URI) with the object-store settings
+    that reach it: what every function here that touches a store takes.
+
+    Build one with ``Location.of``: ``options`` is then None for a local folder and, for a URI, the
+    pipeline's settings on top of the default timeouts. Equal only with equal settings (the
+    safety probe is per location and settings); its repr shows the path, never a setting.
+    """
+
+    path: str
+    options: Mapping[str, str] | None = field(default=None, repr=False, hash=False)
+
+    @classmethod
+    def of(cls, location: str, options: Mapping[str, str] | None = None) -> Location:
+        return cls(location, effective_options(location, options))
+
+    def child(self, *parts: str) -> Location:
+        """``path/part/...`` reached with the same settings."""
+        return Location(child(self.path, *parts), self.options)
+
+    def __str__(self) -> str:
+        return self.path
+
+
+Where = Location | str  # a bare str: a local folder, or a URI reached with the default settings
+
+
+def _reach(where: Where) -> tuple[str, dict[str, str] | None]:
+    """(path, store options) of ``where``."""
+    if isinstance(where, Location):
+        return where.path, dict(where.options) if where.options is not None else None
+    return where, effective_options(where, None)
 
 
 def shown_options(options: dict[str, str]) -> dict[str, str]:
@@ -156,22 +186,21 @@ def scheme(location: str) -> str:
 
 
 # ---- filesystems ------------------------------------------------------------------------------
-def filesystem(location: str, options: dict[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem holding ``location`` and the location's path on it.
+def filesystem(where: Where) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem holding ``where`` and the location's path on it.
 
     A local folder is a plain path on ``LocalFileSystem`` (never parsed as a URI); an ``s3://``
-    location gets an ``S3FileSystem`` built from its registered options (the same settings
-    delta-rs uses), or from ``options`` when given (Spark tasks: their processes have no
-    registered options, the driver ships them); other URIs go to the filesystem pyarrow has for
-    their scheme.
+    location gets an ``S3FileSystem`` built from the location's own settings (the same ones
+    delta-rs uses; Spark tasks get them with the ``Location`` the driver ships); other URIs go
+    to the filesystem pyarrow has for their scheme.
     """
+    location, options = _reach(where)
     if not is_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)
     if scheme(location) in ("s3", "s3a"):
         parts = urlsplit(location)
-        settings = options if options is not None else options_for(location) or {}
         # the key as written: a data file's folder holds Spark's escapes (customer=a%2Fb) literally
-        return s3_filesystem(settings), f"{parts.netloc}{parts.path}".rstrip("/")
+        return s3_filesystem(options or {}), f"{parts.netloc}{parts.path}".rstrip("/")
     return pafs.FileSystem.from_uri(location)
 
 
@@ -223,37 +252,55 @@ def _seconds(text: str | None) -> float | None:
     return float(text) if text.replace(".", "", 1).isdigit() else None
 
 
-def exists(location: str) -> bool:
-    fs, path = filesystem(location)
+def exists(where: Where) -> bool:
+    fs, path = filesystem(where)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 # ---- Delta tables -----------------------------------------------------------------------------
-def open_table(location: str, version: int | None = None) -> DeltaTable | None:
-    """The Delta table at ``location`` (at ``version``), or None when there is none yet."""
+def open_table(where: Where, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``where`` (at ``version``), or None when there is none yet."""
     try:
-        return table(location, version)
+        return table(where, version)
     except TableNotFoundError:
         return None
 
 
-def table(location: str, version: int | None = None) -> DeltaTable:
-    """The Delta table at ``location``; raises TableNotFoundError when there is none."""
-    return DeltaTable(location, version=version, storage_options=options_for(location))
+def table(where: Where, version: int | None = None) -> DeltaTable:
+    """The Delta table at ``where``; raises TableNotFoundError when there is none."""
+    location, options = _reach(where)
+    opened = DeltaTable(location, version=version, storage_options=options)
+    _OPENED_AT[id(opened)] = Location(location, options)
+    weakref.finalize(opened, _OPENED_AT.pop, id(opened), None)
+    return opened
 
 
-def create_table(location: str, schema: pa.Schema, **kwargs: Any) -> None:
-    """``DeltaTable.create`` at ``location`` with its storage options."""
-    DeltaTable.create(location, schema, storage_options=options_for(location), **kwargs)
+# The location each open table was opened at, with its settings: what reaches the table's own
+# files (its log, the history cache) when a caller holds only the table. An entry lives as long
+# as its table object (DeltaTable is not hashable, so by id, dropped when the table is).
+_OPENED_AT: dict[int, Location] = {}
 
 
-def append(location: str, data: pa.Table, **kwargs: Any) -> None:
-    """``write_deltalake(mode="append")`` at ``location`` with its storage options."""
-    write_deltalake(location, data, mode="append", storage_options=options_for(location), **kwargs)
+def table_place(delta_table: DeltaTable) -> Location:
+    """Where an open table lives, with the settings it was opened with (``table``)."""
+    return _OPENED_AT.get(id(delta_table)) or Location.of(table_location(delta_table))
 
 
-def is_table(location: str) -> bool:
-    return DeltaTable.is_deltatable(location, storage_options=options_for(location))
+def create_table(where: Where, schema: pa.Schema, **kwargs: Any) -> None:
+    """``DeltaTable.create`` at ``where`` with its storage options."""
+    location, options = _reach(where)
+    DeltaTable.create(location, schema, storage_options=options, **kwargs)
+
+
+def append(where: Where, data: pa.Table, **kwargs: Any) -> None:
+    """``write_deltalake(mode="append")`` at ``where`` with its storage options."""
+    location, options = _reach(where)
+    write_deltalake(location, data, mode="append", storage_options=options, **kwargs)
+
+
+def is_table(where: Where) -> bool:
+    location, options = _reach(where)
+    return DeltaTable.is_deltatable(location, storage_options=options)
 
 
 def table_location(delta_table: DeltaTable) -> str:
@@ -278,9 +325,9 @@ def log_path_from_file_path(relative: str) -> str:
     return quote(relative, safe="/=")
 
 
-def data_file(table_root: str, log_path: str) -> str:
+def data_file(table_root: Location, log_path: str) -> Location:
     """The location of one data file from its path as the log stores it."""
-    return child(table_root, file_path_from_log(log_path))
+    return table_root.child(file_path_from_log(log_path))
 
 
 def partition_values_from_path(relative: str) -> dict[str, str | None]:
@@ -297,10 +344,10 @@ def partition_values_from_path(relative: str) -> dict[str, str | None]:
 # ---- the safety probe -------------------------------------------------------------------------
 _CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "connect_timeout", "timeout", "proxy_url",
                 "proxy_ca_certificate", "proxy_excludes", "user_agent", "pool_idle_timeout", "read_timeout"}
-_PROBED: set[str] = set()
+_PROBED: set[Location] = set()
 
 
-def check_store(location: str, pipeline: str) -> None:
+def check_store(where: Where, pipeline: str) -> None:
     """Refuse an object store offsetlake cannot commit to safely, before anything is read.
 
     Every Delta commit on object storage is a put-if-absent of the next log file (delta-rs sends
@@ -309,17 +356,19 @@ def check_store(location: str, pipeline: str) -> None:
     ``<location>/_offsetlake_probe/`` with put-if-absent twice, through object_store (the
     same client delta-rs commits with, same settings), and requires the second to be refused;
     then deletes it. It also turns an unknown bucket, refused credentials and an unreachable
-    endpoint into one clear error naming the pipeline and the setting. Done once per location
-    per process; local folders need no probe (delta-rs commits there with an atomic
+    endpoint into one clear error naming the pipeline and the setting. Done once per location and
+    its settings per process; local folders need no probe (delta-rs commits there with an atomic
     rename-if-absent).
     """
-    if scheme(location) == "file" or location in _PROBED:
+    location, reached = _reach(where)
+    probed = Location(location, reached)
+    if scheme(location) == "file" or probed in _PROBED:
         return
     import obstore
     from obstore.exceptions import AlreadyExistsError
 
     where = f"pipeline {pipeline}: lake {location}"
-    options = options_for(location) or {}
+    options = reached or {}
     try:
         store = _object_store(location, options)
         key = f"_offsetlake_probe/{os.getpid()}-{uuid.uuid4().hex}"
@@ -342,7 +391,7 @@ def check_store(location: str, pipeline: str) -> None:
                            "remove the setting") from None
     except Exception as err:  # noqa: BLE001 - each store client error becomes one clear line
         raise StorageError(f"{where}: {_store_problem(err, location, options)}") from None
-    _PROBED.add(location)
+    _PROBED.add(probed)
 
 
 def _object_store(location: str, options: dict[str, str]) -> Any:
@@ -386,9 +435,10 @@ def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
-def store_name(location: str) -> str:
-    """``location`` and the endpoint that serves it, for messages (never a credential)."""
-    options = {k.lower(): v for k, v in (options_for(location) or {}).items()}
+def store_name(where: Where) -> str:
+    """The location and the endpoint that serves it, for messages (never a credential)."""
+    location, reached = _reach(where)
+    options = {k.lower(): v for k, v in (reached or {}).items()}
     endpoint = next((options[k] for k in ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint") if options.get(k)), None)
     return f"{location} at {endpoint}" if endpoint else location
 

@@ -176,7 +176,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     """
     config.check_storage()
     started = time.monotonic()
-    table = open_table(config.sink_path)
+    table = open_table(config.layout.sink)
     commits = sink_commits(table, config.name)
     mine = sorted({int(r["partition"]) for c in commits for r in c.entry.get("ranges", []) if r["topic"] == topic})
     if table is None or not mine:
@@ -216,11 +216,11 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0,
                schema=_with_epoch_column(table_schema(table)))
     except CommitFailedError as err:
-        if landed_version(config.sink_path, plan.batch_id) is None:
+        if landed_version(config.layout.sink, plan.batch_id) is None:
             raise CommitConflictError(
                 f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
                 f"nothing was changed, run it again while no run of the pipeline is going on: {err}") from None
-    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.sink_path, plan.batch_id)
+    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
     reconcile_ledger(config, Ledger.of(config))
     return result
 

@@ -414,10 +414,10 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
 def write_report(config: PipelineConfig, plan: BatchPlan, summary: dict) -> str:
     """Write ``<lake>/_validation/<pipeline>/<batch>/<time>.html`` (+ ``.json``); returns its URI."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    folder = storage.child(config.validation_path, plan.batch_id)
+    folder = config.layout.validation.child(plan.batch_id)
     filesystem, root = storage.filesystem(folder)
     filesystem.create_dir(root, recursive=True)
-    report_uri = storage.display_uri(storage.child(folder, f"{stamp}.html"))
+    report_uri = storage.display_uri(storage.child(folder.path, f"{stamp}.html"))
     summary = {**summary, "report": report_uri}
     with filesystem.open_output_stream(f"{root}/{stamp}.json") as out:
         out.write(json.dumps({"pipeline": config.name, "batch_id": plan.batch_id, **summary}, indent=2, default=str).encode())

@@ -106,5 +106,5 @@ def committed_batches_of_run(config: PipelineConfig, run_id: str) -> list[dict[s
     from offsetlake.plan import BatchStatus
     from offsetlake.sink import open_table
 
-    rows = [r for r in ledger_batch_rows(config, open_table(config.sink_path)) if r["run_id"] == run_id]
+    rows = [r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["run_id"] == run_id]
     return [b for b in reversed(summarize_batches(rows)) if b["status"] == BatchStatus.COMMITTED]

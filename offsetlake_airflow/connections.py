@@ -21,16 +21,9 @@ server instead of starting a JVM per task.
 
 from __future__ import annotations
 
-import json
 import logging
 
-from offsetlake.config import (
-    KAFKA_OVERRIDES_ENV,
-    REGISTRY_OVERRIDES_ENV,
-    STORAGE_OVERRIDES_ENV,
-    PipelineConfig,
-    load_pipeline,
-)
+from offsetlake.config import Overrides, PipelineConfig, resolve_pipeline
 from offsetlake_airflow import pipelines_folder
 
 log = logging.getLogger("offsetlake.airflow")
@@ -104,28 +97,24 @@ def registry_overrides(pipeline: str) -> dict[str, str]:
     return {}
 
 
+def connection_overrides(pipeline: str) -> Overrides:
+    """The pipeline's Kafka, storage and Schema Registry settings from its Airflow connections
+    (the ``OverridesSource`` of ``offsetlake.config.resolve_pipeline`` inside Airflow)."""
+    servers, options = kafka_overrides(pipeline)
+    return Overrides(bootstrap_servers=servers, kafka_options=options, storage=storage_overrides(pipeline),
+                     schema_registry=registry_overrides(pipeline))
+
+
 def overrides_env(pipeline: str) -> dict[str, str]:
     """The environment that hands a child process (spark-submit job, stream) the connections'
-    Kafka and storage settings: never its command line, which Airflow logs."""
-    env = {}
-    servers, options = kafka_overrides(pipeline)
-    if servers or options:
-        env[KAFKA_OVERRIDES_ENV] = json.dumps({"bootstrap_servers": servers, "options": options})
-    stored = storage_overrides(pipeline)
-    if stored:
-        env[STORAGE_OVERRIDES_ENV] = json.dumps(stored)
-    registry = registry_overrides(pipeline)
-    if registry:
-        env[REGISTRY_OVERRIDES_ENV] = json.dumps(registry)
-    return env
+    settings: never its command line, which Airflow logs."""
+    return connection_overrides(pipeline).as_environment()
 
 
 def load_config(pipeline: str) -> PipelineConfig:
     """The pipeline's config with Kafka, storage and Schema Registry settings from Airflow
     connections, if they exist."""
-    config = load_pipeline(pipeline, pipelines_folder())
-    config = config.with_kafka_overrides(*kafka_overrides(config.name)).with_storage_overrides(storage_overrides(config.name))
-    return config.with_registry_overrides(registry_overrides(config.name))
+    return resolve_pipeline(pipeline, pipelines_folder(), overrides=connection_overrides)
 
 
 def spark_master() -> str | None:

@@ -191,7 +191,8 @@ def page_report(user: PageUser, pipeline: str, batch_id: str) -> Response:
         if path.is_file() and path.is_relative_to(Path(config.validation_path).resolve()):
             return FileResponse(path, media_type="text/html")
     elif uri.startswith(config.validation_path.rstrip("/") + "/") and ".." not in uri:
-        fs, location = storage.filesystem(uri)
+        # the pipeline's own storage settings reach its reports
+        fs, location = storage.filesystem(storage.Location(uri, config.layout.validation.options))
         try:
             with fs.open_input_stream(location) as report:
                 return Response(report.read(), media_type="text/html")

@@ -70,7 +70,7 @@ def table_dataset_name(config: PipelineConfig) -> tuple[str, str]:
 
 
 def _schema(config: PipelineConfig) -> SchemaDatasetFacet | None:
-    table = storage.open_table(config.sink_path)
+    table = storage.open_table(config.layout.sink)
     if table is None:
         return None
     schema = pa.schema(table.schema().to_arrow())
@@ -121,7 +121,7 @@ def batch_lineage(config: PipelineConfig, batch_id: str | None) -> Any:
     from offsetlake.plan import BatchStatus
     from offsetlake.sink import open_table
 
-    found = [b for b in summarize_batches([r for r in ledger_batch_rows(config, open_table(config.sink_path))
+    found = [b for b in summarize_batches([r for r in ledger_batch_rows(config, open_table(config.layout.sink))
                                            if r["batch_id"] == batch_id])
              if b["status"] == BatchStatus.COMMITTED] if batch_id else []
     return lineage(config, found)

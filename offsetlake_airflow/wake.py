@@ -77,7 +77,7 @@ def _committed_end(pipeline: str, topic: str, partition: int) -> int:
     cached = _snapshots.get(pipeline)
     if cached is None or time.monotonic() - cached[0] >= COMMITTED_ENDS_TTL_S:
         config = load_config(pipeline)
-        cached = (time.monotonic(), config, open_table(config.sink_path))
+        cached = (time.monotonic(), config, open_table(config.layout.sink))
         _snapshots[pipeline] = cached
     _, config, table = cached
     return committed_end(table, config, topic, partition) or 0

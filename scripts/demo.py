@@ -162,9 +162,9 @@ def _story(lake: str) -> int:
         from offsetlake.config import load_pipeline
 
         config = load_pipeline("orders", pipelines)
-        sink, dead = storage.table(config.sink_path), storage.table(config.dead_letter_path)
+        sink, dead = storage.table(config.layout.sink), storage.table(config.layout.dead_letters)
         print(f"\nsink rows: {sink.count()}  dead letters: {dead.count()}  sink version: {sink.version()}")
-        filesystem, folder = storage.filesystem(config.validation_path)
+        filesystem, folder = storage.filesystem(config.layout.validation)
         reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True))
                    if i.path.endswith(".html")]
         print(f"validation reports: {len(reports)} under {config.validation_path}")
@@ -249,8 +249,8 @@ def _avro_story(bootstrap: str) -> int:
         _produce_payments(bootstrap, topic, registry, next_id, 10_000, every_v2=3)
         offsetlake("run", "payments")
         config = load_pipeline("payments", Path(os.environ["OFFSETLAKE_PIPELINES_DIR"]))
-        table = storage.table(config.sink_path)
-        filesystem, root = storage.filesystem(config.sink_path)
+        table = storage.table(config.layout.sink)
+        filesystem, root = storage.filesystem(config.layout.sink)
         with filesystem.open_input_stream(f"{root}/_delta_log/{table.version():020d}.json") as log:
             actions = [json.loads(line) for line in log.read().decode().splitlines()]
         kinds = sorted({next(iter(a)) for a in actions})

@@ -461,7 +461,7 @@ class Campaign:
         stop = self.rng.randrange(start + 1, end + 1)
         plan = plan_backfill(self.config, RunContext(run_id=f"campaign-backfill-{uuid.uuid4().hex[:6]}"),
                              [partition], start, stop)
-        Ledger(self.config.ledger_path, self.config.name).record_plan(plan)
+        Ledger(self.config.layout.ledger, self.config.name).record_plan(plan)
         execute_recorded_batch(self.config, plan.batch_id, spark_session)
         self.stats["backfills"] += 1
 
@@ -531,8 +531,8 @@ class Campaign:
         from offsetlake.storage import open_table
 
         def live_batches() -> tuple[list, int]:
-            commits = sink_commits(open_table(self.config.sink_path), self.config.name) \
-                if storage.is_table(self.config.sink_path) else []
+            commits = sink_commits(open_table(self.config.layout.sink), self.config.name) \
+                if storage.is_table(self.config.layout.sink) else []
             undone = rewound_batches(commits)
             live = [c for c in commits if c.kind not in (BatchKind.REWIND, BatchKind.EPOCH) and c.batch_id not in undone]
             epoch_start = max((c.version for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in undone),
@@ -751,7 +751,7 @@ class Campaign:
         from offsetlake.audit import audit_pipeline
 
         for config in (self.config, self.keyed):
-            if not storage.is_table(config.sink_path):
+            if not storage.is_table(config.layout.sink):
                 continue
             report = audit_pipeline(config, against_kafka=against_kafka)
             if not report.ok:
@@ -761,9 +761,9 @@ class Campaign:
 
     def _committed_ends(self, config=None) -> dict[int, int | None]:
         config = config or self.config
-        if not storage.is_table(config.sink_path):
+        if not storage.is_table(config.layout.sink):
             return {p: None for p in range(self.partitions)}
-        sink = storage.table(config.sink_path)
+        sink = storage.table(config.layout.sink)
         return {p: sink.transaction_version(config.app_id(self.topic, p)) for p in range(self.partitions)}
 
     def _history(self, config) -> tuple[list[dict], set[str], list[dict], callable]:
@@ -771,8 +771,8 @@ class Campaign:
         live commits, and a function from a sink version to the epoch of the topic it belongs to
         (the number of live epoch commits at or before it)."""
         commits: list[dict] = []
-        if storage.is_table(config.sink_path):
-            for info in storage.table(config.sink_path).history():
+        if storage.is_table(config.layout.sink):
+            for info in storage.table(config.layout.sink).history():
                 meta = info.get("userMetadata")
                 if meta:
                     commits.append({**json.loads(meta), "version": int(info["version"])})
@@ -805,8 +805,8 @@ class Campaign:
         incarnations = self.model.epoch_incarnation[self.name]
         by_order = {r.order_id: r for r in self.model.records.values() if r.order_id is not None}
         sink_rows: list[dict] = []
-        if storage.is_table(self.config.sink_path):
-            dataset = storage.table(self.config.sink_path).to_pyarrow_dataset()
+        if storage.is_table(self.config.layout.sink):
+            dataset = storage.table(self.config.layout.sink).to_pyarrow_dataset()
             extra = [EXTRA_FIELD[0]] if EXTRA_FIELD[0] in dataset.schema.names else []
             data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp",
                                              "addr", "lines", *extra])
@@ -823,15 +823,15 @@ class Campaign:
         changes = [c["version"] for c in commits if "dead_letter_files" in c or "dead_letter_restore" in c]
         dead_pending = bool(changes)
         dead: list[tuple[int, int, int]] = []  # incarnation, partition, offset
-        if storage.is_table(self.config.dead_letter_path):
-            dead_table = storage.table(self.config.dead_letter_path)
+        if storage.is_table(self.config.layout.dead_letters):
+            dead_table = storage.table(self.config.layout.dead_letters)
             d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "batch_id"])
             version_of = {c.get("batch_id"): c["version"] for c in commits}
             # a dead letter belongs to the epoch of the batch that wrote it
             dead = [(incarnations[min(epoch_of(version_of.get(b, 1 << 62)), len(incarnations) - 1)], p, o)
                     for p, o, b in zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(),
                                        d["batch_id"].to_pylist(), strict=True)]
-            sink_id = str(storage.table(self.config.sink_path).metadata().id) if changes else ""
+            sink_id = str(storage.table(self.config.layout.sink).metadata().id) if changes else ""
             applied = dead_table.transaction_version(dead_letters.applied_app_id(sink_id)) if changes else None
             dead_pending = bool(changes) and (applied is None or applied < max(changes))
         if dead_pending:
@@ -902,8 +902,8 @@ class Campaign:
             if spans[-1][1] != want:
                 problems.append(f"partition {p} epoch {epoch}: last committed range ends at {spans[-1][1]}, "
                                     f"the committed end {'is' if epoch == current_epoch else 'was'} {want}")
-        if clean_run and storage.is_table(self.config.ledger_path):
-            ledger = [r for r in storage.table(self.config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+        if clean_run and storage.is_table(self.config.layout.ledger):
+            ledger = [r for r in storage.table(self.config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
                       if r["pipeline"] == self.name]
             # the ledger is a log of events: a rewound batch keeps its committed event and gains a rewound one
             rewound_in_ledger = {r["batch_id"] for r in ledger if r["status"] == "rewound"}
@@ -972,7 +972,7 @@ class Campaign:
         """The keyed sink against the model: per key (the record key's timestamp), the newest
         committed record by the ordering rule, computed here from the records the campaign
         produced; no row for a key whose newest record is a tombstone; one row per key."""
-        if not storage.is_table(self.keyed.sink_path):
+        if not storage.is_table(self.keyed.layout.sink):
             return
         ends = self._committed_ends(self.keyed)
         _, _, live, epoch_of = self._history(self.keyed)
@@ -997,7 +997,7 @@ class Campaign:
         expected = {slot: r.order_id for slot, r in newest.items() if not r.tombstone}
         from offsetlake.keyed import current_rows
 
-        rows = current_rows(storage.table(self.keyed.sink_path), ["slot", "order_id"])
+        rows = current_rows(storage.table(self.keyed.layout.sink), ["slot", "order_id"])
         slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
         got: dict[int, int] = {}
         problems = []

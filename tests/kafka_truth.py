@@ -70,14 +70,14 @@ def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, 
     return TopicTruth(good, bad, lso)
 
 
-def sink_coordinates(path: str) -> list[tuple[int, int, int]]:
+def sink_coordinates(path: storage.Where) -> list[tuple[int, int, int]]:
     """(partition, offset, order_id) of every live sink row, duplicates kept."""
     data = storage.table(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
     return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), data["order_id"].to_pylist(),
                     strict=True))
 
 
-def dead_letter_coordinates(path: str) -> list[tuple[int, int]]:
+def dead_letter_coordinates(path: storage.Where) -> list[tuple[int, int]]:
     if not storage.is_table(path):
         return []
     data = storage.table(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset"])
@@ -86,7 +86,7 @@ def dead_letter_coordinates(path: str) -> list[tuple[int, int]]:
 
 def assert_exactly_once(config, truth: TopicTruth) -> None:
     """Every good record of the topic (up to ``truth.lso``) in the sink once; bad ones as dead letters once."""
-    rows = sink_coordinates(config.sink_path)
+    rows = sink_coordinates(config.layout.sink)
     coords = [(p, o) for p, o, _ in rows]
     assert len(coords) == len(set(coords)), f"duplicate sink rows: {len(coords) - len(set(coords))}"
     in_scope = {(p, o): oid for (p, o), oid in truth.good.items() if o < truth.lso[p]}
@@ -96,13 +96,13 @@ def assert_exactly_once(config, truth: TopicTruth) -> None:
     assert not missing, f"{len(set(in_scope) - set(got))} records missing from the sink, e.g. {missing}"
     assert not extra, f"{len(set(got) - set(in_scope))} sink rows not among the topic's committed records, e.g. {extra}"
     assert got == in_scope, "sink rows carry different order ids than the topic records at their coordinates"
-    dead = dead_letter_coordinates(config.dead_letter_path)
+    dead = dead_letter_coordinates(config.layout.dead_letters)
     assert len(dead) == len(set(dead)), "duplicate dead letters"
     assert set(dead) == {c for c in truth.bad if c[1] < truth.lso[c[0]]}
 
 
 def ledger_rows(config) -> list[dict]:
-    table = storage.table(config.ledger_path).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
+    table = storage.table(config.layout.ledger).to_pyarrow_dataset().to_table(filter=pc.field("pipeline") == config.name)
     return table.to_pylist()
 
 
@@ -111,7 +111,7 @@ def wait_until_committed(config, truth: TopicTruth, timeout_s: float = 120) -> N
     running in another process commits on its own time)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        table = storage.table(config.sink_path)
+        table = storage.table(config.layout.sink)
         if all((table.transaction_version(config.app_id(config.topic, p)) or 0) >= end for p, end in truth.lso.items()):
             return
         time.sleep(0.5)
@@ -192,7 +192,7 @@ def newest_by_key(records: list[Record], key_of: Callable[[Record], object | Non
 HIDDEN_COLUMN = "_offsetlake_hidden"  # an upsert sink's delete markers and superseded records (docs/guides/keyed-sinks-and-cdc.md)
 
 
-def keyed_sink_rows(path: str) -> list[dict]:
+def keyed_sink_rows(path: storage.Where) -> list[dict]:
     """The rows a reader of an upsert sink sees: ``_offsetlake_hidden IS NULL``, as docs/guides/keyed-sinks-and-cdc.md says."""
     dataset = storage.table(path).to_pyarrow_dataset()
     if HIDDEN_COLUMN not in dataset.schema.names:

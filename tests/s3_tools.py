@@ -193,17 +193,20 @@ class S3Proxy:
         self._process.join(10)
 
 
-def delete_tree(location: str) -> None:
-    """Delete a folder of the lake and everything under it, local or on an object store."""
+def delete_tree(location: Any) -> None:
+    """Delete a folder of the lake and everything under it, local or on an object store
+    (``location``: a ``storage.Location``, e.g. ``config.layout.sink``, or a local path)."""
     from offsetlake import storage
 
     fs, path = storage.filesystem(location)
     fs.delete_dir(path)
 
 
-def delete_file(uri: str) -> None:
-    """Delete one file of the lake (a ``file://`` or object-store URI, or a local path)."""
+def delete_file(uri: str, options: Any = None) -> None:
+    """Delete one file of the lake (a ``file://`` or object-store URI, or a local path), reached
+    with ``options`` (the pipeline's ``config.layout.sink.options``) on an object store."""
     from offsetlake import storage
 
-    fs, path = storage.filesystem(uri.removeprefix("file://") if uri.startswith("file://") else uri)
+    fs, path = storage.filesystem(storage.Location(uri.removeprefix("file://") if uri.startswith("file://") else uri,
+                                                   options))
     fs.delete_file(path)

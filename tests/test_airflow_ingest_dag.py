@@ -113,19 +113,19 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
     assert airflow(airflow_env, "dags", "test", f"{pipeline.name}_ingest").returncode == 0
-    rows_before = storage.table(config.sink_path).count()
+    rows_before = storage.table(config.layout.sink).count()
     dag_id = f"{pipeline.name}_backfill"
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
 
     bad = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 50, "to_offset": 10}))
     bad_output = bad.stdout + bad.stderr
     assert "to_offset 10 must be greater than from_offset 50" in bad_output, bad_output[-3000:]
-    assert storage.table(config.sink_path).version() == version, "bad params must commit nothing"
+    assert storage.table(config.layout.sink).version() == version, "bad params must commit nothing"
 
     good = airflow(airflow_env, "dags", "test", dag_id, "-c", json.dumps({"partitions": [0], "from_offset": 10, "to_offset": 60}))
     assert good.returncode == 0, (good.stdout + good.stderr)[-4000:]
-    assert storage.table(config.sink_path).version() == version + 1
-    assert storage.table(config.sink_path).count() == rows_before
+    assert storage.table(config.layout.sink).version() == version + 1
+    assert storage.table(config.layout.sink).count() == rows_before
     backfills = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
     assert [(r["partition"], r["start_offset"], r["end_offset"], r["dag_id"]) for r in backfills] == [(0, 10, 60, dag_id)]
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
@@ -159,7 +159,7 @@ def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_eac
     run = airflow(airflow_env, "dags", "test", dag_id)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
 
-    ids = storage.table(config.sink_path).to_pyarrow_table(columns=["order_id"])["order_id"].to_pylist()
+    ids = storage.table(config.layout.sink).to_pyarrow_table(columns=["order_id"])["order_id"].to_pylist()
     assert len(ids) == len(set(ids)), "one row per key"
     expected = {i for t in (a, b, c) for i in read_topic(pipeline.bootstrap, t).good.values()}
     assert set(ids) == expected

@@ -32,7 +32,7 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
     for round_number in range(1):
         next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 6_000, first_id=next_id, malformed_every=211)
         partition = round_number % 3
-        end = storage.table(config.sink_path).transaction_version(config.app_id(pipeline.topic, partition))
+        end = storage.table(config.layout.sink).transaction_version(config.app_id(pipeline.topic, partition))
         run_id = airflow.trigger(dag_id)
         cli = pipeline.cli_start("run")
         backfill = pipeline.cli_start("backfill", "--partitions", str(partition), "--from-offset", "0",

@@ -35,7 +35,7 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     planned = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
                for r in ledger_rows(config) if r["status"] == "planned" and r["run_id"] == run_id}
     assert planned, "the plan task must have recorded the run's ranges"
-    assert not storage.is_table(config.sink_path), "nothing may be committed by a try that died after reading"
+    assert not storage.is_table(config.layout.sink), "nothing may be committed by a try that died after reading"
 
     airflow.clear(dag_id, run_id, only_failed=False)  # the whole run, plan included
     assert airflow.wait_for_run(dag_id, run_id) == "success"
@@ -51,11 +51,11 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     airflow.failpoint_file.write_text("after_commit")
     run_id = airflow.trigger(dag_id)
     assert airflow.wait_for_run(dag_id, run_id) == "failed"
-    version_after_commit = storage.table(config.sink_path).version()
+    version_after_commit = storage.table(config.layout.sink).version()
     airflow.clear(dag_id, run_id)
     assert airflow.wait_for_run(dag_id, run_id) == "success"
     assert airflow.task_states(dag_id, run_id)["ingest"] == ("success", 2)
-    assert storage.table(config.sink_path).version() == version_after_commit, "the rerun must not write again"
+    assert storage.table(config.layout.sink).version() == version_after_commit, "the rerun must not write again"
     mine = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "committed"]
     assert mine and {r["sink_version"] for r in mine} == {version_after_commit}
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
@@ -68,14 +68,14 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     pipeline.write(schedule=None, validation={"on_failure": "fail"})
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
     produce_orders(pipeline.bootstrap, pipeline.topic, 500, first_id=60_000, null_customer_every=20)
-    version_before = storage.table(config.sink_path).version()
+    version_before = storage.table(config.layout.sink).version()
     run_id = airflow.trigger(dag_id)
     assert airflow.wait_for_run(dag_id, run_id) == "failed"
     assert airflow.task_states(dag_id, run_id)["ingest"] == ("failed", 1)
     log = airflow.task_log(dag_id, run_id, "ingest", 1)
     assert "failed validation" in log and "expect_column_values_to_not_be_null(column=customer): 25 unexpected of 500 rows" in log
     assert "report: file://" in log or (storage.is_uri(config.lake_path) and f"report: {config.lake_path}/" in log), log[-3000:]
-    assert storage.table(config.sink_path).version() == version_before
+    assert storage.table(config.layout.sink).version() == version_before
     failed = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "failed"]
     assert failed and all("expect_column_values_to_not_be_null" in r["message"] for r in failed)
     assert json.loads(failed[0]["validation"])["failed"] == ["expect_column_values_to_not_be_null(column=customer)"]
@@ -91,8 +91,8 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
                  for r in ledger_rows(config) if r["status"] == "committed" and r["run_id"] == run_id}
     assert committed == planned, "the cleared task must commit exactly the ranges the failed try planned"
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    every = [(p, o) for p, o, _ in sink_coordinates(config.sink_path)] + dead_letter_coordinates(config.dead_letter_path)
+    every = [(p, o) for p, o, _ in sink_coordinates(config.layout.sink)] + dead_letter_coordinates(config.layout.dead_letters)
     assert len(every) == len(set(every)) and set(every) == set(truth.good) | truth.bad
-    reasons = storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
+    reasons = storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
     assert reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 25
     assert pipeline.cli("audit", "--against-kafka").returncode == 0

@@ -58,7 +58,7 @@ def test_an_airflow_dag_run_and_a_cli_run_racing_on_an_s3_lake_stay_exactly_once
 
     caught_up = pipeline.cli("run")  # what a loser left behind goes in with the next run
     assert caught_up.returncode == 0, caught_up.stderr[-3000:]
-    assert config.sink_path.startswith("s3://") and storage.is_table(config.sink_path)
+    assert config.sink_path.startswith("s3://") and storage.is_table(config.layout.sink)
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     outcomes: dict[str, set[str]] = {}
     for row in ledger_rows(config):  # a row per status a batch reached: planned, then its outcome

@@ -95,13 +95,13 @@ def _offsets_for_time(bootstrap: str, topic: str, partitions: list[int], at_ms: 
 
 
 def _tagged(config) -> set[tuple[int, int]]:
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
         columns=["_kafka_partition", "_kafka_offset", "tag"]).to_pylist()
     return {(r["_kafka_partition"], r["_kafka_offset"]) for r in data if r["tag"] == "reprocessed"}
 
 
 def _ends(config, partitions) -> dict[int, int | None]:
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     return {p: table.transaction_version(config.app_id(config.topic, p)) for p in partitions}
 
 
@@ -180,7 +180,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     [first] = {r["batch_id"] for r in ledger_rows(config) if r["run_id"] == scheduled["dag_run_id"] and r["status"] == "committed"}
     [event] = _wait("the downstream run of the first batch", lambda: _downstream_extras(airflow, downstream))
     assert (event["batch_id"], event["kind"], event["rows"], event["records"]) == (first, "ingest", total, total)
-    assert event["sink_version"] == storage.table(config.sink_path).version() and event["validation"] == "no suite"
+    assert event["sink_version"] == storage.table(config.layout.sink).version() and event["validation"] == "no suite"
     assert sorted(event["ranges"]) == sorted(f"{topic}[{p}] [0, {ends[p]})" for p in (0, 1))
     assert event["table"] == _table_uri(config.sink_path)
 
@@ -200,7 +200,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     times = _record_times(bootstrap, topic)
     in_window = {coords for coords, ms in times.items() if _ms(day[5]) <= ms < _ms(day[3])}
     assert len(in_window) == 61  # 2 days x 30 + the late record
-    version_after = storage.table(config.sink_path).version()
+    version_after = storage.table(config.layout.sink).version()
     assert _tagged(tagged_config) == in_window, "exactly the records stamped in the two intervals are reprocessed"
     assert _ends(config, [0, 1]) == ends, "a backfill never moves the txn versions"
     assert_exactly_once(config, read_topic(bootstrap, topic))
@@ -238,7 +238,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
         "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}})
     _wait("the repeated backfill to complete", lambda: airflow.api("GET", f"/backfills/{again['id']}")["completed_at"])
     assert all(r["state"] == "success" for r in _finished(airflow, ingest, 3))
-    assert storage.table(config.sink_path).version() == version_after, "the repeat committed nothing"
+    assert storage.table(config.layout.sink).version() == version_after, "the repeat committed nothing"
     assert _tagged(tagged_config) == in_window and _ends(config, [0, 1]) == ends
 
     # 4. an interval in which no record falls: the run succeeds, skips the ingest, emits nothing
@@ -250,7 +250,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     assert noop["state"] == "success"
     assert airflow.task_states(ingest, noop["dag_run_id"])["ingest"][0] == "skipped"
     assert not [r for r in ledger_rows(config) if r["run_id"] == noop["dag_run_id"]]
-    assert storage.table(config.sink_path).version() == version_after
+    assert storage.table(config.layout.sink).version() == version_after
 
     # 5. a run afterwards continues from the committed ends, and is announced
     produce_orders(bootstrap, topic, 40, first_id=10_000)
@@ -303,7 +303,7 @@ def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running
     produce_orders(bootstrap, topic, 10)
     _wait("the first woken run", lambda: _runs(airflow, ingest), timeout_s=180, every_s=1)
     _wait("the sink to hold the 10 records",
-          lambda: storage.is_table(config.sink_path) and sum(v or 0 for v in _ends(config, [0, 1, 2]).values()) == 10)
+          lambda: storage.is_table(config.layout.sink) and sum(v or 0 for v in _ends(config, [0, 1, 2]).values()) == 10)
     time.sleep(15)  # a wake-up still queued from the first records runs (and skips) before the burst
     first_runs = _finished(airflow, ingest, 1)
     assert {r["run_type"] for r in first_runs} == {"asset_triggered"} and len(first_runs) <= 2, first_runs

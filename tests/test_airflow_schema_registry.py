@@ -58,13 +58,13 @@ def test_a_dag_run_adds_the_new_column_and_its_cleared_rerun_is_a_no_op(running_
     _produce(pipeline.bootstrap, pipeline.topic, schema_registry, V1, 500, 100, {})
     second = airflow.trigger(dag_id)
     assert airflow.wait_for_run(dag_id, second) == "success", airflow.task_log(dag_id, second, "ingest", 1)[-4000:]
-    version = storage.table(config.sink_path).version()
-    rows = {r["order_id"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    version = storage.table(config.layout.sink).version()
+    rows = {r["order_id"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert rows[0]["coupon"] is None and rows[300]["coupon"] == "SAVE" and rows[550]["coupon"] is None
 
     airflow.clear(dag_id, second, only_failed=False)  # as the UI's Clear does: plan and ingest again
     assert airflow.wait_for_run(dag_id, second) == "success"
-    assert storage.table(config.sink_path).version() == version, "the cleared run re-executed its committed plan: no-op"
+    assert storage.table(config.layout.sink).version() == version, "the cleared run re-executed its committed plan: no-op"
 
     committed = [r for r in ledger_rows(config) if r["status"] == "committed"]
     assert {json.loads(r["reader_schema"])["version"] for r in committed} == {1, 2}

@@ -21,7 +21,7 @@ def test_audit_reports_a_row_copied_behind_its_back(pipeline, spark):
     run_pipeline(config, RunContext("r"), lambda: spark)
     assert pipeline.cli("audit").returncode == 0
 
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     row = sink.to_pyarrow_dataset().head(1)
     write_deltalake(sink, row, mode="append")
 
@@ -42,15 +42,15 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     assert len({b for b, *_ in before}) == len(results) >= 3
 
     # Compaction (what keeps planning flat as history grows) changes files, never rows.
-    ledger = Ledger(config.ledger_path, config.name)
-    rows_before, files_before = ledger.rows().to_pylist(), len(storage.table(config.ledger_path).file_uris())
+    ledger = Ledger(config.layout.ledger, config.name)
+    rows_before, files_before = ledger.rows().to_pylist(), len(storage.table(config.layout.ledger).file_uris())
     assert files_before > 2
     assert ledger.compact_if_fragmented(max_files=2)
     assert ledger.rows().to_pylist() == rows_before
-    assert len(storage.table(config.ledger_path).file_uris()) == 1
+    assert len(storage.table(config.layout.ledger).file_uris()) == 1
     assert not ledger.compact_if_fragmented(max_files=2)
 
-    delete_tree(config.ledger_path)
+    delete_tree(config.layout.ledger)
     rebuilt = pipeline.cli("ledger", "rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
     after = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])

@@ -68,7 +68,7 @@ def test_a_new_optional_field_arrives_in_one_commit_with_the_rows_that_carry_it(
     config = _avro(pipeline, schema_registry)
     [first] = run_pipeline(config, RunContext("avro-1"), lambda: spark)
     assert first.total("rows_written") == 50
-    assert "coupon" not in storage.table(config.sink_path).schema().to_arrow().names
+    assert "coupon" not in storage.table(config.layout.sink).schema().to_arrow().names
 
     # v2 registered mid-stream: old and new producers interleave in the next batch
     items = []
@@ -81,10 +81,10 @@ def test_a_new_optional_field_arrives_in_one_commit_with_the_rows_that_carry_it(
     [second] = run_pipeline(config, RunContext("avro-2"), lambda: spark)
     assert second.total("rows_written") == 100 and second.total("dead_letters") == 0
 
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     assert table.version() == second.sink_version
     # the column came in the very commit that holds the batch's rows, txns and ledger entry
-    log = storage.filesystem(config.sink_path)
+    log = storage.filesystem(config.layout.sink)
     fs, root = log
     with fs.open_input_stream(f"{root}/_delta_log/{second.sink_version:020d}.json") as handle:
         actions = [json.loads(line) for line in handle.read().decode().splitlines()]
@@ -108,14 +108,14 @@ def test_a_new_optional_field_arrives_in_one_commit_with_the_rows_that_carry_it(
     # rerunning the second run (its plan, its recorded reader schema) is a no-op
     rerun = pipeline.cli("run", "--run-id", "avro-2")
     assert rerun.returncode == 0, rerun.stderr
-    assert storage.table(config.sink_path).version() == second.sink_version
+    assert storage.table(config.layout.sink).version() == second.sink_version
 
     # a rewind to the batch before the column says why the column stays
     from offsetlake.rewind import rewind_pipeline
 
     rewound = rewind_pipeline(config, first.plan.batch_id, reason="test")
     assert "the columns coupon came after batch" in rewound.text() and "column mapping" in rewound.text()
-    after = storage.table(config.sink_path)
+    after = storage.table(config.layout.sink)
     assert sorted(r["order_id"] for r in after.to_pyarrow_table().to_pylist()) == list(range(50))
 
 
@@ -166,7 +166,7 @@ def test_every_avro_type_in_the_mapping_round_trips_to_its_delta_column(pipeline
     [result] = run_pipeline(config, RunContext("types"), lambda: spark)
     assert result.total("rows_written") == 2, result.summary()
 
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     types = {f.name: f.type for f in pa.schema(table.schema().to_arrow())}
     assert (types["i"], types["l"], types["f"], types["d"]) == (pa.int32(), pa.int64(), pa.float32(), pa.float64())
     assert types["day"] == pa.date32() and types["at_ms"] == pa.timestamp("us", tz="UTC")
@@ -212,7 +212,7 @@ def test_each_bad_record_kind_becomes_a_dead_letter_with_its_reason(pipeline, sp
     [result] = run_pipeline(config, RunContext("bad"), lambda: spark)
     assert result.total("records_read") == 8 and result.total("rows_written") == 2 and result.total("dead_letters") == 6
 
-    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()}
+    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
     assert reasons[1].startswith("value does not start with the Confluent wire-format header")
     assert reasons[2] == f"schema id {unknown_id} is not in the Schema Registry"
     good_id = int.from_bytes(valid_header[1:5], "big")
@@ -256,7 +256,7 @@ def test_a_type_change_fails_the_batch_naming_field_types_and_schemas(pipeline, 
     assert f"subject {subject} version 2 (schema id {v2.schema_id})" in message
     assert f"version 1 (schema id {client.get_version(subject, 1).schema_id})" in message
     assert "a new sink table" in message and "Nothing was committed" in message
-    assert storage.table(config.sink_path).version() == first.sink_version
+    assert storage.table(config.layout.sink).version() == first.sink_version
     assert any(r["status"] == "failed" and r["run_id"] == "after" for r in ledger_rows(config))
 
 
@@ -269,7 +269,7 @@ def test_on_schema_change_fail_stops_at_the_first_new_field(pipeline, spark, sch
              [(_serializer(schema_registry, V2), {"order_id": 2, "customer": "c", "amount": 1.0, "coupon": "X"})])
     with pytest.raises(SchemaChangeError, match=r"new column 'coupon'.*on_schema_change is fail"):
         run_pipeline(config, RunContext("v2"), lambda: spark)
-    assert storage.table(config.sink_path).version() == first.sink_version
+    assert storage.table(config.layout.sink).version() == first.sink_version
 
 
 def test_a_registry_that_is_down_at_plan_time_or_mid_read_commits_nothing(pipeline, spark, schema_registry):
@@ -283,7 +283,7 @@ def test_a_registry_that_is_down_at_plan_time_or_mid_read_commits_nothing(pipeli
         proxy.down = True
         with pytest.raises(SchemaRegistryUnavailableError, match="could not be reached while looking up subject"):
             run_pipeline(config, RunContext("down-at-plan"), lambda: spark)
-        assert storage.open_table(config.sink_path) is None
+        assert storage.open_table(config.layout.sink) is None
 
         # up for the plan, down for the read tasks: the plan's reader schema is fetched by the
         # driver first, the writer schemas by the tasks
@@ -300,8 +300,8 @@ def test_a_registry_that_is_down_at_plan_time_or_mid_read_commits_nothing(pipeli
         proxy.down = True
         with pytest.raises(SchemaRegistryUnavailableError, match="fetching schema id"):
             execute_batch(config, plan, Ledger.of(config), lambda: spark)
-        assert storage.open_table(config.sink_path) is None or storage.table(config.sink_path).version() == 0
-        assert storage.open_table(config.dead_letter_path) is None, "no record became a dead letter for an outage"
+        assert storage.open_table(config.layout.sink) is None or storage.table(config.layout.sink).version() == 0
+        assert storage.open_table(config.layout.dead_letters) is None, "no record became a dead letter for an outage"
 
         proxy.down = False
         results = run_pipeline(config, RunContext("after-outage"), lambda: spark)
@@ -328,7 +328,7 @@ def test_a_backfill_of_an_old_range_decodes_its_older_writers_into_the_new_reade
 
     backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "0", "--to-offset", "30")
     assert backfill.returncode == 0, backfill.stderr[-3000:]
-    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    rows = storage.table(config.layout.sink).to_pyarrow_table().to_pylist()
     assert sorted(r["order_id"] for r in rows) == list(range(40)), "replaced, not duplicated"
     assert all(r["coupon"] is None for r in rows if r["order_id"] < 30)
     [replaced] = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
@@ -356,7 +356,7 @@ def test_without_a_registry_plain_binary_and_single_object_encodings_read_agains
     config = pipeline.write(format={"type": "avro", "schema_file": "orders.avsc", "encoding": "single_object"})
     [result] = run_pipeline(config, RunContext("single-object"), lambda: spark)
     assert result.total("rows_written") == 5 and result.total("dead_letters") == 2
-    reasons = sorted(d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist())
+    reasons = sorted(d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist())
     assert reasons[0].startswith("value does not start with the Avro single-object header")
     assert reasons[1] == f"writer schema fingerprint {bytes(8).hex()} is not the schema file's ({crc.hex()})"
 
@@ -366,7 +366,7 @@ def test_without_a_registry_plain_binary_and_single_object_encodings_read_agains
     _produce(pipeline.bootstrap, topic, [(None, encode(i)) for i in range(100, 103)])
     plain = pipeline.write(topic=topic, format={"type": "avro", "schema_file": "orders.avsc"}, sink={"table": "plain"})
     [result] = run_pipeline(plain, RunContext("binary"), lambda: spark)
-    rows = storage.table(plain.sink_path).to_pyarrow_table().to_pylist()
+    rows = storage.table(plain.layout.sink).to_pyarrow_table().to_pylist()
     assert sorted(r["order_id"] for r in rows) == [100, 101, 102] and result.total("dead_letters") == 0
     [committed] = [r for r in ledger_rows(plain) if r["status"] == "committed" and r["topic"] == topic]
     assert json.loads(committed["reader_schema"])["source"] == "file"

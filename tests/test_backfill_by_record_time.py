@@ -45,7 +45,7 @@ STAMPS = ([_ms("2026-11-01T00:00:00")] * 10 + [_ms("3000-01-01T00:00:00")] + [_m
 
 
 def _tagged(config) -> list[int]:
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "tag"]).to_pylist()
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "tag"]).to_pylist()
     return sorted(r["_kafka_offset"] for r in data if r["tag"] == "reprocessed")
 
 
@@ -72,7 +72,7 @@ def test_a_time_window_reprocesses_only_the_records_whose_timestamps_fall_in_it(
     result = execute_recorded_batch(tagged, plan.batch_id, lambda: spark)
     assert result.total("records_read") == len(selected)
     assert _tagged(tagged) == selected, "exactly the records of the window are reprocessed, no other"
-    assert storage.table(tagged.sink_path).to_pyarrow_dataset().count_rows() == len(STAMPS)
+    assert storage.table(tagged.layout.sink).to_pyarrow_dataset().count_rows() == len(STAMPS)
     report = audit_pipeline(tagged, against_kafka=True)
     assert report.ok, report.text()
 

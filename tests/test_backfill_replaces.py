@@ -27,13 +27,13 @@ def cents(rows):
 
 
 def _rows(config) -> list[tuple]:
-    table = storage.table(config.sink_path).to_pyarrow_dataset().to_table(
+    table = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
         columns=["_kafka_partition", "_kafka_offset", "order_id", "amount"])
     return sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
 
 
 def _txns(config, partitions) -> dict[int, int | None]:
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     return {p: table.transaction_version(config.app_id(config.topic, p)) for p in partitions}
 
 
@@ -46,7 +46,7 @@ def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(p
     run_pipeline(config, RunContext("ingest"), lambda: spark)
     before = _rows(config)
     txns = _txns(config, [0, 1])
-    dead_before = storage.table(config.dead_letter_path).count()
+    dead_before = storage.table(config.layout.dead_letters).count()
 
     (pipeline.folder / "cents.py").write_text(TRANSFORM)
     config = pipeline.write(transform="cents:cents")
@@ -64,13 +64,13 @@ def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(p
         else:
             assert amount == old[(p, o)][1], f"row {p}/{o} outside the range changed"
     assert _txns(config, [0, 1]) == txns, "a backfill must never move txn versions"
-    assert storage.table(config.dead_letter_path).count() == dead_before
+    assert storage.table(config.layout.dead_letters).count() == dead_before
     kinds = {(r["kind"], r["status"]) for r in ledger_rows(config)}
     assert ("backfill", "committed") in kinds
 
     # the repeat in-process (the CLI path was just checked; a CLI backfill starts a JVM)
     again = plan_backfill(config, RunContext("backfill-again"), [0], 100, 600)
-    Ledger(config.ledger_path, config.name).record_plan(again)
+    Ledger(config.layout.ledger, config.name).record_plan(again)
     assert execute_recorded_batch(config, again.batch_id, lambda: spark).status == "committed"
     assert _rows(config) == after, "repeating a backfill must leave the content identical"
     assert pipeline.cli("audit", "--against-kafka").returncode == 0
@@ -82,7 +82,7 @@ def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, 
     produce_orders(pipeline.bootstrap, pipeline.topic, 300)
     run_pipeline(config, RunContext("ingest"), lambda: spark)
     produce_orders(pipeline.bootstrap, pipeline.topic, 100, first_id=10_000, partition=0)
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
     committed = _txns(config, [0])[0]
     cases = [
         (["--from-offset", "50", "--to-offset", "50"], "must be greater than from_offset"),
@@ -97,7 +97,7 @@ def test_bad_backfill_params_fail_with_what_to_fix_and_commit_nothing(pipeline, 
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert expected in result.stderr and pipeline.name in result.stderr, (args, result.stderr[-1500:])
         assert "Traceback" not in result.stderr
-    assert storage.table(config.sink_path).version() == version
+    assert storage.table(config.layout.sink).version() == version
 
 
 def test_backfill_by_time_reads_from_the_offset_offsets_for_times_gives_and_selects_by_record_time(pipeline, spark):
@@ -163,7 +163,7 @@ def test_a_backfill_that_loses_its_commit_to_a_compaction_retries_on_the_new_fil
             compactions.append(next(r for r in maintain(config, vacuum=False) if r.table == "sink"))
 
     plan = plan_backfill(config, RunContext("backfill-racing-compaction"), [0], 100, 700)
-    Ledger(config.ledger_path, config.name).record_plan(plan)
+    Ledger(config.layout.ledger, config.name).record_plan(plan)
     with caplog.at_level(logging.INFO, logger="offsetlake.batch"), failpoints.on("after_files_written", compact_once):
         assert execute_recorded_batch(config, plan.batch_id, lambda: spark).status == "committed"
     assert compactions[0].compacted_from >= 2, "the compaction must have replaced the files the backfill read"

@@ -114,7 +114,7 @@ def _start_run(pipeline: Pipeline) -> Watched:
 
 
 def _sink_version(pipeline: Pipeline) -> int | None:
-    path = pipeline.config().sink_path
+    path = pipeline.config().layout.sink
     return storage.table(path).version() if storage.is_table(path) else None
 
 

@@ -30,7 +30,7 @@ def _crash(_name: str) -> None:
 
 
 def _rows(config) -> int:
-    return storage.table(config.sink_path).to_pyarrow_dataset().count_rows()
+    return storage.table(config.layout.sink).to_pyarrow_dataset().count_rows()
 
 
 def _audit_ok(config) -> None:
@@ -50,17 +50,17 @@ def test_a_rewind_past_a_backfill_restores_the_dead_letters_it_replaced(pipeline
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0)
     [ingest] = run_pipeline(strict, RunContext("strict-ingest"), lambda: spark)
-    assert len(dead_letter_coordinates(strict.dead_letter_path)) == 1_000
+    assert len(dead_letter_coordinates(strict.layout.dead_letters)) == 1_000
 
     fixed = pipeline.write()  # the schema fixed: a backfill makes 500 of them rows
     _, run = _backfill(fixed, spark, 0, 500, "fixed-backfill")
     run()
-    assert _rows(fixed) == 500 and len(dead_letter_coordinates(fixed.dead_letter_path)) == 500
+    assert _rows(fixed) == 500 and len(dead_letter_coordinates(fixed.layout.dead_letters)) == 500
     _audit_ok(fixed)
 
     rewind_pipeline(fixed, ingest.plan.batch_id, reason="undo the backfill")
     assert _rows(fixed) == 0
-    assert sorted(dead_letter_coordinates(fixed.dead_letter_path)) == [(0, o) for o in range(1_000)], \
+    assert sorted(dead_letter_coordinates(fixed.layout.dead_letters)) == [(0, o) for o in range(1_000)], \
         "the dead letters the backfill replaced must come back with the rewind"
     _audit_ok(fixed)
 
@@ -73,10 +73,10 @@ def test_a_rewind_past_a_backfill_removes_the_dead_letters_it_wrote(pipeline, sp
     strict = pipeline.write(format=STRICT)  # a stricter schema: the backfill turns 500 rows into dead letters
     _, run = _backfill(strict, spark, 0, 500, "strict-backfill")
     run()
-    assert _rows(strict) == 500 and len(dead_letter_coordinates(strict.dead_letter_path)) == 500
+    assert _rows(strict) == 500 and len(dead_letter_coordinates(strict.layout.dead_letters)) == 500
 
     rewind_pipeline(strict, ingest.plan.batch_id)
-    assert _rows(strict) == 1_000 and dead_letter_coordinates(strict.dead_letter_path) == []
+    assert _rows(strict) == 1_000 and dead_letter_coordinates(strict.layout.dead_letters) == []
     _audit_ok(strict)
 
 
@@ -89,7 +89,7 @@ def test_a_backfill_killed_before_its_sink_commit_changes_no_dead_letter(pipelin
     plan, run = _backfill(fixed, spark, 0, 500, "killed-backfill")
     with failpoints.on("after_files_written", _crash), pytest.raises(failpoints.SimulatedCrash):
         run()  # its dead letters (none: all 500 are rows now) are staged, its sink commit never happens
-    assert _rows(fixed) == 0 and len(dead_letter_coordinates(fixed.dead_letter_path)) == 1_000
+    assert _rows(fixed) == 0 and len(dead_letter_coordinates(fixed.layout.dead_letters)) == 1_000
     _audit_ok(fixed)
 
     # the killed backfill does not stay `planned` forever: reconcile gives it an outcome
@@ -98,7 +98,7 @@ def test_a_backfill_killed_before_its_sink_commit_changes_no_dead_letter(pipelin
     assert statuses == {"planned", "failed"}, statuses
 
     run()  # the same backfill again (an Airflow clear) completes
-    assert _rows(fixed) == 500 and len(dead_letter_coordinates(fixed.dead_letter_path)) == 500
+    assert _rows(fixed) == 500 and len(dead_letter_coordinates(fixed.layout.dead_letters)) == 500
     _audit_ok(fixed)
 
 
@@ -109,11 +109,11 @@ def test_a_crash_between_the_sink_commit_and_its_dead_letters_is_repaired_by_the
     with failpoints.on("after_commit", _crash), pytest.raises(failpoints.SimulatedCrash):
         run_pipeline(config, RunContext("killed-after-commit"), lambda: spark)
     assert _rows(config) == 900
-    assert dead_letter_coordinates(config.dead_letter_path) == [], "the dead letters wait for their commit's repair"
+    assert dead_letter_coordinates(config.layout.dead_letters) == [], "the dead letters wait for their commit's repair"
     _audit_ok(config)  # the audit counts the pending change as the next run will apply it
 
     assert run_pipeline(config, RunContext("after"), lambda: spark) == []  # nothing new, but it repairs
-    assert sorted(dead_letter_coordinates(config.dead_letter_path)) == [(0, o) for o in range(9, 1_000, 10)]
+    assert sorted(dead_letter_coordinates(config.layout.dead_letters)) == [(0, o) for o in range(9, 1_000, 10)]
     _audit_ok(config)
 
 
@@ -124,12 +124,12 @@ def test_a_rewind_killed_after_its_sink_commit_restores_dead_letters_on_the_next
     first, _second = run_pipeline(config, RunContext("two-batches"), lambda: spark)
     with failpoints.on("after_commit", _crash), pytest.raises(failpoints.SimulatedCrash):
         rewind_pipeline(config, first.plan.batch_id)
-    assert _rows(config) == 450 and len(dead_letter_coordinates(config.dead_letter_path)) == 100
+    assert _rows(config) == 450 and len(dead_letter_coordinates(config.layout.dead_letters)) == 100
     report = audit_pipeline(config)
     assert report.ok, report.text()  # no "dead letters outside every committed range": the restore is pending
 
     run_pipeline(config, RunContext("after-rewind"), lambda: spark)
-    assert _rows(config) == 900 and len(dead_letter_coordinates(config.dead_letter_path)) == 100
+    assert _rows(config) == 900 and len(dead_letter_coordinates(config.layout.dead_letters)) == 100
     _audit_ok(config)
 
 
@@ -141,7 +141,7 @@ def test_audit_against_kafka_finds_records_in_neither_table(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, partition=0)
     run_pipeline(strict, RunContext("strict-ingest"), lambda: spark)
-    storage.table(strict.dead_letter_path).delete("_kafka_offset < 500")
+    storage.table(strict.layout.dead_letters).delete("_kafka_offset < 500")
 
     plain = audit_pipeline(strict)
     assert not plain.ok and any("the ledger says 1000 dead letters were written, the dead-letter table holds 500" in p

@@ -48,7 +48,7 @@ def _old_table(pipeline, spark) -> None:
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 60, partition=0, null_customer_every=5)
     assert len(run_pipeline(config, RunContext("old-table"), lambda: spark)) == 6
-    assert len(dead_letter_coordinates(config.dead_letter_path)) == 12
+    assert len(dead_letter_coordinates(config.layout.dead_letters)) == 12
     # 60 more, every 10th truncated JSON (a dead letter under any schema)
     produce_orders(pipeline.bootstrap, pipeline.topic, 60, partition=0, first_id=60, malformed_every=10)
 
@@ -82,7 +82,7 @@ def test_the_refusals_way_forward_a_new_sink_table_starts_with_its_own_dead_lett
 def test_a_deleted_and_recreated_sink_table_starts_with_its_own_dead_letters(pipeline, spark):
     _old_table(pipeline, spark)
     config = pipeline.write(format=ORDER_ID_REQUIRED, max_records_per_batch=20)
-    delete_tree(config.sink_path)  # start over: the sink folder is deleted, the next run re-creates it
+    delete_tree(config.layout.sink)  # start over: the sink folder is deleted, the next run re-creates it
     assert len(run_pipeline(config, RunContext("recreated"), lambda: spark, max_batches=2)) == 2
     report = audit_pipeline(config)  # behind the old table's ends: the old table's batches do not count
     assert report.ok, report.text()
@@ -94,12 +94,12 @@ def test_a_deleted_and_recreated_sink_table_starts_with_its_own_dead_letters(pip
 def _apply_as_the_old_code_did(config) -> None:
     """The dead-letter commit the code before sink table ids made for the sink's newest change: the
     staged files added, the entry without a table id, the unkeyed marker txn ``sink``."""
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     change = sink_commits(sink, config.name)[-1]
     table = create_table_once(config.dead_letter_path, dead_letters.DEAD_LETTER_SCHEMA, [], "dead letters")
     files = []
     for staged in change.entry[dead_letters.STAGED]:
-        fs, path = storage.filesystem(storage.child(config.dead_letter_path, staged["path"]))
+        fs, path = storage.filesystem(config.layout.dead_letters.child(staged["path"]))
         with fs.open_input_file(path) as handle:
             stats = delta_stats(pq.read_metadata(handle))
         files.append(AddAction(path=staged["path"], size=int(staged["size"]), partition_values={},
@@ -130,15 +130,15 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     with failpoints.on("after_commit", _crash), pytest.raises(failpoints.SimulatedCrash):
         run_pipeline(old, RunContext("old-code"), lambda: spark)
     _apply_as_the_old_code_did(old)
-    applied_by_hand = storage.table(old.dead_letter_path).version()
-    assert len(dead_letter_coordinates(old.dead_letter_path)) == 10
+    applied_by_hand = storage.table(old.layout.dead_letters).version()
+    assert len(dead_letter_coordinates(old.layout.dead_letters)) == 10
 
     # a new table whose first batch has other dead letters: 10 truncated + 20 without a customer
     new_table = storage.child(pipeline.lake_uri or str(pipeline.lake), "orders_v2")
     v2 = pipeline.write(format=CUSTOMER_REQUIRED, max_records_per_batch=100, sink={"table": new_table})
     run_pipeline(v2, RunContext("v2"), lambda: spark)
     assert_exactly_once(v2, read_topic(pipeline.bootstrap, pipeline.topic, order_id=_order_id_with_customer))
-    assert len(dead_letter_coordinates(v2.dead_letter_path)) == 30
+    assert len(dead_letter_coordinates(v2.layout.dead_letters)) == 30
     report = audit_pipeline(v2, against_kafka=True)
     assert report.ok, report.text()
 
@@ -148,8 +148,8 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     assert_exactly_once(back, read_topic(pipeline.bootstrap, pipeline.topic))
     report = audit_pipeline(back, against_kafka=True)
     assert report.ok, report.text()
-    first_batch = sink_commits(storage.table(old.sink_path), old.name)[0].batch_id
-    applies = [i for i in storage.table(old.dead_letter_path).history()
+    first_batch = sink_commits(storage.table(old.layout.sink), old.name)[0].batch_id
+    applies = [i for i in storage.table(old.layout.dead_letters).history()
                if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand]
     assert applies == [], "the change the old code applied is adopted, never applied again"
 
@@ -165,10 +165,10 @@ def test_a_plan_made_on_a_sink_table_that_was_then_replaced_is_never_applied_to_
     run_pipeline(config, RunContext("first-table"), lambda: spark, max_batches=1)
     plan = plan_next_batch(config, RunContext("planned-on-the-first-table"))
     assert plan is not None and [(r.start, r.end) for r in plan.ranges] == [(50, 100)]
-    assert plan.sink_table_id == str(storage.table(config.sink_path).metadata().id)
+    assert plan.sink_table_id == str(storage.table(config.layout.sink).metadata().id)
     Ledger.of(config).record_plan(plan)
 
-    delete_tree(config.sink_path)
+    delete_tree(config.layout.sink)
     with pytest.raises(StalePlanError, match=f"batch {plan.batch_id} .* was planned on sink table {plan.sink_table_id}"
                                              ".* which now holds no table"):
         execute_recorded_batch(config, plan.batch_id, lambda: spark)

@@ -98,16 +98,16 @@ def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_pa
     assert d.total("dead_letters") == 6
 
     order = ["_kafka_partition", "_kafka_offset"]
-    rows = storage.table(direct_config.sink_path).to_pyarrow_table().sort_by([(c, "ascending") for c in order])
-    expected = storage.table(spark_config.sink_path).to_pyarrow_table().sort_by([(c, "ascending") for c in order])
+    rows = storage.table(direct_config.layout.sink).to_pyarrow_table().sort_by([(c, "ascending") for c in order])
+    expected = storage.table(spark_config.layout.sink).to_pyarrow_table().sort_by([(c, "ascending") for c in order])
     assert rows.schema == expected.schema
     assert rows.to_pylist() == expected.to_pylist()
     by_id = {r["order_id"]: r for r in rows.to_pylist()}
     assert by_id[9001]["customer"] == "single quotes" and by_id[9002]["created_at"] is not None and 9003 in by_id
-    assert storage.table(direct_config.sink_path).schema().to_arrow() == storage.table(spark_config.sink_path).schema().to_arrow()
+    assert storage.table(direct_config.layout.sink).schema().to_arrow() == storage.table(spark_config.layout.sink).schema().to_arrow()
 
-    dead = storage.table(direct_config.dead_letter_path).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
-    dead_expected = storage.table(spark_config.dead_letter_path).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
+    dead = storage.table(direct_config.layout.dead_letters).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
+    dead_expected = storage.table(spark_config.layout.dead_letters).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
     key = [("_kafka_partition", "ascending"), ("_kafka_offset", "ascending")]
     assert dead.sort_by(key).to_pylist() == dead_expected.sort_by(key).to_pylist()
     assert {r["reason"] for r in dead.to_pylist()} >= {"value is not a JSON object", "tombstone: record has a null value"}

@@ -49,7 +49,7 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
     assert_exactly_once(config, truth)
     from kafka_truth import sink_coordinates
 
-    assert not aborted & {oid for _, _, oid in sink_coordinates(config.sink_path)}, "aborted records leaked"
+    assert not aborted & {oid for _, _, oid in sink_coordinates(config.layout.sink)}, "aborted records leaked"
     _contiguous_from_zero(ledger_rows(config), truth.lso)
     assert all(r["status"] != "planned" or any(
         o["batch_id"] == r["batch_id"] and o["status"] != "planned" for o in ledger_rows(config)
@@ -62,7 +62,7 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
     # file statistics must let readers prune correctly: a filter on each coordinate finds every row
     import pyarrow.compute as pc
 
-    dataset = storage.table(config.sink_path).to_pyarrow_dataset()
+    dataset = storage.table(config.layout.sink).to_pyarrow_dataset()
     total = dataset.count_rows()
     assert dataset.count_rows(filter=pc.field("_kafka_topic") == pipeline.topic) == total
     assert sum(dataset.count_rows(filter=pc.field("_kafka_partition") == p) for p in range(3)) == total

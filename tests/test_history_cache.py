@@ -27,7 +27,7 @@ def _commit(config, start: int) -> str:
 
 def _uncached(config) -> list:
     """(version, entry) of this pipeline's commits, read straight from the Delta log."""
-    history = sorted(storage.table(config.sink_path).history(), key=lambda h: h["version"])
+    history = sorted(storage.table(config.layout.sink).history(), key=lambda h: h["version"])
     entries = [(int(h["version"]), json.loads(h["userMetadata"])) for h in history if h.get("userMetadata")]
     return [(v, e) for v, e in entries if e.get("pipeline") == config.name]
 
@@ -35,29 +35,29 @@ def _uncached(config) -> list:
 def test_history_cache_returns_what_the_log_holds(pipeline):
     config = pipeline.write()
     ids = [_commit(config, i) for i in range(5)]
-    fs, cache = storage.filesystem(storage.child(config.sink_path, "_offsetlake_history", f"{config.name}.json"))
+    fs, cache = storage.filesystem(config.layout.sink.child("_offsetlake_history", f"{config.name}.json"))
 
-    first = sink_commits(storage.table(config.sink_path), config.name)
+    first = sink_commits(storage.table(config.layout.sink), config.name)
     assert [c.batch_id for c in first] == ids and fs.get_file_info(cache).is_file
     assert [(c.version, c.entry) for c in first] == _uncached(config)
 
     ids += [_commit(config, i) for i in range(5, 8)]  # read incrementally on top of the cache
-    again = sink_commits(storage.table(config.sink_path), config.name)
+    again = sink_commits(storage.table(config.layout.sink), config.name)
     assert [c.batch_id for c in again] == ids
     assert [(c.version, c.entry) for c in again] == _uncached(config)
     with fs.open_input_stream(cache) as handle:
-        assert json.loads(handle.read())["version"] == storage.table(config.sink_path).version()
+        assert json.loads(handle.read())["version"] == storage.table(config.layout.sink).version()
 
     # a cache from another table at this path (the sink was deleted and recreated) is ignored
     with fs.open_input_stream(cache) as handle:
         saved = handle.read()
-    delete_tree(config.sink_path)
+    delete_tree(config.layout.sink)
     fresh = [_commit(config, 0)]
     fs.create_dir(cache.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(cache) as out:
         out.write(saved)
-    assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh
+    assert [c.batch_id for c in sink_commits(storage.table(config.layout.sink), config.name)] == fresh
 
     with fs.open_output_stream(cache) as out:
         out.write(b"{not json")  # an unreadable cache only costs a full read
-    assert [c.batch_id for c in sink_commits(storage.table(config.sink_path), config.name)] == fresh
+    assert [c.batch_id for c in sink_commits(storage.table(config.layout.sink), config.name)] == fresh

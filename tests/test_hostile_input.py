@@ -61,8 +61,8 @@ def test_hostile_records_become_sink_rows_or_explained_dead_letters(pipeline, sp
 
     assert run_pipeline(config, RunContext("hostile"), lambda: spark)
 
-    sink = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "order_id"]).to_pylist()
-    dead = storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table().to_pylist()
+    sink = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "order_id"]).to_pylist()
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table().to_pylist()
     in_sink = {r["_kafka_offset"]: r["order_id"] for r in sink}
     in_dead = {r["_kafka_offset"]: r for r in dead}
     assert len(sink) == len(in_sink) and len(dead) == len(in_dead), "no record may appear twice"

@@ -70,16 +70,16 @@ def test_json_schema_versions_interleave_and_bad_records_become_dead_letters(pip
     [second] = run_pipeline(config, RunContext("v2"), lambda: spark)
     assert second.total("rows_written") == 21 and second.total("dead_letters") == 4
 
-    rows = {r["order_id"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    rows = {r["order_id"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert rows[21]["coupon"] == "SAVE" and rows[22]["coupon"] is None and rows[3]["coupon"] is None
     assert rows[5]["created_at"] == datetime(2026, 11, 23, 10, tzinfo=UTC) and rows[5]["day"] == date(2026, 11, 23)
     assert rows[5]["tags"] == ["a"] and rows[5]["address"] == {"city": "Oslo"}
-    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()}
+    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
     assert reasons[40].startswith("value does not start with the Confluent wire-format header")
     assert reasons[41].startswith(f"value does not match writer schema id {int.from_bytes(header[1:], 'big')} at order_id:")
     assert reasons[42] == f"schema id {2**31 - 9} is not in the Schema Registry"
     assert reasons[43] == "value does not parse as JSON matching the declared schema"
-    dead = next(d for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist() if d["_kafka_offset"] == 41)
+    dead = next(d for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist() if d["_kafka_offset"] == 41)
     assert dead["value"][:5] == header, "a dead letter keeps the whole value, header included"
     versions = {json.loads(r["reader_schema"])["version"] for r in ledger_rows(config) if r["status"] == "committed"}
     assert versions == {1, 2}
@@ -103,4 +103,4 @@ def test_a_json_schema_without_one_column_type_is_refused_naming_the_field(pipel
     config = pipeline.write(format={"type": "json_schema", "schema_registry": schema_registry.settings})
     with pytest.raises(ConfigError, match="field 'ref' uses oneOf, which has no single column type"):
         run_pipeline(config, RunContext("refused"), lambda: spark)
-    assert storage.open_table(config.sink_path) is None
+    assert storage.open_table(config.layout.sink) is None

@@ -53,7 +53,7 @@ def _send(bootstrap: str, topic: str, records: list[tuple[int, str, dict | None,
 
 def _table(config) -> dict[str, tuple]:
     """What a reader of the sink sees: key -> (partition, offset, v)."""
-    rows = keyed_sink_rows(config.sink_path) if storage.is_table(config.sink_path) else []
+    rows = keyed_sink_rows(config.layout.sink) if storage.is_table(config.layout.sink) else []
     keys = [r["_kafka_key"] for r in rows]
     assert len(keys) == len(set(keys)), f"a key has several visible rows: {sorted(keys)}"
     return {r["_kafka_key"]: (r["_kafka_partition"], r["_kafka_offset"], r["v"]) for r in rows}
@@ -151,11 +151,11 @@ def test_a_debezium_delete_from_another_partition_is_not_undone_by_an_older_upda
     _send(pipeline.bootstrap, pipeline.topic, [(0, "1", event("u", {"id": 1, "name": "a"}, {"id": 1, "name": "a2"}),
                                                 T0 + 40)])
     _run(config, spark, "older-update")
-    ids = sorted(r["id"] for r in keyed_sink_rows(config.sink_path))
+    ids = sorted(r["id"] for r in keyed_sink_rows(config.layout.sink))
     assert ids == [2], "id 1 was deleted by its newest change (p1, +100 ms), and stays deleted"
     once = dataclasses.replace(pipeline, name=f"{pipeline.name}_once").write(topic=pipeline.topic, **cdc)
     run_pipeline(once, RunContext("once"), lambda: spark)
-    assert sorted(r["id"] for r in keyed_sink_rows(once.sink_path)) == ids
+    assert sorted(r["id"] for r in keyed_sink_rows(once.layout.sink)) == ids
     _audit_ok(config)
 
 
@@ -176,7 +176,7 @@ def test_the_audit_against_kafka_finds_a_key_holding_nan_where_it_is(pipeline, s
                             sink={"mode": "upsert", "key": ["v", "score"]})
     _send(pipeline.bootstrap, pipeline.topic, [(0, f"k{i}", {"v": i % 3}, T0 + i) for i in range(6)])
     _run(config, spark, "nan-keys")
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     assert sorted(r["v"] for r in rows) == [0, 1, 2] and all(r["score"] != r["score"] for r in rows)
     _audit_ok(config)
 
@@ -200,7 +200,7 @@ def test_a_keyed_backfill_that_makes_a_keys_newest_record_a_dead_letter_gives_th
     assert _table(config) == {"k": (0, 1, 2), "j": (0, 2, 3)}, "nothing was committed"
     _backfill(config, spark, 0, 3, partition=0)
     assert _table(config) == {"k": (0, 0, 1), "j": (0, 2, 3)}
-    dead = storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()
     assert [d["_kafka_offset"] for d in dead] == [1]
     _audit_ok(config)
 
@@ -277,7 +277,7 @@ def test_the_audit_against_kafka_takes_the_state_of_a_key_whose_newest_record_re
     assert report.against_kafka["past_retention"] == 3
 
     # a row that is wrong where Kafka still holds its key's record is still found
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     sink.update(updates={"v": "40"}, predicate="_kafka_key = 'L'")
     report = audit_pipeline(config, against_kafka=True)
     assert not report.ok and "key _kafka_key='L'" in report.text(), report.text()

@@ -62,7 +62,7 @@ def _run(config, spark, name: str) -> None:
 def _sink_rows(config, key: list[str]) -> dict[tuple, list[dict]]:
     """The sink's rows readers see, grouped by key (as a tuple of the key columns' values)."""
     grouped: dict[tuple, list[dict]] = {}
-    for row in keyed_sink_rows(config.sink_path):
+    for row in keyed_sink_rows(config.layout.sink):
         grouped.setdefault(tuple(row[c] for c in key), []).append(row)
     return grouped
 
@@ -123,7 +123,7 @@ def test_updates_of_only_the_largest_keys_of_small_files_leave_one_row_per_key(p
     _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading(s, _at(i, us), float(i * 10 + us)))
                                                   for i, s in enumerate(sensors) for us in (100, 900)])
     _run(config, spark, "first")
-    assert len(storage.table(config.sink_path).file_uris()) >= 2, "file_rows makes several small files"
+    assert len(storage.table(config.layout.sink).file_uris()) >= 2, "file_rows makes several small files"
     _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading(s, _at(i, 900), -1.0)) for i, s in enumerate(sensors)])
     _run(config, spark, "second")
     newest = _newest_from_topic(pipeline, ["sensor", "at"])
@@ -211,7 +211,7 @@ def _file_extremes(config, key: list[str]) -> list[tuple]:
     """The smallest and largest key of every live data file, read from the files' rows (not from
     their statistics; hidden rows, such as delete markers, count: statistics cover them too)."""
     extremes = []
-    for fragment in storage.table(config.sink_path).to_pyarrow_dataset().get_fragments():
+    for fragment in storage.table(config.layout.sink).to_pyarrow_dataset().get_fragments():
         keys = sorted(tuple(row[c] for c in key) for row in fragment.to_table(columns=key).to_pylist())
         if keys:
             extremes += [keys[0], keys[-1]]

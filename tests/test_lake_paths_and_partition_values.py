@@ -60,7 +60,7 @@ def _produce_customers(bootstrap: str, topic: str, count: int) -> None:
 
 
 def _rows(config) -> list[tuple]:
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "customer"])
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "customer"])
     return sorted(zip(data["_kafka_offset"].to_pylist(), data["customer"].to_pylist(), strict=True))
 
 

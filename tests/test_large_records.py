@@ -99,10 +99,10 @@ def _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch, **overrides)
 def _check(config, truth: TopicTruth, records: list[Sent], path: str) -> None:
     """Every record a row with its whole note or a dead letter with its reason, exactly once."""
     assert_exactly_once(config, truth)
-    rows = storage.table(config.sink_path).to_pyarrow_table(columns=["_kafka_offset", "order_id", "note"]).to_pylist()
+    rows = storage.table(config.layout.sink).to_pyarrow_table(columns=["_kafka_offset", "order_id", "note"]).to_pylist()
     notes = {r["_kafka_offset"]: len(r["note"]) for r in rows}
-    dead = {r["_kafka_offset"]: r for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.layout.dead_letters) else {}
     for offset, sent in enumerate(records):
         if sent.reason is None:
             assert offset in notes, f"{path}: offset {offset} ({len(sent.value)} bytes) is not a row: " \
@@ -187,5 +187,5 @@ def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_bot
                                                 max_record_bytes=limit):
         assert result.total("rows_written") == 7 and result.total("dead_letters") == 3, path
         _check(config, truth, records, path)
-        amounts = storage.table(config.sink_path).to_pyarrow_table(columns=["order_id", "amount"]).to_pylist()
+        amounts = storage.table(config.layout.sink).to_pyarrow_table(columns=["order_id", "amount"]).to_pylist()
         assert {r["order_id"]: r["amount"] for r in amounts}[9] == float("inf"), path

@@ -72,7 +72,7 @@ def _make_ledger(pipeline: Pipeline, spark) -> tuple[PipelineConfig, str, str, i
     assert len(run_pipeline(cli, RunContext("cli-ledger-view-1"), lambda: spark)) == 2
 
     next_id = produce_orders(bootstrap, topic, 600, first_id=next_id)
-    gap_start = storage.table(cli.sink_path).transaction_version(cli.app_id(topic, 0))
+    gap_start = storage.table(cli.layout.sink).transaction_version(cli.app_id(topic, 0))
     _delete_before(bootstrap, topic, 0, gap_start + GAP_OFFSETS)
     skip = config(on_offsets_lost="skip")
     plan = plan_for_dag_run(skip, RunContext(DAG_RUN_ID, "orders_ingest", 1))  # records the gap, then plans
@@ -209,8 +209,8 @@ def test_plugin_api_numbers_match_kafka_and_the_ledger(scene):
         assert batch["airflow_run_url"] == (
             f"/dags/orders_ingest/runs/{quote(DAG_RUN_ID, safe='')}" if batch_id == scene.dag_batch else None)
     ingest = [batches[b] for b in committed]
-    assert sum(b["rows_written"] for b in ingest) == storage.table(config.sink_path).count()
-    assert sum(b["dead_letters"] for b in ingest) == storage.table(config.dead_letter_path).count() > 0
+    assert sum(b["rows_written"] for b in ingest) == storage.table(config.layout.sink).count()
+    assert sum(b["dead_letters"] for b in ingest) == storage.table(config.layout.dead_letters).count() > 0
 
     failed = batches[scene.failed_batch]
     assert failed["status"] == "failed" and failed["sink_version"] is None and failed["airflow_run_url"] is None

@@ -22,14 +22,14 @@ from offsetlake.runs import execute_recorded_batch, run_pipeline
 def _staged_files(config, batch_ids: set[str]) -> list[str]:
     """Parquet files a killed attempt staged in the sink's ``data/`` folder (never committed),
     on a local folder or an object store."""
-    fs, data = storage.filesystem(storage.child(config.sink_path, "data"))
+    fs, data = storage.filesystem(config.layout.sink.child("data"))
     found = fs.get_file_info(pafs.FileSelector(data, recursive=True))
     return [f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet")
             and any(f.path[len(data) + 1:].startswith(b) for b in batch_ids)]
 
 
 def _exists(config, path: str) -> bool:
-    fs, _ = storage.filesystem(config.sink_path)
+    fs, _ = storage.filesystem(config.layout.sink)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
@@ -48,7 +48,7 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 4_000, malformed_every=97)
     assert len(run_pipeline(config, RunContext("maintenance-1"), lambda: spark)) == 10
     backfill = plan_backfill(config, RunContext("maintenance-backfill"), [0], 0, 600)
-    Ledger(config.ledger_path, config.name).record_plan(backfill)
+    Ledger(config.layout.ledger, config.name).record_plan(backfill)
     assert execute_recorded_batch(config, backfill.batch_id, lambda: spark).status == "committed"
 
     # Two attempts died after staging their files: one three hours ago, one just now (as if
@@ -69,7 +69,7 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     fresh_attempt = _staged_files(config, _killed_after_files_written(pipeline, config))
     assert old_attempt and fresh_attempt
 
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     txns_before = {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)}
     rows_before = sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition")
     history_before = [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")]
@@ -89,12 +89,12 @@ def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pip
     assert not any(_exists(config, f) for f in old_attempt), "staged files older than the retention were kept"
     assert all(_exists(config, f) for f in fresh_attempt), "vacuum deleted the files of a batch that may be in flight"
 
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     assert sink.metadata().configuration.get("delta.enableExpiredLogCleanup") == "false"
     assert {p: sink.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
     assert sink.to_pyarrow_table().sort_by("_kafka_offset").sort_by("_kafka_partition").equals(rows_before)
     assert [h.get("userMetadata") for h in sink.history() if h.get("userMetadata")] == history_before
-    log_fs, log_dir = storage.filesystem(storage.child(config.sink_path, "_delta_log"))
+    log_fs, log_dir = storage.filesystem(config.layout.sink.child("_delta_log"))
     assert any(f.path.endswith(".checkpoint.parquet") for f in log_fs.get_file_info(pafs.FileSelector(log_dir)))
 
     # Runs go on from where they were, exactly once; the audit still finds every commit.

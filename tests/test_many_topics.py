@@ -17,7 +17,7 @@ from offsetlake.runs import run_pipeline
 
 
 def _sink_coordinates(config) -> list[tuple[str, int, int]]:
-    table = storage.table(config.sink_path).to_pyarrow_table(columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"])
+    table = storage.table(config.layout.sink).to_pyarrow_table(columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"])
     return list(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
 
 
@@ -42,7 +42,7 @@ def test_a_topic_list_and_a_pattern_that_picks_up_a_new_topic(pipeline, spark):
     _assert_every_record_once(listed, pipeline.bootstrap, [a, b])
     committed = {(r["topic"], r["partition"]) for r in ledger_rows(listed) if r["status"] == "committed"}
     assert committed == {(a, 0), (a, 1), (b, 0), (b, 1)}
-    table = storage.table(listed.sink_path)
+    table = storage.table(listed.layout.sink)
     for topic in (a, b):
         for p in (0, 1):
             assert table.transaction_version(listed.app_id(topic, p)) is not None, f"a txn for {topic}[{p}]"

@@ -63,7 +63,7 @@ def _json_pipeline(pipeline, schema: dict, **overrides):
 def _sink_rows(config) -> dict[int, dict]:
     """The sink's rows by order id, read by plain delta-rs (one row per id in these tests): the
     rows readers see (an upsert sink also keeps hidden rows, ``kafka_truth.keyed_sink_rows``)."""
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     by_id = {r["order_id"]: r for r in rows}
     assert len(by_id) == len(rows), "one row per order id"
     return by_id
@@ -82,13 +82,13 @@ def _expected(i: int, city: str, carried: bool) -> tuple:
 
 
 def _commit_actions(config, version: int) -> list[dict]:
-    fs, root = storage.filesystem(config.sink_path)
+    fs, root = storage.filesystem(config.layout.sink)
     with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as handle:
         return [json.loads(line) for line in handle.read().decode().splitlines()]
 
 
 def _assert_nested_fields_in_schema(config) -> None:
-    types = {f.name: f.type for f in pa.schema(storage.table(config.sink_path).schema().to_arrow())}
+    types = {f.name: f.type for f in pa.schema(storage.table(config.layout.sink).schema().to_arrow())}
     assert [f.name for f in types["addr"]] == ["city", "zip"]
     assert [f.name for f in types["lines"].value_type] == ["sku", "qty"]
     assert [f.name for f in types["extras"].item_type] == ["a", "b"]
@@ -108,7 +108,7 @@ def test_a_field_added_inside_a_yaml_struct_reaches_the_sink_in_the_commit_of_it
     _produce_json(pipeline.bootstrap, pipeline.topic, [*[_v2(i) for i in range(40, 80)], *updates])
     run = pipeline.cli("run", "--run-id", "nested-v2")
     assert run.returncode == 0, run.stderr[-3000:]
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     _assert_nested_fields_in_schema(config)
     # the fields came in the commit that holds the batch's rows and txns; a merge that rewrites files
     # (removes) takes them in a metadata-only commit just before (delta-rs: no schema change with removes)
@@ -166,7 +166,7 @@ def test_a_field_added_inside_a_yaml_struct_reaches_the_sink_in_the_commit_of_it
 def _spark_schema(spark, config):
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(pa.schema(storage.table(config.sink_path).schema().to_arrow()))
+    return from_arrow_schema(pa.schema(storage.table(config.layout.sink).schema().to_arrow()))
 
 
 _LINE_V1 = {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"}]}
@@ -271,4 +271,4 @@ def test_a_nested_type_change_is_refused_naming_the_field_path_both_types_and_th
     with pytest.raises(SchemaChangeError, match=r"new nested fields 'addr.zip', 'lines.element.qty', 'extras.value.b'\)"
                                                r".*on_schema_change is fail"):
         run_pipeline(config, RunContext("nested-fail"), lambda: spark)
-    assert storage.table(config.sink_path).version() == first.sink_version, "nothing committed"
+    assert storage.table(config.layout.sink).version() == first.sink_version, "nothing committed"

@@ -47,7 +47,7 @@ def _produce(bootstrap: str, topic: str, partitions: int, per_partition: int, cy
 
 
 def _customers(config) -> dict[str | None, int]:
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["customer"])
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["customer"])
     counts: dict[str | None, int] = {}
     for value in data["customer"].to_pylist():
         counts[value] = counts.get(value, 0) + 1
@@ -55,7 +55,7 @@ def _customers(config) -> dict[str | None, int]:
 
 
 def _empty_as_null(config) -> int:
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     return sum(r.get("empty_as_null", 0) for c in sink_commits(table, config.name) if c.kind in ("ingest", "backfill")
                for r in c.entry["ranges"])
 
@@ -100,7 +100,7 @@ def test_the_plain_audit_finds_a_committed_file_that_lost_rows(pipeline, spark):
     (result,) = run_pipeline(config, RunContext("then-a-file-loses-rows"), lambda: spark)
     assert audit_pipeline(config).ok
     # what finding 1 did: one committed file overwritten by another run's rows (here: half of its own)
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     victim = next(p for p in table.file_uris() if "customer=a" in p).removeprefix("file://")
     written = pq.ParquetFile(victim).read()
     _overwrite_keeping_size(victim, written.slice(0, 10))

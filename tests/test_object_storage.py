@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import obstore
+import pyarrow as pa
 import pytest
+import yaml
 from deltalake import CommitProperties, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
@@ -14,6 +16,7 @@ from obstore.exceptions import AlreadyExistsError
 from s3_tools import S3Proxy
 
 from offsetlake import storage
+from offsetlake.config import load_pipeline
 from offsetlake.embedded.local_s3 import LocalS3
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import ConfigError, StorageError
@@ -29,23 +32,23 @@ def _on_s3(pipeline, s3, **overrides):
 def test_the_embedded_server_refuses_a_second_put_if_absent_and_a_stale_delta_commit(s3, tmp_path):
     bucket = s3.bucket()
     options = {k.lower(): v for k, v in s3.options().items()}
-    root = f"s3://{bucket}/t"
-    storage.register_options(root, options)
-    store = storage._object_store(root, storage.options_for(root) or {})
+    where = storage.Location.of(f"s3://{bucket}/t", options)
+    root = where.path
+    store = storage._object_store(root, dict(where.options or {}))
     obstore.put(store, "k", b"first", mode="create")
     with pytest.raises(AlreadyExistsError):
         obstore.put(store, "k", b"second", mode="create")
     assert bytes(obstore.get(store, "k").bytes()) == b"first"
 
     import pyarrow as pa
-    write_deltalake(root, pa.table({"a": [0]}), storage_options=storage.options_for(root))
-    first, second = storage.table(root), storage.table(root)  # both at version 0
+    write_deltalake(root, pa.table({"a": [0]}), storage_options=dict(where.options or {}))
+    first, second = storage.table(where), storage.table(where)  # both at version 0
     write_deltalake(first, pa.table({"a": [1]}), mode="append",
                     commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
     with pytest.raises(CommitFailedError):
         write_deltalake(second, pa.table({"a": [2]}), mode="append",
                         commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
-    assert sorted(storage.table(root).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
+    assert sorted(storage.table(where).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
 
 
 @pytest.mark.parametrize("case", ["unknown bucket", "unreachable endpoint"])
@@ -117,11 +120,11 @@ def test_the_store_going_down_mid_batch_fails_the_run_and_the_next_run_lands_eve
         said = str(failed.value)
         assert f"pipeline {pipeline.name}" in said and "the object store" in said and "failed" in said and proxy.endpoint in said, said
         proxy.down = False
-        rows_before = storage.table(config.sink_path).count() if storage.is_table(config.sink_path) else 0
+        rows_before = storage.table(config.layout.sink).count() if storage.is_table(config.layout.sink) else 0
         run_pipeline(config, RunContext("s3-after-outage"), lambda: spark)
         truth = read_topic(pipeline.bootstrap, pipeline.topic)
         assert_exactly_once(config, truth)
-        assert storage.table(config.sink_path).count() > rows_before
+        assert storage.table(config.layout.sink).count() > rows_before
         audit = pipeline.cli("audit", "--against-kafka")
         assert audit.returncode == 0, audit.stdout + audit.stderr
 
@@ -187,7 +190,7 @@ def test_runs_racing_on_a_store_without_conditional_writes_are_both_refused_at_s
             _, err = racer.communicate(timeout=300)
             assert racer.returncode == 2, err[-3000:]
             assert "accepted a second put-if-absent" in err and pipeline.name in err, err[-3000:]
-        assert not storage.is_table(config.sink_path) and not storage.is_table(config.ledger_path)
+        assert not storage.is_table(config.layout.sink) and not storage.is_table(config.layout.ledger)
 
 
 def test_a_stream_lease_taken_whose_answer_was_lost_is_held(pipeline, s3):
@@ -207,3 +210,32 @@ def test_a_stream_lease_taken_whose_answer_was_lost_is_held(pipeline, s3):
         state = StreamLease(config, "second-owner", "test", ttl_seconds=30).acquire(wait_seconds=5)
         assert proxy.answer_lost
         assert state.owner == "second-owner" and current_lease(config).owner == "second-owner"
+
+
+def test_two_pipelines_on_one_lake_root_each_reach_it_with_their_own_credentials(pipeline, tmp_path):
+    """Storage settings travel with each pipeline's lake value: loading a second pipeline on the
+    same lake root with other credentials changes nothing for the first (a process-wide registry
+    keyed by lake root let the last pipeline loaded win for both)."""
+    server = LocalS3(tmp_path / "auth-s3.log", auth=True).start()
+    try:
+        lake = f"s3://{server.bucket()}/lake"
+        pipeline.write(lake=lake, storage=server.options())
+        body = yaml.safe_load(pipeline.file.read_text())
+        other = f"{pipeline.name}_other"
+        body.update(name=other, storage={**server.options(), "AWS_SECRET_ACCESS_KEY": "wrong"})
+        (pipeline.folder / f"{other}.yaml").write_text(yaml.safe_dump(body))
+
+        mine = load_pipeline(pipeline.name, pipeline.folder)
+        theirs = load_pipeline(other, pipeline.folder)  # loaded last, same lake root
+        assert mine.layout.lake.path == theirs.layout.lake.path == lake
+
+        mine.check_storage()  # the right credentials pass the probe, whoever loaded last
+        storage.create_table(mine.layout.sink, pa.schema([("a", pa.int64())]))
+        storage.append(mine.layout.sink, pa.table({"a": [1]}))
+        assert storage.table(mine.layout.sink).to_pyarrow_table()["a"].to_pylist() == [1]
+
+        with pytest.raises(StorageError, match="the credentials were refused") as refused:
+            theirs.check_storage()  # its own wrong secret, though the same root passed for the first
+        assert other in str(refused.value) and "wrong" not in str(refused.value)
+    finally:
+        server.stop()

@@ -25,7 +25,7 @@ def test_delete_records_past_committed_end_fails_naming_the_offsets(pipeline, sp
     produce_orders(pipeline.bootstrap, pipeline.topic, 2_000, partition=0)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=10_000, partition=1)
     run_pipeline(config, RunContext("first"), lambda: spark)
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, first_id=20_000, partition=0)
     _delete_before(pipeline.bootstrap, pipeline.topic, 0, 2_500)
@@ -35,7 +35,7 @@ def test_delete_records_past_committed_end_fails_naming_the_offsets(pipeline, sp
     message = failed.stderr
     assert f"{pipeline.topic}[0]" in message and "[2000, 2500)" in message, message[-1500:]
     assert "Traceback" not in message
-    assert storage.table(config.sink_path).version() == version, "the sink must not change"
+    assert storage.table(config.layout.sink).version() == version, "the sink must not change"
 
 
 def test_skip_policy_records_a_gap_and_continues(pipeline, spark):
@@ -50,7 +50,7 @@ def test_skip_policy_records_a_gap_and_continues(pipeline, spark):
     run_pipeline(config, RunContext("skip"), lambda: spark)
     gaps = [r for r in ledger_rows(config) if r["status"] == "gap"]
     assert [(g["start_offset"], g["end_offset"]) for g in gaps] == [(1_000, 1_400)]
-    assert storage.table(config.sink_path).transaction_version(config.app_id(pipeline.topic, 0)) == 2_000
+    assert storage.table(config.layout.sink).transaction_version(config.app_id(pipeline.topic, 0)) == 2_000
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout
 
@@ -71,12 +71,12 @@ def test_gap_over_a_crashed_batch_leaves_none_of_its_dead_letters(pipeline, spar
     crashed = pipeline.cli("run", env={"OFFSETLAKE_FAILPOINT": "after_files_written"})
     assert crashed.returncode < 0, crashed.stderr[-2000:]
     # dead letters follow their sink commit now: the crashed batch only staged its 20
-    assert dead_letter_coordinates(config.dead_letter_path) == [], "a batch that never committed shows no dead letter"
+    assert dead_letter_coordinates(config.layout.dead_letters) == [], "a batch that never committed shows no dead letter"
 
     _delete_before(pipeline.bootstrap, pipeline.topic, 0, 1_600)
     run_pipeline(config, RunContext("after"), lambda: spark)
     gaps = [(r["start_offset"], r["end_offset"]) for r in ledger_rows(config) if r["status"] == "gap"]
     assert gaps == [(1_000, 1_600)]
-    dead = sorted(o for _, o in dead_letter_coordinates(config.dead_letter_path))
+    dead = sorted(o for _, o in dead_letter_coordinates(config.layout.dead_letters))
     assert dead == [o for o in range(1_000, 2_000) if (o - 1_000) % 50 == 49 and o >= 1_600], dead
     assert pipeline.cli("audit", "--against-kafka").returncode == 0

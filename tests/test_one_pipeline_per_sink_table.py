@@ -67,7 +67,7 @@ def test_a_second_pipeline_on_the_same_sink_table_is_refused_naming_both(pipelin
     run_pipeline(eu_config, RunContext("eu-2"), lambda: spark)
     assert_exactly_once(eu_config, read_topic(eu.bootstrap, eu.topic))
     _audit_ok(eu_config, 400)
-    topics = storage.table(shared).to_pyarrow_dataset().to_table(columns=["_kafka_topic"])["_kafka_topic"]
+    topics = storage.table(eu_config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_topic"])["_kafka_topic"]
     assert set(topics.to_pylist()) == {eu.topic}
 
     # with its own table, us runs; the way to merge is one pipeline with `topics:`
@@ -85,19 +85,19 @@ def test_a_sink_that_already_holds_two_pipelines_refuses_every_commit_and_rewind
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 200, partition=0)
     first, _second = run_pipeline(config, RunContext("two"), lambda: spark)
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     foreign = {"pipeline": "us", "batch_id": "us-legacy", "kind": "ingest", "ranges": []}
     table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=CommitProperties(
         custom_metadata={"userMetadata": entry_json(foreign)}))
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
 
     with pytest.raises(SinkOwnedError, match=f"pipeline {config.name}: .* belongs to pipeline us"):
         rewind_pipeline(config, first.plan.batch_id)
     produce_orders(pipeline.bootstrap, pipeline.topic, 100, partition=0, first_id=200)
     with pytest.raises(SinkOwnedError):
         run_pipeline(config, RunContext("three"), lambda: spark)
-    assert storage.table(config.sink_path).version() == version, "nothing may be committed on a shared table"
-    history = [json.loads(h["userMetadata"]) for h in storage.table(config.sink_path).history() if h.get("userMetadata")]
+    assert storage.table(config.layout.sink).version() == version, "nothing may be committed on a shared table"
+    history = [json.loads(h["userMetadata"]) for h in storage.table(config.layout.sink).history() if h.get("userMetadata")]
     assert not any(e.get("kind") == "rewind" for e in history)
 
 

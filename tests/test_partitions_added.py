@@ -50,7 +50,7 @@ def test_partitions_added_to_a_running_latest_pipeline_are_read_from_their_log_s
     skipped = {c for c, order_id in truth.good.items() if order_id >= 90_000}  # written before the anchor
     assert len(skipped) == 10
     assert len(truth.good) == 310
-    rows = {(p, o) for p, o, _ in sink_coordinates(config.sink_path)}
+    rows = {(p, o) for p, o, _ in sink_coordinates(config.layout.sink)}
     assert rows == set(truth.good) - skipped
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok, report.text()

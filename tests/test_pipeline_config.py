@@ -132,3 +132,19 @@ def test_lake_locations_local_file_uri_and_object_store(tmp_path):
     assert "AWS_ACCESS_KEY_ID" not in shown  # an empty value is unset
     with pytest.raises(ConfigError, match=r"lake: s3://bucket/my%20lake contains '%'"):
         load_pipeline(str(write(tmp_path, {**BASE, "lake": "s3://bucket/my%20lake"})))
+
+
+def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_path):
+    """A config built without a file is as checked as one load_pipeline read (issue 36)."""
+    from pydantic import ValidationError
+
+    from offsetlake.config import PipelineConfig
+
+    unknown_column = {**BASE, "sink": {"partition_by": ["region"]}}
+    with pytest.raises(ValidationError, match="sink.partition_by: column 'region' is not a field of format.schema"):
+        PipelineConfig.model_validate(unknown_column)
+    with pytest.raises(ConfigError, match=r"orders_x\.yaml: sink\.partition_by: column 'region' is not a field"):
+        load_pipeline(str(write(tmp_path, unknown_column)))
+    local_lake_with_storage = {**BASE, "lake": str(tmp_path / "lake"), "storage": {"AWS_REGION": "eu-west-1"}}
+    with pytest.raises(ValidationError, match="storage: settings for object storage, but lake .* is a local folder"):
+        PipelineConfig.model_validate(local_lake_with_storage)

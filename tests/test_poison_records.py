@@ -51,7 +51,7 @@ def test_poison_records_become_dead_letters_and_the_pipeline_moves_on(pipeline, 
     [result] = run_pipeline(config, RunContext("poison"), lambda: spark)
     assert result.total("records_read") == 7 and result.total("dead_letters") == 3
 
-    dead = storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()
     reasons = {d["_kafka_offset"]: d["reason"] for d in dead}
     assert reasons[2].startswith(f"record timestamp {YEAR_10000_MS + 5_000} ms is outside what the sink's timestamp type")
     assert reasons[3].startswith(f"record timestamp {2**62} ms is outside")
@@ -62,7 +62,7 @@ def test_poison_records_become_dead_letters_and_the_pipeline_moves_on(pipeline, 
     assert {d["_kafka_offset"]: d["headers"] for d in dead}[6] == [
         {"key": "\\xff\\xfe-not-utf8", "value": b"v"}, {"key": "ok", "value": b"w"}]
 
-    rows = {r["_kafka_offset"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    rows = {r["_kafka_offset"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert sorted(rows) == [0, 1, 4, 5]
     assert rows[4]["_kafka_timestamp"] == datetime(1970, 1, 1, tzinfo=UTC) - timedelta(milliseconds=5)
     report = audit_pipeline(config, against_kafka=True)

@@ -125,10 +125,10 @@ def test_any_partition_value_is_a_row_or_a_dead_letter_through_backfill_and_rewi
     _audit(config)
     run_pipeline(config, RunContext("values-again"), lambda: spark, emit=lambda _: None)
     _audit(config)
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     rows = {r["_kafka_offset"]: r["customer"] for r in sink.to_pyarrow_dataset().to_table().to_pylist()}
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.layout.dead_letters) else {}
     for offset, value in enumerate(values):
         if offset in dead:
             assert "partition value of column 'customer'" in dead[offset], (value, dead[offset])
@@ -171,8 +171,8 @@ def test_any_header_and_timestamp_gives_a_row_or_a_dead_letter_with_its_reason(s
     for i, (headers, stamp) in enumerate(records):
         produce_raw(scene.bootstrap, scene.topic, 0, json.dumps({"order_id": i}).encode(), headers, timestamp_ms=stamp)
     [result] = run_pipeline(config, RunContext("headers"), lambda: spark, emit=lambda _: None)
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.dead_letter_path) else {}
+    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
+        if storage.is_table(config.layout.dead_letters) else {}
     for offset, (headers, stamp) in enumerate(records):
         # header keys are never part of a row, UTF-8 or not; librdkafka stamps 0 (and -1) with the time of producing
         bad_time = stamp not in (0, -1) and not YEAR_1_MS <= stamp < YEAR_10000_MS
@@ -282,7 +282,7 @@ class Sequence:
         self.next_id += count
 
     def ends(self) -> dict[int, int]:
-        table = storage.open_table(self.config.sink_path)
+        table = storage.open_table(self.config.layout.sink)
         return {p: (table.transaction_version(self.config.app_id(self.scene.topic, p)) or 0) if table is not None else 0
                 for p in range(self.partitions)}
 
@@ -312,7 +312,7 @@ class Sequence:
             assert self.keyed, "only a keyed backfill may be refused once planned (a key's state it cannot rebuild)"
 
     def rewind(self) -> None:
-        commits = sink_commits(storage.open_table(self.config.sink_path), self.config.name)
+        commits = sink_commits(storage.open_table(self.config.layout.sink), self.config.name)
         undone = rewound_batches(commits)
         live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
         if live:
@@ -346,8 +346,8 @@ class Sequence:
         from offsetlake.topic_epochs import reset_topic_epoch
 
         committed = any(self.ends().values())
-        if not self.keyed and storage.open_table(self.config.sink_path) is not None:
-            self.earlier = Counter(storage.table(self.config.sink_path).to_pyarrow_dataset()
+        if not self.keyed and storage.open_table(self.config.layout.sink) is not None:
+            self.earlier = Counter(storage.table(self.config.layout.sink).to_pyarrow_dataset()
                                    .to_table(columns=["order_id"])["order_id"].to_pylist())
         admin = AdminClient({"bootstrap.servers": self.scene.bootstrap})
         admin.delete_topics([self.scene.topic])[self.scene.topic].result(30)
@@ -379,7 +379,7 @@ class Sequence:
             self.config = self.write()
         elif op == "rewind":
             self.rewind()
-        elif op == "maintenance" and storage.open_table(self.config.sink_path) is not None:
+        elif op == "maintenance" and storage.open_table(self.config.layout.sink) is not None:
             maintain(self.config, retention_hours=1)
         elif op == "crash":
             self.crash()
@@ -390,7 +390,7 @@ class Sequence:
         event(f"operation: {op}")  # --hypothesis-show-statistics: how often each one ran
         _audit(self.config)
         if self.earlier:  # the rows of a deleted topic stay, once each, whatever came after
-            now = Counter(storage.table(self.config.sink_path).to_pyarrow_dataset()
+            now = Counter(storage.table(self.config.layout.sink).to_pyarrow_dataset()
                           .to_table(columns=["order_id"])["order_id"].to_pylist())
             changed = {i: (n, now[i]) for i, n in self.earlier.items() if now[i] != n}
             assert not changed, f"rows of the deleted topic changed (order id: (before, now)): {dict(list(changed.items())[:5])}"
@@ -420,8 +420,8 @@ def test_random_sequences_on_a_sub_millisecond_timestamp_key_keep_the_newest_rec
     sequence.produce()
     for op in [*ops, "ingest"]:
         sequence.step(op)
-    exists = storage.open_table(sequence.config.sink_path) is not None  # the topic may have been re-created empty
-    slots = [row["slot"] for row in keyed_sink_rows(sequence.config.sink_path)] if exists else []
+    exists = storage.open_table(sequence.config.layout.sink) is not None  # the topic may have been re-created empty
+    slots = [row["slot"] for row in keyed_sink_rows(sequence.config.layout.sink)] if exists else []
     assert len(slots) == len(set(slots)), f"keys with several rows: {[s for s, n in Counter(slots).items() if n > 1]}"
 
 

@@ -163,7 +163,7 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
     [second] = run_pipeline(config, RunContext("v2"), lambda: spark)
     assert second.total("rows_written") == 29 and second.total("dead_letters") == 10
 
-    rows = {r["order_id"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    rows = {r["order_id"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert rows[13]["coupon"] == "SAVE" and rows[14]["coupon"] is None and rows[3]["coupon"] is None
     # every type of the mapping table, as produced
     r = rows[15]
@@ -181,7 +181,7 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
         "proto3 fields without presence read their default"
     assert rows[11]["coupon"] is None, "a row written before the column existed"
 
-    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()}
+    reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
     assert reasons[40].startswith("value does not start with the Confluent wire-format header")
     assert reasons[41] == f"schema id {2**31 - 9} is not in the Schema Registry"
     assert reasons[42] == f"the message indexes after schema id {v1_id} are cut short or malformed"
@@ -207,9 +207,9 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
         return order.order_id
 
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic, order_id=order_id))
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
     assert run_pipeline(config, RunContext("v2"), lambda: spark) == [], "a rerun of a committed run is a no-op"
-    assert storage.table(config.sink_path).version() == version
+    assert storage.table(config.layout.sink).version() == version
 
 
 def test_a_recursive_protobuf_message_or_an_unknown_reader_message_is_refused(pipeline, spark, schema_registry):
@@ -222,7 +222,7 @@ def test_a_recursive_protobuf_message_or_an_unknown_reader_message_is_refused(pi
     config = pipeline.write(format={"type": "protobuf", "schema_registry": schema_registry.settings, "message": "shop.Nope"})
     with pytest.raises(ConfigError, match=r"format.message shop.Nope is not a message of it \(it has: shop.Order, shop.Other"):
         run_pipeline(config, RunContext("unknown"), lambda: spark)
-    assert storage.open_table(config.sink_path) is None
+    assert storage.open_table(config.layout.sink) is None
 
 
 def test_protobuf_imports_through_registry_references_and_json_valued_types(pipeline, spark, schema_registry):
@@ -259,6 +259,6 @@ def test_protobuf_imports_through_registry_references_and_json_valued_types(pipe
     config = pipeline.write(format={"type": "protobuf", "schema_registry": schema_registry.settings, "message": "shop.Sale"})
     [batch] = run_pipeline(config, RunContext("refs"), lambda: spark)
     assert batch.total("rows_written") == 5 and batch.total("dead_letters") == 0
-    rows = {r["order_id"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    rows = {r["order_id"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert rows[3]["price"] == {"currency": "NOK", "units": 300}
     assert json.loads(rows[3]["extra"]) == {"channel": "web", "rank": 3.0}

@@ -37,11 +37,11 @@ def _order(i: int) -> bytes:
 
 
 def _sink(config) -> dict[int, dict]:
-    return {r["order_id"]: r for r in storage.table(config.sink_path).to_pyarrow_table().to_pylist()}
+    return {r["order_id"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
 
 
 def _dead(config) -> dict[int, str]:
-    return {d["_kafka_offset"]: d["reason"] for d in storage.table(config.dead_letter_path).to_pyarrow_table().to_pylist()}
+    return {d["_kafka_offset"]: d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
 
 
 def _other(pipeline, suffix: str):
@@ -73,7 +73,7 @@ def test_keys_are_text_by_default_or_bytes_and_a_key_that_is_not_utf8_is_a_dead_
     none = _other(pipeline, "none")
     config = none.write(key_format="none")
     run_pipeline(config, RunContext("none"), lambda: spark)
-    assert "_kafka_key" not in storage.table(config.sink_path).schema().to_arrow().names
+    assert "_kafka_key" not in storage.table(config.layout.sink).schema().to_arrow().names
 
 
 def test_a_sink_from_before_key_format_keeps_its_shape_until_the_file_asks_for_the_key(pipeline, spark):
@@ -86,13 +86,13 @@ def test_a_sink_from_before_key_format_keeps_its_shape_until_the_file_asks_for_t
     config = pipeline.write(on_schema_change="fail")  # key_format unset: the sink has no _kafka_key, so none
     [batch] = run_pipeline(config, RunContext("unset"), lambda: spark)
     assert batch.total("rows_written") == 5 and batch.total("dead_letters") == 0, "a binary key is no problem without a key column"
-    assert "_kafka_key" not in storage.table(config.sink_path).schema().to_arrow().names
+    assert "_kafka_key" not in storage.table(config.layout.sink).schema().to_arrow().names
 
     _produce(pipeline.bootstrap, pipeline.topic, [(f"k{i}".encode(), _order(i)) for i in range(10, 15)])
     strict = pipeline.write(key_format="string", on_schema_change="fail")
     with pytest.raises(SchemaChangeError, match="new column '_kafka_key'.*key_format: none keeps the sink without it"):
         run_pipeline(strict, RunContext("strict"), lambda: spark)
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
     config = pipeline.write(key_format="string")  # evolve: the column comes in the batch's own commit
     [batch] = run_pipeline(config, RunContext("after"), lambda: spark)
     assert batch.total("rows_written") == 5 and batch.sink_version == version + 1
@@ -128,7 +128,7 @@ def test_an_avro_record_key_becomes_named_columns_through_the_registry(pipeline,
     key_id = schema_registry.client().get_version(f"{pipeline.topic}-key", 1).schema_id
     assert entry["key"] == {"source": "registry", "subject": f"{pipeline.topic}-key", "version": 1, "id": key_id,
                             "fingerprint": entry["key"]["fingerprint"]}
-    assert sorted(storage.table(config.sink_path).metadata().partition_columns) == ["key_region"]
+    assert sorted(storage.table(config.layout.sink).metadata().partition_columns) == ["key_region"]
 
 
 def test_json_and_protobuf_record_keys(pipeline, spark, schema_registry):

@@ -38,7 +38,7 @@ def _txns(config, table: DeltaTable, partitions) -> dict[int, int | None]:
 
 
 def _dead_letter_batches(config) -> list[str]:
-    return storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["batch_id"])["batch_id"].to_pylist()
+    return storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table(columns=["batch_id"])["batch_id"].to_pylist()
 
 
 @pytest.mark.also_on_s3(long=True)  # its S3 run: make torture
@@ -56,25 +56,25 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     assert len(first) == 2 and len(second) == 2, batches
     k, later = batches[1], batches[2:]
     version_k = first[1].sink_version
-    then = storage.table(config.sink_path, version=version_k)
+    then = storage.table(config.layout.sink, version=version_k)
     expected_rows, expected_txns = _rows(then), _txns(config, then, [0, 1])
     assert expected_txns[0] is not None and _txns(config, then, [2])[2] is None
     dead_before = _dead_letter_batches(config)
     # compaction after batch k: the rewind must re-add batch 1..2's files and drop the compacted one
-    assert storage.table(config.sink_path).optimize.compact()["numFilesRemoved"] > 0
+    assert storage.table(config.layout.sink).optimize.compact()["numFilesRemoved"] > 0
     assert {b for b in dead_before} & set(later), "batches 3..4 must have dead letters to rewind"
 
     unknown = pipeline.cli("rewind", "--to-batch", "no-such-batch")
     assert unknown.returncode == 2, unknown.stderr[-2000:]
     assert f"pipeline {config.name}: cannot rewind to batch no-such-batch: no such batch" in unknown.stderr
 
-    version_before = storage.table(config.sink_path).version()
+    version_before = storage.table(config.layout.sink).version()
     ledger_before = ledger_rows(config)
     dry = pipeline.cli("rewind", "--to-batch", k, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert all(b in dry.stdout for b in later) and "dry run: nothing written" in dry.stdout
     assert f"{config.topic}[2]  " in dry.stdout and "-> 0" in dry.stdout, dry.stdout
-    assert storage.table(config.sink_path).version() == version_before, "--dry-run must not commit"
+    assert storage.table(config.layout.sink).version() == version_before, "--dry-run must not commit"
     assert ledger_rows(config) == ledger_before, "--dry-run must not touch the ledger"
     assert _dead_letter_batches(config) == dead_before, "--dry-run must not touch dead letters"
 
@@ -82,7 +82,7 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert [b["batch_id"] for b in result["rewound"]] == later
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     assert sink.version() == version_before + 1, "a rewind is ONE sink commit"
     assert result["remove_files"] and result["readd_files"]
     assert _rows(sink) == expected_rows, "the sink must equal time travel to batch k's version"
@@ -91,7 +91,7 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     entry = json.loads(sink.history(1)[0]["userMetadata"])
     assert entry["kind"] == "rewind" and entry["rewound"] == later and entry["to_batch"] == k
     assert entry["reason"] == "bug in the 14:00 deploy"
-    statuses = {r["batch_id"]: r["status"] for r in Ledger(config.ledger_path, config.name).batches()}
+    statuses = {r["batch_id"]: r["status"] for r in Ledger(config.layout.ledger, config.name).batches()}
     assert [statuses[b] for b in batches] == ["committed", "committed", "rewound", "rewound"]
     dead_after = _dead_letter_batches(config)
     assert not set(dead_after) & set(later), "dead letters of rewound batches must go"
@@ -101,10 +101,10 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     with pytest.raises(RewindError, match=f"batch {later[0]}: that batch was itself rewound"):
         rewind_pipeline(config, later[0])
     # an Airflow retry or clear of a rewound batch's dag run must not apply its old plan again
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
     with pytest.raises(StalePlanError, match=f"batch {later[0]} was rewound by"):
         execute_recorded_batch(config, later[0], lambda: spark)
-    assert storage.table(config.sink_path).version() == version
+    assert storage.table(config.layout.sink).version() == version
 
     config = pipeline.write(max_records_per_batch=1_000)  # one batch reprocesses both rewound ones
     rerun = run_pipeline(config, RunContext("rerun"), lambda: spark)
@@ -112,22 +112,22 @@ def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
 
     # the sink's history stays the truth: a rebuilt ledger still says rewound, not committed
-    ledger = Ledger(config.ledger_path, config.name)
-    ledger.rebuild(sink_commits(storage.table(config.sink_path), config.name))
+    ledger = Ledger(config.layout.ledger, config.name)
+    ledger.rebuild(sink_commits(storage.table(config.layout.sink), config.name))
     rebuilt = {r["batch_id"]: r["status"] for r in ledger.batches(pc.field("batch_id").isin(batches))}
     assert [rebuilt[b] for b in batches] == ["committed", "committed", "rewound", "rewound"]
     final = audit_pipeline(config, against_kafka=True)
     assert final.ok, final.text()
 
     # files of the target version gone from disk (vacuumed): refused whole, nothing written
-    compacted = storage.table(config.sink_path)
+    compacted = storage.table(config.layout.sink)
     assert compacted.optimize.compact()["numFilesRemoved"] > 0
-    gone = storage.table(config.sink_path, version=first[0].sink_version).file_uris()[0]
-    delete_file(gone)
-    version = storage.table(config.sink_path).version()
+    gone = storage.table(config.layout.sink, version=first[0].sink_version).file_uris()[0]
+    delete_file(gone, config.layout.sink.options)
+    version = storage.table(config.layout.sink).version()
     with pytest.raises(RewindError, match=f"batch {batches[0]}: 1 data files of sink version .* are gone from disk"):
         rewind_pipeline(config, batches[0])
-    assert storage.table(config.sink_path).version() == version
+    assert storage.table(config.layout.sink).version() == version
 
 
 def test_rewind_dag_parses_with_its_params(pipeline, tmp_path):

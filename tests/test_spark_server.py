@@ -31,7 +31,7 @@ def test_attached_cli_runs_start_no_jvm_and_a_crash_at_every_failpoint_stays_exa
     assert summaries and all(s["status"] == "committed" for s in summaries)
 
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
-    sink = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["amount", "amount_cents"]).to_pylist()
+    sink = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["amount", "amount_cents"]).to_pylist()
     assert sink and all(r["amount_cents"] == int(r["amount"] * 100) for r in sink)  # the transform ran on the server
     assert_every_plan_has_an_outcome(config)
     audit = pipeline.cli("audit", "--against-kafka")
@@ -45,4 +45,4 @@ def test_attaching_to_a_server_that_is_not_there_fails_naming_it_before_planning
     done = pipeline.cli("run", "--remote", "sc://127.0.0.1:1", timeout=120)
     assert done.returncode == 2
     assert "cannot reach the Spark Connect server at sc://127.0.0.1:1" in done.stderr, done.stderr[-2000:]
-    assert not storage.is_table(config.ledger_path), "a run that could not start Spark planned a batch"
+    assert not storage.is_table(config.layout.ledger), "a run that could not start Spark planned a batch"

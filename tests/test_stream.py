@@ -152,7 +152,7 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     assert skipped.returncode == 0, skipped.stderr
     assert "step=skip" in skipped.stderr and "owned by a live stream" in skipped.stderr
     backfill = plan_backfill(config, RunContext("backfill-during-stream"), [0], 0, 500)
-    Ledger(config.ledger_path, config.name).record_plan(backfill)
+    Ledger(config.layout.ledger, config.name).record_plan(backfill)
     assert execute_recorded_batch(config, backfill.batch_id, lambda: spark).status == "committed"
 
     # 2. SIGTERM: the batch in flight finishes, the lease is released, exit 0

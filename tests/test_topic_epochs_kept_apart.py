@@ -68,7 +68,7 @@ def _two_epochs(pipeline, spark):
 
 def _rows_by_epoch(config) -> dict[int, list[tuple[int, int]]]:
     """Per epoch the sink's rows say, (offset, order id) of each row, duplicates kept."""
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
         columns=["_kafka_offset", "order_id", "_offsetlake_epoch"])
     out: dict[int, list[tuple[int, int]]] = {}
     for offset, order_id, epoch in zip(*(data[c].to_pylist() for c in data.column_names), strict=True):
@@ -79,7 +79,7 @@ def _rows_by_epoch(config) -> dict[int, list[tuple[int, int]]]:
 def _assert_both_epochs_whole(config, new_ids: set[int]) -> None:
     """Every old-epoch row and every new-epoch record in the sink exactly once, both audits pass,
     and each row carries its epoch."""
-    order_ids = [order_id for _, _, order_id in sink_coordinates(config.sink_path)]
+    order_ids = [order_id for _, _, order_id in sink_coordinates(config.layout.sink)]
     assert sorted(order_ids) == sorted(OLD_IDS | new_ids), (
         f"missing {sorted((OLD_IDS | new_ids) - set(order_ids))[:5]}, {len(order_ids) - len(set(order_ids))} twice")
     for against_kafka in (False, True):
@@ -98,7 +98,7 @@ def _assert_both_epochs_whole(config, new_ids: set[int]) -> None:
 
 def test_compaction_after_an_epoch_reset_keeps_each_row_in_its_epoch(pipeline, spark):
     config, new_ids = _two_epochs(pipeline, spark)
-    before = storage.table(config.sink_path)
+    before = storage.table(config.layout.sink)
     assert len(before.file_uris()) >= 4
 
     sink = next(r for r in maintain(config, retention_hours=1) if r.table == "sink")
@@ -110,7 +110,7 @@ def test_compaction_after_an_epoch_reset_keeps_each_row_in_its_epoch(pipeline, s
 
 def test_a_backfill_after_an_epoch_reset_replaces_only_the_current_epochs_rows(pipeline, spark):
     config, new_ids = _two_epochs(pipeline, spark)
-    ledger = Ledger(config.ledger_path, config.name)
+    ledger = Ledger(config.layout.ledger, config.name)
 
     by_offsets = plan_backfill(config, RunContext("backfill-offsets"), [0], 10, 30)
     ledger.record_plan(by_offsets)
@@ -129,7 +129,7 @@ def test_a_backfill_after_an_epoch_reset_replaces_only_the_current_epochs_rows(p
 
 def test_a_rewind_past_the_epoch_commit_is_refused_and_one_inside_the_epoch_works(pipeline, spark):
     config, new_ids = _two_epochs(pipeline, spark)
-    commits = sink_commits(storage.table(config.sink_path), config.name)
+    commits = sink_commits(storage.table(config.layout.sink), config.name)
     ingests = [c for c in commits if c.kind == "ingest"]
     epoch = next(c for c in commits if c.kind == "epoch")
     old_batch, new_first = ingests[1], ingests[2]
@@ -141,7 +141,7 @@ def test_a_rewind_past_the_epoch_commit_is_refused_and_one_inside_the_epoch_work
     for part in (f"pipeline {config.name}", f"topic {pipeline.topic}", f"sink version {epoch.version}",
                  f"batch {epoch.batch_id}", "the topic before it was re-created", "which Kafka no longer has"):
         assert part in said, said
-    assert storage.table(config.sink_path).version() == max(c.version for c in commits), "nothing was committed"
+    assert storage.table(config.layout.sink).version() == max(c.version for c in commits), "nothing was committed"
 
     done = rewind_pipeline(config, new_first.batch_id, reason="reprocess the new topic's last batch")
     assert [b["batch_id"] for b in done.plan.rewound] == [ingests[3].batch_id]
@@ -171,7 +171,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     _produce_keyed(pipeline.bootstrap, pipeline.topic,
                    [(f"other{i}", i, stamp - 1000, 0) for i in range(5)] + [("K", 5, stamp, 0), ("J", 7, stamp + 10_000, 1)])
     run_pipeline(config, RunContext("old"), lambda: spark)
-    assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.sink_path)}["K"] == 5
+    assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.layout.sink)}["K"] == 5
 
     _delete(pipeline.bootstrap, pipeline.topic)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -179,7 +179,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     reset_topic_epoch(config, pipeline.topic, reason="topic re-created")
     run_pipeline(config, RunContext("new"), lambda: spark)
 
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     by_key = {r["_kafka_key"]: r for r in rows}
     # other0 and other1 sit at offsets 0 and 1 of the old topic, the offsets of K's and J's new
     # records: a merge that took them for records the batch reprocesses dropped them
@@ -188,7 +188,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     assert by_key["K"]["_offsetlake_epoch"] == 1
     assert (by_key["J"]["order_id"], by_key["J"]["_kafka_partition"], by_key["J"]["_offsetlake_epoch"]) == (7, 1, None)
     assert all(by_key[f"other{i}"]["order_id"] == i and by_key[f"other{i}"]["_offsetlake_epoch"] is None for i in range(5))
-    state = storage.table(config.sink_path).to_pyarrow_dataset().to_table(filter=pc.field("_kafka_key") == "K")
+    state = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(filter=pc.field("_kafka_key") == "K")
     assert state.num_rows == 1, "K keeps one state row in partition 0: the later epoch's record replaced it"
     for against_kafka in (False, True):
         report = audit_pipeline(config, against_kafka=against_kafka)

@@ -55,7 +55,7 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     assert status.returncode == 2 and "log end is 25" in status.stderr, (status.stdout, status.stderr)
     with pytest.raises(TopicIdentityError, match=r"committed end is 50 but the partition's log end is 25"):
         audit_pipeline(config, against_kafka=True)
-    assert len(sink_coordinates(config.sink_path)) == 100  # nothing was written meanwhile
+    assert len(sink_coordinates(config.layout.sink)) == 100  # nothing was written meanwhile
 
     reset = pipeline.cli("topic", "reset-epoch", "--topic", pipeline.topic, "--reason", "topic re-created")
     assert reset.returncode == 0, reset.stderr
@@ -75,7 +75,7 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     truth = read_topic(pipeline.bootstrap, pipeline.topic)  # the new topic, read independently
     assert len(truth.good) == 150 and not truth.bad
     old_ids = set(range(50)) | set(range(10_000, 10_050))
-    order_ids = [order_id for _, _, order_id in sink_coordinates(config.sink_path)]
+    order_ids = [order_id for _, _, order_id in sink_coordinates(config.layout.sink)]
     assert len(order_ids) == 250 and len(set(order_ids)) == 250, "a record is missing or twice in the sink"
     assert set(order_ids) == old_ids | set(truth.good.values())
     for against_kafka in (False, True):
@@ -118,7 +118,7 @@ def test_dead_letters_of_an_earlier_epoch_stay_beside_the_new_epochs_at_the_same
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 50, first_id=0, malformed_every=10, partition=0)
     run_pipeline(config, RunContext("old-epoch"), lambda: spark)
-    old_dead = sorted(dead_letter_coordinates(config.dead_letter_path))
+    old_dead = sorted(dead_letter_coordinates(config.layout.dead_letters))
     assert len(old_dead) == 5
 
     _delete(pipeline.bootstrap, pipeline.topic)
@@ -129,7 +129,7 @@ def test_dead_letters_of_an_earlier_epoch_stay_beside_the_new_epochs_at_the_same
     produce_orders(pipeline.bootstrap, pipeline.topic, 30, first_id=2_000, malformed_every=10, partition=0)
     run_pipeline(config, RunContext("new-epoch"), lambda: spark)
 
-    dead = sorted(dead_letter_coordinates(config.dead_letter_path))
+    dead = sorted(dead_letter_coordinates(config.layout.dead_letters))
     assert len(dead) == 5 + 6, dead
     assert all(dead.count(d) == 2 for d in old_dead), f"the old and the new dead letter at one offset are both kept: {dead}"
     for against_kafka in (False, True):

@@ -31,13 +31,13 @@ def test_open_transaction_at_tail_is_left_for_the_next_run(pipeline, spark):
     results = run_pipeline(config, RunContext("open-txn"), lambda: spark)
     assert time.monotonic() - started < config.read_timeout_seconds, "the run waited on the open transaction"
     assert len(results) == 1
-    ids = {oid for _, _, oid in sink_coordinates(config.sink_path)}
+    ids = {oid for _, _, oid in sink_coordinates(config.layout.sink)}
     assert not ids & set(range(900_000, 900_100)), "records of an open transaction leaked into the sink"
     assert len(ids) == 2_000
 
     producer.commit_transaction(30)
     run_pipeline(config, RunContext("after-commit"), lambda: spark)
-    ids = {oid for _, _, oid in sink_coordinates(config.sink_path)}
+    ids = {oid for _, _, oid in sink_coordinates(config.layout.sink)}
     assert set(range(900_000, 900_100)) <= ids
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
 

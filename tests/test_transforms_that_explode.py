@@ -42,7 +42,7 @@ def _produce(bootstrap: str, topic: str, count: int) -> None:
 
 
 def _rows(config) -> list[tuple]:
-    data = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "_kafka_row", "item"])
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "_kafka_row", "item"])
     return sorted(zip(*(data[c].to_pylist() for c in data.column_names), strict=True))
 
 
@@ -70,10 +70,10 @@ def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_se
 
     # the same data file committed twice: every row of its records is there twice, which the
     # audit must see (per (record, _kafka_row)), explode or not
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     source = next(f for f in pa.table(table.get_add_actions(flatten=True)).to_pylist() if f["num_records"])
     copy = source["path"].replace(".parquet", "-copy.parquet")
-    fs, root = storage.filesystem(config.sink_path)
+    fs, root = storage.filesystem(config.layout.sink)
     fs.copy_file(f"{root}/{source['path']}", f"{root}/{copy}")
     table.create_write_transaction(
         [AddAction(copy, source["size_bytes"], {}, int(time.time() * 1000), True, "{}")], mode="append",

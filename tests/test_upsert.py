@@ -45,7 +45,7 @@ def _updates(n: int, keys: int, partitions: int, seed: int, delete_share: float 
 
 
 def _sink_by_key(config) -> dict[str, dict]:
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     keys = [r["_kafka_key"] for r in rows]
     assert len(keys) == len(set(keys)), "a key appears more than once"
     return {r["_kafka_key"]: r for r in rows}
@@ -91,7 +91,7 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
         run_pipeline(config, RunContext(f"after-{name}"), lambda: spark)
     _assert_converged(config, pipeline)
     assert run_pipeline(config, RunContext("nothing-new"), lambda: spark) == []
-    commits = [c for c in sink_commits(storage.table(config.sink_path), config.name)]
+    commits = [c for c in sink_commits(storage.table(config.layout.sink), config.name)]
     merged = [c.entry["merge"] for c in commits if "merge" in c.entry]
     assert sum(m["deleted"] for m in merged) > 0 and sum(m["updated"] for m in merged) > 0
     audit = pipeline.cli("audit", "--against-kafka")
@@ -99,10 +99,10 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
     assert "rows compared with their key's newest record" in audit.stdout, audit.stdout
 
     # the audit sees a key written twice, and a row that is not its key's newest record
-    table = storage.table(config.sink_path)
+    table = storage.table(config.layout.sink)
     some = table.to_pyarrow_table().filter(pc.field("_offsetlake_hidden").is_null()).slice(0, 1)
     older = some.set_column(some.schema.get_field_index("amount"), "amount", pa.array([-1.0]))
-    storage.append(config.sink_path, older)
+    storage.append(config.layout.sink, older)
     report = audit_pipeline(config, against_kafka=True)
     assert not report.ok
     assert "has 2 rows in the keyed sink" in report.text() and "a row differs from its newest record" in report.text()
@@ -181,14 +181,14 @@ def test_a_debezium_topic_gives_the_table_its_changes_replayed_in_order_give(pip
     run_pipeline(config, RunContext("changes"), lambda: spark)
 
     expected = _replay_debezium(read_records(pipeline.bootstrap, pipeline.topic))
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     assert len(rows) == len({r["id"] for r in rows}), "one row per id"
     got = {r["id"]: r for r in rows}
     assert set(got) == set(expected)
     for i, row in expected.items():
         assert {k: got[i][k] for k in row} == row, i
         assert got[i]["_cdc_ts_ms"] == 1_700_000_000_000 + row["_cdc_lsn"] - 3
-    dead = storage.table(config.dead_letter_path).to_pyarrow_table().sort_by("_kafka_offset").to_pylist()
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_table().sort_by("_kafka_offset").to_pylist()
     assert sorted(d["reason"] for d in dead) == sorted(reasons), [d["reason"] for d in dead]
     _assert_audit_passes(config)
 
@@ -201,7 +201,7 @@ def test_a_debezium_topic_in_an_append_sink_is_its_change_log(pipeline, spark):
         "type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"}})
     [batch] = run_pipeline(config, RunContext("log"), lambda: spark)
     tombstones = sum(1 for _, _, v in events if v is None)
-    rows = storage.table(config.sink_path).to_pyarrow_table().to_pylist()
+    rows = storage.table(config.layout.sink).to_pyarrow_table().to_pylist()
     assert len(rows) == len(events) - tombstones - len(reasons), "every change a row; tombstones none"
     assert batch.total("dead_letters") == len(reasons)
     deletes = [r for r in rows if r["_cdc_op"] == "d"]
@@ -245,11 +245,11 @@ def test_a_backfill_of_an_old_range_never_brings_back_an_older_value_and_repeati
         assert row["_kafka_offset"] == offset and row["amount"] == before[key]["amount"], key
         # rows whose record was reprocessed have the new field; the newer ones were left alone
         assert row["note"] == (json.loads(value)["note"] if offset < 120 else None), key
-    version = storage.table(config.sink_path).version()
+    version = storage.table(config.layout.sink).version()
 
     _backfill(config, spark, 0, 120)
     assert _sink_by_key(config) == after
-    assert storage.table(config.sink_path).version() == version + 1, "one commit, no change"
+    assert storage.table(config.layout.sink).version() == version + 1, "one commit, no change"
     _assert_audit_passes(config)
 
 
@@ -271,7 +271,7 @@ def test_rewind_restores_a_keyed_sink_as_of_a_batch_and_compaction_brings_no_del
     run_pipeline(config, RunContext("second"), lambda: spark)
     _assert_converged(config, pipeline)
 
-    files = len(storage.table(config.sink_path).file_uris())
+    files = len(storage.table(config.layout.sink).file_uris())
     assert files >= 3, "file_rows keeps the merge's files small"
     [sink_report, *_] = maintain(config, retention_hours=1)
     assert sink_report.compacted_from > 1
@@ -330,11 +330,11 @@ def test_debezium_avro_events_through_the_registry_keyed_by_the_record_key(pipel
         "type": "avro", "envelope": "debezium", "schema_registry": schema_registry.settings},
         sink={"mode": "upsert", "key": ["_kafka_key"]})
     run_pipeline(config, RunContext("avro-cdc"), lambda: spark)
-    rows = keyed_sink_rows(config.sink_path)
+    rows = keyed_sink_rows(config.layout.sink)
     got = {int(r["_kafka_key"]): {"id": r["id"], "name": r["name"], "tier": r["tier"]} for r in rows}
     assert got == live
     assert all(r["_cdc_op"] in ("c", "u") and r["_cdc_lsn"] == r["_cdc_ts_ms"] for r in rows)
-    dead = storage.table(config.dead_letter_path).to_pyarrow_table() if storage.is_table(config.dead_letter_path) else None
+    dead = storage.table(config.layout.dead_letters).to_pyarrow_table() if storage.is_table(config.layout.dead_letters) else None
     assert dead is None or dead.num_rows == 0, dead["reason"].to_pylist()[:3]
 
 
@@ -368,7 +368,7 @@ def test_a_stream_over_two_topics_into_a_keyed_sink_converges(pipeline, spark):
         lso = {(t, p): end for t in (a, b) for p, end in last_stable_offsets(pipeline.bootstrap, t).items()}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            table = storage.open_table(config.sink_path)
+            table = storage.open_table(config.layout.sink)
             ends = {tp: table.transaction_version(config.app_id(*tp)) if table else None for tp in lso}
             if ends == lso:
                 break
@@ -415,5 +415,5 @@ def test_a_key_in_two_topics_is_resolved_by_record_time_then_coordinates(pipelin
     send(b, "x", 7, base + 9_000)
     run_pipeline(config, RunContext("newer"), lambda: spark)
     assert _sink_by_key(config)["x"]["order_id"] == 7
-    merges = [c.entry["merge"] for c in sink_commits(storage.table(config.sink_path), config.name)]
+    merges = [c.entry["merge"] for c in sink_commits(storage.table(config.layout.sink), config.name)]
     assert merges[1]["older"] == 2 and merges[2]["updated"] == 1

@@ -36,7 +36,7 @@ SUITE = {
 
 
 def ledger_rows(config, batch_id: str) -> list[dict]:
-    data = storage.table(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+    data = storage.table(config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
     return [r for r in data if r["batch_id"] == batch_id]
 
 
@@ -67,7 +67,7 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert summary["outcome"] == "passed" and summary["rows_validated"] == 400 and summary["failed"] == []
     assert {e["type"] for e in summary["expectations"]} == {next(iter(e)) for e in SUITE["expectations"]}
     assert _report_exists(summary["report"])
-    sink = storage.table(config.sink_path)
+    sink = storage.table(config.layout.sink)
     metadata = json.loads(sink.history(1)[0]["userMetadata"])
     assert metadata["validation"]["outcome"] == "passed"
     version_before = sink.version()
@@ -81,10 +81,10 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert "expect_column_values_to_not_be_null(column=customer): 24 unexpected of 588 rows" in failed.stderr
     assert "nothing was committed" in failed.stderr
     assert "report: file://" in failed.stderr or f"report: {config.lake_path}/_validation/" in failed.stderr, failed.stderr
-    assert storage.table(config.sink_path).version() == version_before
-    after = storage.table(config.sink_path)
+    assert storage.table(config.layout.sink).version() == version_before
+    after = storage.table(config.layout.sink)
     assert {p: after.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
-    bad_rows = [r for r in storage.table(config.ledger_path).to_pyarrow_dataset().to_table().to_pylist()
+    bad_rows = [r for r in storage.table(config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
                 if r["run_id"] == "bad-run" and r["status"] == "failed"]
     assert bad_rows, "the failed batch must have failed ledger rows"
     bad_batch = bad_rows[0]["batch_id"]
@@ -106,14 +106,14 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert result["rows_written"] == 600 - 12 - 24 and result["dead_letters"] == 12 + 24
 
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    sink_rows = sink_coordinates(config.sink_path)
-    dead = dead_letter_coordinates(config.dead_letter_path)
+    sink_rows = sink_coordinates(config.layout.sink)
+    dead = dead_letter_coordinates(config.layout.dead_letters)
     every = [(p, o) for p, o, _ in sink_rows] + dead
     assert len(every) == len(set(every)), "a record is both in the sink and a dead letter, or twice in one"
     assert set(every) == set(truth.good) | truth.bad
-    dead_reasons = storage.table(config.dead_letter_path).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
+    dead_reasons = storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table(columns=["reason"])["reason"].to_pylist()
     assert dead_reasons.count("failed expectation: expect_column_values_to_not_be_null(column=customer)") == 24
-    customers = storage.table(config.sink_path).to_pyarrow_dataset().to_table(columns=["customer"])["customer"]
+    customers = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["customer"])["customer"]
     assert customers.null_count == 0
     final = [r for r in ledger_rows(config, bad_batch) if r["status"] == "committed"]
     assert len(final) == 2, "one committed ledger row per partition of the rerun batch"

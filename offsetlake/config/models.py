@@ -1,34 +1,31 @@
-"""Pipeline definitions: one YAML file per pipeline under ``pipelines/``.
+"""The pipeline definition as a typed model: every field and every cross-field rule.
 
-Loading validates every field and reports errors as ``<file>: <field>: <problem>`` so a typo is
-found before anything touches Kafka or Delta. ``${VAR}`` and ``${VAR:-default}`` are replaced
-from the environment. Kafka client options are passed to librdkafka unchanged and are never
-logged: ``PipelineConfig.redacted_kafka_options`` is the only view of them meant for humans.
+``PipelineConfig.model_validate`` enforces all of it, the rules between fields included (a
+partition column the rows cannot have, a suite or transform file that is not there, storage
+settings for a local lake), so a config built anywhere is as checked as one ``load_pipeline``
+read. Kafka client options are passed to librdkafka unchanged and are never logged:
+``PipelineConfig.redacted_kafka_options`` is the only view of them meant for humans.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from offsetlake import storage
+from offsetlake.config.ddl import PARTITION_COLUMN_TYPES, spark_type_problem
+from offsetlake.config.layout import LakeLayout, app_id
+from offsetlake.config.registry_settings import registry_options, registry_settings_problem
 from offsetlake.errors import ConfigError
 
 PIPELINE_NAME = re.compile(r"^[a-z0-9_]+$")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_KEY = re.compile(r"(password|secret|jaas|token|key\.pem|keystore|truststore|credential)", re.I)
-# Spark SQL's type names (its DDL grammar; char/varchar read as string)
-_PRIMITIVE_TYPES = {
-    "string", "long", "bigint", "int", "integer", "short", "smallint", "byte", "tinyint", "double", "float", "real",
-    "boolean", "timestamp", "timestamp_ltz", "timestamp_ntz", "date", "binary",
-}
-PARTITION_COLUMN_TYPES = {"string", "date", "int", "integer", "long", "bigint", "boolean"}
 # ``max_record_bytes``: the default lets the issue-35 records (a 95 MB JSON value beside a 50 MB
 # one in one consume call) through on both data paths with the 2g driver; the ceiling is
 # librdkafka's own largest message (message.max.bytes, 1,000,000,000).
@@ -93,48 +90,6 @@ class JsonFormat(_Strict):
         """The schema as a Spark DDL string, e.g. ``order_id long, customer string``."""
         return ", ".join(f"`{name}` {type_name}" for name, type_name in self.schema_.items())
 
-
-# Schema Registry client options offsetlake passes on (confluent-kafka's SchemaRegistryClient);
-# numbers are given to it as numbers.
-REGISTRY_OPTIONS = {
-    "url", "basic.auth.user.info", "basic.auth.credentials.source", "bearer.auth.credentials.source",
-    "bearer.auth.token", "bearer.auth.logical.cluster", "bearer.auth.identity.pool.id", "ssl.ca.location",
-    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "proxy", "timeout", "max.retries",
-    "retries.wait.ms", "retries.max.wait.ms", "cache.latest.ttl.sec",
-}
-_REGISTRY_SECRET = re.compile(r"(user\.info|password|token|secret)", re.I)
-
-
-def registry_settings_problem(value: dict[str, str]) -> str | None:
-    """What is wrong with a ``schema_registry`` mapping, or None."""
-    unknown = sorted(set(value) - REGISTRY_OPTIONS)
-    if unknown:
-        return f"unknown option {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY_OPTIONS))})"
-    url = value.get("url", "")
-    if url and not all(u.strip().startswith(("http://", "https://")) for u in url.split(",")):
-        return f"url '{url}' must start with http:// or https://"
-    user_info = value.get("basic.auth.user.info")
-    if user_info is not None and ":" not in user_info:
-        return "basic.auth.user.info must be user:password"
-    return None
-
-
-def redacted_registry_settings(value: dict[str, str]) -> dict[str, str]:
-    """The registry settings as logs and messages may show them."""
-    return {k: ("***" if _REGISTRY_SECRET.search(k) else v) for k, v in value.items()}
-
-
-def registry_options(value: Any) -> dict[str, str]:
-    """A ``schema_registry`` mapping as the client takes it (empty values mean not set)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError("expected a mapping of client options (url: ..., basic.auth.user.info: ...)")
-    value = {str(k): str(v) for k, v in value.items() if str(v) != ""}
-    problem = registry_settings_problem(value)
-    if problem:
-        raise ValueError(problem)
-    return value
 
 
 class _RegistryFormat(_Strict):
@@ -283,112 +238,6 @@ def key_columns(key: KeyFormat) -> dict[str, str]:
     return {}
 
 
-def spark_type_problem(text: str) -> str | None:
-    """What is wrong with ``text`` as a Spark SQL data type (its DDL grammar), or None.
-
-    Checked when a pipeline loads, so a typo (``array<strng>``), a precision Spark refuses
-    (``decimal(40,2)``) or a struct field without a type fails naming the field, before anything
-    is planned or read; the read step checks once more with Spark's own parser.
-    """
-    parser = _TypeParser(text)
-    try:
-        parser.type()
-        parser.end()
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-class _TypeParser:
-    _TOKEN = re.compile(r"\s*(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:]|\S)")
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens = [t for t in self._TOKEN.findall(text) if t.strip()]
-        self.i = 0
-
-    def peek(self) -> str:
-        return self.tokens[self.i] if self.i < len(self.tokens) else ""
-
-    def take(self, expected: str | None = None) -> str:
-        token = self.peek()
-        if expected is not None and token.lower() != expected:
-            raise ValueError(f"'{expected}' expected {self.where()}")
-        if not token:
-            raise ValueError("ends too early")
-        self.i += 1
-        return token
-
-    def where(self) -> str:
-        return f"at '{self.peek()}'" if self.peek() else "at its end"
-
-    def end(self) -> None:
-        if self.peek():
-            raise ValueError(f"unexpected text {self.where()}")
-
-    def type(self) -> None:
-        name = self.take().lower()
-        if name in _PRIMITIVE_TYPES:
-            return
-        if name in ("decimal", "dec", "numeric"):
-            if self.peek() == "(":
-                self.take("(")
-                precision = self.number()
-                scale = 0
-                if self.peek() == ",":
-                    self.take(",")
-                    scale = self.number()
-                self.take(")")
-                if not 1 <= precision <= 38:
-                    raise ValueError(f"precision {precision}: Spark's decimals hold 1 to 38 digits")
-                if scale > precision:
-                    raise ValueError(f"scale {scale} is above the precision {precision}")
-            return
-        if name in ("char", "varchar"):
-            self.take("(")
-            self.number()
-            self.take(")")
-            return
-        if name == "array":
-            self.take("<")
-            self.type()
-            self.take(">")
-            return
-        if name == "map":
-            self.take("<")
-            self.type()
-            self.take(",")
-            self.type()
-            self.take(">")
-            return
-        if name == "struct":
-            self.take("<")
-            if self.peek() == ">":
-                self.take(">")
-                return
-            while True:
-                field_name = self.take()
-                if not (field_name.startswith("`") or re.match(r"^[A-Za-z_]\w*$", field_name)):
-                    raise ValueError(f"struct field name '{field_name}' is not one Spark reads")
-                if self.peek() == ":":
-                    self.take(":")
-                if self.peek() in (",", ">", ""):
-                    raise ValueError(f"struct field '{field_name.strip('`')}' has no type")
-                self.type()
-                if self.peek() == ",":
-                    self.take(",")
-                    continue
-                self.take(">")
-                return
-        raise ValueError(f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
-                         "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)")
-
-    def number(self) -> int:
-        token = self.take()
-        if not token.isdigit():
-            raise ValueError(f"a number expected, not '{token}'")
-        return int(token)
-
 
 class SinkSettings(_Strict):
     table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
@@ -463,6 +312,7 @@ class PipelineConfig(_Strict):
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     source_file: str = ""  # filled in by load_pipeline
+    _layout: LakeLayout | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _one_topic_source(self) -> PipelineConfig:
@@ -480,6 +330,16 @@ class PipelineConfig(_Strict):
                 re.compile(self.topic_pattern)
             except re.error as err:
                 raise ValueError(f"topic_pattern: {self.topic_pattern!r} is not a regular expression: {err}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> PipelineConfig:
+        """The rules between fields and the files beside the YAML, in the order a user fixes them;
+        the first broken one is reported as ``<field>: <problem>``."""
+        for check in (_locations_problem, _files_problem, _partition_columns_problem):
+            found = check(self)
+            if found:
+                raise PydanticCustomError(FIELD_PROBLEM, "{field}: {problem}", {"field": found[0], "problem": found[1]})
         return self
 
     @property
@@ -538,34 +398,40 @@ class PipelineConfig(_Strict):
         """Relative paths in the file resolve against the folder above ``pipelines/``."""
         return Path(self.source_file).resolve().parent.parent if self.source_file else Path.cwd()
 
-    # Locations (``offsetlake.storage``): a local path, or a URI for a lake elsewhere.
+    # Locations (``offsetlake.config.layout``): a local path, or a URI for a lake elsewhere.
+    @property
+    def layout(self) -> LakeLayout:
+        """Where this pipeline's tables live, each with the storage settings that reach it;
+        computed once per config value."""
+        if self._layout is None:
+            self._layout = LakeLayout.of(self.name, self.lake, self.sink.table, self.storage, self.base_dir)
+        return self._layout
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> PipelineConfig:
+        copied = super().model_copy(update=update, deep=deep)
+        copied._layout = None  # an update may change the lake, the sink table or the storage settings
+        return copied
+
     @property
     def lake_path(self) -> str:
-        return storage.resolve_location(self.lake, self.base_dir)
+        return self.layout.lake.path
 
     @property
     def sink_path(self) -> str:
-        table = self.sink.table or self.name
-        if storage.is_uri(table) or Path(table).is_absolute():
-            return storage.resolve_location(table, self.base_dir)
-        return storage.child(self.lake_path, table) if storage.is_uri(self.lake_path) else \
-            storage.resolve_location(table, Path(self.lake_path))
-
-    def _in_lake(self, *parts: str) -> str:
-        return storage.child(self.lake_path, *parts)
+        return self.layout.sink.path
 
     @property
     def dead_letter_path(self) -> str:
-        return self._in_lake("_dead_letters", self.name)
+        return self.layout.dead_letters.path
 
     @property
     def ledger_path(self) -> str:
-        return self._in_lake("_offset_ledger")
+        return self.layout.ledger.path
 
     @property
     def stream_lease_path(self) -> str:
         """Who owns the pipeline as a stream (``offsetlake.lease``)."""
-        return self._in_lake("_stream_leases", self.name)
+        return self.layout.stream_leases.path
 
     @property
     def stream_log_path(self) -> str:
@@ -573,14 +439,14 @@ class PipelineConfig(_Strict):
         local folder (process logs stay on the machine): in the lake when the lake is a local
         folder, else under ``$OFFSETLAKE_LOG_DIR`` (default ``~/.offsetlake/logs``)."""
         if not storage.is_uri(self.lake_path):
-            return self._in_lake("_stream_logs", self.name)
+            return storage.child(self.lake_path, "_stream_logs", self.name)
         base = os.environ.get("OFFSETLAKE_LOG_DIR") or str(Path.home() / ".offsetlake" / "logs")
         return str(Path(base) / "_stream_logs" / self.name)
 
     @property
     def validation_path(self) -> str:
         """Where each validation's HTML report and JSON summary go."""
-        return self._in_lake("_validation", self.name)
+        return self.layout.validation.path
 
     @property
     def transform_dir(self) -> Path:
@@ -603,7 +469,7 @@ class PipelineConfig(_Strict):
 
     def app_id(self, topic: str, partition: int) -> str:
         """Delta txn appId for one topic-partition of this pipeline (invariant 2)."""
-        return f"{self.name}:{topic}:{partition}"
+        return app_id(self.name, topic, partition)
 
     def with_kafka_overrides(self, bootstrap_servers: str | None, options: dict[str, str]) -> PipelineConfig:
         """This config with Kafka settings from elsewhere (e.g. an Airflow connection) on top."""
@@ -623,9 +489,7 @@ class PipelineConfig(_Strict):
             checked = PipelineConfig._storage_options({**self.storage, **options})
         except ValueError as err:
             raise ConfigError(f"pipeline {self.name}: storage connection: {err}") from None
-        merged = self.model_copy(update={"storage": checked})
-        merged.register_storage()
-        return merged
+        return self.model_copy(update={"storage": checked})
 
     def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
         """This config with Schema Registry settings from elsewhere (an Airflow connection) on top,
@@ -644,17 +508,12 @@ class PipelineConfig(_Strict):
             update[field_name] = fmt.model_copy(update={"schema_registry": merged})
         return self.model_copy(update=update) if update else self
 
-    def register_storage(self) -> None:
-        """Make this pipeline's storage settings the ones used for its lake and sink locations."""
-        for location in {self.lake_path, self.sink_path}:
-            if storage.is_uri(location) and not location.startswith("file://"):
-                storage.register_options(location, self.storage)
-
     def check_storage(self) -> None:
         """Refuse an object store that cannot be used or cannot commit safely (``storage.check_store``),
         before anything is read from Kafka; nothing to do for a local lake."""
-        for location in dict.fromkeys([self.lake_path, self.sink_path]):
-            if not any(location.startswith(root + "/") for root in {self.lake_path} - {location}):
+        lake, sink = self.layout.lake, self.layout.sink
+        for location in dict.fromkeys([lake, sink]):
+            if not any(location.path.startswith(root.path + "/") for root in {lake} - {location}):
                 storage.check_store(location, self.name)
 
     def redacted_storage_options(self) -> dict[str, str]:
@@ -666,166 +525,52 @@ class PipelineConfig(_Strict):
     __str__ = __repr__
 
 
-def _interpolate(value: Any, where: str, source: Path) -> Any:
-    if isinstance(value, dict):
-        return {k: _interpolate(v, f"{where}.{k}" if where else str(k), source) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, f"{where}[{i}]", source) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
 
-    def replace(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in os.environ:
-            return os.environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(f"{source}: {where}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
-
-    return _ENV_REF.sub(replace, value)
+FIELD_PROBLEM = "field_problem"  # a cross-field rule's error: its message names the field itself
 
 
-def pipelines_dir() -> Path:
-    return Path(os.environ.get("OFFSETLAKE_PIPELINES_DIR", "pipelines"))
-
-
-def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.exists():
-            raise ConfigError(f"pipeline file {candidate} does not exist")
-        return candidate
-    if not PIPELINE_NAME.match(name_or_path):
-        raise ConfigError(f"pipeline name '{name_or_path}' is not allowed: pipeline names are [a-z0-9_]+")
-    folder = directory or pipelines_dir()
-    for suffix in (".yaml", ".yml"):
-        path = folder / f"{name_or_path}{suffix}"
-        if path.exists():
-            return path
-    known = [p.stem for p in all_pipeline_files(folder)] if folder.is_dir() else []
-    raise ConfigError(
-        f"no pipeline '{name_or_path}' in {folder.resolve()} (known: {', '.join(known) or 'none'}); "
-        "set OFFSETLAKE_PIPELINES_DIR or pass a .yaml path"
-    )
-
-
-FORMAT_TYPES = ("json", "avro", "json_schema", "protobuf")
-
-
-def _field_path(loc: tuple) -> tuple:
-    """A validation error's location as the YAML names it: pydantic puts the format's type (the
-    union's tag) after ``format``, where the file has none."""
-    if len(loc) > 1 and loc[0] == "format" and loc[1] in FORMAT_TYPES:
-        return (loc[0], *loc[2:])
-    return loc
-
-
-def load_pipeline(name_or_path: str, directory: Path | None = None) -> PipelineConfig:
-    """Load and validate one pipeline file; raises ConfigError naming the file and field."""
-    path = find_pipeline_file(name_or_path, directory)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of fields, got {type(raw).__name__}")
-    raw = _interpolate(raw, "", path)
-    raw["source_file"] = str(path.resolve())
-    try:
-        config = PipelineConfig.model_validate(raw)
-    except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in _field_path(e['loc'])) or '(top level)'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in err.errors()
-        )
-        raise ConfigError(f"{path}: {problems}") from None
-    if path.stem != config.name:
-        raise ConfigError(f"{path}: name: '{config.name}' must match the file name '{path.stem}'")
+def _locations_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """A lake or sink location delta-rs cannot address, or storage settings for a local lake."""
     for field_name, location in (("lake", config.lake_path), ("sink.table", config.sink_path)):
         problem = storage.location_problem(location)
         if problem:
-            raise ConfigError(f"{path}: {field_name}: {location} {problem}")
+            return field_name, f"{location} {problem}"
     if config.storage and not any(storage.is_uri(loc) and not loc.startswith("file://")
                                   for loc in (config.lake_path, config.sink_path)):
-        raise ConfigError(f"{path}: storage: settings for object storage, but lake {config.lake_path} is a local folder "
-                          "(use lake: s3://bucket/prefix)")
-    config.register_storage()
+        return "storage", (f"settings for object storage, but lake {config.lake_path} is a local folder "
+                           "(use lake: s3://bucket/prefix)")
+    return None
+
+
+def _files_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """A suite, transform module or .avsc the YAML names that is not next to it; without a
+    transform, a partition column that is neither a schema field nor a key column."""
     if config.validation.suite and not (config.transform_dir / config.validation.suite).is_file():
-        raise ConfigError(f"{path}: validation.suite: {config.transform_dir / config.validation.suite} does not exist")
+        return "validation.suite", f"{config.transform_dir / config.validation.suite} does not exist"
     if config.transform:
         module = config.transform_dir / f"{config.transform.split(':')[0]}.py"
         if not module.is_file():
-            raise ConfigError(f"{path}: transform: {module} does not exist (the module goes next to the YAML)")
+            return "transform", f"{module} does not exist (the module goes next to the YAML)"
     elif isinstance(config.format, JsonFormat) and not (config.key_format and config.key_format.uses_registry):
         # a registry schema's fields are known when a batch is planned
         fields = set(config.format.schema_) | set(key_columns(config.key_format or KeyFormat()))
         missing = [c for c in config.sink.partition_by if c not in fields]
         if missing:
-            raise ConfigError(f"{path}: sink.partition_by: column '{missing[0]}' is not a field of format.schema "
-                              "or a key column (without a transform the rows have only those)")
+            return "sink.partition_by", (f"column '{missing[0]}' is not a field of format.schema "
+                                         "or a key column (without a transform the rows have only those)")
     if isinstance(config.format, AvroFormat) and config.format.schema_file:
         avsc = config.transform_dir / config.format.schema_file
         if not avsc.is_file():
-            raise ConfigError(f"{path}: format.schema_file: {avsc} does not exist (the .avsc goes next to the YAML)")
+            return "format.schema_file", f"{avsc} does not exist (the .avsc goes next to the YAML)"
+    return None
+
+
+def _partition_columns_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """A partition column whose declared type Delta cannot partition by."""
     for column in config.sink.partition_by:
         declared = config.format.schema_.get(column) if isinstance(config.format, JsonFormat) else None
         declared = declared or key_columns(config.key_format or KeyFormat()).get(column)
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
-            raise ConfigError(
-                f"{path}: sink.partition_by: column '{column}' has type {declared}; "
-                f"partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}"
-            )
-    return config
-
-
-KAFKA_OVERRIDES_ENV = "OFFSETLAKE_KAFKA_OVERRIDES"
-
-
-def kafka_overrides_from_env() -> tuple[str | None, dict[str, str]]:
-    """``$OFFSETLAKE_KAFKA_OVERRIDES`` = {"bootstrap_servers": ..., "options": {...}}, as an
-    orchestrator hands a job the Kafka settings it keeps as secrets (never on a command line)."""
-    data = _json_from_env(KAFKA_OVERRIDES_ENV)
-    return data.get("bootstrap_servers"), {str(k): str(v) for k, v in (data.get("options") or {}).items()}
-
-
-def _json_from_env(name: str) -> dict:
-    """The JSON object in ``$name`` ({} when unset); ConfigError when it is not JSON."""
-    raw = os.environ.get(name)
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw) or {}
-    except ValueError:
-        raise ConfigError(f"${name} is not JSON") from None
-
-
-STORAGE_OVERRIDES_ENV = "OFFSETLAKE_STORAGE_OVERRIDES"
-
-
-def storage_overrides_from_env() -> dict[str, str]:
-    """``$OFFSETLAKE_STORAGE_OVERRIDES`` = {"AWS_ACCESS_KEY_ID": ..., ...}: the storage settings an
-    orchestrator keeps as secrets (an Airflow connection), handed to a job in its environment."""
-    return {str(k): str(v) for k, v in _json_from_env(STORAGE_OVERRIDES_ENV).items()}
-
-
-REGISTRY_OVERRIDES_ENV = "OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES"
-
-
-def registry_overrides_from_env() -> dict[str, str]:
-    """``$OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES`` = {"url": ..., "basic.auth.user.info": ...}: the
-    Schema Registry settings an orchestrator keeps as secrets (an Airflow connection)."""
-    return {str(k): str(v) for k, v in _json_from_env(REGISTRY_OVERRIDES_ENV).items()}
-
-
-def with_orchestrator_settings(config: PipelineConfig) -> PipelineConfig:
-    """``config`` with the Kafka, storage and Schema Registry settings an orchestrator handed over
-    in the environment (``$OFFSETLAKE_KAFKA_OVERRIDES``, ``$OFFSETLAKE_STORAGE_OVERRIDES``,
-    ``$OFFSETLAKE_SCHEMA_REGISTRY_OVERRIDES``) on top."""
-    config = config.with_kafka_overrides(*kafka_overrides_from_env()).with_storage_overrides(storage_overrides_from_env())
-    return config.with_registry_overrides(registry_overrides_from_env())
-
-
-def all_pipeline_files(directory: Path | None = None) -> list[Path]:
-    folder = directory or pipelines_dir()
-    # orders.expectations.yaml (a suite) sits beside orders.yaml; only [a-z0-9_]+ stems are pipelines
-    return sorted(p for p in folder.glob("*.y*ml") if PIPELINE_NAME.match(p.stem))
+            return "sink.partition_by", (f"column '{column}' has type {declared}; "
+                                         f"partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}")
+    return None
