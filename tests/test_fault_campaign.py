@@ -16,7 +16,7 @@ from fault_campaign import Campaign
 from offsetlake.embedded.local_broker import broker_for
 
 SEED = int(os.environ.get("OFFSETLAKE_CAMPAIGN_SEED", "20261122"))
-STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "20"))
+STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "22"))
 
 
 def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
