@@ -198,3 +198,18 @@ def keyed_sink_rows(path: storage.Where) -> list[dict]:
     if HIDDEN_COLUMN not in dataset.schema.names:
         return dataset.to_table().to_pylist()
     return dataset.to_table(filter=pc.field(HIDDEN_COLUMN).is_null()).to_pylist()
+
+
+def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30) -> None:
+    """Delete ``topic`` and wait until the broker no longer lists it (a topic re-created before
+    that would be the old one)."""
+    import time
+
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(15)
+    deadline = time.monotonic() + timeout_s
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} still listed {timeout_s} s after its deletion"
+        time.sleep(0.2)

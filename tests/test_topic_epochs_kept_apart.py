@@ -13,8 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-from kafka_truth import keyed_sink_rows, read_topic, sink_coordinates
+from kafka_truth import delete_topic, keyed_sink_rows, read_topic, sink_coordinates
 
 from offsetlake import storage
 from offsetlake.audit import audit_pipeline
@@ -33,14 +32,6 @@ OLD_IDS = set(range(60))  # the old topic's order ids: offsets 0-59 of partition
 NEW_FIRST = 100_000
 
 
-def _delete(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result(15)
-    deadline = time.monotonic() + 30
-    while topic in admin.list_topics(timeout=10).topics:
-        assert time.monotonic() < deadline, f"{topic} still listed after its deletion"
-        time.sleep(0.2)
-
 
 def _two_epochs(pipeline, spark):
     """Old topic: order ids 0-59 at offsets 0-59 (two batches). Deleted, re-created, reset: the new
@@ -52,7 +43,7 @@ def _two_epochs(pipeline, spark):
     produce_orders(pipeline.bootstrap, pipeline.topic, 30, first_id=30, partition=0)
     run_pipeline(config, RunContext("old-2"), lambda: spark)
 
-    _delete(pipeline.bootstrap, pipeline.topic)
+    delete_topic(pipeline.bootstrap, pipeline.topic)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 40, first_id=NEW_FIRST, partition=0)
     reset = reset_topic_epoch(config, pipeline.topic, reason="topic re-created")
@@ -173,7 +164,7 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     run_pipeline(config, RunContext("old"), lambda: spark)
     assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.layout.sink)}["K"] == 5
 
-    _delete(pipeline.bootstrap, pipeline.topic)
+    delete_topic(pipeline.bootstrap, pipeline.topic)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     _produce_keyed(pipeline.bootstrap, pipeline.topic, [("K", 1_000, stamp, 0), ("J", 1_001, stamp, 0)])
     reset_topic_epoch(config, pipeline.topic, reason="topic re-created")

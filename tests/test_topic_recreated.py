@@ -4,11 +4,8 @@ operator action `offsetlake topic reset-epoch` moves the pipeline on, and then n
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from confluent_kafka.admin import AdminClient
-from kafka_truth import dead_letter_coordinates, ledger_rows, read_topic, sink_coordinates
+from kafka_truth import dead_letter_coordinates, delete_topic, ledger_rows, read_topic, sink_coordinates
 
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -25,14 +22,6 @@ def _produce_per_partition(bootstrap: str, topic: str, per_partition: int, first
         produce_orders(bootstrap, topic, per_partition, first_id=first_id + partition * 10_000, partition=partition)
 
 
-def _delete(bootstrap: str, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result(15)
-    deadline = time.monotonic() + 30
-    while topic in admin.list_topics(timeout=10).topics:
-        assert time.monotonic() < deadline, f"{topic} still listed after its deletion"
-        time.sleep(0.2)
-
 
 def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_epoch(pipeline, spark):
     config = pipeline.write()
@@ -40,7 +29,7 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     _produce_per_partition(pipeline.bootstrap, pipeline.topic, 50, first_id=0)  # order ids 0-49, 10000-10049
     run_pipeline(config, RunContext("before"), lambda: spark)
 
-    _delete(pipeline.bootstrap, pipeline.topic)
+    delete_topic(pipeline.bootstrap, pipeline.topic)
     gone = pipeline.cli("run")
     assert gone.returncode == 2, gone.stderr
 
@@ -121,7 +110,7 @@ def test_dead_letters_of_an_earlier_epoch_stay_beside_the_new_epochs_at_the_same
     old_dead = sorted(dead_letter_coordinates(config.layout.dead_letters))
     assert len(old_dead) == 5
 
-    _delete(pipeline.bootstrap, pipeline.topic)
+    delete_topic(pipeline.bootstrap, pipeline.topic)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 30, first_id=1_000, malformed_every=10, partition=0)
     reset = pipeline.cli("topic", "reset-epoch", "--topic", pipeline.topic, "--reason", "re-created")
