@@ -168,7 +168,7 @@ def staging_dir(config: PipelineConfig, batch_id: str) -> str:
 
 
 # ---- file actions -----------------------------------------------------------------------------
-def add_actions_for(table_root: storage.Location, staged: Sequence[StagedFile]) -> WrittenFiles:
+def add_actions_for(table_root: storage.Where, staged: Sequence[StagedFile]) -> WrittenFiles:
     """Add actions (with stats from each footer) for exactly the files the tasks reported
     (``staged``, paths relative to the table, unescaped); empty files are left out.
 
@@ -178,21 +178,22 @@ def add_actions_for(table_root: storage.Location, staged: Sequence[StagedFile]) 
     while the ledger counts them (issue 15, bug 1; issue 35, finding 1).
     """
     fs, root = storage.filesystem(table_root)
+    shown = str(table_root)  # the table's path (a Location shows its path, never its settings)
     seen: set[str] = set()
     actions: list[AddAction] = []
     rows = 0
     for file in staged:
         if file.path in seen:
-            raise StagedFilesError(table_root.path, file.path, "two files a task reported have this path")
+            raise StagedFilesError(shown, file.path, "two files a task reported have this path")
         seen.add(file.path)
         path = f"{root.rstrip('/')}/{file.path}"
         info = fs.get_file_info(path)
         if info.type != pafs.FileType.File:
-            raise StagedFilesError(table_root.path, file.path, "it is missing")
+            raise StagedFilesError(shown, file.path, "it is missing")
         with fs.open_input_file(path) as handle:
             metadata = pq.read_metadata(handle)
         if info.size != file.size or metadata.num_rows != file.rows:
-            raise StagedFilesError(table_root.path, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
+            raise StagedFilesError(shown, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
                                    f"task wrote {file.rows} rows in {file.size} bytes")
         if metadata.num_rows == 0:
             continue
