@@ -403,7 +403,11 @@ def _unreadable_state(sink: DeltaTable | None, key: list[str], readable: list[di
         return []
     seen = {(_key_of(r, key), r[TOPIC], r[PARTITION]) for r in readable}
     state = []
-    for r in sink.to_pyarrow_dataset().to_table().to_pylist():
+    below = None  # only rows under some topic-partition's log start are read into Python
+    for (topic, partition), log_start in unreadable.items():
+        term = (pc.field(TOPIC) == topic) & (pc.field(PARTITION) == partition) & (pc.field(OFFSET) < log_start)
+        below = term if below is None else below | term
+    for r in sink.to_pyarrow_dataset().to_table(filter=below).to_pylist():
         tp = (r[TOPIC], r[PARTITION])
         if (r.get(TOPIC_EPOCH) or 0) != current.get(r[TOPIC], 0):
             continue
