@@ -10,7 +10,9 @@ the last version that wrote ledger entries with only the ``offsetlake: 1`` marke
 
 It starts the embedded broker in a temp folder, creates topic ``upgrade_orders`` (2 partitions),
 and runs the pipeline ``upgrade`` through ingest batches (with dead letters), an offset backfill,
-a rewind (that undoes it), another backfill, a gap (records deleted under the ``skip`` policy) and more ingest batches. It writes
+a rewind (that undoes it), another backfill, a gap (records deleted under the ``skip`` policy),
+more ingest batches, and a last batch whose run is killed right after its sink commit (its dead
+letters staged but not applied, its ledger row still ``planned``: what a crash leaves). It writes
 ``<out>/lake`` (the sink, ledger and dead-letter tables; Delta stores file paths relative to each
 table, so the folder works from anywhere), ``<out>/records.json`` (every record with partition,
 offset, timestamp, key and value, and each partition's log start) and ``<out>/expected.json``
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -57,23 +60,42 @@ def pipeline_body(bootstrap: str, lake: str) -> dict:
     }
 
 
-def _cli(file: Path, *args: str) -> str:
+def _cli(file: Path, *args: str, env: dict[str, str] | None = None, dies: bool = False) -> str:
     command, *rest = args
     done = subprocess.run([sys.executable, "-m", "offsetlake", command, *rest, str(file)],
-                          capture_output=True, text=True, cwd=_code_root(), timeout=600)
+                          capture_output=True, text=True, cwd=_code_root(), timeout=600, env={**os.environ, **(env or {})})
+    if dies:
+        if done.returncode != -9:
+            raise SystemExit(f"offsetlake {' '.join(args)} was to die at its failpoint: {done.returncode}\n{done.stderr}")
+        return done.stdout
     if done.returncode != 0:
         raise SystemExit(f"offsetlake {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
     return done.stdout
 
 
-def _records(bootstrap: str) -> dict[tuple[int, int], dict]:
-    from kafka_truth import read_records
+def topic_records(bootstrap: str) -> dict[tuple[int, int], dict]:
+    """Every record the topic holds now (from each partition's log start up to its end)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from kafka_truth import last_stable_offsets
 
-    return {(r.partition, r.offset): {
-        "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
-        "key": base64.b64encode(r.key).decode() if r.key is not None else None,
-        "value": base64.b64encode(r.value).decode() if r.value is not None else None,
-    } for r in read_records(bootstrap, TOPIC)}
+    ends = last_stable_offsets(bootstrap, TOPIC)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "make-upgrade-lake", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in ends])
+    out: dict[tuple[int, int], dict] = {}
+    done = {p for p, end in ends.items() if end == 0}
+    while len(done) < len(ends):
+        for m in consumer.consume(500, 1.0):
+            if m.error() or m.offset() >= ends[m.partition()]:
+                continue
+            out[(m.partition(), m.offset())] = {
+                "partition": m.partition(), "offset": m.offset(), "timestamp_ms": m.timestamp()[1],
+                "key": base64.b64encode(m.key()).decode() if m.key() is not None else None,
+                "value": base64.b64encode(m.value()).decode() if m.value() is not None else None}
+            if m.offset() + 1 >= ends[m.partition()]:
+                done.add(m.partition())
+    consumer.close()
+    return out
 
 
 def main(out: Path) -> None:
@@ -107,21 +129,25 @@ def main(out: Path) -> None:
         assert newest, "the second run committed nothing"
         _cli(file, "rewind", "--to-batch", target["batch_id"], "--reason", "upgrade test data: a rewind")
         _cli(file, "backfill", "--partitions", "1", "--from-offset", "10", "--to-offset", "60")  # one that stays
-        records = _records(broker.bootstrap)  # before the delete below takes some
+        records = topic_records(broker.bootstrap)  # before the delete below takes some
         for p in (0, 1):
             produce_orders(broker.bootstrap, TOPIC, 60, first_id=p * 10_000 + 400, partition=p)
-        records.update(_records(broker.bootstrap))
+        records.update(topic_records(broker.bootstrap))
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         deleted = {1: 450}  # past partition 1's committed end: the next run records a gap
         for f in admin.delete_records([TopicPartition(TOPIC, p, o) for p, o in deleted.items()]).values():
             f.result(30)
         _cli(file, "run")
-        status = json.loads(_cli(file, "status", "--json"))
-        ledger = Ledger.of(config).batches()
-
+        for p in (0, 1):  # a last batch whose run dies right after its sink commit (SIGKILL): its dead
+            # letters are staged and named in its entry but not applied, and its ledger row says planned
+            produce_orders(broker.bootstrap, TOPIC, 30, first_id=p * 10_000 + 500, partition=p, malformed_every=7)
+        records.update(topic_records(broker.bootstrap))
+        _cli(file, "run", env={"OFFSETLAKE_FAILPOINT": "after_commit"}, dies=True)
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        shutil.copytree(work / "lake", out / "lake")
+        shutil.copytree(work / "lake", out / "lake")  # before anything reads it: status repairs what it finds
+        ledger = Ledger.of(config).batches()
+        status = json.loads(_cli(file, "status", "--json"))
         (out / "records.json").write_text(json.dumps({
             "topic": TOPIC, "partitions": 2, "log_start": {str(p): o for p, o in deleted.items()},
             "records": [records[k] for k in sorted(records)],
