@@ -9,7 +9,7 @@ It also derives the shapes other modules need from an entry (ledger-table rows, 
 
 Versions (``docs/reference/ledger-entry.md``):
 
-- **1**: entries marked only with ``"offsetlake": 1`` (main up to issue 36). Keys were added over
+- **1**: entries marked only with ``"offsetlake": 1`` (main up to ``3e10e68``, issue 36). Keys were added over
   time without a version (``topic_ids``, ``sink_table_id``, ``topic_epochs``, ``reader_schema``,
   ``merge``, ...); an entry without one reads as "not known" (empty / None).
 - **2**: the same keys plus an explicit ``format_version``. The ``offsetlake: 1`` marker stays, so a

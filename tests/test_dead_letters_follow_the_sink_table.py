@@ -27,6 +27,7 @@ from s3_tools import delete_tree
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.entry import AppliedChange
 from offsetlake.errors import SchemaChangeError, StalePlanError
 from offsetlake.file_stats import delta_stats
 from offsetlake.history import sink_commits
@@ -105,7 +106,7 @@ def _apply_as_the_old_code_did(config) -> None:
         files.append(AddAction(path=staged.path, size=staged.size, partition_values={},
                                modification_time=int(time.time() * 1000), data_change=True, stats=json.dumps(stats)))
     commit(table, CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
-           {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters", "sink_version": change.version},
+           AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version),  # no table id
            partition_by=None)
 
 
