@@ -266,7 +266,8 @@ def cpu_seconds(broker) -> dict[str, float]:
 # ---- planning -----------------------------------------------------------------------------------
 def commit_synthetic_batches(config, count: int, start_at: int) -> None:
     """``count`` committed batches of one offset per partition, through offsetlake's commit path."""
-    from offsetlake.history import SinkCommit, ledger_entry
+    from offsetlake.entry import for_plan
+    from offsetlake.history import SinkCommit
     from offsetlake.ledger import Ledger, reconcile_ledger
     from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
     from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
@@ -279,8 +280,8 @@ def commit_synthetic_batches(config, count: int, start_at: int) -> None:
         plan = BatchPlan(config.name, new_batch_id(config.name), "ingest", ranges, RunContext(f"bench-{i}"))
         ledger.record_plan(plan)
         table = ensure_table(config, schema)
-        entry = ledger_entry(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges},
-                             time.monotonic())
+        entry = for_plan(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges},
+                         time.monotonic())
         version = commit_batch(table, config, plan, WrittenFiles([], 0, schema), entry)
         ledger.record_commit(SinkCommit(version, entry))
         if i % 20 == 0:  # what every run does at its start and end (compacts the ledger as it grows)
@@ -882,7 +883,7 @@ def upsert_scaling(args: argparse.Namespace, work: Path, bootstrap: str, figures
         from offsetlake.history import sink_commits
         from offsetlake.storage import table as open_delta
 
-        merge = sink_commits(open_delta(str(sink)), config.name)[-1].entry["merge"]
+        merge = sink_commits(open_delta(str(sink)), config.name)[-1].entry.merge
         assert merge["updated"] == updates, merge
         shutil.rmtree(sink, ignore_errors=True)
         return elapsed, merge

@@ -102,8 +102,8 @@ def latencies(config, since_ms: int, until_ms: int) -> list[tuple[int, float]]:
     table = DeltaTable(config.sink_path)
     commit_ms = {int(h["version"]): int(h["timestamp"]) for h in table.history()}
     # the sink's own commits say which ranges each version holds (the ledger table may lag)
-    spans = [(r["partition"], r["start"], r["end"], c.version) for c in sink_commits(table, config.name)
-             if c.entry.get("kind") == "stream" for r in c.entry["ranges"]]
+    spans = [(r.partition, r.start, r.end, c.version) for c in sink_commits(table, config.name)
+             if c.kind == "stream" for r in c.entry.ranges]
     rows = table.to_pyarrow_table(columns=["_kafka_partition", "_kafka_offset", "_kafka_timestamp"]).to_pylist()
     out = []
     by_partition: dict[int, list[tuple[int, int, int]]] = {}

@@ -167,9 +167,9 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     for c in commits:
         if (c.kind not in OFFSET_MOVING_KINDS and c.kind != BatchKind.EPOCH) or c.batch_id in rewound:
             continue
-        for r in c.entry["ranges"]:
-            epoch = epoch_at(starts.get(r["topic"], []), c.version)
-            by_tp.setdefault((r["topic"], r["partition"], epoch), []).append((r["start"], r["end"], c.batch_id, c.kind))
+        for r in c.entry.ranges:
+            epoch = epoch_at(starts.get(r.topic, []), c.version)
+            by_tp.setdefault((r.topic, r.partition, epoch), []).append((r.start, r.end, c.batch_id, c.kind))
     covered: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
     gaps: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
     for tp, ranges in by_tp.items():
@@ -255,25 +255,26 @@ def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, 
               if c.kind in _WRITING_KINDS and c.batch_id not in rewound]
     seen = {label: _group_offsets(table, [EPOCH_OF]) for label, table in (("rows_written", rows), ("dead_letters", dead))}
     for i, commit in enumerate(writes):
-        later = [(r["topic"], r["partition"], r["start"], r["end"])
-                 for c in writes[i + 1:] if c.kind == BatchKind.BACKFILL for r in c.entry["ranges"]]
-        if commit.entry.get("record_time") is not None:
+        later = [(r.topic, r.partition, r.start, r.end)
+                 for c in writes[i + 1:] if c.kind == BatchKind.BACKFILL for r in c.entry.ranges]
+        if commit.entry.record_time is not None:
             continue
-        for r in commit.entry["ranges"]:
-            tp = (r["topic"], r["partition"])
-            if any((t, p) == tp and s < r["end"] and e > r["start"] for t, p, s, e in later):
+        for r in commit.entry.ranges:
+            tp = (r.topic, r.partition)
+            if any((t, p) == tp and s < r.end and e > r.start for t, p, s, e in later):
                 continue
             epoch = epoch_at(starts.get(tp[0], []), commit.version)
             for label, counted in seen.items():
-                if label not in r:
+                said = r.count(label)
+                if said is None:
                     continue
                 offsets = np.sort(counted.get((*tp, epoch), np.array([], np.int64)))
-                found = int(np.searchsorted(offsets, r["end"]) - np.searchsorted(offsets, r["start"]))
-                if found != r[label]:
+                found = int(np.searchsorted(offsets, r.end) - np.searchsorted(offsets, r.start))
+                if found != said:
                     what = "sink rows" if label == "rows_written" else "dead letters"
                     report.problems.append(
-                        f"{tp[0]}[{tp[1]}] [{r['start']}, {r['end']}) of batch {commit.batch_id}: the ledger says "
-                        f"{r[label]} {what} were written, the {'sink' if label == 'rows_written' else 'dead-letter table'} "
+                        f"{tp[0]}[{tp[1]}] [{r.start}, {r.end}) of batch {commit.batch_id}: the ledger says "
+                        f"{said} {what} were written, the {'sink' if label == 'rows_written' else 'dead-letter table'} "
                         f"holds {found}")
 
 

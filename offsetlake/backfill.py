@@ -21,12 +21,13 @@ import pyarrow.dataset as pads
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from offsetlake import dead_letters, keyed, storage
+from offsetlake import keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
+from offsetlake.entry import LedgerEntry, for_plan
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import commit_version, current_epochs, landed_version, ledger_entry, refuse_foreign_sink, sink_commits
+from offsetlake.history import commit_version, current_epochs, landed_version, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
@@ -228,7 +229,7 @@ def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan:
 
 
 def commit_replace(
-    table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: dict
+    table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: LedgerEntry
 ) -> int:
     """ONE commit: remove the touched files, add the rewritten + new ones, no txn change.
 
@@ -265,7 +266,7 @@ COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit
 QUICK_COMMIT_ATTEMPTS = 10  # commits of one rewrite, each on the newest snapshot
 
 
-def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable) -> tuple[int, dict, ProcessedBatch]:
+def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable) -> tuple[int, LedgerEntry, ProcessedBatch]:
     """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
 
     Returns (sink version, ledger entry, processed ranges). A commit conflict (a compaction or
@@ -304,7 +305,7 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
 
 
 def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float,
-                later: Any) -> tuple[int, dict]:
+                later: Any) -> tuple[int, LedgerEntry]:
     """One attempt of a keyed backfill: merge its records (those no later record of their key
     replaced) into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a
     row is replaced only by a record at least as new as its own), in one commit without txns.
@@ -313,17 +314,17 @@ def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     merge = stage_merge(config, plan, processed, spark, table, later)
     t = time.monotonic()
     c = merge.counts
-    entry = ledger_entry(plan, processed.per_range, started, processed.validation,
-                         message=(f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
+    entry = for_plan(plan, processed.per_range, started, processed.validation,
+                     message=(f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
                                   f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"),
-                         extra={dead_letters.STAGED: processed.dead_letter_files, "merge": c.as_dict()})
+                     staged=processed.dead_letter_files, merge=c.as_dict())
     version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
     return version, entry
 
 
 def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any,
-                  started: float) -> tuple[int, dict]:
+                  started: float) -> tuple[int, LedgerEntry]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
     table = storage.table(config.layout.sink)
@@ -346,9 +347,9 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
             f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
         )
     t = time.monotonic()
-    entry = ledger_entry(plan, processed.per_range, started, processed.validation,
-                         message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
-                         extra={dead_letters.STAGED: processed.dead_letter_files})
+    entry = for_plan(plan, processed.per_range, started, processed.validation,
+                     message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
+                     staged=processed.dead_letter_files)
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from offsetlake.entry import LedgerEntry
 from offsetlake.file_stats import may_hold_between
 from offsetlake.plan import BatchPlan, OffsetRange, RecordTimeWindow
 
@@ -63,13 +64,11 @@ class Selection:
         return Selection(tuple(plan.ranges), plan.window, dict(plan.topic_epochs))
 
     @staticmethod
-    def of_entry(entry: Mapping[str, Any]) -> Selection:
-        """The selection a ledger entry (``offsetlake.history.ledger_entry``) records, by offsets
-        (and window) alone: the dead-letter table has no epoch column; it tells the epochs of its
-        rows apart by the batch that wrote them (``offsetlake.dead_letters``)."""
-        ranges = tuple(OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in entry.get("ranges", []))
-        time = entry.get("record_time")
-        return Selection(ranges, RecordTimeWindow(int(time["from_ms"]), int(time["to_ms"])) if time else None)
+    def of_entry(entry: LedgerEntry) -> Selection:
+        """The selection a ledger entry (``offsetlake.entry``) records, by offsets (and window)
+        alone: the dead-letter table has no epoch column; it tells the epochs of its rows apart by
+        the batch that wrote them (``offsetlake.dead_letters``)."""
+        return Selection(entry.offset_ranges, entry.record_time)
 
     @property
     def sized(self) -> list[OffsetRange]:

@@ -43,11 +43,10 @@ dead letters of the rewound batches.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +60,7 @@ from deltalake.transaction import AddAction
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC, Selection
+from offsetlake.entry import AppliedChange, DeadLetterFile, RewindEntry, RowsEntry
 from offsetlake.errors import OffsetlakeError
 from offsetlake.file_stats import delta_stats
 from offsetlake.history import SinkCommit, commit_infos, epoch_at, epoch_starts, sink_commits
@@ -92,10 +92,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("batch_id", pa.string()),
     ]
 )
-STAGED = "dead_letter_files"  # ledger entry key: the batch's staged files (a replace of its ranges)
-RESTORE = "dead_letter_restore"  # ledger entry key of a rewind: {"to_sink_version": v}
 SINK_APP_ID = "sink"  # txn appId prefix: "sink:<table id>" = the last version of that sink table applied
-SINK_TABLE_ID = "sink_table_id"  # key of a dead-letter commit's entry: the sink table it follows
 _ATTEMPTS = 10
 
 
@@ -123,11 +120,11 @@ def sink_table(config: PipelineConfig) -> SinkTable | None:
 
 
 # ---- before the sink commit -------------------------------------------------------------------
-def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> list[dict[str, Any]]:
+def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> tuple[DeadLetterFile, ...]:
     """Write ``rows`` (DEAD_LETTER_SCHEMA) as a parquet file under the dead-letter table, named by
-    no commit yet; returns what the batch's ledger entry lists (``[]`` for no rows)."""
+    no commit yet; returns what the batch's ledger entry lists (``()`` for no rows)."""
     if rows.num_rows == 0:
-        return []
+        return ()
     rows = rows.cast(DEAD_LETTER_SCHEMA)
     relative = f"staged/{batch_id}-{uuid.uuid4().hex[:8]}.parquet"
     fs, path = storage.filesystem(config.layout.dead_letters.child(relative))
@@ -135,7 +132,7 @@ def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> list[dict[st
     with fs.open_output_stream(path) as out:
         pq.write_table(rows, out)
     size = fs.get_file_info(path).size
-    return [{"path": relative, "size": size, "rows": rows.num_rows}]
+    return (DeadLetterFile(relative, size, rows.num_rows),)
 
 
 # ---- after it ---------------------------------------------------------------------------------
@@ -155,8 +152,8 @@ def applied_through(table: DeltaTable | None, sink: SinkTable) -> int:
         return version
     if table.transaction_version(SINK_APP_ID) is None:
         return -1
-    legacy = next((meta for _, meta in _marked_newest_first(table) if SINK_TABLE_ID not in meta), None)
-    return int(legacy["sink_version"]) if legacy is not None and _belongs(legacy, sink) else -1
+    legacy = next((meta for _, meta in _marked_newest_first(table) if meta.sink_table_id is None), None)
+    return legacy.sink_version if legacy is not None and _belongs(legacy, sink) else -1
 
 
 def pending(config: PipelineConfig, sink: SinkTable | None = None) -> list[SinkCommit]:
@@ -165,7 +162,7 @@ def pending(config: PipelineConfig, sink: SinkTable | None = None) -> list[SinkC
     sink = sink or sink_table(config)
     if sink is None:
         return []
-    changes = [c for c in sink.commits if STAGED in c.entry or RESTORE in c.entry]
+    changes = [c for c in sink.commits if c.entry.dead_letter_change]
     if not changes:
         return []
     done = applied_through(open_table(config.layout.dead_letters), sink)
@@ -195,12 +192,13 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
         if not _follows(table, sink):
             _follow(config, table, sink)
             continue
-        if RESTORE in change.entry:
-            files = _restore_actions(config, table, int(change.entry[RESTORE]["to_sink_version"]), change, sink)
+        restore = _restore_to(change)
+        if restore is not None:
+            files = _restore_actions(config, table, restore[1], restore[0], sink)
         else:
             files = _replace_actions(config, table, change, sink.commits)
-        entry = {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters",
-                 "sink_version": change.version, SINK_TABLE_ID: sink.table_id}
+        entry = AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version,
+                              sink_table_id=sink.table_id)
         try:
             commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), change.version)])),
                    entry, partition_by=None, max_commit_retries=0)
@@ -214,13 +212,13 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
 
 
 # ---- which sink table the dead letters follow -------------------------------------------------
-def _belongs(meta: dict, sink: SinkTable) -> bool:
+def _belongs(meta: AppliedChange, sink: SinkTable) -> bool:
     """Whether a dead-letter commit (its entry) applied a change of ``sink``: by the table id it
     names, or, written before table ids, by the batch it applied being ``sink``'s commit at that
     version (batch ids are unique: a commit of another table never matches)."""
-    if SINK_TABLE_ID in meta:
-        return meta[SINK_TABLE_ID] == sink.table_id
-    return sink.batch_at.get(int(meta.get("sink_version", -1))) == meta.get("batch_id")
+    if meta.sink_table_id is not None:
+        return meta.sink_table_id == sink.table_id
+    return sink.batch_at.get(meta.sink_version) == meta.batch_id
 
 
 def _follows(table: DeltaTable, sink: SinkTable) -> bool:
@@ -244,8 +242,8 @@ def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
             f"after sink version {applied} of {config.sink_path}: their history holds writes of an old scheme that "
             "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters")
     files = _diff_to(config, table, version)
-    entry = {"pipeline": config.name, "batch_id": f"follow-{sink.table_id}", "kind": "dead_letters",
-             "sink_version": applied, SINK_TABLE_ID: sink.table_id}
+    entry = AppliedChange(pipeline=config.name, batch_id=f"follow-{sink.table_id}", sink_version=applied,
+                          sink_table_id=sink.table_id)
     try:
         commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), max(applied, 0))])),
                entry, partition_by=None, max_commit_retries=0)
@@ -255,7 +253,7 @@ def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
              sink_table_id=sink.table_id, applied_through=applied, actions=len(files))
 
 
-def _marked_newest_first(table: DeltaTable) -> Iterator[tuple[int, dict]]:
+def _marked_newest_first(table: DeltaTable) -> Iterator[tuple[int, AppliedChange]]:
     """(version, entry) of the dead-letter table's marked commits, newest first, read a few commit
     files at a time (what is asked is nearly always the newest). An unmarked write of the scheme
     before marked commits ends the walk: nothing older says which sink it followed."""
@@ -277,19 +275,20 @@ def _replace_actions(config: PipelineConfig, table: DeltaTable, change: SinkComm
     a topic (before ``offsetlake topic reset-epoch``) are other records at the same offsets: they
     stay (invariant 16)."""
     selected = Selection.of_entry(change.entry)
+    staged = change.entry.staged if isinstance(change.entry, RowsEntry) else None
     touched = [f for f in live_files(table) if selected.file_may_hold(f)]
     actions: list = remove_actions(touched, [])
     kept = _rows_outside(config, touched, _kept_by(change, commits))
     if kept.num_rows:
         actions += _add_files(config, stage(config, change.batch_id, kept))
-    return actions + _add_files(config, change.entry.get(STAGED, []))
+    return actions + _add_files(config, staged or ())
 
 
 def _earlier_epoch_batches(commits: list[SinkCommit], change: SinkCommit) -> dict[str, list[str]]:
     """Per topic of ``change`` that had an epoch reset: the batches of its earlier epochs."""
     starts = epoch_starts(commits)
     out: dict[str, list[str]] = {}
-    for topic in {r["topic"] for r in change.entry.get("ranges", [])} & set(starts):
+    for topic in change.entry.topics() & set(starts):
         now = epoch_at(starts[topic], change.version)
         out[topic] = [c.batch_id for c in commits if epoch_at(starts[topic], c.version) < now]
     return out
@@ -315,12 +314,12 @@ def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], kept: pc.
     return pa.concat_tables([p.cast(DEAD_LETTER_SCHEMA) for p in parts]) if parts else DEAD_LETTER_SCHEMA.empty_table()
 
 
-def _add_files(config: PipelineConfig, staged: list[dict[str, Any]]) -> list:
+def _add_files(config: PipelineConfig, staged: Iterable[DeadLetterFile]) -> list:
     """Add actions for staged files (their statistics read from their footers)."""
     fs, _ = storage.filesystem(config.layout.dead_letters)
     actions = []
     for s in staged:
-        _, path = storage.filesystem(config.layout.dead_letters.child(s["path"]))
+        _, path = storage.filesystem(config.layout.dead_letters.child(s.path))
         try:
             with fs.open_input_file(path) as handle:
                 metadata = pq.read_metadata(handle)
@@ -329,7 +328,7 @@ def _add_files(config: PipelineConfig, staged: list[dict[str, Any]]) -> list:
                 f"pipeline {config.name}: staged dead-letter file {path} is gone (vacuumed before it was applied?); "
                 "its batch's dead letters cannot be applied"
             ) from None
-        actions.append(AddAction(path=s["path"], size=int(s["size"]), partition_values={},
+        actions.append(AddAction(path=s.path, size=s.size, partition_values={},
                                  modification_time=int(time.time() * 1000), data_change=True,
                                  stats=delta_stats(metadata)))
     return actions
@@ -353,7 +352,7 @@ def _version_as_of(table: DeltaTable, sink: SinkTable, sink_version: int) -> int
         meta = _marked(info)
         version = int(info["version"])
         if meta is not None:
-            if _belongs(meta, sink) and int(meta.get("sink_version", -1)) <= sink_version:
+            if _belongs(meta, sink) and meta.sink_version <= sink_version:
                 best = max(best, version)
         elif version > 0 and info.get("operation") not in _NO_DATA_CHANGE:
             return None  # a dead-letter write of the old scheme: no version maps to a sink version
@@ -363,15 +362,17 @@ def _version_as_of(table: DeltaTable, sink: SinkTable, sink_version: int) -> int
 _NO_DATA_CHANGE = {"CREATE TABLE", "OPTIMIZE", "SET TBLPROPERTIES", "VACUUM START", "VACUUM END", "CHECKPOINT"}
 
 
-def _marked(info: dict) -> dict | None:
-    raw = info.get("userMetadata")
-    if not raw:
-        return None
-    try:
-        meta = json.loads(raw)
-    except ValueError:
-        return None
-    return meta if isinstance(meta, dict) and meta.get("offsetlake") == 1 and meta.get("kind") == "dead_letters" else None
+def _marked(info: dict) -> AppliedChange | None:
+    return AppliedChange.parse(info.get("userMetadata"))
+
+
+def _restore_to(change: SinkCommit) -> tuple[RewindEntry, int] | None:
+    """``change``'s entry and the sink version it restores the dead letters to, if it is a
+    rewind that does (else None)."""
+    entry = change.entry
+    if isinstance(entry, RewindEntry) and entry.restore_to_sink_version is not None:
+        return entry, entry.restore_to_sink_version
+    return None
 
 
 def missing_files_as_of(config: PipelineConfig, version: int) -> list[str]:
@@ -382,13 +383,13 @@ def missing_files_as_of(config: PipelineConfig, version: int) -> list[str]:
             if f["path"] not in now and not storage.exists(storage.data_file(config.layout.dead_letters, f["path"]))]
 
 
-def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: SinkCommit,
+def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: RewindEntry,
                      sink: SinkTable) -> list:
     """Removes and re-adds that make the live files those of the table as of ``to_sink_version``
     (or, for dead letters of the old scheme, removes of the rewound batches' rows)."""
     version = _version_as_of(table, sink, to_sink_version)
     if version is None:
-        return _legacy_delete_actions(config, table, list(change.entry.get("rewound", [])))
+        return _legacy_delete_actions(config, table, list(change.rewound))
     return _diff_to(config, table, version)
 
 
@@ -446,10 +447,11 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
         if start is not None:
             rows = storage.table(config.layout.dead_letters, version=start).to_pyarrow_dataset().to_table(columns=columns)
     for change in changes:
-        if RESTORE in change.entry:
-            version = None if table is None else _version_as_of(table, sink, int(change.entry[RESTORE]["to_sink_version"]))
+        restore = _restore_to(change)
+        if restore is not None:
+            version = None if table is None else _version_as_of(table, sink, restore[1])
             if version is None:
-                rows = rows.filter(~pc.field("batch_id").isin(list(change.entry.get("rewound", [])))) \
+                rows = rows.filter(~pc.field("batch_id").isin(list(restore[0].rewound))) \
                     if "batch_id" in columns else rows
             else:
                 rows = storage.table(config.layout.dead_letters, version=version).to_pyarrow_dataset().to_table(columns=columns)
@@ -457,8 +459,8 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
         kept = _kept_by(change, sink.commits) if "batch_id" in columns else Selection.of_entry(change.entry).outside()
         if kept is not None:
             rows = rows.filter(kept)
-        for s in change.entry.get(STAGED, []):
-            fs, path = storage.filesystem(config.layout.dead_letters.child(s["path"]))
+        for s in (change.entry.staged if isinstance(change.entry, RowsEntry) else None) or ():
+            fs, path = storage.filesystem(config.layout.dead_letters.child(s.path))
             with fs.open_input_file(path) as handle:
                 rows = pa.concat_tables([rows, pq.read_table(handle, columns=columns).cast(rows.schema)])
     return rows

@@ -1,10 +1,10 @@
 """The sink's commit history: the source of truth of what every batch committed (invariant 4).
 
 Each offsetlake commit on a sink carries its batch's **ledger entry** in
-``commitInfo.userMetadata`` (invariant 2), marked as offsetlake's. This module owns that entry —
-``ledger_entry`` builds it, ``entry_json`` serializes it with the marker — and reading it back:
-``sink_commits`` lists a pipeline's commits (with a cache, see there), ``commit_version`` finds
-the version of one batch's commit, and ``covering_batch`` / ``rewound_batches`` answer "which
+``commitInfo.userMetadata`` (invariant 2), marked as offsetlake's; ``offsetlake.entry`` owns that
+entry (its types, JSON and versions). This module reads sink history: ``sink_commits`` lists a
+pipeline's commits (with a cache, see there), ``commit_version`` finds the version of one batch's
+commit, and ``covering_batch`` / ``rewound_batches`` answer "which
 batch committed this offset" and "which batches did a rewind undo" from that history alone, and
 ``refuse_foreign_sink`` keeps a sink table to the one pipeline whose commits it holds.
 ``offsetlake.sink`` (the commit) and ``offsetlake.ledger`` (the projection) both build on it.
@@ -15,23 +15,21 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
 from offsetlake import storage
+from offsetlake.entry import EntryFormatError, EpochChange, EpochEntry, LedgerEntry, RewindEntry, from_dict, parse
 from offsetlake.errors import SinkOwnedError
-from offsetlake.plan import BatchKind, BatchPlan, RangeCounts, ranges_with_counts
+from offsetlake.plan import BatchKind
 
 log = logging.getLogger("offsetlake.history")
 
-MARKER = "offsetlake"  # userMetadata[MARKER] == 1: the commit is offsetlake's, its entry a ledger entry
 CACHE_FOLDER = "_offsetlake_history"  # inside the table folder: Delta and vacuum ignore "_" paths
 CREATED_BY = "offsetlake_sink_of"  # userMetadata key of a sink's create commit: the pipeline that created it
 
@@ -41,76 +39,21 @@ class SinkCommit:
     """One offsetlake commit found in the sink table's history."""
 
     version: int
-    entry: dict[str, Any]  # the ledger entry stored as userMetadata
+    entry: LedgerEntry  # the ledger entry stored as userMetadata
 
     @property
     def batch_id(self) -> str:
-        return str(self.entry["batch_id"])
+        return self.entry.batch_id
 
     @property
     def kind(self) -> BatchKind:
-        return BatchKind(self.entry.get("kind", BatchKind.INGEST))
+        return self.entry.kind
 
 
-# ---- the ledger entry -------------------------------------------------------------------------
-def ledger_entry(
-    plan: BatchPlan,
-    per_range: dict[tuple[str, int], RangeCounts] | None = None,
-    started: float | None = None,
-    validation: dict | None = None,
-    extra: dict[str, Any] | None = None,
-    **facts: Any,
-) -> dict[str, Any]:
-    """The ledger entry of ``plan`` as its sink commit records it: who planned it, when, its
-    ranges with their counts, its validation summary, the Kafka topic ids its offsets belong to
-    (``topic_ids``, where known; absent from older entries); ``extra`` and ``facts`` add kind-specific
-    facts (a message, a rewind's targets, the dead-letter change the commit stands for). ``started`` is the batch's
-    ``time.monotonic()`` start, for its duration."""
-    now = datetime.now(UTC)
-    entry: dict[str, Any] = {
-        "pipeline": plan.pipeline,
-        "batch_id": plan.batch_id,
-        "kind": str(plan.kind),
-        "run_id": plan.run.run_id,
-        "dag_id": plan.run.dag_id,
-        "try_number": plan.run.try_number,
-        "planned_at": plan.planned_at.isoformat(),
-        "committed_at": now.isoformat(),
-        "duration_ms": int((time.monotonic() - started) * 1000) if started is not None else 0,
-        "ranges": ranges_with_counts(plan, per_range or {}),
-    }
-    if validation is not None:
-        entry["validation"] = validation
-    if plan.window is not None:
-        entry["record_time"] = {"from_ms": plan.window.from_ms, "to_ms": plan.window.to_ms}
-    if plan.reader_schema is not None:
-        entry["reader_schema"] = plan.reader_schema.as_dict()
-    if plan.topic_ids:  # what its offsets mean (invariant 16); entries before topic ids lack it
-        entry["topic_ids"] = dict(sorted(plan.topic_ids.items()))
-    if plan.sink_table_id is not None:  # the table its ranges were planned on (invariant 16)
-        entry["sink_table_id"] = plan.sink_table_id
-    if plan.topic_epochs:  # the epoch its rows carry, of each topic re-created under the pipeline
-        entry["topic_epochs"] = dict(sorted(plan.topic_epochs.items()))
-    entry.update(extra or {})
-    entry.update(facts)
-    return entry
-
-
-def entry_json(entry: dict[str, Any]) -> str:
-    """The entry as the commit's userMetadata: compact JSON with offsetlake's marker."""
-    return json.dumps({**entry, MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
-
-
-def _marked_entry(info: dict) -> dict | None:
+# ---- the ledger entry (``offsetlake.entry``) --------------------------------------------------
+def _marked_entry(info: dict) -> LedgerEntry | None:
     """The ledger entry a commit's ``userMetadata`` holds, if the commit is offsetlake's."""
-    raw = info.get("userMetadata")
-    if not raw:
-        return None
-    try:
-        entry = json.loads(raw)
-    except ValueError:
-        return None
-    return entry if isinstance(entry, dict) and entry.get(MARKER) == 1 else None
+    return parse(info.get("userMetadata"))
 
 
 def creation_metadata(pipeline: str) -> dict[str, str]:
@@ -124,7 +67,7 @@ def _owner_of(info: dict) -> str | None:
     """The pipeline a commit belongs to: its ledger entry's, or the creator named by a create commit."""
     entry = _marked_entry(info)
     if entry is not None:
-        return str(entry["pipeline"]) if entry.get("pipeline") is not None else None
+        return entry.pipeline
     raw = info.get("userMetadata")
     if not raw or CREATED_BY not in raw:
         return None
@@ -208,7 +151,7 @@ def _commits_in(history: list[dict], pipeline: str) -> list[SinkCommit]:
     commits = []
     for info in history:
         entry = _marked_entry(info)
-        if entry is not None and entry.get("pipeline") == pipeline:
+        if entry is not None and entry.pipeline == pipeline:
             commits.append(SinkCommit(version=int(info["version"]), entry=entry))
     return sorted(commits, key=lambda c: c.version)
 
@@ -221,14 +164,14 @@ def _read_cache(location: storage.Location, table_id: object, version: int) -> t
         if data["table_id"] != table_id or data["version"] > version:
             return None
         owners = {str(k): int(v) for k, v in data["owners"].items()}  # a cache without owners is read again
-        return data["version"], _History([SinkCommit(version=v, entry=e) for v, e in data["commits"]], owners)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return data["version"], _History([SinkCommit(version=v, entry=from_dict(e)) for v, e in data["commits"]], owners)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EntryFormatError):
         return None
 
 
 def _write_cache(location: storage.Location, table_id: object, version: int, history: _History) -> None:
     body = json.dumps({"table_id": table_id, "version": version, "owners": history.owners,
-                       "commits": [[c.version, c.entry] for c in history.commits]})
+                       "commits": [[c.version, c.entry.as_dict()] for c in history.commits]})
     try:
         fs, path = storage.filesystem(location)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
@@ -303,11 +246,11 @@ def landed_version(location: storage.Location, batch_id: str) -> int | None:
     retries the put-if-absent, the store refuses it as a duplicate, and delta-rs reports a
     conflict, with the writer's own commit on the table."""
     fresh = storage.table(location)
-    needle = f'"batch_id":"{batch_id}"'
     newest = fresh.version()
     for first in (max(0, newest - 20), 0):
         for info in reversed(commit_infos(fresh, first, newest)):
-            if needle in (info.get("userMetadata") or ""):
+            entry = _marked_entry(info)
+            if entry is not None and entry.batch_id == batch_id:
                 return int(info["version"])
     return None
 
@@ -319,8 +262,8 @@ def rewound_batches(commits: Iterable[SinkCommit]) -> dict[str, SinkCommit]:
     which committed batches no longer count."""
     undone: dict[str, SinkCommit] = {}
     for commit in sorted(commits, key=lambda c: c.version):
-        if commit.kind == BatchKind.REWIND:
-            for batch_id in commit.entry.get("rewound", []):
+        if isinstance(commit.entry, RewindEntry):
+            for batch_id in commit.entry.rewound:
                 undone.setdefault(batch_id, commit)
     return undone
 
@@ -333,8 +276,8 @@ def covering_batch(commits: Iterable[SinkCommit], topic: str, partition: int, of
     for commit in commits:
         if commit.batch_id in rewound:
             continue
-        for r in commit.entry.get("ranges", []):
-            if r["topic"] == topic and r["partition"] == partition and r["start"] <= offset < r["end"]:
+        for r in commit.entry.ranges:
+            if r.topic == topic and r.partition == partition and r.start <= offset < r.end:
                 return commit.batch_id
     return None
 
@@ -347,9 +290,6 @@ def live_commits(commits: Iterable[SinkCommit]) -> list[SinkCommit]:
 
 
 # ---- topic epochs (invariant 16) ---------------------------------------------------------------
-EPOCH = "epoch"  # entry key of an epoch commit: what it moved, from which topic id to which
-
-
 def epoch_starts(commits: list[SinkCommit]) -> dict[str, list[int]]:
     """Per topic, the sink versions of its live epoch commits (``offsetlake topic reset-epoch``),
     ascending; a topic without any has one epoch. Offsets of different epochs of one topic name
@@ -358,8 +298,9 @@ def epoch_starts(commits: list[SinkCommit]) -> dict[str, list[int]]:
     rewound = rewound_batches(commits)
     out: dict[str, list[int]] = {}
     for c in sorted(commits, key=lambda c: c.version):
-        if c.kind == BatchKind.EPOCH and c.batch_id not in rewound:
-            out.setdefault(c.entry[EPOCH]["topic"], []).append(c.version)
+        change = epoch_change(c)
+        if change is not None and c.batch_id not in rewound:
+            out.setdefault(change.topic, []).append(c.version)
     return out
 
 
@@ -378,5 +319,11 @@ def current_epochs(commits: list[SinkCommit]) -> dict[str, int]:
 def latest_epoch_commit(commits: list[SinkCommit], topic: str) -> SinkCommit | None:
     """The live epoch commit that opened ``topic``'s current epoch (None: it is in epoch 0)."""
     rewound = rewound_batches(commits)
-    found = [c for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in rewound and c.entry[EPOCH]["topic"] == topic]
+    found = [c for c in commits if c.batch_id not in rewound and (change := epoch_change(c)) is not None
+             and change.topic == topic]
     return max(found, key=lambda c: c.version) if found else None
+
+
+def epoch_change(commit: SinkCommit) -> EpochChange | None:
+    """What an epoch commit moved (None for every other commit)."""
+    return commit.entry.epoch if isinstance(commit.entry, EpochEntry) else None

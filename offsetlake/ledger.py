@@ -23,7 +23,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.history import SinkCommit, covering_batch, ledger_entry, rewound_batches, sink_commits
+from offsetlake.entry import RewindEntry, for_plan
+from offsetlake.history import SinkCommit, covering_batch, rewound_batches, sink_commits
 from offsetlake.plan import (
     OFFSET_MOVING_KINDS,
     BatchKind,
@@ -114,15 +115,14 @@ class Ledger:
 
     def record_plan(self, plan: BatchPlan) -> None:
         """Invariant 3: the plan is in the ledger before anything is read."""
-        self._append(ledger_rows(ledger_entry(plan), PLANNED, duration_ms=None))
+        self._append(for_plan(plan).ledger_rows(PLANNED, duration_ms=None))
 
     def record_outcome(
         self, plan: BatchPlan, status: BatchStatus, message: str | None = None, duration_ms: int | None = None,
         validation: dict | None = None,
     ) -> None:
         """A batch that did not commit: ``failed`` (why, and its validation summary) or ``superseded``."""
-        self._append(ledger_rows(ledger_entry(plan), status, duration_ms=duration_ms, message=message,
-                                 **_validation_columns(validation)))
+        self._append(for_plan(plan, validation=validation).ledger_rows(status, duration_ms=duration_ms, message=message))
 
     def record_commit(self, commit: SinkCommit) -> None:
         self._append(rows_for_commit(commit))
@@ -336,42 +336,11 @@ def _best_outcomes(events: list[dict]) -> list[dict]:
     return sorted(best.values(), key=lambda r: (r["planned_at"], r["batch_id"], r["topic"], r["partition"]))
 
 
-# ---- ledger entries -> rows -------------------------------------------------------------------
-def ledger_rows(entry: dict[str, Any], status: BatchStatus, sink_version: int | None = None,
-                recorded_at: datetime | None = None, **columns: Any) -> list[dict]:
-    """One ledger row per range of a ledger entry (``offsetlake.history.ledger_entry``), with
-    ``status``; ``columns`` override what the entry says (message, duration, validation)."""
-    base = {
-        "pipeline": entry["pipeline"],
-        "batch_id": entry["batch_id"],
-        "kind": str(entry.get("kind", BatchKind.INGEST)),
-        "status": str(status),
-        "sink_version": sink_version,
-        "run_id": entry.get("run_id"),
-        "dag_id": entry.get("dag_id"),
-        "try_number": entry.get("try_number"),
-        "planned_at": _ts(entry.get("planned_at")),
-        "recorded_at": recorded_at or datetime.now(UTC),
-        "duration_ms": entry.get("duration_ms"),
-        "message": entry.get("message"),
-        **_validation_columns(entry.get("validation")),
-        "record_time_from_ms": (entry.get("record_time") or {}).get("from_ms"),
-        "record_time_to_ms": (entry.get("record_time") or {}).get("to_ms"),
-        "reader_schema": json.dumps(entry["reader_schema"], sort_keys=True) if entry.get("reader_schema") else None,
-        **columns,
-    }
-    return [
-        {**base, "topic": r["topic"], "partition": r["partition"], "start_offset": r["start"], "end_offset": r["end"],
-         "records_read": r.get("records_read"), "rows_written": r.get("rows_written"), "dead_letters": r.get("dead_letters"),
-         "topic_id": (entry.get("topic_ids") or {}).get(r["topic"]), "sink_table_id": entry.get("sink_table_id")}
-        for r in entry.get("ranges", [])
-    ]
-
-
+# ---- ledger entries -> rows (``LedgerEntry.ledger_rows``) ---------------------------------------
 def rows_for_commit(commit: SinkCommit) -> list[dict]:
     """The ledger rows a sink commit stands for: ``gap`` for a gap batch, else ``committed``."""
     status = GAP if commit.kind == BatchKind.GAP else COMMITTED
-    return ledger_rows(commit.entry, status, commit.version, recorded_at=_ts(commit.entry.get("committed_at")))
+    return commit.entry.ledger_rows(status, commit.version, recorded_at=commit.entry.committed_time)
 
 
 def rewound_rows(commits: list[SinkCommit]) -> list[dict]:
@@ -382,22 +351,12 @@ def rewound_rows(commits: list[SinkCommit]) -> list[dict]:
         if batch_id not in by_id:
             continue
         entry = rewind.entry
-        message = (f"rewound by {entry['batch_id']} (sink version {rewind.version}) to batch {entry.get('to_batch')}: "
-                   f"{entry.get('reason') or 'no reason given'}")
+        assert isinstance(entry, RewindEntry)  # rewound_batches names rewind commits only
+        message = (f"rewound by {entry.batch_id} (sink version {rewind.version}) to batch {entry.to_batch}: "
+                   f"{entry.reason or 'no reason given'}")
         commit = by_id[batch_id]
-        rows.extend(ledger_rows(commit.entry, REWOUND, commit.version,
-                                recorded_at=_ts(entry.get("committed_at")), message=message))
+        rows.extend(commit.entry.ledger_rows(REWOUND, commit.version, recorded_at=entry.committed_time, message=message))
     return rows
-
-
-def _ts(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
-
-
-def _validation_columns(summary: dict | None) -> dict:
-    if not summary:
-        return {}
-    return {"validation": json.dumps(summary, separators=(",", ":"), default=str), "validation_report": summary.get("report")}
 
 
 # ---- rows -> what people read -----------------------------------------------------------------

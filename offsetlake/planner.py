@@ -102,7 +102,7 @@ def check_no_topic_gone(config: PipelineConfig, table: object, present: set[str]
     if config.topic_pattern is None:
         return
     pattern = re.compile(config.topic_pattern)
-    committed = {r["topic"] for c in sink_commits(table, config.name) for r in c.entry.get("ranges", [])}  # type: ignore[arg-type]
+    committed = {t for c in sink_commits(table, config.name) for t in c.entry.topics()}  # type: ignore[arg-type]
     gone = sorted(t for t in committed - present if pattern.fullmatch(t))
     if gone:
         raise KafkaUnavailableError(

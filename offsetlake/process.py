@@ -10,12 +10,13 @@ files are inert until a commit names them (invariant 2), and a batch that fails 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from offsetlake import dead_letters, direct, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
+from offsetlake.entry import DeadLetterFile
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
@@ -37,7 +38,7 @@ class ProcessedBatch:
     per_range: dict[tuple[str, int], RangeCounts]
     timings_ms: dict[str, int]
     validation: dict | None = None  # the Great Expectations summary, None without a suite
-    dead_letter_files: list[dict] = field(default_factory=list)  # staged; the sink commit's entry lists them
+    dead_letter_files: tuple[DeadLetterFile, ...] = ()  # staged; the sink commit's entry lists them
     rows_schema: Any = None  # pyarrow schema of the sink rows (also when ``rows`` is None)
     direct: Direct | None = None  # the files the read tasks wrote (``offsetlake.direct``), if they did
 

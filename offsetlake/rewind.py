@@ -57,15 +57,15 @@ from deltalake.exceptions import CommitFailedError
 
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
+from offsetlake.entry import LedgerEntry, RewindEntry, for_plan
 from offsetlake.errors import CommitConflictError, RewindError
 from offsetlake.history import (
-    EPOCH,
     SinkCommit,
     commit_version,
     current_epochs,
+    epoch_change,
     landed_version,
     latest_epoch_commit,
-    ledger_entry,
     refuse_foreign_sink,
     rewound_batches,
     sink_commits,
@@ -182,7 +182,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
         raise RewindError(f"{where}: that batch is {status} and never committed; rewind to a committed batch")
     if target.kind == BatchKind.REWIND:
         raise RewindError(f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
-                          f"({target.entry.get('to_batch')})")
+                          f"({target.entry.to_batch if isinstance(target.entry, RewindEntry) else None})")
     if to_batch in undone:
         raise RewindError(f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
                           f"(sink version {undone[to_batch].version}); its data is no longer in the sink")
@@ -190,7 +190,7 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     plan = RewindPlan(config.name, to_batch, target.version, table.version())
     later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND
              and c.batch_id not in undone]
-    plan.rewound = [{"batch_id": c.batch_id, "kind": c.entry.get("kind", "ingest"), "version": c.version} for c in later]
+    plan.rewound = [{"batch_id": c.batch_id, "kind": str(c.kind), "version": c.version} for c in later]
     plan.dead_letters = dead_letters.count_by_batch(config, [c.batch_id for c in later])
     if plan.noop:
         return plan
@@ -232,7 +232,8 @@ def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target
         opened = latest_epoch_commit(commits, topic)
         if opened is None or target.version >= opened.version:
             continue
-        old = opened.entry[EPOCH].get("previous_topic_id")
+        change = epoch_change(opened)
+        old = change.previous_topic_id if change is not None else None
         raise RewindError(
             f"{where}: it was committed (sink version {target.version}) before topic {topic} started a new epoch in "
             f"sink version {opened.version} (batch {opened.batch_id}, `offsetlake topic reset-epoch`); its offsets "
@@ -285,22 +286,22 @@ def rewind_pipeline(
 
 
 def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str, requested_by: str,
-           run: RunContext, started: float) -> dict:
+           run: RunContext, started: float) -> LedgerEntry:
     rewound = [b["batch_id"] for b in plan.rewound]
     # per partition, the offsets whose processing was undone: [new committed end, old one)
     undone = tuple(OffsetRange(m.topic, m.partition, m.target, m.current) for m in plan.txn if m.current is not None)
     batch = BatchPlan(config.name, rewind_id, BatchKind.REWIND, undone, run)
-    return ledger_entry(
+    return for_plan(
         batch, started=started,
-        to_batch=plan.to_batch, to_version=plan.to_version, rewound=rewound, reason=reason, requested_by=requested_by,
-        files_removed=len(plan.remove_files), files_readded=len(plan.readd_files), kept_columns=plan.kept_columns,
-        extra={dead_letters.RESTORE: {"to_sink_version": plan.to_version}},
+        to_batch=plan.to_batch, to_version=plan.to_version, rewound=tuple(rewound), reason=reason,
+        requested_by=requested_by, files_removed=len(plan.remove_files), files_readded=len(plan.readd_files),
+        kept_columns=tuple(plan.kept_columns), restore_to_sink_version=plan.to_version,
         message=f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
                 f"(sink version {plan.to_version}) for {requested_by}: {reason}",
     )
 
 
-def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: dict) -> int:
+def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: LedgerEntry) -> int:
     """ONE commit: removes + re-adds + one txn per partition + the entry, on the snapshot the plan
     read, with no retries: a concurrent writer makes it fail instead of rebasing a stale diff.
     Refused (SinkOwnedError) on a table that holds another pipeline's commits: restoring a version
@@ -317,12 +318,12 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
     except CommitFailedError as err:
-        if landed_version(config.layout.sink, entry["batch_id"]) is None:  # else: applied, its answer lost
+        if landed_version(config.layout.sink, entry.batch_id) is None:  # else: applied, its answer lost
             raise CommitConflictError(
                 f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
                 f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
             ) from None
-    return commit_version(config.layout.sink, entry["batch_id"])
+    return commit_version(config.layout.sink, entry.batch_id)
 
 
 def _files(table: DeltaTable) -> list[str]:
@@ -333,8 +334,8 @@ def _txn_moves(config: PipelineConfig, now: DeltaTable, then: DeltaTable, commit
     first_start: dict[tuple[str, int], int] = {}
     for c in sorted(commits, key=lambda c: c.version):
         if c.kind in OFFSET_MOVING_KINDS:
-            for r in c.entry.get("ranges", []):
-                first_start.setdefault((r["topic"], r["partition"]), r["start"])
+            for r in c.entry.ranges:
+                first_start.setdefault((r.topic, r.partition), r.start)
     moves = []
     for topic, partition in sorted(first_start):
         current, target = committed_end(now, config, topic, partition), committed_end(then, config, topic, partition)

@@ -23,12 +23,12 @@ import pyarrow.compute as pc
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
+from offsetlake.entry import for_plan
 from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
 from offsetlake.history import (
     SinkCommit,
     covering_batch,
     current_epochs,
-    ledger_entry,
     refuse_foreign_sink,
     rewound_batches,
     sink_commits,
@@ -167,7 +167,7 @@ def _execute_forward(
     try:
         rows_schema = processed.rows_schema
         removed: list[dict] = []
-        extra: dict = {dead_letters.STAGED: processed.dead_letter_files}
+        merged: dict[str, int] | None = None
         if config.sink.mode == "upsert":
             # the merge reads the table: the commit is made on that same snapshot (invariant 10)
             table = ensure_table(config, rows_schema)
@@ -176,7 +176,7 @@ def _execute_forward(
             schema = evolved_schema(table, config, rows_schema, plan)
             merge = stage_merge(config, plan, processed, spark, table)
             files, removed = merge.files, merge.removed
-            extra["merge"] = merge.counts.as_dict()
+            merged = merge.counts.as_dict()
             if schema is not None and removed:
                 table = add_columns_first(table, config, schema, plan)  # a commit cannot both
                 schema = None
@@ -187,7 +187,8 @@ def _execute_forward(
                 return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
             schema = evolved_schema(table, config, rows_schema, plan)
         t = time.monotonic()
-        entry = ledger_entry(plan, processed.per_range, started, processed.validation, extra=extra)
+        entry = for_plan(plan, processed.per_range, started, processed.validation,
+                         staged=processed.dead_letter_files, merge=merged)
         before_commit()
         version = commit_batch(table, config, plan, files, entry, schema, removed=removed)
         processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows,
@@ -212,8 +213,8 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     """
     table = open_table(config.layout.sink)
     lost = ", ".join(str(r) for r in plan.ranges)
-    entry = ledger_entry(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion",
-                         extra={dead_letters.STAGED: []})
+    entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion",
+                     staged=())
     before_commit()
     if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
         raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")

@@ -31,18 +31,18 @@ from pyarrow import fs as pafs
 
 from offsetlake import storage
 from offsetlake.config import KEY_COLUMN, PipelineConfig
+from offsetlake.entry import AppliedChange, LedgerEntry
 from offsetlake.errors import CommitConflictError, SchemaChangeError, StagedFilesError, StalePlanError
 from offsetlake.file_stats import delta_stats
 from offsetlake.history import (
     commit_version,
     covering_batch,
     creation_metadata,
-    entry_json,
     landed_version,
     refuse_foreign_sink,
     sink_commits,
 )
-from offsetlake.plan import BatchPlan, OffsetRange, ReaderSchema
+from offsetlake.plan import BatchPlan, OffsetRange
 
 # The commit history is the ledger's source of truth (invariant 4): delta-rs must never delete
 # old commit files when it writes a checkpoint (by default it does after 30 days).
@@ -282,11 +282,12 @@ def txns_for(app_versions: Iterable[tuple[str, int]]) -> list[Transaction]:
     return [Transaction(app_id, version) for app_id, version in app_versions]
 
 
-def commit(table: DeltaTable, actions: CommitActions, entry: dict, *, partition_by: list[str] | None,
+def commit(table: DeltaTable, actions: CommitActions, entry: LedgerEntry | AppliedChange, *, partition_by: list[str] | None,
            max_commit_retries: int | None = None, schema: pa.Schema | None = None) -> None:
     """The one shape of every offsetlake commit (ingest, stream, gap, backfill, rewind on the
     sink; applied changes on the dead-letter table): file actions, txn actions and the ledger
-    entry (with offsetlake's marker, see ``offsetlake.history``) in ONE Delta commit, with a
+    entry (with offsetlake's marker, see ``offsetlake.entry``; the dead-letter table's commits carry an
+    ``AppliedChange``) in ONE Delta commit, with a
     checkpoint and never a log cleanup.
 
     ``schema``, when given, is the table's new schema (``evolved_schema``): the commit then also
@@ -299,7 +300,7 @@ def commit(table: DeltaTable, actions: CommitActions, entry: dict, *, partition_
     Raises delta-rs's CommitFailedError on a conflict; callers say what that means for their kind.
     """
     properties = CommitProperties(
-        custom_metadata={"userMetadata": entry_json(entry)},
+        custom_metadata={"userMetadata": entry.to_json()},
         app_transactions=actions.txns or None,
         max_commit_retries=max_commit_retries,
     )
@@ -455,9 +456,8 @@ def _schemas_involved(table: DeltaTable, config: PipelineConfig, plan: BatchPlan
     """", reading with <this plan's reader schema>; the sink's last batch read with <its>", or ""."""
     if plan.reader_schema is None:
         return ""
-    before = next((c.entry.get("reader_schema") for c in reversed(sink_commits(table, config.name))
-                   if c.entry.get("reader_schema")), None)
-    last = ReaderSchema.from_dict(before)
+    last = next((c.entry.reader_schema for c in reversed(sink_commits(table, config.name))
+                 if c.entry.reader_schema is not None), None)
     said = f"; this batch reads with {plan.reader_schema.describe()}"
     return said + (f", the sink's last batch read with {last.describe()}" if last is not None else "")
 
@@ -506,7 +506,7 @@ def add_columns_first(table: DeltaTable, config: PipelineConfig, schema: pa.Sche
     return table
 
 
-def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: dict,
+def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: LedgerEntry,
                  schema: pa.Schema | None = None, removed: list[dict[str, Any]] | None = None) -> int:
     """Commit data files + one txn per partition + the ledger entry as ONE Delta commit (with the
     sink's new ``schema`` when the batch adds columns, see ``commit``; with removes of the live

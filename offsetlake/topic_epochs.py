@@ -41,13 +41,13 @@ from deltalake.exceptions import CommitFailedError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
+from offsetlake.entry import EpochChange, for_plan
 from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
-    EPOCH,
     SinkCommit,
     commit_version,
+    epoch_change,
     landed_version,
-    ledger_entry,
     refuse_foreign_sink,
     rewound_batches,
     sink_commits,
@@ -71,13 +71,13 @@ def recorded_topic_ids(commits: list[SinkCommit]) -> dict[str, str]:
     recorded since the topic's last epoch commit (topics with none recorded are left out)."""
     ids: dict[str, str] = {}
     for c in _live(commits):
-        if c.kind == BatchKind.EPOCH:
-            topic = c.entry[EPOCH]["topic"]
-            ids.pop(topic, None)
-            if c.entry[EPOCH].get("topic_id"):
-                ids[topic] = c.entry[EPOCH]["topic_id"]
+        change = epoch_change(c)
+        if change is not None:
+            ids.pop(change.topic, None)
+            if change.topic_id:
+                ids[change.topic] = change.topic_id
         elif c.kind in OFFSET_MOVING_KINDS:
-            ids.update(c.entry.get("topic_ids") or {})
+            ids.update(c.entry.topic_ids)
     return ids
 
 
@@ -178,7 +178,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     started = time.monotonic()
     table = open_table(config.layout.sink)
     commits = sink_commits(table, config.name)
-    mine = sorted({int(r["partition"]) for c in commits for r in c.entry.get("ranges", []) if r["topic"] == topic})
+    mine = sorted({r.partition for c in commits for r in c.entry.ranges if r.topic == topic})
     if table is None or not mine:
         raise TopicEpochError(f"pipeline {config.name}: it has committed nothing of topic {topic}; nothing to reset")
     try:
@@ -203,12 +203,11 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
                      tuple(OffsetRange(topic, p, to, to) for p, to in targets.items()),
                      RunContext(f"reset-epoch-{topic}"), topic_ids={topic: current} if current else {})
     requested_by = _user()
-    entry = ledger_entry(
+    entry = for_plan(
         plan, started=started, reason=reason or "no reason given", requested_by=requested_by,
         message=f"topic {topic} starts a new epoch for {requested_by}: {reason or 'no reason given'}; "
                 + ("; ".join(problems) if problems else "forced: the check saw nothing wrong"),
-        extra={EPOCH: {"topic": topic, "previous_topic_id": result.previous_topic_id, "topic_id": current,
-                       "moves": moves, "problems": problems}},
+        epoch=EpochChange(topic, result.previous_topic_id, current, tuple(moves), tuple(problems)),
     )
     actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table

@@ -27,6 +27,7 @@ from s3_tools import delete_tree
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.entry import AppliedChange
 from offsetlake.errors import SchemaChangeError, StalePlanError
 from offsetlake.file_stats import delta_stats
 from offsetlake.history import sink_commits
@@ -98,14 +99,14 @@ def _apply_as_the_old_code_did(config) -> None:
     change = sink_commits(sink, config.name)[-1]
     table = create_table_once(config.dead_letter_path, dead_letters.DEAD_LETTER_SCHEMA, [], "dead letters")
     files = []
-    for staged in change.entry[dead_letters.STAGED]:
-        fs, path = storage.filesystem(config.layout.dead_letters.child(staged["path"]))
+    for staged in change.entry.staged:
+        fs, path = storage.filesystem(config.layout.dead_letters.child(staged.path))
         with fs.open_input_file(path) as handle:
             stats = delta_stats(pq.read_metadata(handle))
-        files.append(AddAction(path=staged["path"], size=int(staged["size"]), partition_values={},
+        files.append(AddAction(path=staged.path, size=staged.size, partition_values={},
                                modification_time=int(time.time() * 1000), data_change=True, stats=json.dumps(stats)))
     commit(table, CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
-           {"pipeline": config.name, "batch_id": change.batch_id, "kind": "dead_letters", "sink_version": change.version},
+           AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version),  # no table id
            partition_by=None)
 
 

@@ -9,7 +9,8 @@ import pyarrow as pa
 from s3_tools import delete_tree
 
 from offsetlake import storage
-from offsetlake.history import ledger_entry, sink_commits
+from offsetlake.entry import for_plan
+from offsetlake.history import sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
 from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
 
@@ -21,7 +22,7 @@ def _commit(config, start: int) -> str:
     plan = BatchPlan(config.name, new_batch_id(config.name), "ingest",
                      (OffsetRange(config.topic, 0, start, start + 1),), RunContext("cache-test"))
     table = ensure_table(config, SCHEMA)
-    commit_batch(table, config, plan, WrittenFiles([], 0, SCHEMA), ledger_entry(plan, {}, time.monotonic()))
+    commit_batch(table, config, plan, WrittenFiles([], 0, SCHEMA), for_plan(plan, {}, time.monotonic()))
     return plan.batch_id
 
 
@@ -39,12 +40,12 @@ def test_history_cache_returns_what_the_log_holds(pipeline):
 
     first = sink_commits(storage.table(config.layout.sink), config.name)
     assert [c.batch_id for c in first] == ids and fs.get_file_info(cache).is_file
-    assert [(c.version, c.entry) for c in first] == _uncached(config)
+    assert [(c.version, json.loads(c.entry.to_json())) for c in first] == _uncached(config)
 
     ids += [_commit(config, i) for i in range(5, 8)]  # read incrementally on top of the cache
     again = sink_commits(storage.table(config.layout.sink), config.name)
     assert [c.batch_id for c in again] == ids
-    assert [(c.version, c.entry) for c in again] == _uncached(config)
+    assert [(c.version, json.loads(c.entry.to_json())) for c in again] == _uncached(config)
     with fs.open_input_stream(cache) as handle:
         assert json.loads(handle.read())["version"] == storage.table(config.layout.sink).version()
 

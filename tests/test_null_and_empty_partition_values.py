@@ -56,8 +56,8 @@ def _customers(config) -> dict[str | None, int]:
 
 def _empty_as_null(config) -> int:
     table = storage.table(config.layout.sink)
-    return sum(r.get("empty_as_null", 0) for c in sink_commits(table, config.name) if c.kind in ("ingest", "backfill")
-               for r in c.entry["ranges"])
+    return sum(r.counts.get("empty_as_null", 0) for c in sink_commits(table, config.name)
+               if c.kind in ("ingest", "backfill") for r in c.entry.ranges)
 
 
 def _audits(config) -> None:

@@ -22,7 +22,6 @@ from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import SinkOwnedError
-from offsetlake.history import entry_json
 from offsetlake.plan import RunContext
 from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import run_pipeline
@@ -88,7 +87,7 @@ def test_a_sink_that_already_holds_two_pipelines_refuses_every_commit_and_rewind
     table = storage.table(config.layout.sink)
     foreign = {"pipeline": "us", "batch_id": "us-legacy", "kind": "ingest", "ranges": []}
     table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=CommitProperties(
-        custom_metadata={"userMetadata": entry_json(foreign)}))
+        custom_metadata={"userMetadata": json.dumps({**foreign, "offsetlake": 1})}))  # as main wrote it
     version = storage.table(config.layout.sink).version()
 
     with pytest.raises(SinkOwnedError, match=f"pipeline {config.name}: .* belongs to pipeline us"):

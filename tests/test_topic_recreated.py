@@ -9,6 +9,7 @@ from kafka_truth import dead_letter_coordinates, delete_topic, ledger_rows, read
 
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.entry import from_dict
 from offsetlake.errors import TopicIdentityError
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import topic_ids
@@ -86,8 +87,8 @@ def test_the_test_broker_names_no_topic_id_and_the_ledger_entry_then_records_non
 
 def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed_end():
     offsets = {("t", 0): PartitionOffsets("t", 0, 0, 500)}
-    commits = [SinkCommit(3, {"batch_id": "b1", "kind": "ingest", "topic_ids": {"t": "old-id"},
-                              "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 120}]})]
+    commits = [SinkCommit(3, from_dict({"pipeline": "p", "batch_id": "b1", "kind": "ingest", "topic_ids": {"t": "old-id"},
+                                        "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 120}]}))]
     recorded = recorded_topic_ids(commits)
     assert recorded == {"t": "old-id"}
     problems = identity_problems({("t", 0): 120}, offsets, recorded, {"t": "new-id"})
@@ -95,7 +96,8 @@ def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed
                         "(its log end is 500, log start 0)"]
     assert identity_problems({("t", 0): 120}, offsets, recorded, {"t": "old-id"}) == []
     assert identity_problems({("t", 0): 120}, offsets, {}, {"t": "new-id"}) == []  # entries from before topic ids
-    epoch = SinkCommit(4, {"batch_id": "e1", "kind": "epoch", "epoch": {"topic": "t", "topic_id": "new-id"}, "ranges": []})
+    epoch = SinkCommit(4, from_dict({"pipeline": "p", "batch_id": "e1", "kind": "epoch",
+                                     "epoch": {"topic": "t", "topic_id": "new-id"}, "ranges": []}))
     assert recorded_topic_ids([*commits, epoch]) == {"t": "new-id"}
 
 

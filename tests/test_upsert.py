@@ -92,7 +92,7 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
     _assert_converged(config, pipeline)
     assert run_pipeline(config, RunContext("nothing-new"), lambda: spark) == []
     commits = [c for c in sink_commits(storage.table(config.layout.sink), config.name)]
-    merged = [c.entry["merge"] for c in commits if "merge" in c.entry]
+    merged = [c.entry.merge for c in commits if getattr(c.entry, "merge", None) is not None]
     assert sum(m["deleted"] for m in merged) > 0 and sum(m["updated"] for m in merged) > 0
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -415,5 +415,5 @@ def test_a_key_in_two_topics_is_resolved_by_record_time_then_coordinates(pipelin
     send(b, "x", 7, base + 9_000)
     run_pipeline(config, RunContext("newer"), lambda: spark)
     assert _sink_by_key(config)["x"]["order_id"] == 7
-    merges = [c.entry["merge"] for c in sink_commits(storage.table(config.layout.sink), config.name)]
+    merges = [getattr(c.entry, "merge", None) for c in sink_commits(storage.table(config.layout.sink), config.name)]
     assert merges[1]["older"] == 2 and merges[2]["updated"] == 1
