@@ -99,12 +99,15 @@ def median_of(repeats: int, measure: Callable[[int], float]) -> tuple[float, lis
 def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path | str, **overrides: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = {
-        "name": name, "topic": topic, "lake": str(lake), "start": "earliest", "read_timeout_seconds": 600,
+        "name": name,
+        "topic": topic,
+        "lake": str(lake),
+        "start": "earliest",
+        "read_timeout_seconds": 600,
         "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": f"bench-{name}"}},
         "format": {
             "type": "json",
-            "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string",
-                       "created_at": "timestamp"},
+            "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"},
             "required": ["order_id"],
         },
         **overrides,
@@ -115,8 +118,9 @@ def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Pa
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 3600) -> subprocess.CompletedProcess:
-    done = subprocess.run([PY, "-m", "offsetlake", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)
+    done = subprocess.run(
+        [PY, "-m", "offsetlake", *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT
+    )
     if done.returncode != 0:
         raise RuntimeError(f"offsetlake {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done
@@ -140,8 +144,9 @@ class SparkServer:
         import select
 
         with open(self.log_path, "w") as err:
-            self.process = subprocess.Popen([PY, "-m", "offsetlake", "spark-server", "--port", str(self.port)],
-                                            stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+            self.process = subprocess.Popen(
+                [PY, "-m", "offsetlake", "spark-server", "--port", str(self.port)], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT
+            )
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], 180)
         if not ready or '"spark_server"' not in self.process.stdout.readline():
@@ -163,11 +168,17 @@ class SparkServer:
 def raw_consume(bootstrap: str, topic: str, keep: bool = False) -> tuple[int, int, list[bytes]]:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.monotonic_ns()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         # noida-db answers a fetch with everything it has (433 MB for 2M records), as
-                         # offsetlake's reader allows for too (offsetlake.kafka: 200 MB per partition)
-                         "receive.message.max.bytes": 1_000_000_000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            # noida-db answers a fetch with everything it has (433 MB for 2M records), as
+            # offsetlake's reader allows for too (offsetlake.kafka: 200 MB per partition)
+            "receive.message.max.bytes": 1_000_000_000,
+        }
+    )
     partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
@@ -193,16 +204,18 @@ def raw_consume(bootstrap: str, topic: str, keep: bool = False) -> tuple[int, in
 def sink_rows(values: list[bytes], topic: str) -> pa.Table:
     """The sink's columns for ``values`` (parsed once, outside any timing)."""
     parsed = [json.loads(v) for v in values]
-    return pa.table({
-        "order_id": pa.array([p.get("order_id") for p in parsed], pa.int64()),
-        "customer": pa.array([p.get("customer") for p in parsed], pa.string()),
-        "amount": pa.array([p.get("amount") for p in parsed], pa.float64()),
-        "currency": pa.array([p.get("currency") for p in parsed], pa.string()),
-        "created_at": pa.array([p.get("created_at") for p in parsed], pa.string()).cast(pa.timestamp("us", tz="UTC")),
-        "_kafka_topic": pa.array([topic] * len(parsed), pa.string()),
-        "_kafka_partition": pa.array([i % 6 for i in range(len(parsed))], pa.int32()),
-        "_kafka_offset": pa.array(range(len(parsed)), pa.int64()),
-    })
+    return pa.table(
+        {
+            "order_id": pa.array([p.get("order_id") for p in parsed], pa.int64()),
+            "customer": pa.array([p.get("customer") for p in parsed], pa.string()),
+            "amount": pa.array([p.get("amount") for p in parsed], pa.float64()),
+            "currency": pa.array([p.get("currency") for p in parsed], pa.string()),
+            "created_at": pa.array([p.get("created_at") for p in parsed], pa.string()).cast(pa.timestamp("us", tz="UTC")),
+            "_kafka_topic": pa.array([topic] * len(parsed), pa.string()),
+            "_kafka_partition": pa.array([i % 6 for i in range(len(parsed))], pa.int32()),
+            "_kafka_offset": pa.array(range(len(parsed)), pa.int64()),
+        }
+    )
 
 
 # ---- memory ---------------------------------------------------------------------------------------
@@ -210,8 +223,9 @@ def peak_rss_of(command: list[str], env: dict | None = None) -> tuple[int, float
     """Run ``command``; return the peak summed RSS (bytes) of its process tree, its wall time and
     the split of that peak by process kind (the JVM, the Python driver, Python workers)."""
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, **(env or {})}, cwd=ROOT)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT
+    )
     peak = 0
     stop = threading.Event()
     stderr: list[str] = []
@@ -272,16 +286,16 @@ def commit_synthetic_batches(config, count: int, start_at: int) -> None:
     from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
     from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
 
-    schema = pa.schema([("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()),
-                        ("_kafka_offset", pa.int64())])
+    schema = pa.schema(
+        [("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64())]
+    )
     ledger = Ledger(config.layout.ledger, config.name)
     for i in range(start_at, start_at + count):
         ranges = tuple(OffsetRange(config.topic, p, i, i + 1) for p in range(6))
         plan = BatchPlan(config.name, new_batch_id(config.name), "ingest", ranges, RunContext(f"bench-{i}"))
         ledger.record_plan(plan)
         table = ensure_table(config, schema)
-        entry = for_plan(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges},
-                         time.monotonic())
+        entry = for_plan(plan, {(r.topic, r.partition): {"records_read": 1, "rows_written": 1} for r in ranges}, time.monotonic())
         version = commit_batch(table, config, plan, WrittenFiles([], 0, schema), entry)
         ledger.record_commit(SinkCommit(version, entry))
         if i % 20 == 0:  # what every run does at its start and end (compacts the ledger as it grows)
@@ -309,18 +323,32 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
     produce_s = time.monotonic() - started
     records, size, _ = raw_consume(bootstrap, topic)
     assert records == args.records, f"the topic holds {records} records, expected {args.records}"
-    emit(figures, "data", records=records, partitions=args.partitions, mean_value_bytes=round(size / records, 1),
-         produce_s=round(produce_s, 1))
+    emit(
+        figures,
+        "data",
+        records=records,
+        partitions=args.partitions,
+        mean_value_bytes=round(size / records, 1),
+        produce_s=round(produce_s, 1),
+    )
 
     if "consume" in only:
+
         def consume(_: int) -> float:
             t = time.monotonic()
             n, _, _ = raw_consume(bootstrap, topic)
             assert n == records
             return time.monotonic() - t
+
         med, samples = median_of(args.repeats, consume)
-        emit(figures, "raw_consume", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
-             mb_per_s=round(size / med / 1e6, 1))
+        emit(
+            figures,
+            "raw_consume",
+            median_s=round(med, 2),
+            samples_s=samples,
+            records_per_s=round(records / med),
+            mb_per_s=round(size / med / 1e6, 1),
+        )
 
         from plain_peers import consume_limit
 
@@ -328,9 +356,16 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             n, elapsed = consume_limit(bootstrap, topic, processes=2)
             assert n == records, f"the 2-process loop read {n} of {records}"
             return elapsed
+
         med, samples = median_of(args.repeats, limit)
-        emit(figures, "consume_limit_2_processes", median_s=round(med, 2), samples_s=samples,
-             records_per_s=round(records / med), mb_per_s=round(size / med / 1e6, 1))
+        emit(
+            figures,
+            "consume_limit_2_processes",
+            median_s=round(med, 2),
+            samples_s=samples,
+            records_per_s=round(records / med),
+            mb_per_s=round(size / med / 1e6, 1),
+        )
 
     if "write" in only:
         from deltalake import write_deltalake
@@ -346,6 +381,7 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             elapsed = time.monotonic() - t
             shutil.rmtree(path)
             return elapsed
+
         med, samples = median_of(args.repeats, write)
         emit(figures, "raw_write", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
         del rows
@@ -389,16 +425,25 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             if i % 2 == 1:
                 peer(i)
             return elapsed
+
         med, samples = median_of(args.repeats, steady)
-        emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
-             cpu_s=cpu_splits)
+        emit(figures, "steady_warm", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med), cpu_s=cpu_splits)
         peer_median = statistics.median(peer_samples)
-        emit(figures, "plain_peer_one_process", median_s=round(peer_median, 2), samples_s=[round(x, 2) for x in peer_samples],
-             records_per_s=round(records / peer_median))
-        emit(figures, "ratio_warm_to_peers",
-             warm_over_limit=round(figures["steady_warm"]["records_per_s"]
-                                   / figures.get("consume_limit_2_processes", {}).get("records_per_s", float("nan")), 3),
-             warm_over_plain_peer=round(figures["steady_warm"]["records_per_s"] / (records / peer_median), 3))
+        emit(
+            figures,
+            "plain_peer_one_process",
+            median_s=round(peer_median, 2),
+            samples_s=[round(x, 2) for x in peer_samples],
+            records_per_s=round(records / peer_median),
+        )
+        emit(
+            figures,
+            "ratio_warm_to_peers",
+            warm_over_limit=round(
+                figures["steady_warm"]["records_per_s"] / figures.get("consume_limit_2_processes", {}).get("records_per_s", float("nan")), 3
+            ),
+            warm_over_plain_peer=round(figures["steady_warm"]["records_per_s"] / (records / peer_median), 3),
+        )
         stop_spark()
 
         def cold(i: int) -> float:
@@ -409,12 +454,16 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             elapsed = time.monotonic() - t
             shutil.rmtree(lake)
             return elapsed
+
         med, samples = median_of(args.repeats, cold)
-        emit(figures, "steady_with_session_start", median_s=round(med, 2), samples_s=samples,
-             records_per_s=round(records / med))
+        emit(figures, "steady_with_session_start", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
         with SparkServer(work / "spark_server_steady.log") as server:
-            cli("run", str(write_pipeline(work / "p", "bench_attach_warmup", "bench_warmup", bootstrap,
-                                          work / "lake_attach_warmup")), "--remote", server.url)
+            cli(
+                "run",
+                str(write_pipeline(work / "p", "bench_attach_warmup", "bench_warmup", bootstrap, work / "lake_attach_warmup")),
+                "--remote",
+                server.url,
+            )
 
             def attached(i: int) -> float:  # a fresh `offsetlake run` process attached to the warm server
                 lake = work / f"lake_attached_{i}"
@@ -424,14 +473,25 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                 elapsed = time.monotonic() - t
                 shutil.rmtree(lake)
                 return elapsed
+
             med, samples = median_of(args.repeats, attached)
-        emit(figures, "steady_cli_attached", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med),
-             over_warm=round(med / figures["steady_warm"]["median_s"], 3))
+        emit(
+            figures,
+            "steady_cli_attached",
+            median_s=round(med, 2),
+            samples_s=samples,
+            records_per_s=round(records / med),
+            over_warm=round(med / figures["steady_warm"]["median_s"], 3),
+        )
         if "raw_consume" in figures:
-            emit(figures, "ratio_steady_to_raw_consume",
-                 warm=round(figures["steady_warm"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3),
-                 with_session_start=round(figures["steady_with_session_start"]["records_per_s"]
-                                          / figures["raw_consume"]["records_per_s"], 3))
+            emit(
+                figures,
+                "ratio_steady_to_raw_consume",
+                warm=round(figures["steady_warm"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3),
+                with_session_start=round(
+                    figures["steady_with_session_start"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3
+                ),
+            )
 
     if "s3" in only:
         from offsetlake.embedded.local_s3 import LocalS3
@@ -445,8 +505,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             ensure_topic(bootstrap, "bench_warmup_s3", 2)
             produce_orders(bootstrap, "bench_warmup_s3", 20_000)
             warm_lake = f"s3://{server.bucket()}/lake"
-            warm = load_pipeline(str(write_pipeline(work / "p", "bench_warmup_s3", "bench_warmup_s3", bootstrap, warm_lake,
-                                                    storage=server.options())))
+            warm = load_pipeline(
+                str(write_pipeline(work / "p", "bench_warmup_s3", "bench_warmup_s3", bootstrap, warm_lake, storage=server.options()))
+            )
             run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
             times: dict[str, list[float]] = {"local": [], "s3": []}
             order = [("local", "s3"), ("s3", "local")]
@@ -462,9 +523,16 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                     if where == "local":
                         shutil.rmtree(lake)
             local_med, s3_med = statistics.median(times["local"]), statistics.median(times["s3"])
-            emit(figures, "steady_warm_local_vs_s3", local_median_s=round(local_med, 2), s3_median_s=round(s3_med, 2),
-                 local_samples_s=times["local"], s3_samples_s=times["s3"], s3_over_local=round(s3_med / local_med, 2),
-                 records=records)
+            emit(
+                figures,
+                "steady_warm_local_vs_s3",
+                local_median_s=round(local_med, 2),
+                s3_median_s=round(s3_med, 2),
+                local_samples_s=times["local"],
+                s3_samples_s=times["s3"],
+                s3_over_local=round(s3_med / local_med, 2),
+                records=records,
+            )
             stop_spark()
         finally:
             server.stop()
@@ -490,11 +558,18 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                 splits.append({k: round(v / 2**20) for k, v in split.items()})
                 shutil.rmtree(lake)
                 return peak / 2**20
+
             med, samples = median_of(args.repeats, drain)
             peaks[label] = med
-            emit(figures, f"memory_{label}", backlog_records=cap if label == "1x" else records,
-                 max_records_per_batch=cap, peak_rss_mib_median=round(med), samples_mib=[round(s) for s in samples],
-                 peak_split_mib=splits)
+            emit(
+                figures,
+                f"memory_{label}",
+                backlog_records=cap if label == "1x" else records,
+                max_records_per_batch=cap,
+                peak_rss_mib_median=round(med),
+                samples_mib=[round(s) for s in samples],
+                peak_split_mib=splits,
+            )
         emit(figures, "ratio_memory_10x_to_1x", ratio=round(peaks["10x"] / peaks["1x"], 3))
 
     if "overhead" in only:
@@ -503,8 +578,11 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
     if "planning" in only:
         ensure_topic(bootstrap, "bench_planning", 6)
         produce_orders(bootstrap, "bench_planning", 6 * 1_200)
-        config = load_pipeline(str(write_pipeline(work / "p", "bench_planning", "bench_planning", bootstrap,
-                                                  work / "lake_planning", max_records_per_batch=600)))
+        config = load_pipeline(
+            str(
+                write_pipeline(work / "p", "bench_planning", "bench_planning", bootstrap, work / "lake_planning", max_records_per_batch=600)
+            )
+        )
         done = 0
         plan_s = {}
         for target in (10, 100, 1_000):
@@ -516,10 +594,18 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         emit(figures, "ratio_plan_1000_to_10", ratio=round(plan_s[1_000] / plan_s[10], 3))
 
 
-ORDER_V1 = {"type": "record", "name": "Order", "namespace": "bench", "fields": [
-    {"name": "order_id", "type": "long"}, {"name": "customer", "type": ["null", "string"], "default": None},
-    {"name": "amount", "type": "double"}, {"name": "currency", "type": "string"},
-    {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+ORDER_V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "bench",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "customer", "type": ["null", "string"], "default": None},
+        {"name": "amount", "type": "double"},
+        {"name": "currency", "type": "string"},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
 ORDER_V2 = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "note", "type": "string", "default": ""}]}
 
 
@@ -584,8 +670,18 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         del values
 
         def pipeline_of(kind: str, lake: Path, source: str | None = None, subject: str | None = None) -> Any:
-            fmt = {"format": {"type": kind, "schema_registry": client, "subject": subject or f"{avro_topic}-value",
-                              **({"version": 1} if kind == "avro" else {})}} if kind not in ("json", "json_no_key") else {}
+            fmt = (
+                {
+                    "format": {
+                        "type": kind,
+                        "schema_registry": client,
+                        "subject": subject or f"{avro_topic}-value",
+                        **({"version": 1} if kind == "avro" else {}),
+                    }
+                }
+                if kind not in ("json", "json_no_key")
+                else {}
+            )
             if kind == "json_no_key":  # the same JSON pipeline without the _kafka_key column (key_format: none)
                 fmt = {"key_format": "none"}
             source = source or (avro_topic if kind == "avro" else topic)
@@ -599,11 +695,17 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             for _ in range(5):
                 t = time.perf_counter()
                 for start in range(0, len(sample), 10_000):
-                    decoder.decode_chunk(sample[start:start + 10_000])
+                    decoder.decode_chunk(sample[start : start + 10_000])
                 samples.append(time.perf_counter() - t)
             decode_us[kind] = round(statistics.median(samples) / len(sample) * 1e6, 2)
-        emit(figures, "decode_json_vs_avro", json_us_per_record=decode_us["json"], avro_us_per_record=decode_us["avro"],
-             records=len(payloads), avro_over_json=round(decode_us["avro"] / decode_us["json"], 2))
+        emit(
+            figures,
+            "decode_json_vs_avro",
+            json_us_per_record=decode_us["json"],
+            avro_us_per_record=decode_us["avro"],
+            records=len(payloads),
+            avro_over_json=round(decode_us["avro"] / decode_us["json"], 2),
+        )
         registry_decode(sr, client, work, bootstrap, figures, sample_json, decode_us["json"], pipeline_of)
 
         spark_session()
@@ -615,8 +717,9 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             producer.produce(warm_topics["avro"], value=payload)
         assert producer.flush(60) == 0
         for kind, warm_topic in warm_topics.items():  # both paths warm (worker imports, registry cache)
-            run_pipeline(pipeline_of(kind, work / f"lake_warm_{kind}", warm_topic), RunContext(f"warm-{kind}"),
-                         spark_session, emit=lambda _: None)
+            run_pipeline(
+                pipeline_of(kind, work / f"lake_warm_{kind}", warm_topic), RunContext(f"warm-{kind}"), spark_session, emit=lambda _: None
+            )
         times: dict[str, list[float]] = {"json": [], "avro": [], "json_no_key": []}
         order = [("json", "avro", "json_no_key"), ("json_no_key", "avro", "json")]
         for i in range(args.repeats):
@@ -629,15 +732,30 @@ def avro_vs_json(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                 assert sum(r.total("rows_written") for r in results) == records, (kind, [r.summary() for r in results])
                 shutil.rmtree(lake)
         json_med, avro_med = statistics.median(times["json"]), statistics.median(times["avro"])
-        emit(figures, "steady_warm_json_vs_avro", json_median_s=round(json_med, 2), avro_median_s=round(avro_med, 2),
-             json_samples_s=times["json"], avro_samples_s=times["avro"], avro_over_json=round(avro_med / json_med, 2),
-             json_records_per_s=round(records / json_med), avro_records_per_s=round(records / avro_med),
-             json_mean_value_bytes=round(json_bytes / records, 1), avro_mean_value_bytes=round(avro_bytes / records, 1),
-             records=records)
+        emit(
+            figures,
+            "steady_warm_json_vs_avro",
+            json_median_s=round(json_med, 2),
+            avro_median_s=round(avro_med, 2),
+            json_samples_s=times["json"],
+            avro_samples_s=times["avro"],
+            avro_over_json=round(avro_med / json_med, 2),
+            json_records_per_s=round(records / json_med),
+            avro_records_per_s=round(records / avro_med),
+            json_mean_value_bytes=round(json_bytes / records, 1),
+            avro_mean_value_bytes=round(avro_bytes / records, 1),
+            records=records,
+        )
         no_key_med = statistics.median(times["json_no_key"])
-        emit(figures, "steady_warm_json_key_column", with_key_median_s=round(json_med, 2),
-             without_key_median_s=round(no_key_med, 2), without_key_samples_s=times["json_no_key"],
-             with_over_without=round(json_med / no_key_med, 2), records=records)
+        emit(
+            figures,
+            "steady_warm_json_key_column",
+            with_key_median_s=round(json_med, 2),
+            without_key_median_s=round(no_key_med, 2),
+            without_key_samples_s=times["json_no_key"],
+            with_over_without=round(json_med / no_key_med, 2),
+            records=records,
+        )
         stop_spark()
     finally:
         registry.stop()
@@ -653,27 +771,39 @@ def _protobuf_order() -> tuple[Any, str]:
     from google.protobuf.message_factory import GetMessageClass
 
     field = descriptor_pb2.FieldDescriptorProto
-    fd = descriptor_pb2.FileDescriptorProto(name="bench/order.proto", package="bench", syntax="proto3",
-                                            dependency=["google/protobuf/timestamp.proto"])
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="bench/order.proto", package="bench", syntax="proto3", dependency=["google/protobuf/timestamp.proto"]
+    )
     message = fd.message_type.add(name="Order")
-    for number, (name, kind) in enumerate([("order_id", field.TYPE_INT64), ("customer", field.TYPE_STRING),
-                                           ("amount", field.TYPE_DOUBLE), ("currency", field.TYPE_STRING)], 1):
+    for number, (name, kind) in enumerate(
+        [("order_id", field.TYPE_INT64), ("customer", field.TYPE_STRING), ("amount", field.TYPE_DOUBLE), ("currency", field.TYPE_STRING)], 1
+    ):
         message.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
-    message.field.add(name="created_at", number=5, type=field.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp",
-                      label=field.LABEL_OPTIONAL)
+    message.field.add(
+        name="created_at", number=5, type=field.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp", label=field.LABEL_OPTIONAL
+    )
     pool = DescriptorPool()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
     pool.AddSerializedFile(fd.SerializeToString())
     return GetMessageClass(pool.FindMessageTypeByName("bench.Order")), base64.b64encode(fd.SerializeToString()).decode()
 
 
-ORDER_JSON_SCHEMA = {"type": "object", "properties": {
-    "order_id": {"type": "integer"}, "customer": {"type": ["string", "null"]}, "amount": {"type": "number"},
-    "currency": {"type": "string"}, "created_at": {"type": "string", "format": "date-time"}}, "required": ["order_id"]}
+ORDER_JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "integer"},
+        "customer": {"type": ["string", "null"]},
+        "amount": {"type": "number"},
+        "currency": {"type": "string"},
+        "created_at": {"type": "string", "format": "date-time"},
+    },
+    "required": ["order_id"],
+}
 
 
-def registry_decode(sr: Any, client: dict, work: Path, bootstrap: str, figures: dict, sample_json: list[bytes],
-                    json_us: float, pipeline_of: Any) -> None:
+def registry_decode(
+    sr: Any, client: dict, work: Path, bootstrap: str, figures: dict, sample_json: list[bytes], json_us: float, pipeline_of: Any
+) -> None:
     """Decode cost per record of the other registry formats and of a string key, on the same
     orders, measured like the JSON/Avro decode (median of 5 passes over 10k-record chunks)."""
     from datetime import datetime
@@ -689,8 +819,9 @@ def registry_decode(sr: Any, client: dict, work: Path, bootstrap: str, figures: 
     samples: dict[str, list[bytes]] = {"protobuf": [], "json_schema": []}
     for value in sample_json:
         order = json.loads(value)
-        message = order_class(order_id=order["order_id"], customer=order.get("customer") or "", amount=order["amount"],
-                              currency=order["currency"])
+        message = order_class(
+            order_id=order["order_id"], customer=order.get("customer") or "", amount=order["amount"], currency=order["currency"]
+        )
         message.created_at.FromDatetime(datetime.fromisoformat(order["created_at"].replace("Z", "+00:00")))
         samples["protobuf"].append(b"\x00" + proto_id.to_bytes(4, "big") + b"\x00" + message.SerializeToString())
         samples["json_schema"].append(b"\x00" + json_id.to_bytes(4, "big") + value)
@@ -701,7 +832,7 @@ def registry_decode(sr: Any, client: dict, work: Path, bootstrap: str, figures: 
         for _ in range(5):
             t = time.perf_counter()
             for start in range(0, len(sample), 10_000):
-                decode(sample[start:start + 10_000])
+                decode(sample[start : start + 10_000])
             times.append(time.perf_counter() - t)
         return round(statistics.median(times) / len(sample) * 1e6, 2)
 
@@ -711,10 +842,17 @@ def registry_decode(sr: Any, client: dict, work: Path, bootstrap: str, figures: 
         assert decoder.decode_chunk(samples[kind][:1000]).problems is None, f"{kind}: the sample must decode to rows"
         us[kind] = per_record(decoder.decode_chunk, samples[kind])
     us["string_key"] = per_record(TextKey(True).decode_chunk, keys)
-    emit(figures, "decode_protobuf_json_schema_and_keys", json_us_per_record=json_us,
-         protobuf_us_per_record=us["protobuf"], json_schema_us_per_record=us["json_schema"],
-         string_key_us_per_record=us["string_key"], records=len(sample_json),
-         protobuf_over_json=round(us["protobuf"] / json_us, 2), json_schema_over_json=round(us["json_schema"] / json_us, 2))
+    emit(
+        figures,
+        "decode_protobuf_json_schema_and_keys",
+        json_us_per_record=json_us,
+        protobuf_us_per_record=us["protobuf"],
+        json_schema_us_per_record=us["json_schema"],
+        string_key_us_per_record=us["string_key"],
+        records=len(sample_json),
+        protobuf_over_json=round(us["protobuf"] / json_us, 2),
+        json_schema_over_json=round(us["json_schema"] / json_us, 2),
+    )
 
 
 def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
@@ -732,6 +870,7 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         t = time.monotonic()
         cli("run", str(path))
         return time.monotonic() - t
+
     med, samples = median_of(args.repeats, timed_cli)
     emit(figures, "cli_run_nothing_new", median_s=round(med, 2), samples_s=samples)
 
@@ -739,20 +878,24 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         nonlocal next_id
         next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
         return timed_cli(i)
+
     med, samples = median_of(args.repeats, timed_cli_1k)
     emit(figures, "cli_run_1k_new", median_s=round(med, 2), samples_s=samples)
 
-    airflow = LocalAirflow(work / "airflow_home", 0, extra_env={
-        "OFFSETLAKE_PIPELINES_DIR": str(pipelines), "OFFSETLAKE_TASK_RETRIES": "0", "OFFSETLAKE_DISABLE_SCHEDULES": "1"})
+    airflow = LocalAirflow(
+        work / "airflow_home",
+        0,
+        extra_env={"OFFSETLAKE_PIPELINES_DIR": str(pipelines), "OFFSETLAKE_TASK_RETRIES": "0", "OFFSETLAKE_DISABLE_SCHEDULES": "1"},
+    )
     airflow.migrate()
     dag_id = "bench_overhead_ingest"
-    subprocess.run([airflow.airflow, "dags", "reserialize"], env=airflow.env, capture_output=True, timeout=600, cwd=ROOT,
-                   check=True)
+    subprocess.run([airflow.airflow, "dags", "reserialize"], env=airflow.env, capture_output=True, timeout=600, cwd=ROOT, check=True)
 
     def dags_test(_: int, expect_spark: bool) -> float:
         t = time.monotonic()
-        done = subprocess.run([airflow.airflow, "dags", "test", dag_id], env=airflow.env, capture_output=True,
-                              text=True, timeout=1800, cwd=ROOT)
+        done = subprocess.run(
+            [airflow.airflow, "dags", "test", dag_id], env=airflow.env, capture_output=True, text=True, timeout=1800, cwd=ROOT
+        )
         elapsed = time.monotonic() - t
         output = done.stdout + done.stderr
         if done.returncode != 0:
@@ -760,6 +903,7 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         started_spark = "spark-submit" in output or "SparkContext: Running Spark version" in output
         assert started_spark == expect_spark, f"expected Spark {'started' if expect_spark else 'not started'}:\n{output[-3000:]}"
         return elapsed
+
     next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
     dags_test(0, expect_spark=True)  # warm-up: the first dag run of a fresh Airflow home
     med, samples = median_of(args.repeats, lambda i: dags_test(i, expect_spark=False))
@@ -769,6 +913,7 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         nonlocal next_id
         next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
         return dags_test(i, expect_spark=True)
+
     med, samples = median_of(args.repeats, airflow_1k)
     emit(figures, "airflow_dags_test_1k_new", median_s=round(med, 2), samples_s=samples)
 
@@ -783,17 +928,20 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
             t = time.monotonic()
             cli("run", str(path), "--remote", server.url)
             return time.monotonic() - t
+
         med, samples = median_of(args.repeats, attached_1k)
         emit(figures, "cli_run_1k_new_attached", median_s=round(med, 2), samples_s=samples)
 
         host_port = server.url.removeprefix("sc://")
         airflow.env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = json.dumps(
-            {"conn_type": "spark_connect", "host": host_port.split(":")[0], "port": int(host_port.split(":")[1])})
+            {"conn_type": "spark_connect", "host": host_port.split(":")[0], "port": int(host_port.split(":")[1])}
+        )
 
         def airflow_attached_1k(i: int) -> float:
             nonlocal next_id
             next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
             return dags_test(i, expect_spark=False)  # attached: no spark-submit, no JVM in the task
+
         med, samples = median_of(args.repeats, airflow_attached_1k)
         emit(figures, "airflow_dags_test_1k_new_attached", median_s=round(med, 2), samples_s=samples)
         airflow.env.pop("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
@@ -812,13 +960,19 @@ def seeded_keyed_table(path: Path, rows: int, file_rows: int = 500_000) -> None:
     for start in range(0, rows, file_rows):
         ids = np.arange(start, min(start + file_rows, rows), dtype=np.int64)
         n = len(ids)
-        table = pa.table({
-            "order_id": ids, "customer": pa.array([f"c{i % 997}" for i in ids.tolist()]),
-            "amount": pa.array(ids.astype(np.float64) / 100), "currency": pa.array(["EUR"] * n),
-            "created_at": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
-            "_kafka_topic": pa.array(["seed"] * n), "_kafka_partition": pa.array(np.zeros(n, np.int32)),
-            "_kafka_offset": pa.array(ids), "_kafka_timestamp": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
-        })
+        table = pa.table(
+            {
+                "order_id": ids,
+                "customer": pa.array([f"c{i % 997}" for i in ids.tolist()]),
+                "amount": pa.array(ids.astype(np.float64) / 100),
+                "currency": pa.array(["EUR"] * n),
+                "created_at": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
+                "_kafka_topic": pa.array(["seed"] * n),
+                "_kafka_partition": pa.array(np.zeros(n, np.int32)),
+                "_kafka_offset": pa.array(ids),
+                "_kafka_timestamp": pa.array(np.full(n, stamp.value), pa.timestamp("us", tz="UTC")),
+            }
+        )
         write_deltalake(str(path), table, mode="append", configuration={"delta.enableExpiredLogCleanup": "false"})
 
 
@@ -874,9 +1028,19 @@ def upsert_scaling(args: argparse.Namespace, work: Path, bootstrap: str, figures
         sink = work / f"upsert_{label}"
         shutil.rmtree(sink, ignore_errors=True)
         shutil.copytree(seeds[size], sink)
-        config = load_pipeline(str(write_pipeline(
-            work / "p", f"bench_upsert_{label}", topic, bootstrap, work / "lake_upsert", key_format="none",
-            sink={"table": str(sink), "mode": "upsert", "key": list(UPSERT_KEYS)})))
+        config = load_pipeline(
+            str(
+                write_pipeline(
+                    work / "p",
+                    f"bench_upsert_{label}",
+                    topic,
+                    bootstrap,
+                    work / "lake_upsert",
+                    key_format="none",
+                    sink={"table": str(sink), "mode": "upsert", "key": list(UPSERT_KEYS)},
+                )
+            )
+        )
         t = time.monotonic()
         [result] = run_pipeline(config, RunContext(label), spark_session, emit=lambda _: None)
         elapsed = time.monotonic() - t
@@ -896,23 +1060,30 @@ def upsert_scaling(args: argparse.Namespace, work: Path, bootstrap: str, figures
             elapsed, merges[size] = batch(size, block, f"block_{size}_{i}")
             times[size].append(elapsed)
     small, large = (statistics.median(times[s]) for s in sizes)
-    emit(figures, "upsert_block", updates=updates, sizes=list(sizes),
-         median_s={str(s): round(statistics.median(times[s]), 2) for s in sizes},
-         samples_s={str(s): [round(x, 2) for x in times[s]] for s in sizes},
-         files_rewritten={str(s): merges[s]["files_rewritten"] for s in sizes},
-         rows_rewritten={str(s): merges[s]["rows_rewritten"] for s in sizes},
-         ratio_10m_over_1m=round(large / small, 2))
+    emit(
+        figures,
+        "upsert_block",
+        updates=updates,
+        sizes=list(sizes),
+        median_s={str(s): round(statistics.median(times[s]), 2) for s in sizes},
+        samples_s={str(s): [round(x, 2) for x in times[s]] for s in sizes},
+        files_rewritten={str(s): merges[s]["files_rewritten"] for s in sizes},
+        rows_rewritten={str(s): merges[s]["rows_rewritten"] for s in sizes},
+        ratio_10m_over_1m=round(large / small, 2),
+    )
     spread_figures = {}
     for size in sizes:
         elapsed, merge = batch(size, spread[size], f"spread_{size}")
-        spread_figures[str(size)] = {"s": round(elapsed, 2), "files_rewritten": merge["files_rewritten"],
-                                     "rows_rewritten": merge["rows_rewritten"]}
+        spread_figures[str(size)] = {
+            "s": round(elapsed, 2),
+            "files_rewritten": merge["files_rewritten"],
+            "rows_rewritten": merge["rows_rewritten"],
+        }
     emit(figures, "upsert_spread", updates=updates, runs=spread_figures)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="offsetlake_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="offsetlake_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=2_000_000, help="records to produce (default 2,000,000)")
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the main topic (default 6)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is reported (default 3)")
@@ -923,8 +1094,10 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    figures: dict = {"machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
-                     "args": {k: str(v) for k, v in vars(args).items()}}
+    figures: dict = {
+        "machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     work = Path(tempfile.mkdtemp(prefix="offsetlake-bench-"))
     try:
         with broker_for(work / "broker") as (bootstrap, broker):

@@ -23,8 +23,15 @@ import pyarrow as pa
 
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S, _consumer_config
 
-ORDER_SCHEMA = pa.schema([("order_id", pa.int64()), ("customer", pa.string()), ("amount", pa.float64()),
-                          ("currency", pa.string()), ("created_at", pa.timestamp("us", tz="UTC"))])
+ORDER_SCHEMA = pa.schema(
+    [
+        ("order_id", pa.int64()),
+        ("customer", pa.string()),
+        ("amount", pa.float64()),
+        ("currency", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
 
 
 def _config(bootstrap: str, name: str) -> dict[str, Any]:
@@ -43,8 +50,9 @@ def last_stable(bootstrap: str, topic: str) -> dict[int, int]:
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     partitions = admin.list_topics(topic=topic, timeout=30).topics[topic].partitions
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
-                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}, isolation_level=IsolationLevel.READ_COMMITTED
+    )
     return {tp.partition: f.result().offset for tp, f in futures.items()}
 
 
@@ -127,11 +135,12 @@ def plain_peer(bootstrap: str, topic: str, table_path: str, name: str = "plain_p
             continue
         body = b"\n".join(m.value() for m in messages)
         rows = pajson.read_json(pa.py_buffer(body), parse_options=options)
-        parts.append(rows.append_column("_kafka_topic", pa.array([topic] * len(messages), pa.string()))
-                     .append_column("_kafka_partition", pa.array([p] * len(messages), pa.int32()))
-                     .append_column("_kafka_offset", pa.array([m.offset() for m in messages], pa.int64()))
-                     .append_column("_kafka_timestamp", pa.array([m.timestamp()[1] * 1000 for m in messages],
-                                                                 pa.timestamp("us", tz="UTC"))))
+        parts.append(
+            rows.append_column("_kafka_topic", pa.array([topic] * len(messages), pa.string()))
+            .append_column("_kafka_partition", pa.array([p] * len(messages), pa.int32()))
+            .append_column("_kafka_offset", pa.array([m.offset() for m in messages], pa.int64()))
+            .append_column("_kafka_timestamp", pa.array([m.timestamp()[1] * 1000 for m in messages], pa.timestamp("us", tz="UTC")))
+        )
     table = pa.concat_tables(parts)
     txns = [Transaction(f"{name}:{topic}:{p}", end) for p, end in ends.items() if end > 0]
     write_deltalake(table_path, table, mode="append", commit_properties=CommitProperties(app_transactions=txns))

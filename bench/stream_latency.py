@@ -82,9 +82,16 @@ class SteadyProducer(threading.Thread):
 def write_pipeline(folder: Path, bootstrap: str, topic: str, lake: Path, suite: bool, plain: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_load((ROOT / "pipelines" / "orders.yaml").read_text().replace("${", "$${"))
-    body.update({"name": "bench_stream", "topic": topic, "lake": str(lake), "schedule": None,
-                 "validation": {"on_failure": "fail"},
-                 "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench-stream"}}})
+    body.update(
+        {
+            "name": "bench_stream",
+            "topic": topic,
+            "lake": str(lake),
+            "schedule": None,
+            "validation": {"on_failure": "fail"},
+            "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench-stream"}},
+        }
+    )
     body.pop("storage", None)  # the shipped file's object-storage block (escaped above) is for an s3:// lake
     shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
     if plain:  # nothing that needs Spark: the batches take the direct path (offsetlake.direct)
@@ -102,8 +109,9 @@ def latencies(config, since_ms: int, until_ms: int) -> list[tuple[int, float]]:
     table = DeltaTable(config.sink_path)
     commit_ms = {int(h["version"]): int(h["timestamp"]) for h in table.history()}
     # the sink's own commits say which ranges each version holds (the ledger table may lag)
-    spans = [(r.partition, r.start, r.end, c.version) for c in sink_commits(table, config.name)
-             if c.kind == "stream" for r in c.entry.ranges]
+    spans = [
+        (r.partition, r.start, r.end, c.version) for c in sink_commits(table, config.name) if c.kind == "stream" for r in c.entry.ranges
+    ]
     rows = table.to_pyarrow_table(columns=["_kafka_partition", "_kafka_offset", "_kafka_timestamp"]).to_pylist()
     out = []
     by_partition: dict[int, list[tuple[int, int, int]]] = {}
@@ -130,17 +138,14 @@ def step_medians(log_path: Path, since_ms: int, until_ms: int) -> dict[str, int]
         if not line.startswith('{"pipeline"'):
             continue
         summary = json.loads(line)
-        batch_ms = int(datetime.strptime(summary["batch_id"].rsplit("-", 2)[-2], "%Y%m%dT%H%M%S")
-                       .replace(tzinfo=UTC).timestamp() * 1000)
+        batch_ms = int(datetime.strptime(summary["batch_id"].rsplit("-", 2)[-2], "%Y%m%dT%H%M%S").replace(tzinfo=UTC).timestamp() * 1000)
         if since_ms <= batch_ms < until_ms:
             for step, ms in summary["timings_ms"].items():
                 steps.setdefault(step, []).append(ms)
-    return {step: int(statistics.median(ms)) for step, ms in steps.items()} | {
-        "batches": len(next(iter(steps.values()), []))}
+    return {step: int(statistics.median(ms)) for step, ms in steps.items()} | {"batches": len(next(iter(steps.values()), []))}
 
 
-def window(config, producer_rate: int, seconds: float, bootstrap: str, topic: str, first_id: int,
-           log_path: Path) -> tuple[dict, int]:
+def window(config, producer_rate: int, seconds: float, bootstrap: str, topic: str, first_id: int, log_path: Path) -> tuple[dict, int]:
     producer = SteadyProducer(bootstrap, topic, producer_rate, first_id)
     since = int(time.time() * 1000)
     producer.start()
@@ -156,8 +161,11 @@ def window(config, producer_rate: int, seconds: float, bootstrap: str, topic: st
     first = [latency for created, latency in timed if created < since + 5000]
     last = [latency for created, latency in timed if created >= until - 5000]
     figures = {
-        "rate_per_s": producer_rate, "seconds": seconds, "records": len(values),
-        "producer_behind_s": round(producer.behind_s, 2), "lag_at_end": lag_at_end,
+        "rate_per_s": producer_rate,
+        "seconds": seconds,
+        "records": len(values),
+        "producer_behind_s": round(producer.behind_s, 2),
+        "lag_at_end": lag_at_end,
         "p50_s": round(statistics.median(values), 3) if values else None,
         "p99_s": round(percentile(values, 0.99), 3) if values else None,
         "max_s": round(max(values), 3) if values else None,
@@ -171,19 +179,22 @@ def window(config, producer_rate: int, seconds: float, bootstrap: str, topic: st
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="stream_latency", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="stream_latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=int, default=1000, help="steady records/s for the latency figures (default 1000)")
     parser.add_argument("--seconds", type=float, default=60, help="length of the steady window (default 60)")
-    parser.add_argument("--warmup", type=float, default=30,
-                        help="seconds produced before the windows (then until caught up), left out (default 30)")
+    parser.add_argument(
+        "--warmup", type=float, default=30, help="seconds produced before the windows (then until caught up), left out (default 30)"
+    )
     parser.add_argument("--trigger", default="1s", help="the stream's --trigger-interval (default 1s)")
-    parser.add_argument("--rates", default="10000,20000,30000,40000",
-                        help="comma-separated rates tried for the sustained maximum (default 10000,20000,30000,40000: "
-                             "issue 20's target is 40,000/s)")
+    parser.add_argument(
+        "--rates",
+        default="10000,20000,30000,40000",
+        help="comma-separated rates tried for the sustained maximum (default 10000,20000,30000,40000: issue 20's target is 40,000/s)",
+    )
     parser.add_argument("--no-suite", action="store_true", help="leave out the Great Expectations suite")
-    parser.add_argument("--plain", action="store_true",
-                        help="the orders without transform, suite or partitioning: every batch takes the direct path")
+    parser.add_argument(
+        "--plain", action="store_true", help="the orders without transform, suite or partitioning: every batch takes the direct path"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench-stream.json", help="where to write the figures")
     args = parser.parse_args()
 
@@ -193,12 +204,16 @@ def main() -> int:
         with broker_for(work / "broker") as (bootstrap, _broker):
             topic = "bench_stream_orders"
             ensure_topic(bootstrap, topic, 2)
-            config = load_pipeline(str(write_pipeline(work / "pipelines", bootstrap, topic, work / "lake",
-                                                       suite=not args.no_suite, plain=args.plain)))
+            config = load_pipeline(
+                str(write_pipeline(work / "pipelines", bootstrap, topic, work / "lake", suite=not args.no_suite, plain=args.plain))
+            )
             log = open(work / "stream.log", "w")
             stream = subprocess.Popen(
                 [sys.executable, "-m", "offsetlake", "stream", "--trigger-interval", args.trigger, str(config.source_file)],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=os.environ.copy(),
             )
             try:
                 warm = SteadyProducer(bootstrap, topic, args.rate, 0)
@@ -220,15 +235,28 @@ def main() -> int:
                 log.close()
             # kept up: the latency at the end of the window is at most 1 s worse than at its start,
             # and the producer itself met the rate (else the window says nothing)
-            kept = [w for w in results["windows"] if w["p50_last_5s"] is not None and w["producer_behind_s"] < 1
-                    and w["p50_last_5s"] <= w["p50_first_5s"] + 1]
+            kept = [
+                w
+                for w in results["windows"]
+                if w["p50_last_5s"] is not None and w["producer_behind_s"] < 1 and w["p50_last_5s"] <= w["p50_first_5s"] + 1
+            ]
             results["sustained_max_rate_per_s"] = max((w["rate_per_s"] for w in kept), default=None)
             results["stream_exit_code"] = stream.returncode
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.out.write_text(json.dumps(results, indent=2))
-    print(json.dumps({"summary": {"p50_s": results["steady"]["p50_s"], "p99_s": results["steady"]["p99_s"],
-                                  "sustained_max_rate_per_s": results["sustained_max_rate_per_s"]}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "summary": {
+                    "p50_s": results["steady"]["p50_s"],
+                    "p99_s": results["steady"]["p99_s"],
+                    "sustained_max_rate_per_s": results["sustained_max_rate_per_s"],
+                }
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -38,11 +38,17 @@ from offsetlake.spark import spark_session, stop_spark  # noqa: E402
 def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path, records: int, suite: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_load((ROOT / "pipelines" / "orders.yaml").read_text().replace("${", "$${"))
-    body.update({
-        "name": name, "topic": topic, "lake": str(lake), "max_records_per_batch": records, "read_timeout_seconds": 600,
-        "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench"}},
-        "validation": {"on_failure": "fail"},
-    })
+    body.update(
+        {
+            "name": name,
+            "topic": topic,
+            "lake": str(lake),
+            "max_records_per_batch": records,
+            "read_timeout_seconds": 600,
+            "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": "bench"}},
+            "validation": {"on_failure": "fail"},
+        }
+    )
     shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
     if suite:
         shutil.copy(ROOT / "pipelines" / "orders.expectations.yaml", folder / f"{name}.expectations.yaml")
@@ -60,8 +66,13 @@ def one_batch(work: Path, label: str, topic: str, bootstrap: str, records: int, 
     results = run_pipeline(config, RunContext(run_id=f"bench-{label}"), spark_session, max_batches=1, emit=lambda _: None)
     wall = time.monotonic() - started
     result = results[0]
-    row = {"suite": suite, "records": result.total("records_read"), "rows": result.total("rows_written"),
-           "wall_s": round(wall, 2), **{f"{k}_ms": v for k, v in result.timings_ms.items()}}
+    row = {
+        "suite": suite,
+        "records": result.total("records_read"),
+        "rows": result.total("rows_written"),
+        "wall_s": round(wall, 2),
+        **{f"{k}_ms": v for k, v in result.timings_ms.items()},
+    }
     shutil.rmtree(lake, ignore_errors=True)
     return row
 
@@ -94,7 +105,7 @@ def _measure(args: argparse.Namespace, work: Path, bootstrap: str) -> int:
 
         runs = []
         for i in range(args.repeats):
-            for suite in ((True, False) if i % 2 == 0 else (False, True)):
+            for suite in (True, False) if i % 2 == 0 else (False, True):
                 row = one_batch(work, f"{i}_{'suite' if suite else 'none'}", topic, bootstrap, args.records, suite)
                 print(json.dumps(row), flush=True)
                 runs.append(row)
@@ -109,7 +120,8 @@ def _measure(args: argparse.Namespace, work: Path, bootstrap: str) -> int:
             "median_validate_s": round(median(r["validate_ms"] for r in with_suite) / 1000, 2),
             "median_validate_share_of_batch": round(median(r["validate_ms"] / r["total_ms"] for r in with_suite), 3),
             "median_batch_ratio_with_vs_without": round(
-                median(r["total_ms"] for r in with_suite) / median(r["total_ms"] for r in without), 3),
+                median(r["total_ms"] for r in with_suite) / median(r["total_ms"] for r in without), 3
+            ),
         }
         print(json.dumps({"summary": summary}), flush=True)
     finally:

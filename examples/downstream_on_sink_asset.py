@@ -18,16 +18,27 @@ from offsetlake_airflow.assets import sink_asset
 PIPELINE = "orders"
 SINK = sink_asset(PIPELINE)
 
-with DAG(dag_id=f"{PIPELINE}_downstream", schedule=[SINK], start_date=datetime(2026, 1, 1), catchup=False,
-         tags=["offsetlake", PIPELINE, "example"]):
+with DAG(
+    dag_id=f"{PIPELINE}_downstream",
+    schedule=[SINK],
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=["offsetlake", PIPELINE, "example"],
+):
 
     @task
     def new_batches(**context) -> list[dict]:
         """The batches this run was triggered by (more than one when commits came close together)."""
         batches = [dict(event.extra) for event in context["triggering_asset_events"][SINK]]
         for batch in batches:
-            logging.getLogger(__name__).info("batch %s (%s): %d rows, ranges %s, sink version %s", batch["batch_id"],
-                                             batch["kind"], batch["rows"], batch["ranges"], batch["sink_version"])
+            logging.getLogger(__name__).info(
+                "batch %s (%s): %d rows, ranges %s, sink version %s",
+                batch["batch_id"],
+                batch["kind"],
+                batch["rows"],
+                batch["ranges"],
+                batch["sink_version"],
+            )
         return batches
 
     new_batches()

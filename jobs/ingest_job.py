@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except OffsetlakeError as err:
         print(f"ingest_job: error: {err}", file=sys.stderr)
         return err.exit_code
-    except Exception as err:  # noqa: BLE001 - not ours: one line (the traceback goes to the log) and exit 2
+    except Exception as err:
         logging.getLogger("offsetlake.job").info("details of the error below", exc_info=True)
         print(f"ingest_job: error: {describe_unexpected(err)}", file=sys.stderr)
         return 2

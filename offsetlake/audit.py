@@ -68,15 +68,24 @@ class AuditReport:
         kafka = ""
         if self.against_kafka is not None:
             k = self.against_kafka
-            kafka = (f"\nagainst Kafka: {k['records']} committed records read back and replayed by key: {k['keys']} keys "
-                     f"with a row ({k['rows_checked']} rows compared with their key's newest record), {k['deleted_keys']} deleted; "
-                     f"{k['past_retention']} committed offsets are past retention (not checked)") if "keys" in k else (
-                     f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
-                     f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
-                     f"the transform; {k['past_retention']} committed offsets are past retention (not checked)")
+            kafka = (
+                (
+                    f"\nagainst Kafka: {k['records']} committed records read back and replayed by key: {k['keys']} keys "
+                    f"with a row ({k['rows_checked']} rows compared with their key's newest record), {k['deleted_keys']} deleted; "
+                    f"{k['past_retention']} committed offsets are past retention (not checked)"
+                )
+                if "keys" in k
+                else (
+                    f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
+                    f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
+                    f"the transform; {k['past_retention']} committed offsets are past retention (not checked)"
+                )
+            )
             if k.get("earlier_epochs"):
-                kafka += (f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
-                          "(their records are gone from Kafka: not checked)")
+                kafka += (
+                    f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
+                    "(their records are gone from Kafka: not checked)"
+                )
         if self.ok:
             ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
             return (
@@ -93,17 +102,21 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
     rows of a re-created topic's old records never stand for its new ones (invariant 16)."""
     table = open_table(config.layout.sink)
     if table is None:
-        return pa.table({TOPIC: pa.array([], pa.string()), PARTITION: pa.array([], pa.int32()),
-                         OFFSET: pa.array([], pa.int64()), EPOCH_OF: pa.array([], pa.int32()),
-                         ROW_INDEX: pa.array([], pa.int32())})
+        return pa.table(
+            {
+                TOPIC: pa.array([], pa.string()),
+                PARTITION: pa.array([], pa.int32()),
+                OFFSET: pa.array([], pa.int64()),
+                EPOCH_OF: pa.array([], pa.int32()),
+                ROW_INDEX: pa.array([], pa.int32()),
+            }
+        )
     names = table_schema(table).names
     extra = [c for c in (ROW_INDEX, TOPIC_EPOCH) if c in names]
     data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *extra])
     index = pc.fill_null(data[ROW_INDEX], -1) if ROW_INDEX in names else pa.array(np.full(data.num_rows, -1), pa.int32())
-    epochs = (pc.fill_null(data[TOPIC_EPOCH], 0) if TOPIC_EPOCH in names
-              else pa.array(np.zeros(data.num_rows, np.int32), pa.int32()))
-    return data.select(_COORDS).append_column(EPOCH_OF, epochs.cast(pa.int32())).append_column(
-        ROW_INDEX, index.cast(pa.int32()))
+    epochs = pc.fill_null(data[TOPIC_EPOCH], 0) if TOPIC_EPOCH in names else pa.array(np.zeros(data.num_rows, np.int32), pa.int32())
+    return data.select(_COORDS).append_column(EPOCH_OF, epochs.cast(pa.int32())).append_column(ROW_INDEX, index.cast(pa.int32()))
 
 
 def _with_epochs(table: pa.Table, starts: dict[str, list[int]], commits: list) -> pa.Table:
@@ -129,7 +142,7 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
     return counted.filter(pc.field("count_all") > 1)
 
 
-def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
+def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:  # noqa: C901 -- to be split (issue 36)
     config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.layout.sink)
@@ -149,7 +162,8 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         for d in dupes.slice(0, _SHOW).to_pylist():
             which = f" row {d[ROW_INDEX]}" if d.get(ROW_INDEX, -1) >= 0 else ""
             report.problems.append(
-                f"duplicate in {label}: {d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]}{which} appears {d['count_all']} times")
+                f"duplicate in {label}: {d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]}{which} appears {d['count_all']} times"
+            )
         if dupes.num_rows > _SHOW:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more duplicated coordinates in {label}")
     if config.sink.mode == "upsert":
@@ -228,13 +242,18 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         # invariant 16: offsets are compared with records only where they mean the same records
         check_pipeline_identity(config, sink, current_offsets(config))
         current = {(t, p): spans for (t, p, e), spans in covered.items() if e == len(starts.get(t, []))}
-        earlier = sum(e - s for (t, _, epoch), spans in covered.items() if epoch < len(starts.get(t, []))
-                      for s, e in spans)
+        earlier = sum(e - s for (t, _, epoch), spans in covered.items() if epoch < len(starts.get(t, [])) for s, e in spans)
         if config.sink.mode == "upsert":
             _check_keyed_against_kafka(config, report, current, earlier, starts)
         else:
-            _check_against_kafka(config, report, _current_epoch_only(records, starts), _current_epoch_only(dead, starts),
-                                 current, {(t, p): g for (t, p, e), g in gaps.items() if e == len(starts.get(t, []))})
+            _check_against_kafka(
+                config,
+                report,
+                _current_epoch_only(records, starts),
+                _current_epoch_only(dead, starts),
+                current,
+                {(t, p): g for (t, p, e), g in gaps.items() if e == len(starts.get(t, []))},
+            )
         report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
     return report
 
@@ -243,20 +262,19 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
 _WRITING_KINDS = frozenset({BatchKind.INGEST, BatchKind.STREAM, BatchKind.BACKFILL})
 
 
-def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, list[int]], rows: pa.Table,
-                                dead: pa.Table, report: AuditReport) -> None:
+def _check_counts_match_entries(
+    commits: list, rewound: dict, starts: dict[str, list[int]], rows: pa.Table, dead: pa.Table, report: AuditReport
+) -> None:
     """Per batch and range, the sink rows and dead letters a scan finds equal the ``rows_written``
     and ``dead_letters`` its entry recorded — for every range no later commit replaced in part
     (a backfill replaces its range; a backfill by record time only the rows in its window, so a
     range it touched is not checked, nor is that backfill's). This is how a committed file that
     lost rows after its task counted them shows without Kafka (issue 35, finding 1). Rows are
     counted in the topic epoch of the commit (``offsetlake.topic_epochs``)."""
-    writes = [c for c in sorted(commits, key=lambda c: c.version)
-              if c.kind in _WRITING_KINDS and c.batch_id not in rewound]
+    writes = [c for c in sorted(commits, key=lambda c: c.version) if c.kind in _WRITING_KINDS and c.batch_id not in rewound]
     seen = {label: _group_offsets(table, [EPOCH_OF]) for label, table in (("rows_written", rows), ("dead_letters", dead))}
     for i, commit in enumerate(writes):
-        later = [(r.topic, r.partition, r.start, r.end)
-                 for c in writes[i + 1:] if c.kind == BatchKind.BACKFILL for r in c.entry.ranges]
+        later = [(r.topic, r.partition, r.start, r.end) for c in writes[i + 1 :] if c.kind == BatchKind.BACKFILL for r in c.entry.ranges]
         if commit.entry.record_time is not None:
             continue
         for r in commit.entry.ranges:
@@ -275,7 +293,8 @@ def _check_counts_match_entries(commits: list, rewound: dict, starts: dict[str, 
                     report.problems.append(
                         f"{tp[0]}[{tp[1]}] [{r.start}, {r.end}) of batch {commit.batch_id}: the ledger says "
                         f"{said} {what} were written, the {'sink' if label == 'rows_written' else 'dead-letter table'} "
-                        f"holds {found}")
+                        f"holds {found}"
+                    )
 
 
 # ---- keyed sinks --------------------------------------------------------------------------------
@@ -288,8 +307,13 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
     key = config.sink.key
     checks = [(current_rows(table, key), key, "rows in the keyed sink")]
     if HIDDEN in table_schema(table).names:
-        checks.append((table.to_pyarrow_dataset().to_table(columns=[*key, TOPIC, PARTITION]), [*key, TOPIC, PARTITION],
-                       "state rows in the keyed sink"))
+        checks.append(
+            (
+                table.to_pyarrow_dataset().to_table(columns=[*key, TOPIC, PARTITION]),
+                [*key, TOPIC, PARTITION],
+                "state rows in the keyed sink",
+            )
+        )
     for keys, columns, what in checks:
         dupes = _duplicates(keys, columns)
         for d in dupes.slice(0, _SHOW).to_pylist():
@@ -300,9 +324,13 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more keys with several {what}")
 
 
-def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
-                               covered: dict[tuple[str, int], list[tuple[int, int]]], earlier_epochs: int = 0,
-                               starts: dict[str, list[int]] | None = None) -> None:
+def _check_keyed_against_kafka(  # noqa: C901 -- to be split (issue 36)
+    config: PipelineConfig,
+    report: AuditReport,
+    covered: dict[tuple[str, int], list[tuple[int, int]]],
+    earlier_epochs: int = 0,
+    starts: dict[str, list[int]] | None = None,
+) -> None:
     """Each key's row is the newest record of that key up to the committed ends, and a key whose
     newest record is a delete has no row: the committed records are read back with a plain
     consumer, decoded as the pipeline decodes them, and replayed here by the ordering rule
@@ -326,8 +354,7 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
     unreadable: dict[tuple[str, int], int] = {}  # topic-partition -> its log start, where committed offsets lie below it
     for (topic, partition), spans in sorted(covered.items()):
         if (topic, partition) not in offsets:
-            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of "
-                                   f"{config.topic_label} any more")
+            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of {config.topic_label} any more")
             continue
         log_start = offsets[(topic, partition)].log_start
         if spans and min(start for start, _ in spans) < log_start:
@@ -361,8 +388,10 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
         if row is None:
             for have in actual.get(key, []):
-                wrong.append(f"key {shown} was deleted by its newest record but has a row (from "
-                             f"{have[TOPIC]}[{have[PARTITION]}] offset {have[OFFSET]})")
+                wrong.append(
+                    f"key {shown} was deleted by its newest record but has a row (from "
+                    f"{have[TOPIC]}[{have[PARTITION]}] offset {have[OFFSET]})"
+                )
             continue
         if key not in actual:
             wrong.append(f"key {shown} has no row; its newest record is {row[TOPIC]}[{row[PARTITION]}] offset {row[OFFSET]}")
@@ -374,9 +403,11 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
             if _record_of(have) != _record_of(row):
                 differs.insert(0, "its record")
             if differs:
-                wrong.append(f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
-                             f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
-                             f"{have[OFFSET]})")
+                wrong.append(
+                    f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
+                    f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
+                    f"{have[OFFSET]})"
+                )
     # with records past retention or of a topic's earlier epoch, a row's record may be gone from Kafka
     if not found["past_retention"] and not earlier_epochs:
         for key in actual:
@@ -388,9 +419,15 @@ def _check_keyed_against_kafka(config: PipelineConfig, report: AuditReport,
         report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
 
 
-def _unreadable_state(sink: DeltaTable | None, key: list[str], readable: list[dict],
-                      unreadable: dict[tuple[str, int], int], change: str, delete: str,
-                      current: dict[str, int]) -> list[dict]:
+def _unreadable_state(
+    sink: DeltaTable | None,
+    key: list[str],
+    readable: list[dict],
+    unreadable: dict[tuple[str, int], int],
+    change: str,
+    delete: str,
+    current: dict[str, int],
+) -> list[dict]:
     """The sink's state rows (``offsetlake.keyed``: a key's last record per topic-partition,
     delete markers included) that Kafka can no longer show: in a topic-partition whose committed
     offsets start below its log start, for a key with no record read back from it, at an offset
@@ -463,8 +500,10 @@ def _newest_by_key(rows: list[dict], key: list[str], change: str, delete: str) -
             continue
         at = (k, r[TOPIC], r[PARTITION])
         seen = last.get(at)
-        if seen is None or ((r.get(TOPIC_EPOCH) or 0, r[OFFSET], r.get(ROW_INDEX) or 0)
-                            > (seen.get(TOPIC_EPOCH) or 0, seen[OFFSET], seen.get(ROW_INDEX) or 0)):
+        if seen is None or (
+            (r.get(TOPIC_EPOCH) or 0, r[OFFSET], r.get(ROW_INDEX) or 0)
+            > (seen.get(TOPIC_EPOCH) or 0, seen[OFFSET], seen.get(ROW_INDEX) or 0)
+        ):
             last[at] = r
     newest: dict[tuple, dict] = {}
     for (k, _, _), r in last.items():
@@ -499,14 +538,24 @@ def _order(row: dict) -> tuple:
     from datetime import datetime
 
     stamp = row.get("_kafka_timestamp")
-    return (stamp.timestamp() if isinstance(stamp, datetime) else float("-inf"), row[TOPIC], row[PARTITION],
-            row.get(TOPIC_EPOCH) or 0, row[OFFSET])
+    return (
+        stamp.timestamp() if isinstance(stamp, datetime) else float("-inf"),
+        row[TOPIC],
+        row[PARTITION],
+        row.get(TOPIC_EPOCH) or 0,
+        row[OFFSET],
+    )
 
 
 # ---- against Kafka ----------------------------------------------------------------------------
-def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: pa.Table, dead: pa.Table,
-                         covered: dict[tuple[str, int], list[tuple[int, int]]],
-                         gaps: dict[tuple[str, int], list[tuple[int, int]]]) -> None:
+def _check_against_kafka(
+    config: PipelineConfig,
+    report: AuditReport,
+    records: pa.Table,
+    dead: pa.Table,
+    covered: dict[tuple[str, int], list[tuple[int, int]]],
+    gaps: dict[tuple[str, int], list[tuple[int, int]]],
+) -> None:
     """Every committed record Kafka still holds is in exactly one of sink, dead letters or a gap."""
     found = {"records": 0, "in_sink": 0, "dead_letters": 0, "in_gaps": 0, "filtered": 0, "past_retention": 0}
     report.against_kafka = found
@@ -517,8 +566,7 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
     client = config.kafka_client_config()
     for (topic, partition), spans in sorted(covered.items()):
         if (topic, partition) not in offsets:
-            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of "
-                                   f"{config.topic_label} any more")
+            report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of {config.topic_label} any more")
             continue
         log_start = offsets[(topic, partition)].log_start
         sink_set = set(in_sink.get((topic, partition), np.array([], np.int64)).tolist())
@@ -545,7 +593,8 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
         if phantoms:
             report.problems.append(
                 f"{len(phantoms)} rows or dead letters of {topic}[{partition}] are at offsets Kafka does not serve to "
-                f"read_committed (aborted records or transaction markers), e.g. {phantoms[:5]}")
+                f"read_committed (aborted records or transaction markers), e.g. {phantoms[:5]}"
+            )
         for start, end in gaps.get((topic, partition), []):
             found["in_gaps"] += max(0, end - max(start, log_start)) if end > log_start else 0
         if missing:
@@ -554,11 +603,11 @@ def _check_against_kafka(config: PipelineConfig, report: AuditReport, records: p
     for topic, partition, offsets_lost in lost:
         report.problems.append(
             f"{len(offsets_lost)} committed records of {topic}[{partition}] that Kafka holds are in neither the sink "
-            f"nor the dead letters nor a recorded gap, e.g. offsets {offsets_lost[:5]}")
+            f"nor the dead letters nor a recorded gap, e.g. offsets {offsets_lost[:5]}"
+        )
 
 
-def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list]],
-                  found: dict) -> list[tuple[str, int, list[int]]]:
+def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list]], found: dict) -> list[tuple[str, int, list[int]]]:
     """The records of ``unaccounted`` that should have become rows or dead letters: all of them
     without a transform; with one, those its decode + transform still turn into rows or dead letters."""
     if not unaccounted:
@@ -576,10 +625,14 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list
     decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.layout.sink)))
     decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder, max_record_bytes=config.max_record_bytes))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
-    should_be_dead = {(r["topic"], r["partition"], r["offset"]) for r in decoded.where(F.col(REASON).isNotNull())
-                      .select("topic", "partition", "offset").collect()}
-    with_rows = {(r[TOPIC], r[PARTITION], r[OFFSET]) for r in apply_transform(good_rows(decoded, decoder), config)
-                 .select(TOPIC, PARTITION, OFFSET).distinct().collect()}
+    should_be_dead = {
+        (r["topic"], r["partition"], r["offset"])
+        for r in decoded.where(F.col(REASON).isNotNull()).select("topic", "partition", "offset").collect()
+    }
+    with_rows = {
+        (r[TOPIC], r[PARTITION], r[OFFSET])
+        for r in apply_transform(good_rows(decoded, decoder), config).select(TOPIC, PARTITION, OFFSET).distinct().collect()
+    }
     decoded.unpersist()
     lost = []
     for topic, partition, messages in unaccounted:

@@ -104,9 +104,7 @@ def plan_backfill(
     chosen = sorted(set(partitions)) if partitions else known
     unknown = [p for p in chosen if p not in offsets]
     if unknown:
-        raise BackfillParamsError(
-            f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})"
-        )
+        raise BackfillParamsError(f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})")
     table = open_table(config.layout.sink)
     ends = committed_ends(table, config, topic, chosen)
 
@@ -127,9 +125,7 @@ def plan_backfill(
             lso, end = offsets[p].last_stable, ends[p]
             limit = end if end is not None else 0
             if to_offset > lso:
-                raise BackfillParamsError(
-                    f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]"
-                )
+                raise BackfillParamsError(f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]")
             if to_offset > limit:
                 raise BackfillParamsError(
                     f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
@@ -141,12 +137,20 @@ def plan_backfill(
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
     # an old range decodes into today's reader schema, recorded with the plan (invariant 12)
-    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
-                     window=window, reader_schema=resolve_reader_schema(config, sink_columns(table)))
+    return BatchPlan(
+        config.name,
+        new_batch_id(config.name),
+        BatchKind.BACKFILL,
+        tuple(r for r in ranges if r.size),
+        run,
+        window=window,
+        reader_schema=resolve_reader_schema(config, sink_columns(table)),
+    )
 
 
-def _time_ranges(config: PipelineConfig, topic: str, offsets: dict[int, PartitionOffsets],
-                 ends: dict[int, int | None], window: RecordTimeWindow) -> list[OffsetRange]:
+def _time_ranges(
+    config: PipelineConfig, topic: str, offsets: dict[int, PartitionOffsets], ends: dict[int, int | None], window: RecordTimeWindow
+) -> list[OffsetRange]:
     """Per partition of ``topic``: from the first offset whose timestamp is at or after the
     window's start (offsets_for_times) up to the committed end; empty where nothing committed
     can fall in the window. Offsets at or above the committed end belong to the ingest path."""
@@ -188,8 +192,15 @@ def plan_interval_backfill(config: PipelineConfig, run: RunContext, start: datet
         ranges += _time_ranges(config, topic, offsets, committed_ends(table, config, topic, sorted(offsets)), window)
     if all(r.size == 0 for r in ranges):
         return None
-    return BatchPlan(config.name, new_batch_id(config.name), BatchKind.BACKFILL, tuple(r for r in ranges if r.size), run,
-                     window=window, reader_schema=resolve_reader_schema(config, sink_columns(table)))
+    return BatchPlan(
+        config.name,
+        new_batch_id(config.name),
+        BatchKind.BACKFILL,
+        tuple(r for r in ranges if r.size),
+        run,
+        window=window,
+        reader_schema=resolve_reader_schema(config, sink_columns(table)),
+    )
 
 
 def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:
@@ -208,8 +219,9 @@ def kept_rows(table: DeltaTable, files: list[dict[str, Any]], selected: Selectio
     fragments = [f for f in dataset.get_fragments() if f.path in wanted]
     if len(fragments) != len(wanted):
         found = {f.path for f in fragments}
-        raise OffsetlakeError(f"backfill: data files {sorted(wanted - found)[:5]} of the sink are not in its dataset; "
-                              "nothing was committed")
+        raise OffsetlakeError(
+            f"backfill: data files {sorted(wanted - found)[:5]} of the sink are not in its dataset; nothing was committed"
+        )
     subset = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
     outside = selected.outside()
     return subset.to_table(filter=outside) if outside is not None else subset.to_table()
@@ -249,7 +261,8 @@ def commit_replace(
         raise StalePlanError(
             f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: topic {moved[0]} started a new epoch "
             f"(`offsetlake topic reset-epoch`) while the backfill ran; its offsets name other records now, so nothing "
-            "was committed; plan the backfill anew against the current topic")
+            "was committed; plan the backfill anew against the current topic"
+        )
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
@@ -304,8 +317,9 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
         processed.release()
 
 
-def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float,
-                later: Any) -> tuple[int, LedgerEntry]:
+def _merge_once(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float, later: Any
+) -> tuple[int, LedgerEntry]:
     """One attempt of a keyed backfill: merge its records (those no later record of their key
     replaced) into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a
     row is replaced only by a record at least as new as its own), in one commit without txns.
@@ -314,17 +328,26 @@ def _merge_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     merge = stage_merge(config, plan, processed, spark, table, later)
     t = time.monotonic()
     c = merge.counts
-    entry = for_plan(plan, processed.per_range, started, processed.validation,
-                     message=(f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
-                                  f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"),
-                     staged=processed.dead_letter_files, merge=c.as_dict())
+    entry = for_plan(
+        plan,
+        processed.per_range,
+        started,
+        processed.validation,
+        message=(
+            f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
+            f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"
+        ),
+        staged=processed.dead_letter_files,
+        merge=c.as_dict(),
+    )
     version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
     return version, entry
 
 
-def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any,
-                  started: float) -> tuple[int, LedgerEntry]:
+def _replace_once(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float
+) -> tuple[int, LedgerEntry]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
     table = storage.table(config.layout.sink)
@@ -347,9 +370,14 @@ def _replace_once(config: PipelineConfig, plan: BatchPlan, processed: ProcessedB
             f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
         )
     t = time.monotonic()
-    entry = for_plan(plan, processed.per_range, started, processed.validation,
-                     message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
-                     staged=processed.dead_letter_files)
+    entry = for_plan(
+        plan,
+        processed.per_range,
+        started,
+        processed.validation,
+        message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
+        staged=processed.dead_letter_files,
+    )
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):

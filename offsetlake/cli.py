@@ -47,8 +47,12 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
 def _add_spark_options(parser: argparse.ArgumentParser) -> None:
     """Where a command's Spark work runs: its own session (--master) or a warm server's (--remote)."""
     parser.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
-    parser.add_argument("--remote", metavar="URL", help="attach to this Spark Connect server instead of starting a JVM "
-                        "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`")
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="attach to this Spark Connect server instead of starting a JVM "
+        "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", default=argparse.SUPPRESS, help="logging level for stderr (default INFO)")
 
     run = commands.add_parser(
-        "run", parents=[common],
+        "run",
+        parents=[common],
         help="ingest batches until caught up with the last stable offset seen at start",
         description="Plan, read, transform and commit batches until every partition reaches the last stable "
         "offset (LSO) seen when the run started. Prints one JSON summary line per batch on stdout. "
@@ -75,13 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_pipeline(run)
     run.add_argument("--max-batches", type=int, help="stop after this many committed batches")
-    run.add_argument(
-        "--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it"
-    )
+    run.add_argument("--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it")
     _add_spark_options(run)
 
     stream = commands.add_parser(
-        "stream", parents=[common],
+        "stream",
+        parents=[common],
         help="ingest continuously: one warm Spark session, a micro-batch every trigger interval",
         description="Run until stopped: every --trigger-interval, plan the offsets that are new since the sink's "
         "committed ends (up to the last stable offset, at most --max-records-per-batch), then read, transform, "
@@ -94,21 +98,37 @@ def build_parser() -> argparse.ArgumentParser:
         "the next stream or scheduled run continues from the last commit.",
     )
     _add_pipeline(stream)
-    stream.add_argument("--trigger-interval", type=_duration, default=5.0, metavar="DURATION",
-                        help="time from one micro-batch's start to the next, e.g. 5s, 500ms, 1m (default 5s)")
-    stream.add_argument("--max-records-per-batch", type=int, metavar="N",
-                        help="offsets per micro-batch, all partitions together (default: the pipeline's max_records_per_batch)")
-    stream.add_argument("--max-duration", type=_duration, metavar="DURATION",
-                        help="stop cleanly after this long, e.g. 8h (default: run until stopped)")
-    stream.add_argument("--lease-ttl", type=_duration, default=30.0, metavar="DURATION",
-                        help="how long the lease outlives a stream that stopped heartbeating (default 30s)")
+    stream.add_argument(
+        "--trigger-interval",
+        type=_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="time from one micro-batch's start to the next, e.g. 5s, 500ms, 1m (default 5s)",
+    )
+    stream.add_argument(
+        "--max-records-per-batch",
+        type=int,
+        metavar="N",
+        help="offsets per micro-batch, all partitions together (default: the pipeline's max_records_per_batch)",
+    )
+    stream.add_argument(
+        "--max-duration", type=_duration, metavar="DURATION", help="stop cleanly after this long, e.g. 8h (default: run until stopped)"
+    )
+    stream.add_argument(
+        "--lease-ttl",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="how long the lease outlives a stream that stopped heartbeating (default 30s)",
+    )
     stream.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # the Airflow task that started us
     stream.add_argument("--run-id", help="run id recorded in the ledger (default: stream-<utc time>-<random>)")
     stream.add_argument("--dag-id", help=argparse.SUPPRESS)
     _add_spark_options(stream)
 
     backfill = commands.add_parser(
-        "backfill", parents=[common],
+        "backfill",
+        parents=[common],
         help="reprocess already-ingested offsets (or a time range), replacing their sink rows",
         description="Re-read [FROM, TO) of the chosen partitions (offsets, or record times resolved with "
         "offsets_for_times) and replace the sink rows and dead letters with those coordinates in one commit. "
@@ -126,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_options(backfill)
 
     rewind = commands.add_parser(
-        "rewind", parents=[common],
+        "rewind",
+        parents=[common],
         help="restore the sink to its state right after an earlier batch, to reprocess from there",
         description="Restore the sink to its state right after batch ID in ONE Delta commit: data files added "
         "later are removed and files that version had are re-added (the rows equal time travel to that "
@@ -139,15 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
         "or backfill of the pipeline is running.",
     )
     _add_pipeline(rewind)
-    rewind.add_argument("--to-batch", required=True, metavar="ID",
-                        help="batch id to rewind to (see `offsetlake ledger PIPELINE`); it stays, later ones go")
+    rewind.add_argument(
+        "--to-batch", required=True, metavar="ID", help="batch id to rewind to (see `offsetlake ledger PIPELINE`); it stays, later ones go"
+    )
     rewind.add_argument("--reason", help="why, recorded in the rewind commit and the ledger (default: no reason given)")
-    rewind.add_argument("--dry-run", action="store_true",
-                        help="print the batches, files, txn versions and dead letters that would change; write nothing")
+    rewind.add_argument(
+        "--dry-run", action="store_true", help="print the batches, files, txn versions and dead letters that would change; write nothing"
+    )
     rewind.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     topic = commands.add_parser(
-        "topic", parents=[common], help="operator actions on one topic of a pipeline: `topic reset-epoch`",
+        "topic",
+        parents=[common],
+        help="operator actions on one topic of a pipeline: `topic reset-epoch`",
         description="`offsetlake topic reset-epoch PIPELINE --topic T --reason WHY`: after topic T was deleted and "
         "created again (or the cluster changed, or an unclean leader election truncated its log), runs refuse "
         "because the pipeline's committed ends no longer belong to the topic Kafka has. This records it: ONE sink "
@@ -156,18 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
         "unchanged, unless --force.",
     )
     topic_actions = topic.add_subparsers(dest="topic_action", required=True, metavar="ACTION")
-    reset = topic_actions.add_parser("reset-epoch", parents=[common],
-                                     help="start a new epoch of a re-created or truncated topic (one recorded commit)")
+    reset = topic_actions.add_parser(
+        "reset-epoch", parents=[common], help="start a new epoch of a re-created or truncated topic (one recorded commit)"
+    )
     _add_pipeline(reset)
     reset.add_argument("--topic", required=True, help="the topic that was re-created or truncated")
     reset.add_argument("--reason", help="why, recorded in the commit and the ledger (default: no reason given)")
-    reset.add_argument("--force", action="store_true",
-                       help="record a new epoch even though the check sees nothing wrong (a broker without topic ids "
-                       "cannot show a re-created topic that already holds more records than the committed end)")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="record a new epoch even though the check sees nothing wrong (a broker without topic ids "
+        "cannot show a re-created topic that already holds more records than the committed end)",
+    )
     reset.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     status = commands.add_parser(
-        "status", parents=[common], help="per partition: committed end, log start, last stable offset, lag",
+        "status",
+        parents=[common],
+        help="per partition: committed end, log start, last stable offset, lag",
         description="Show, per partition, the sink's committed end (txn version), the log start offset, the "
         "last stable offset and the lag (LSO minus committed end), and which stream owns the pipeline, if any. "
         "Reads Kafka and Delta; starts no Spark.",
@@ -176,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     ledger = commands.add_parser(
-        "ledger", parents=[common], help="show the offset ledger of a pipeline, or `ledger rebuild PIPELINE`",
+        "ledger",
+        parents=[common],
+        help="show the offset ledger of a pipeline, or `ledger rebuild PIPELINE`",
         description="`offsetlake ledger PIPELINE` lists every batch (one line per partition) with its range, counts, "
         "sink version and status. `offsetlake ledger rebuild PIPELINE` recreates the pipeline's ledger rows from "
         "the sink table's commit history alone.",
@@ -186,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("--limit", type=int, default=50, help="show the last N rows (default 50, 0 = all)")
 
     audit = commands.add_parser(
-        "audit", parents=[common], help="check the sink is exactly once and agrees with the ledger (and Kafka) (exit 0/1)",
+        "audit",
+        parents=[common],
+        help="check the sink is exactly once and agrees with the ledger (and Kafka) (exit 0/1)",
         description="Exit 0 only if: no record is in the sink twice (with a transform: no (record, _kafka_row) "
         "twice), in the dead letters twice, or in both; committed ranges per partition are contiguous with no "
         "overlap; every sink row and dead letter lies in a committed range; each batch's range holds the rows and dead "
@@ -195,14 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--against-kafka.",
     )
     _add_pipeline(audit)
-    audit.add_argument("--against-kafka", action="store_true",
-                       help="also read the committed ranges back from Kafka (read_committed) and check that every "
-                       "record Kafka still holds is in exactly one of the sink, the dead letters or a recorded gap, "
-                       "and nothing else is; offsets past retention are reported, not checked. With a transform, "
-                       "records without rows are transformed again on Spark to tell filtered from lost")
+    audit.add_argument(
+        "--against-kafka",
+        action="store_true",
+        help="also read the committed ranges back from Kafka (read_committed) and check that every "
+        "record Kafka still holds is in exactly one of the sink, the dead letters or a recorded gap, "
+        "and nothing else is; offsets past retention are reported, not checked. With a transform, "
+        "records without rows are transformed again on Spark to tell filtered from lost",
+    )
 
     maintenance = commands.add_parser(
-        "maintenance", parents=[common], help="compact, checkpoint and vacuum the pipeline's sink, dead letters and ledger",
+        "maintenance",
+        parents=[common],
+        help="compact, checkpoint and vacuum the pipeline's sink, dead letters and ledger",
         description="Rewrite small files into larger ones (txn versions, rows and commit history unchanged), write a "
         "Delta checkpoint, then vacuum files no version younger than --retention-hours refers to, including files "
         "staged by attempts that died. Safe while runs are going on: a batch in flight keeps its staged files as "
@@ -211,12 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         "after per table. Starts no Spark.",
     )
     _add_pipeline(maintenance)
-    maintenance.add_argument("--retention-hours", type=int, default=168,
-                             help="keep unreferenced files younger than this (default 168 = 7 days, at least 1)")
+    maintenance.add_argument(
+        "--retention-hours", type=int, default=168, help="keep unreferenced files younger than this (default 168 = 7 days, at least 1)"
+    )
     maintenance.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only, delete nothing")
     maintenance.add_argument("--json", action="store_true", help="print one JSON line per table")
     server = commands.add_parser(
-        "spark-server", parents=[common],
+        "spark-server",
+        parents=[common],
         help="keep a warm Spark session that runs, backfills and Airflow tasks attach to (Spark Connect)",
         description="Start a Spark session with offsetlake's settings and serve it over Spark Connect until "
         "SIGTERM or Ctrl-C. A `run`, `stream` or `backfill` given --remote (or $OFFSETLAKE_SPARK_REMOTE) and the "
@@ -295,9 +337,13 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     config = _load(args, args.pipeline)
     options = StreamOptions(
-        trigger_interval=args.trigger_interval, max_records_per_batch=args.max_records_per_batch,
-        max_duration=args.max_duration, lease_ttl=args.lease_ttl, parent_pid=args.parent_pid,
-        run_id=args.run_id, dag_id=args.dag_id,
+        trigger_interval=args.trigger_interval,
+        max_records_per_batch=args.max_records_per_batch,
+        max_duration=args.max_duration,
+        lease_ttl=args.lease_ttl,
+        parent_pid=args.parent_pid,
+        run_id=args.run_id,
+        dag_id=args.dag_id,
         label=f"{args.dag_id} (Airflow)" if args.dag_id else f"offsetlake stream on {os.uname().nodename}",
     )
     stop = StopControl(args.max_duration, args.parent_pid)
@@ -326,8 +372,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except ValueError:
         raise BackfillParamsError(f"pipeline {config.name} backfill: --partitions '{args.partitions}' is not a list like 0,2") from None
     run_id = args.run_id or f"cli-backfill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    plan = plan_backfill(config, RunContext(run_id=run_id), partitions, args.from_offset, args.to_offset,
-                         args.from_time, args.to_time, topic=args.topic)
+    plan = plan_backfill(
+        config, RunContext(run_id=run_id), partitions, args.from_offset, args.to_offset, args.from_time, args.to_time, topic=args.topic
+    )
     Ledger.of(config).record_plan(plan)
     log_step("plan", plan, time.monotonic(), kind=str(plan.kind), offsets=plan.offsets)
     try:
@@ -364,8 +411,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = partition_status(config)
     lease = current_lease(config)
     if args.json:
-        print(json.dumps({"pipeline": config.name, "partitions": rows, "total_lag": sum(r["lag"] for r in rows),
-                          "stream_lease": lease.as_dict() if lease else None}))
+        print(
+            json.dumps(
+                {
+                    "pipeline": config.name,
+                    "partitions": rows,
+                    "total_lag": sum(r["lag"] for r in rows),
+                    "stream_lease": lease.as_dict() if lease else None,
+                }
+            )
+        )
         return 0
     print(f"pipeline {config.name}  topic {config.topic_label}  sink {config.sink_path}")
     _print_table(rows, ["topic", "partition", "committed_end", "log_start", "last_stable", "lag"])
@@ -381,8 +436,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         if r["lost"]:
             print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")
         elif r["removed_before_start"]:
-            print(f"note: {r['topic']}[{r['partition']}] offsets [0, {r['log_start']}) were removed from Kafka before this "
-                  f"pipeline committed anything there; it begins at {'the LSO' if begins_at_lso else r['log_start']}")
+            print(
+                f"note: {r['topic']}[{r['partition']}] offsets [0, {r['log_start']}) were removed from Kafka before this "
+                f"pipeline committed anything there; it begins at {'the LSO' if begins_at_lso else r['log_start']}"
+            )
     return 0
 
 
@@ -406,7 +463,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     reconcile(config, ledger)
     rows = ledger.batches()
     if args.limit:
-        rows = rows[-args.limit:]
+        rows = rows[-args.limit :]
     if args.json:
         for row in rows:
             print(json.dumps(row, default=str))
@@ -416,9 +473,25 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         row["validation"] = json.loads(row["validation"])["outcome"] if row.get("validation") else None
         schema = ReaderSchema.from_dict(json.loads(row["reader_schema"])) if row.get("reader_schema") else None
         row["reader_schema"] = schema.describe() if schema is not None else None
-    _print_table(rows, ["batch_id", "kind", "status", "topic", "partition", "start_offset", "end_offset",
-                        "records_read", "rows_written", "dead_letters", "validation", "reader_schema", "sink_version",
-                        "run_id"])
+    _print_table(
+        rows,
+        [
+            "batch_id",
+            "kind",
+            "status",
+            "topic",
+            "partition",
+            "start_offset",
+            "end_offset",
+            "records_read",
+            "rows_written",
+            "dead_letters",
+            "validation",
+            "reader_schema",
+            "sink_version",
+            "run_id",
+        ],
+    )
     reports = {r["batch_id"]: r["validation_report"] for r in rows if r.get("validation_report") and r["status"] == "failed"}
     for batch_id, report in reports.items():
         print(f"failed validation: {batch_id}: {report}")
@@ -449,10 +522,21 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
         for report in reports:
             print(json.dumps({"pipeline": config.name, **report}))
         return 0
-    print(f"maintenance of pipeline {config.name} (retention {args.retention_hours} h"
-          f"{', no vacuum' if args.no_vacuum else ''})")
-    _print_table(reports, ["table", "files_before", "files_after", "compacted_from", "compacted_into",
-                           "checkpoint_version", "vacuumed", "duration_ms", "skipped"])
+    print(f"maintenance of pipeline {config.name} (retention {args.retention_hours} h{', no vacuum' if args.no_vacuum else ''})")
+    _print_table(
+        reports,
+        [
+            "table",
+            "files_before",
+            "files_after",
+            "compacted_from",
+            "compacted_into",
+            "checkpoint_version",
+            "vacuumed",
+            "duration_ms",
+            "skipped",
+        ],
+    )
     return 0
 
 
@@ -487,9 +571,18 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"backfill": cmd_backfill, "rewind": cmd_rewind, "run": cmd_run, "stream": cmd_stream, "status": cmd_status,
-            "ledger": cmd_ledger, "topic": cmd_topic,
-            "audit": cmd_audit, "maintenance": cmd_maintenance, "spark-server": cmd_spark_server}
+COMMANDS = {
+    "backfill": cmd_backfill,
+    "rewind": cmd_rewind,
+    "run": cmd_run,
+    "stream": cmd_stream,
+    "status": cmd_status,
+    "ledger": cmd_ledger,
+    "topic": cmd_topic,
+    "audit": cmd_audit,
+    "maintenance": cmd_maintenance,
+    "spark-server": cmd_spark_server,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -500,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     except OffsetlakeError as err:
         print(f"offsetlake {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
-    except Exception as err:  # noqa: BLE001 - not ours: one line and exit 2, never 1 (the audit's "problems found")
+    except Exception as err:
         log.debug("traceback of the unexpected error", exc_info=True)
         print(f"offsetlake {args.command}: error: {describe_unexpected(err)}", file=sys.stderr)
         return 2

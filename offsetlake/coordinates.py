@@ -84,8 +84,10 @@ class Selection:
         expression = None
         for r in self.sized:
             term = (
-                (pc.field(TOPIC) == r.topic) & (pc.field(PARTITION) == r.partition)
-                & (pc.field(OFFSET) >= r.start) & (pc.field(OFFSET) < r.end)
+                (pc.field(TOPIC) == r.topic)
+                & (pc.field(PARTITION) == r.partition)
+                & (pc.field(OFFSET) >= r.start)
+                & (pc.field(OFFSET) < r.end)
             )
             if self._epoch(r.topic):
                 term = term & (pc.field(TOPIC_EPOCH) == pa.scalar(self._epoch(r.topic), TOPIC_EPOCH_TYPE))
@@ -111,15 +113,16 @@ class Selection:
 
         condition = F.lit(False)
         for r in self.sized:
-            term = ((F.col(TOPIC) == r.topic) & (F.col(PARTITION) == r.partition)
-                    & (F.col(OFFSET) >= r.start) & (F.col(OFFSET) < r.end))
+            term = (F.col(TOPIC) == r.topic) & (F.col(PARTITION) == r.partition) & (F.col(OFFSET) >= r.start) & (F.col(OFFSET) < r.end)
             if self._epoch(r.topic):
                 term = term & F.coalesce(F.col(TOPIC_EPOCH) == F.lit(self._epoch(r.topic)), F.lit(False))
             condition = condition | term
         if self.window is not None:
             condition = condition & F.coalesce(
                 (F.col(TIMESTAMP) >= F.timestamp_millis(F.lit(self.window.from_ms)))
-                & (F.col(TIMESTAMP) < F.timestamp_millis(F.lit(self.window.to_ms))), F.lit(False))
+                & (F.col(TIMESTAMP) < F.timestamp_millis(F.lit(self.window.to_ms))),
+                F.lit(False),
+            )
         return condition
 
     def file_may_hold(self, stats: Mapping[str, Any]) -> bool:

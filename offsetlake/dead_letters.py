@@ -197,18 +197,32 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
             files = _restore_actions(config, table, restore[1], restore[0], sink)
         else:
             files = _replace_actions(config, table, change, sink.commits)
-        entry = AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version,
-                              sink_table_id=sink.table_id)
+        entry = AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version, sink_table_id=sink.table_id)
         try:
-            commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), change.version)])),
-                   entry, partition_by=None, max_commit_retries=0)
+            commit(
+                table,
+                CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), change.version)])),
+                entry,
+                partition_by=None,
+                max_commit_retries=0,
+            )
         except CommitFailedError:  # a concurrent apply or compaction: read the table again
             continue
-        log_line(log, "dead_letters", "applied", pipeline=config.name, batch=change.batch_id,
-                 sink_version=change.version, actions=len(files), attempt=attempt + 1)
+        log_line(
+            log,
+            "dead_letters",
+            "applied",
+            pipeline=config.name,
+            batch=change.batch_id,
+            sink_version=change.version,
+            actions=len(files),
+            attempt=attempt + 1,
+        )
         return True
-    raise OffsetlakeError(f"pipeline {config.name}: the dead letters of batch {change.batch_id} (sink version "
-                          f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again")
+    raise OffsetlakeError(
+        f"pipeline {config.name}: the dead letters of batch {change.batch_id} (sink version "
+        f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again"
+    )
 
 
 # ---- which sink table the dead letters follow -------------------------------------------------
@@ -240,17 +254,30 @@ def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
         raise OffsetlakeError(
             f"pipeline {config.name}: the dead letters at {config.dead_letter_path} cannot be restored as they were "
             f"after sink version {applied} of {config.sink_path}: their history holds writes of an old scheme that "
-            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters")
+            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters"
+        )
     files = _diff_to(config, table, version)
-    entry = AppliedChange(pipeline=config.name, batch_id=f"follow-{sink.table_id}", sink_version=applied,
-                          sink_table_id=sink.table_id)
+    entry = AppliedChange(pipeline=config.name, batch_id=f"follow-{sink.table_id}", sink_version=applied, sink_table_id=sink.table_id)
     try:
-        commit(table, CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), max(applied, 0))])),
-               entry, partition_by=None, max_commit_retries=0)
+        commit(
+            table,
+            CommitActions(files=files, txns=txns_for([(applied_app_id(sink.table_id), max(applied, 0))])),
+            entry,
+            partition_by=None,
+            max_commit_retries=0,
+        )
     except CommitFailedError:  # a concurrent apply or follow: the caller reads the table again
         return
-    log_line(log, "dead_letters", "now follow the sink table", pipeline=config.name, sink=config.sink_path,
-             sink_table_id=sink.table_id, applied_through=applied, actions=len(files))
+    log_line(
+        log,
+        "dead_letters",
+        "now follow the sink table",
+        pipeline=config.name,
+        sink=config.sink_path,
+        sink_table_id=sink.table_id,
+        applied_through=applied,
+        actions=len(files),
+    )
 
 
 def _marked_newest_first(table: DeltaTable) -> Iterator[tuple[int, AppliedChange]]:
@@ -328,9 +355,16 @@ def _add_files(config: PipelineConfig, staged: Iterable[DeadLetterFile]) -> list
                 f"pipeline {config.name}: staged dead-letter file {path} is gone (vacuumed before it was applied?); "
                 "its batch's dead letters cannot be applied"
             ) from None
-        actions.append(AddAction(path=s.path, size=s.size, partition_values={},
-                                 modification_time=int(time.time() * 1000), data_change=True,
-                                 stats=delta_stats(metadata)))
+        actions.append(
+            AddAction(
+                path=s.path,
+                size=s.size,
+                partition_values={},
+                modification_time=int(time.time() * 1000),
+                data_change=True,
+                stats=delta_stats(metadata),
+            )
+        )
     return actions
 
 
@@ -379,12 +413,14 @@ def missing_files_as_of(config: PipelineConfig, version: int) -> list[str]:
     """Data files of dead-letter table ``version`` that are gone from storage (vacuumed)."""
     then = storage.table(config.layout.dead_letters, version=version)
     now = {f["path"] for f in live_files(storage.table(config.layout.dead_letters))}
-    return [f["path"] for f in live_files(then)
-            if f["path"] not in now and not storage.exists(storage.data_file(config.layout.dead_letters, f["path"]))]
+    return [
+        f["path"]
+        for f in live_files(then)
+        if f["path"] not in now and not storage.exists(storage.data_file(config.layout.dead_letters, f["path"]))
+    ]
 
 
-def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: RewindEntry,
-                     sink: SinkTable) -> list:
+def _restore_actions(config: PipelineConfig, table: DeltaTable, to_sink_version: int, change: RewindEntry, sink: SinkTable) -> list:
     """Removes and re-adds that make the live files those of the table as of ``to_sink_version``
     (or, for dead letters of the old scheme, removes of the rewound batches' rows)."""
     version = _version_as_of(table, sink, to_sink_version)
@@ -397,8 +433,10 @@ def _diff_to(config: PipelineConfig, table: DeltaTable, version: int) -> list:
     """Removes and re-adds that make ``table``'s live files those of its ``version``."""
     now = {f["path"]: f for f in live_files(table)}
     then = {f["path"]: f for f in live_files(storage.table(config.layout.dead_letters, version=version))}
-    return [*remove_actions([now[p] for p in sorted(set(now) - set(then))], []),
-            *readd_actions(config.layout.dead_letters, [then[p] for p in sorted(set(then) - set(now))], [])]
+    return [
+        *remove_actions([now[p] for p in sorted(set(now) - set(then))], []),
+        *readd_actions(config.layout.dead_letters, [then[p] for p in sorted(set(then) - set(now))], []),
+    ]
 
 
 def _legacy_delete_actions(config: PipelineConfig, table: DeltaTable, batch_ids: list[str]) -> list:
@@ -451,8 +489,7 @@ def coordinates_applied(config: PipelineConfig, columns: list[str]) -> pa.Table:
         if restore is not None:
             version = None if table is None else _version_as_of(table, sink, restore[1])
             if version is None:
-                rows = rows.filter(~pc.field("batch_id").isin(list(restore[0].rewound))) \
-                    if "batch_id" in columns else rows
+                rows = rows.filter(~pc.field("batch_id").isin(list(restore[0].rewound))) if "batch_id" in columns else rows
             else:
                 rows = storage.table(config.layout.dead_letters, version=version).to_pyarrow_dataset().to_table(columns=columns)
             continue
@@ -474,5 +511,8 @@ def row_count(config: PipelineConfig) -> int:
 def rows_readded_by_restore(config: PipelineConfig, version: int) -> int:
     """Dead letters a restore to ``version`` brings back (in files later commits removed)."""
     now = {f["path"] for f in live_files(storage.table(config.layout.dead_letters))}
-    return sum(int(f.get("num_records") or 0) for f in live_files(storage.table(config.layout.dead_letters, version=version))
-               if f["path"] not in now)
+    return sum(
+        int(f.get("num_records") or 0)
+        for f in live_files(storage.table(config.layout.dead_letters, version=version))
+        if f["path"] not in now
+    )

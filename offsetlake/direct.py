@@ -108,18 +108,29 @@ class DirectResult:
     records_read: Counter[tuple[str, int]]
 
 
-def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config: dict[str, str], pipeline: str,
-                   timeout_s: float, decoder: Decoder, rows_schema: pa.Schema, table_root: storage.Location, folder: str,
-                   partition_by: list[str], *, max_record_bytes: int, epochs: dict[str, int] | None = None) -> DirectResult:
+def read_and_write(
+    spark: SparkSession,
+    ranges: list[OffsetRange],
+    client_config: dict[str, str],
+    pipeline: str,
+    timeout_s: float,
+    decoder: Decoder,
+    rows_schema: pa.Schema,
+    table_root: storage.Location,
+    folder: str,
+    partition_by: list[str],
+    *,
+    max_record_bytes: int,
+    epochs: dict[str, int] | None = None,
+) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
     under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file
     (a record above ``max_record_bytes`` among them: the Spark path's rule, ``reader.decided_columns``).
     ``epochs``: each topic's current epoch, which its rows carry as the Spark path's do
     (``coordinates.TOPIC_EPOCH``, when ``rows_schema`` has it)."""
-    splits = [(s.topic, s.partition, s.start, s.end) for s in
-              split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
+    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
-    relative_folder = folder[len(table_root.path.rstrip("/")) + 1:]
+    relative_folder = folder[len(table_root.path.rstrip("/")) + 1 :]
     file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
     sources = [(column, inner) for column, _, inner in _sources(decoder)]
     max_open = MAX_OPEN_FILES
@@ -145,8 +156,9 @@ def read_and_write(spark: SparkSession, ranges: list[OffsetRange], client_config
                     topic, partition, start, end = splits[index]
                     for chunk in read_range(client_config, pipeline, topic, partition, start, end, timeout_s):
                         read[(topic, partition)] += len(chunk)
-                        columns, settled = decided_columns(chunk, topic, partition, decoder, headers_of_rows=False,
-                                                           max_record_bytes=max_record_bytes)
+                        columns, settled = decided_columns(
+                            chunk, topic, partition, decoder, headers_of_rows=False, max_record_bytes=max_record_bytes
+                        )
                         records = pa.RecordBatch.from_arrays(columns, schema=raw_schema)
                         mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
                         files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema, epochs), (topic, partition))
@@ -186,8 +198,7 @@ def remove_undecided(table_root: storage.Location, paths: list[str]) -> None:
         fs.delete_file(f"{root.rstrip('/')}/{path}")
 
 
-def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema,
-               epochs: dict[str, int]) -> pa.Table:
+def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema, epochs: dict[str, int]) -> pa.Table:
     """Settled records (of one topic-partition) as sink rows: the decoded fields (value, then
     key), then the coordinate columns (the columns of ``formats.good_rows``) and, when the schema
     has it, the topic's epoch (``coordinates.with_topic_epochs``), in the schema Spark gives them."""
@@ -208,8 +219,7 @@ class _TaskFiles:
     """A task's open files: one parquet file per partition value (rows gathered into row groups
     of ``ROW_GROUP_ROWS``, at most ``max_open`` open) and one for its undecided records."""
 
-    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str],
-                 max_open: int) -> None:
+    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str], max_open: int) -> None:
         self.fs, self.root, self.folder, self.attempt = fs, root, folder, attempt
         self.schema, self.partition_by, self.max_open = schema, partition_by, max_open
         self.open: dict[tuple, _Buffered] = {}  # least recently written first
@@ -249,14 +259,16 @@ class _TaskFiles:
         results = [(_FILE, f) for f in self.closed] + [(_FILE, f.close()) for f in self.open.values()]
         if self.undecided is not None:
             results.append((_UNDECIDED, self.undecided.close()))
-        yield pa.RecordBatch.from_pydict({
-            "kind": [k for k, _ in results] + [_READ],
-            "path": [f.relative for _, f in results] + [""],
-            "rows": [f.rows for _, f in results] + [sum(read.values())],
-            "size": [f.size for _, f in results] + [0],
-            "empty_as_null": [f.empty_as_null for _, f in results] + [0],
-            "counts": [_counts_json(c) for c in [*(f.counts for _, f in results), read]],
-        })
+        yield pa.RecordBatch.from_pydict(
+            {
+                "kind": [k for k, _ in results] + [_READ],
+                "path": [f.relative for _, f in results] + [""],
+                "rows": [f.rows for _, f in results] + [sum(read.values())],
+                "size": [f.size for _, f in results] + [0],
+                "empty_as_null": [f.empty_as_null for _, f in results] + [0],
+                "counts": [_counts_json(c) for c in [*(f.counts for _, f in results), read]],
+            }
+        )
 
 
 class _Buffered:

@@ -101,13 +101,23 @@ class EpochChange:
     problems: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"topic": self.topic, "previous_topic_id": self.previous_topic_id, "topic_id": self.topic_id,
-                "moves": [dict(m) for m in self.moves], "problems": list(self.problems)}
+        return {
+            "topic": self.topic,
+            "previous_topic_id": self.previous_topic_id,
+            "topic_id": self.topic_id,
+            "moves": [dict(m) for m in self.moves],
+            "problems": list(self.problems),
+        }
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> EpochChange:
-        return EpochChange(str(data["topic"]), data.get("previous_topic_id"), data.get("topic_id"),
-                           tuple(data.get("moves") or ()), tuple(data.get("problems") or ()))
+        return EpochChange(
+            str(data["topic"]),
+            data.get("previous_topic_id"),
+            data.get("topic_id"),
+            tuple(data.get("moves") or ()),
+            tuple(data.get("problems") or ()),
+        )
 
 
 # ---- entries ----------------------------------------------------------------------------------
@@ -181,25 +191,43 @@ class LedgerEntry:
         return json.dumps({**self.as_dict(), MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
 
     # ---- derived shapes -----------------------------------------------------------------
-    def ledger_rows(self, status: str, sink_version: int | None = None, recorded_at: datetime | None = None,
-                    **columns: Any) -> list[dict[str, Any]]:
+    def ledger_rows(
+        self, status: str, sink_version: int | None = None, recorded_at: datetime | None = None, **columns: Any
+    ) -> list[dict[str, Any]]:
         """One ledger-table row per range (``offsetlake.ledger.LEDGER_SCHEMA``) with ``status``;
         ``columns`` override what the entry says (message, duration, validation)."""
         base = {
-            "pipeline": self.pipeline, "batch_id": self.batch_id, "kind": str(self.kind), "status": str(status),
-            "sink_version": sink_version, "run_id": self.run_id, "dag_id": self.dag_id,
-            "try_number": self.try_number, "planned_at": _ts(self.planned_at),
-            "recorded_at": recorded_at or datetime.now(UTC), "duration_ms": self.duration_ms,
-            "message": self.message, **_validation_columns(self.validation),
+            "pipeline": self.pipeline,
+            "batch_id": self.batch_id,
+            "kind": str(self.kind),
+            "status": str(status),
+            "sink_version": sink_version,
+            "run_id": self.run_id,
+            "dag_id": self.dag_id,
+            "try_number": self.try_number,
+            "planned_at": _ts(self.planned_at),
+            "recorded_at": recorded_at or datetime.now(UTC),
+            "duration_ms": self.duration_ms,
+            "message": self.message,
+            **_validation_columns(self.validation),
             "record_time_from_ms": self.record_time.from_ms if self.record_time else None,
             "record_time_to_ms": self.record_time.to_ms if self.record_time else None,
             "reader_schema": json.dumps(self.reader_schema.as_dict(), sort_keys=True) if self.reader_schema else None,
             **columns,
         }
-        return [{**base, "topic": r.topic, "partition": r.partition, "start_offset": r.start, "end_offset": r.end,
-                 **{k: r.count(k) for k in _COUNT_KEYS},
-                 "topic_id": self.topic_ids.get(r.topic), "sink_table_id": self.sink_table_id}
-                for r in self.ranges]
+        return [
+            {
+                **base,
+                "topic": r.topic,
+                "partition": r.partition,
+                "start_offset": r.start,
+                "end_offset": r.end,
+                **{k: r.count(k) for k in _COUNT_KEYS},
+                "topic_id": self.topic_ids.get(r.topic),
+                "sink_table_id": self.sink_table_id,
+            }
+            for r in self.ranges
+        ]
 
     @property
     def committed_time(self) -> datetime | None:
@@ -275,12 +303,18 @@ class EpochEntry(LedgerEntry):
 
 
 _CLASSES: dict[BatchKind, type[LedgerEntry]] = {
-    c.KIND: c for c in (IngestEntry, StreamEntry, GapEntry, BackfillEntry, RewindEntry, EpochEntry)}
+    c.KIND: c for c in (IngestEntry, StreamEntry, GapEntry, BackfillEntry, RewindEntry, EpochEntry)
+}
 
 
 # ---- building ---------------------------------------------------------------------------------
-def for_plan(plan: BatchPlan, per_range: Mapping[tuple[str, int], RangeCounts] | None = None,
-             started: float | None = None, validation: Mapping[str, Any] | None = None, **kind_fields: Any) -> LedgerEntry:
+def for_plan(
+    plan: BatchPlan,
+    per_range: Mapping[tuple[str, int], RangeCounts] | None = None,
+    started: float | None = None,
+    validation: Mapping[str, Any] | None = None,
+    **kind_fields: Any,
+) -> LedgerEntry:
     """The entry of ``plan`` as its commit records it: who planned it, when, its ranges with their
     counts, its validation summary, its reader schema, topic ids, sink table id and topic epochs;
     ``kind_fields`` are those of the plan's kind (``IngestEntry.staged``, ``RewindEntry.to_batch``,
@@ -288,15 +322,23 @@ def for_plan(plan: BatchPlan, per_range: Mapping[tuple[str, int], RangeCounts] |
     ``time.monotonic()`` start, for its duration."""
     counts = per_range or {}
     return _CLASSES[plan.kind](
-        pipeline=plan.pipeline, batch_id=plan.batch_id, run_id=plan.run.run_id, dag_id=plan.run.dag_id,
-        try_number=plan.run.try_number, planned_at=plan.planned_at.isoformat(),
+        pipeline=plan.pipeline,
+        batch_id=plan.batch_id,
+        run_id=plan.run.run_id,
+        dag_id=plan.run.dag_id,
+        try_number=plan.run.try_number,
+        planned_at=plan.planned_at.isoformat(),
         committed_at=datetime.now(UTC).isoformat(),
         duration_ms=int((time.monotonic() - started) * 1000) if started is not None else 0,
-        ranges=tuple(EntryRange(r.topic, r.partition, r.start, r.end, dict(counts.get((r.topic, r.partition), {})))
-                     for r in plan.ranges),
-        validation=validation, record_time=plan.window, reader_schema=plan.reader_schema,
-        topic_ids=dict(sorted(plan.topic_ids.items())), sink_table_id=plan.sink_table_id,
-        topic_epochs=dict(sorted(plan.topic_epochs.items())), **kind_fields)
+        ranges=tuple(EntryRange(r.topic, r.partition, r.start, r.end, dict(counts.get((r.topic, r.partition), {}))) for r in plan.ranges),
+        validation=validation,
+        record_time=plan.window,
+        reader_schema=plan.reader_schema,
+        topic_ids=dict(sorted(plan.topic_ids.items())),
+        sink_table_id=plan.sink_table_id,
+        topic_epochs=dict(sorted(plan.topic_epochs.items())),
+        **kind_fields,
+    )
 
 
 def staged_files(files: Iterable[Mapping[str, Any]]) -> tuple[DeadLetterFile, ...]:
@@ -326,7 +368,8 @@ def from_dict(data: Mapping[str, Any]) -> LedgerEntry:
     if version > FORMAT_VERSION:
         raise EntryFormatError(
             f"batch {data.get('batch_id')} of pipeline {data.get('pipeline')}: its ledger entry has format version "
-            f"{version}, this offsetlake reads up to {FORMAT_VERSION}; upgrade offsetlake to read this sink")
+            f"{version}, this offsetlake reads up to {FORMAT_VERSION}; upgrade offsetlake to read this sink"
+        )
     try:
         cls = _CLASSES[BatchKind(data.get("kind") or BatchKind.INGEST)]  # entries before kinds were ingest
         known = {f.name for f in fields(cls)}
@@ -403,8 +446,14 @@ class AppliedChange:
     sink_table_id: str | None = None
 
     def to_json(self) -> str:
-        body = {"pipeline": self.pipeline, "batch_id": self.batch_id, "kind": self.KIND, "sink_version": self.sink_version,
-                "format_version": FORMAT_VERSION, MARKER: 1}
+        body = {
+            "pipeline": self.pipeline,
+            "batch_id": self.batch_id,
+            "kind": self.KIND,
+            "sink_version": self.sink_version,
+            "format_version": FORMAT_VERSION,
+            MARKER: 1,
+        }
         if self.sink_table_id is not None:
             body["sink_table_id"] = self.sink_table_id
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
@@ -418,5 +467,9 @@ class AppliedChange:
             return None
         if not isinstance(data, dict) or data.get(MARKER) != 1 or data.get("kind") != AppliedChange.KIND:
             return None
-        return AppliedChange(pipeline=str(data.get("pipeline")), batch_id=str(data.get("batch_id")),
-                             sink_version=int(data.get("sink_version", -1)), sink_table_id=data.get("sink_table_id"))
+        return AppliedChange(
+            pipeline=str(data.get("pipeline")),
+            batch_id=str(data.get("batch_id")),
+            sink_version=int(data.get("sink_version", -1)),
+            sink_table_id=data.get("sink_table_id"),
+        )

@@ -86,8 +86,9 @@ class StagedFilesError(OffsetlakeError):
     Nothing was committed; running again stages the batch anew."""
 
     def __init__(self, table: str, path: str, problem: str) -> None:
-        super().__init__(f"sink {table}: staged data file {path} cannot be committed: {problem}; nothing committed, "
-                         "run again to stage the batch anew")
+        super().__init__(
+            f"sink {table}: staged data file {path} cannot be committed: {problem}; nothing committed, run again to stage the batch anew"
+        )
         self.table, self.path, self.problem = table, path, problem
 
 
@@ -150,7 +151,9 @@ def describe_unexpected(err: BaseException) -> str:
     stack, a library's exception), for the CLI and the spark-submit job, which exit 2 with it."""
     text = str(err)
     if "No space left on device" in text or getattr(err, "errno", None) == 28:
-        return ("no space left on device; free space on the lake's disk (or the Spark temp folder), then run again: "
-                "a batch that did not commit wrote nothing that counts, and the next run repairs the rest")
+        return (
+            "no space left on device; free space on the lake's disk (or the Spark temp folder), then run again: "
+            "a batch that did not commit wrote nothing that counts, and the next run repairs the rest"
+        )
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     return f"unexpected {type(err).__name__}: {first[:500]} (run with --log-level DEBUG for the traceback)"

@@ -25,7 +25,7 @@ NAMES = ("after_plan", "after_read", "after_files_written", "after_commit", "aft
 _HOOKS: dict[str, list[Callable[[str], None]]] = {}
 
 
-class SimulatedCrash(BaseException):  # noqa: N818 - not an error to handle: a stand-in for SIGKILL
+class SimulatedCrash(BaseException):
     """Raised by an in-process failpoint hook to stop a batch as a crash would."""
 
 

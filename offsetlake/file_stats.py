@@ -45,7 +45,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 _STAT_TYPES = (
-    pa.types.is_integer, pa.types.is_floating, pa.types.is_date, pa.types.is_timestamp, pa.types.is_string, pa.types.is_boolean,
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_string,
+    pa.types.is_boolean,
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)

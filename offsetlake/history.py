@@ -170,8 +170,14 @@ def _read_cache(location: storage.Location, table_id: object, version: int) -> t
 
 
 def _write_cache(location: storage.Location, table_id: object, version: int, history: _History) -> None:
-    body = json.dumps({"table_id": table_id, "version": version, "owners": history.owners,
-                       "commits": [[c.version, c.entry.as_dict()] for c in history.commits]})
+    body = json.dumps(
+        {
+            "table_id": table_id,
+            "version": version,
+            "owners": history.owners,
+            "commits": [[c.version, c.entry.as_dict()] for c in history.commits],
+        }
+    )
     try:
         fs, path = storage.filesystem(location)
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
@@ -210,8 +216,7 @@ def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any
         except FileNotFoundError:
             missing.append(version)
             continue
-        info: dict[str, Any] = next(
-            (json.loads(line)["commitInfo"] for line in text.splitlines() if line.startswith('{"commitInfo"')), {})
+        info: dict[str, Any] = next((json.loads(line)["commitInfo"] for line in text.splitlines() if line.startswith('{"commitInfo"')), {})
         infos.append({**info, "version": version})
     if missing:
         known = {int(h["version"]): h for h in table.history()}
@@ -319,8 +324,7 @@ def current_epochs(commits: list[SinkCommit]) -> dict[str, int]:
 def latest_epoch_commit(commits: list[SinkCommit], topic: str) -> SinkCommit | None:
     """The live epoch commit that opened ``topic``'s current epoch (None: it is in epoch 0)."""
     rewound = rewound_batches(commits)
-    found = [c for c in commits if c.batch_id not in rewound and (change := epoch_change(c)) is not None
-             and change.topic == topic]
+    found = [c for c in commits if c.batch_id not in rewound and (change := epoch_change(c)) is not None and change.topic == topic]
     return max(found, key=lambda c: c.version) if found else None
 
 

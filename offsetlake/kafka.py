@@ -45,8 +45,9 @@ def current_offsets(config: PipelineConfig) -> dict[tuple[str, int], PartitionOf
         consumer.close()
 
 
-def describe_topics(client_config: dict[str, str], config: PipelineConfig,
-                    client: AdminClient | Consumer | None = None) -> dict[str, list[int]]:
+def describe_topics(
+    client_config: dict[str, str], config: PipelineConfig, client: AdminClient | Consumer | None = None
+) -> dict[str, list[int]]:
     """Partition ids of each topic the pipeline reads: its ``topic``, its ``topics`` (each must
     exist: KafkaUnavailableError naming it), or every topic ``topic_pattern`` matches in full now
     (internal topics, ``__...``, never; none matching is an empty answer, not an error)."""
@@ -93,7 +94,8 @@ def topic_ids(config: PipelineConfig, topics: list[str]) -> dict[str, str | None
             described = future.result(METADATA_TIMEOUT_S)
         except (KafkaException, TimeoutError) as err:
             raise KafkaUnavailableError(
-                f"pipeline {config.name}: cannot describe topic '{topic}' on {servers} for its topic id: {err}") from None
+                f"pipeline {config.name}: cannot describe topic '{topic}' on {servers} for its topic id: {err}"
+            ) from None
         uuid = described.topic_id
         known = uuid is not None and (uuid.get_most_significant_bits() or uuid.get_least_significant_bits())
         out[topic] = str(uuid) if known else None
@@ -114,22 +116,16 @@ def partition_offsets(
         try:
             start, stable = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S, cached=False)
         except KafkaException as err:
-            raise KafkaUnavailableError(
-                f"pipeline {pipeline}: ListOffsets for {topic}[{p}] on {servers} failed: {err.args[0]}"
-            ) from None
+            raise KafkaUnavailableError(f"pipeline {pipeline}: ListOffsets for {topic}[{p}] on {servers} failed: {err.args[0]}") from None
         out[p] = PartitionOffsets(topic, p, start, stable)
     return out
 
 
-def offsets_for_time(
-    client_config: dict[str, str], topic: str, partitions: list[int], timestamp_ms: int, pipeline: str
-) -> dict[int, int]:
+def offsets_for_time(client_config: dict[str, str], topic: str, partitions: list[int], timestamp_ms: int, pipeline: str) -> dict[int, int]:
     """Earliest offset whose timestamp is >= ``timestamp_ms`` per partition (-1 → none yet)."""
     consumer = Consumer(_consumer_config(client_config, pipeline))
     try:
-        found = consumer.offsets_for_times(
-            [TopicPartition(topic, p, timestamp_ms) for p in partitions], timeout=METADATA_TIMEOUT_S
-        )
+        found = consumer.offsets_for_times([TopicPartition(topic, p, timestamp_ms) for p in partitions], timeout=METADATA_TIMEOUT_S)
     except KafkaException as err:
         raise KafkaUnavailableError(f"pipeline {pipeline}: offsets_for_times on '{topic}' failed: {err.args[0]}") from None
     finally:
@@ -240,8 +236,7 @@ def _raise_or_skip_errors(messages: list[Message], position: int, where: str) ->
             continue
         if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
             raise OffsetsLostError(
-                f"{where}: offsets from {position} are no longer in the log "
-                f"(retention or delete_records removed them): {error.str()}"
+                f"{where}: offsets from {position} are no longer in the log (retention or delete_records removed them): {error.str()}"
             )
         if error.retriable() or error.code() == KafkaError._TRANSPORT:
             continue
@@ -306,8 +301,13 @@ class _RawHeaders:
         self.count.restype, self.count.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
         self.get_all = lib.rd_kafka_header_get_all
         self.get_all.restype = ctypes.c_int
-        self.get_all.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
-                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        self.get_all.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
         self.ctypes = ctypes
         # confluent-kafka 2.16's Message: PyObject_HEAD, then topic, value, key, headers (PyObject*),
         # then c_headers (rd_kafka_headers_t*): checked against headers() on a valid record (see verify)
@@ -367,8 +367,10 @@ def record_headers(chunk: list[Message], wanted: list[bool] | None = None) -> li
             headers.append(None)
         elif raw.verified is None and raw.pointer(message) and raw.verify(message):
             if not raw.verified:
-                raise RuntimeError("confluent-kafka's Message layout is not the one offsetlake reads headers from "
-                                   "(its version changed?); pin confluent-kafka==2.16.1")
+                raise RuntimeError(
+                    "confluent-kafka's Message layout is not the one offsetlake reads headers from "
+                    "(its version changed?); pin confluent-kafka==2.16.1"
+                )
             headers.append(message.headers())  # verify() read it already; its keys decode
         else:
             headers.append(raw.read(message))

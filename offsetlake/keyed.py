@@ -103,8 +103,9 @@ def mark_tombstones(decoded: DataFrame) -> DataFrame:
     if CHANGE in decoded.columns:
         return decoded
     tombstone = F.col("value").isNull() & (F.col(REASON) == TOMBSTONE)
-    return (decoded.withColumn(CHANGE, F.when(tombstone, F.lit(DELETE)))
-            .withColumn(REASON, F.when(tombstone, F.lit(None).cast("string")).otherwise(F.col(REASON))))
+    return decoded.withColumn(CHANGE, F.when(tombstone, F.lit(DELETE))).withColumn(
+        REASON, F.when(tombstone, F.lit(None).cast("string")).otherwise(F.col(REASON))
+    )
 
 
 def check_key_columns(config: PipelineConfig, columns: list[str], where: str) -> None:
@@ -112,10 +113,12 @@ def check_key_columns(config: PipelineConfig, columns: list[str], where: str) ->
     missing = [c for c in config.sink.key if c not in columns]
     if missing:
         shown = ", ".join(c for c in columns if c != CHANGE)
-        raise ConfigError(f"pipeline {config.name}: sink.key column{'s' if len(missing) > 1 else ''} "
-                          f"{', '.join(repr(c) for c in missing)} {'are' if len(missing) > 1 else 'is'} not among the "
-                          f"{where} (they are: {shown}); key by a value field, by the record key "
-                          "(_kafka_key, or key_format's columns), or by a column the transform makes")
+        raise ConfigError(
+            f"pipeline {config.name}: sink.key column{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(repr(c) for c in missing)} {'are' if len(missing) > 1 else 'is'} not among the "
+            f"{where} (they are: {shown}); key by a value field, by the record key "
+            "(_kafka_key, or key_format's columns), or by a column the transform makes"
+        )
 
 
 def null_key_reason(config: PipelineConfig) -> Column | None:
@@ -167,8 +170,7 @@ def files_holding(table: DeltaTable, keys: pa.Table, config: PipelineConfig) -> 
         return []
     partition_by = set(config.sink.partition_by)
     values = {c: values_of(keys.column(c).to_pylist()) for c in config.sink.key}
-    return [f for f in files
-            if all(may_hold_any(f, c, values[c], partitioned=c in partition_by) for c in config.sink.key)]
+    return [f for f in files if all(may_hold_any(f, c, values[c], partitioned=c in partition_by) for c in config.sink.key)]
 
 
 # ---- the merge ----------------------------------------------------------------------------------
@@ -201,8 +203,14 @@ class MergedRows:
     lost_state: list[dict[str, Any]]  # per topic-partition: TOPIC, PARTITION, count, and one row's key + OFFSET
 
 
-def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable | None, states: DataFrame,
-                files: list[dict[str, Any]], replaces: Selection | None = None) -> MergedRows:
+def merged_rows(
+    spark: SparkSession,
+    config: PipelineConfig,
+    table: DeltaTable | None,
+    states: DataFrame,
+    files: list[dict[str, Any]],
+    replaces: Selection | None = None,
+) -> MergedRows:
     """Every state row of ``files`` with the batch's ``states`` (``last_per_partition``, with
     CHANGE) applied, and each touched key's visible row chosen again (invariant 13).
 
@@ -228,8 +236,7 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     stored = None
     if table is not None and files:
         # the stored rows in the sink's schema with the batch's new nested fields (null in old files)
-        schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC",
-                                                                  prefers_large_types=False)).merged
+        schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC", prefers_large_types=False)).merged
         stored = staging.read_files(spark, config.layout.sink, files, _spark_safe(schema), config.sink.partition_by)
     have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
     new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
@@ -240,23 +247,41 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
 
     def struct(frame: DataFrame) -> Column:
         present = set(frame.columns)
-        return F.struct(*[(staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c]) if c in present
-                           else F.lit(None).cast(types[c])).alias(c) for c in order])
+        return F.struct(
+            *[
+                (
+                    staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c])
+                    if c in present
+                    else F.lit(None).cast(types[c])
+                ).alias(c)
+                for c in order
+            ]
+        )
 
     def epoch(state: Column) -> Column:  # a record's topic epoch (invariant 16; null: epoch 0)
         return F.coalesce(state[TOPIC_EPOCH], F.lit(0)) if TOPIC_EPOCH in types else F.lit(0)
 
     later = F.col(LATER) if LATER in states.columns else F.lit(False)
-    b = states.select(*[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"),
-                      (F.col(CHANGE) == DELETE).alias("_b_delete"), later.alias("_b_later"))
+    b = states.select(
+        *[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"), (F.col(CHANGE) == DELETE).alias("_b_delete"), later.alias("_b_later")
+    )
     if stored is None:  # nothing stored: an empty frame of the same shape keeps one code path
-        s = b.select(*where, F.col("_b").alias("_s"), F.lit(False).alias("_s_delete"), F.lit(False).alias("_s_visible"),
-                     F.lit(False).alias("_s_replaced")).where(F.lit(False))
+        s = b.select(
+            *where,
+            F.col("_b").alias("_s"),
+            F.lit(False).alias("_s_delete"),
+            F.lit(False).alias("_s_visible"),
+            F.lit(False).alias("_s_replaced"),
+        ).where(F.lit(False))
     else:
         hidden = F.col(HIDDEN) if HIDDEN in have else F.lit(None).cast("string")
-        s = stored.select(*[F.col(f"`{c}`") for c in where], struct(stored).alias("_s"),
-                          F.coalesce(hidden == DELETED, F.lit(False)).alias("_s_delete"), hidden.isNull().alias("_s_visible"),
-                          (replaces.spark() if replaces is not None else F.lit(False)).alias("_s_replaced"))
+        s = stored.select(
+            *[F.col(f"`{c}`") for c in where],
+            struct(stored).alias("_s"),
+            F.coalesce(hidden == DELETED, F.lit(False)).alias("_s_delete"),
+            hidden.isNull().alias("_s_visible"),
+            (replaces.spark() if replaces is not None else F.lit(False)).alias("_s_replaced"),
+        )
     joined = b.join(s, where, "full_outer")
     bt, st = F.col("_b"), F.col("_s")
     replaced = F.coalesce(F.col("_s_replaced"), F.lit(False))
@@ -270,19 +295,29 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
         *where,
         F.when(take_b, bt).when(lost, F.lit(None)).otherwise(st).alias("_state"),
         F.when(take_b, F.col("_b_delete")).otherwise(F.coalesce(F.col("_s_delete"), F.lit(False))).alias("_delete"),
-        take_b.alias("_from_batch"), ((bt.isNotNull() & ~F.col("_b_later")) | lost).alias("_in_batch"),
-        F.coalesce(F.col("_s_visible"), F.lit(False)).alias("_was_visible"), lost.alias("_lost"),
-        st[OFFSET].alias("_stored_offset"))
+        take_b.alias("_from_batch"),
+        ((bt.isNotNull() & ~F.col("_b_later")) | lost).alias("_in_batch"),
+        F.coalesce(F.col("_s_visible"), F.lit(False)).alias("_was_visible"),
+        lost.alias("_lost"),
+        st[OFFSET].alias("_stored_offset"),
+    )
     state, delete, from_batch = F.col("_state"), F.col("_delete"), F.col("_from_batch")
     far_past = F.lit("0001-01-01 00:00:00").cast("timestamp")
     per_key = Window.partitionBy(*[F.col(f"`{c}`") for c in key])
-    newest = per_key.orderBy(state.isNotNull().desc(), F.coalesce(state[TIMESTAMP], far_past).desc(),
-                             state[TOPIC].desc(), state[PARTITION].desc(), epoch(state).desc(), state[OFFSET].desc())
+    newest = per_key.orderBy(
+        state.isNotNull().desc(),
+        F.coalesce(state[TIMESTAMP], far_past).desc(),
+        state[TOPIC].desc(),
+        state[PARTITION].desc(),
+        epoch(state).desc(),
+        state[OFFSET].desc(),
+    )
     joined = joined.withColumn("_first", F.row_number().over(newest) == 1)
     winner = F.col("_first") & state.isNotNull()
     visible = winner & ~delete
     joined = joined.select(
-        "*", visible.alias("_visible"),
+        "*",
+        visible.alias("_visible"),
         F.max(F.col("_in_batch")).over(per_key).alias("_touched"),
         F.max(F.col("_was_visible")).over(per_key).alias("_before"),
         F.max(visible).over(per_key).alias("_after"),
@@ -296,7 +331,8 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
     updated = once & before & after & (F.col("_batch_won") | ~F.col("_kept_visible"))
     live = F.col("_state").isNotNull()
     found = joined.agg(
-        F.sum(inserted.cast("long")).alias("inserted"), F.sum(updated.cast("long")).alias("updated"),
+        F.sum(inserted.cast("long")).alias("inserted"),
+        F.sum(updated.cast("long")).alias("updated"),
         F.sum(deleted.cast("long")).alias("deleted"),
         F.sum((once & ~inserted & ~deleted & ~updated & ~F.col("_batch_won")).cast("long")).alias("older"),
         F.sum((live & ~touched).cast("long")).alias("kept"),
@@ -304,21 +340,28 @@ def merged_rows(spark: SparkSession, config: PipelineConfig, table: DeltaTable |
         F.sum(live.cast("long")).alias("written"),
     ).first()
     assert found is not None
-    counts = MergeCounts(inserted=int(found["inserted"] or 0), updated=int(found["updated"] or 0),
-                         deleted=int(found["deleted"] or 0), older=int(found["older"] or 0),
-                         files_rewritten=len(files), rows_rewritten=int(found["kept"] or 0),
-                         hidden=int(found["hidden"] or 0))
+    counts = MergeCounts(
+        inserted=int(found["inserted"] or 0),
+        updated=int(found["updated"] or 0),
+        deleted=int(found["deleted"] or 0),
+        older=int(found["older"] or 0),
+        files_rewritten=len(files),
+        rows_rewritten=int(found["kept"] or 0),
+        hidden=int(found["hidden"] or 0),
+    )
     example = F.first(F.struct(*[F.col(f"`{c}`") for c in key], F.col("_stored_offset").alias(OFFSET)))
-    lost_state = [{TOPIC: r[TOPIC], PARTITION: r[PARTITION], "count": r["count"], **r["example"].asDict()}
-                  for r in joined.where(F.col("_lost")).groupBy(TOPIC, PARTITION)
-                  .agg(F.count("*").alias("count"), example.alias("example")).collect()]
+    lost_state = [
+        {TOPIC: r[TOPIC], PARTITION: r[PARTITION], "count": r["count"], **r["example"].asDict()}
+        for r in joined.where(F.col("_lost")).groupBy(TOPIC, PARTITION).agg(F.count("*").alias("count"), example.alias("example")).collect()
+    ]
     hidden_as = F.when(F.col("_visible"), F.lit(None)).when(delete, F.lit(DELETED)).otherwise(F.lit(SUPERSEDED))
     rows = joined.where(live).select(state.withField(HIDDEN, hidden_as).alias("_row")).select("_row.*")
     return MergedRows(rows, counts, int(found["written"] or 0), [joined], lost_state)
 
 
-def refuse_lost_state(config: PipelineConfig, plan: BatchPlan, lost_state: list[dict[str, Any]],
-                      log_starts: dict[tuple[str, int], PartitionOffsets]) -> None:
+def refuse_lost_state(
+    config: PipelineConfig, plan: BatchPlan, lost_state: list[dict[str, Any]], log_starts: dict[tuple[str, int], PartitionOffsets]
+) -> None:
     """Raise BackfillParamsError if a key's state row came from a record ``plan`` reprocesses that
     no longer gives a row (now a dead letter, or filtered) and the range holds no other record of
     that key in that topic-partition, unless the range starts at the partition's log start: the
@@ -327,8 +370,9 @@ def refuse_lost_state(config: PipelineConfig, plan: BatchPlan, lost_state: list[
     Where the range starts at the log start, Kafka holds no earlier record of the key there, and
     the key has no state row in that topic-partition (what one pass over today's topic gives)."""
     starts = {(r.topic, r.partition): r.start for r in plan.ranges}
-    blocking = [row for row in lost_state
-                if starts.get((row[TOPIC], row[PARTITION]), 0) > log_starts[(row[TOPIC], row[PARTITION])].log_start]
+    blocking = [
+        row for row in lost_state if starts.get((row[TOPIC], row[PARTITION]), 0) > log_starts[(row[TOPIC], row[PARTITION])].log_start
+    ]
     if not blocking:
         return
     first = blocking[0]
@@ -342,11 +386,13 @@ def refuse_lost_state(config: PipelineConfig, plan: BatchPlan, lost_state: list[
         f"in {topic}[{partition}]{f' ({more} more such keys)' if more else ''}. The key's row "
         f"would have to come from its last record before offset {starts[(topic, partition)]}, which this backfill does "
         f"not read. Nothing was committed. Way forward: backfill {topic}[{partition}] from its log start (offset "
-        f"{log_starts[(topic, partition)].log_start})")
+        f"{log_starts[(topic, partition)].log_start})"
+    )
 
 
 def _spark_safe(schema: pa.Schema) -> pa.Schema:
     """The table's schema with the types Spark takes from Arrow (large/view strings as strings)."""
+
     def plain(t: pa.DataType) -> pa.DataType:
         if pa.types.is_large_string(t) or pa.types.is_string_view(t):
             return pa.string()

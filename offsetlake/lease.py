@@ -69,8 +69,7 @@ class LeaseState:
         return self.state == HELD and (now or datetime.now(UTC)) < self.expires
 
     def describe(self) -> str:
-        return (f"stream {self.owner} ({self.label}), last heartbeat {self.heartbeat_at}, "
-                f"lease expires {self.expires_at}")
+        return f"stream {self.owner} ({self.label}), last heartbeat {self.heartbeat_at}, lease expires {self.expires_at}"
 
     def as_dict(self) -> dict:
         return {**asdict(self), "live": self.live()}
@@ -152,11 +151,24 @@ class StreamLease:
                     table = self._create()
                 if self._write(table, current, HELD, acquired=True):
                     if current is not None and current.state == HELD:
-                        log_line(log, "lease", f"took over the expired lease of {current.describe()}",
-                                 level=logging.WARNING, pipeline=self.config.name, owner=self.owner)
+                        log_line(
+                            log,
+                            "lease",
+                            f"took over the expired lease of {current.describe()}",
+                            level=logging.WARNING,
+                            pipeline=self.config.name,
+                            owner=self.owner,
+                        )
                     assert self.state is not None  # _write set it
-                    log_line(log, "lease", "acquired", pipeline=self.config.name, owner=self.owner,
-                             generation=self.state.generation, ttl_s=self.ttl)
+                    log_line(
+                        log,
+                        "lease",
+                        "acquired",
+                        pipeline=self.config.name,
+                        owner=self.owner,
+                        generation=self.state.generation,
+                        ttl_s=self.ttl,
+                    )
                     return self.state
                 continue  # another process changed the lease between our read and write
             if time.monotonic() >= deadline:
@@ -165,17 +177,26 @@ class StreamLease:
                     f"for it to stop or expire. Stop that stream first (at most one stream per pipeline)"
                 )
             if announced != current.owner:
-                log_line(log, "lease", f"waiting up to {deadline - time.monotonic():.0f} s for {current.describe()} "
-                         "to release or expire", level=logging.WARNING, pipeline=self.config.name)
+                log_line(
+                    log,
+                    "lease",
+                    f"waiting up to {deadline - time.monotonic():.0f} s for {current.describe()} to release or expire",
+                    level=logging.WARNING,
+                    pipeline=self.config.name,
+                )
                 announced = current.owner
             time.sleep(min(1.0, max(0.1, deadline - time.monotonic())))
 
     def _create(self) -> DeltaTable:
         try:
-            storage.create_table(self.path, pa.schema([("unused", pa.int8())]), mode="ignore",
-                                 description=f"offsetlake stream lease of pipeline {self.config.name}",
-                                 configuration=_TABLE_CONFIG)
-        except Exception:  # noqa: BLE001 - a concurrent create; the open decides
+            storage.create_table(
+                self.path,
+                pa.schema([("unused", pa.int8())]),
+                mode="ignore",
+                description=f"offsetlake stream lease of pipeline {self.config.name}",
+                configuration=_TABLE_CONFIG,
+            )
+        except Exception:
             if storage.open_table(self.path) is None:
                 raise
         return storage.table(self.path)
@@ -185,7 +206,11 @@ class StreamLease:
         now = datetime.now(UTC)
         generation = (previous.generation if previous else 0) + 1
         new = LeaseState(
-            pipeline=self.config.name, owner=self.owner, label=self.label, state=state, generation=generation,
+            pipeline=self.config.name,
+            owner=self.owner,
+            label=self.label,
+            state=state,
+            generation=generation,
             acquired_at=now.isoformat() if acquired or self.state is None else self.state.acquired_at,
             heartbeat_at=now.isoformat(),
             expires_at=(now + timedelta(seconds=self.ttl)).isoformat() if state == HELD else now.isoformat(),
@@ -193,10 +218,13 @@ class StreamLease:
         )
         try:
             table.create_write_transaction(
-                [], mode="append", schema=table.schema(),
+                [],
+                mode="append",
+                schema=table.schema(),
                 commit_properties=CommitProperties(
                     custom_metadata={"userMetadata": json.dumps(asdict(new), separators=(",", ":"))},
-                    app_transactions=[Transaction(_APP_ID, generation)], max_commit_retries=3,
+                    app_transactions=[Transaction(_APP_ID, generation)],
+                    max_commit_retries=3,
                 ),
                 post_commithook_properties=PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=True),
             )
@@ -220,8 +248,7 @@ class StreamLease:
                 self._lose("another process changed it while this stream renewed it")
 
     def _lose(self, why: str) -> NoReturn:
-        self.lost = (f"pipeline {self.config.name}: stream {self.owner} lost its lease ({why}); "
-                     f"it stops without committing again")
+        self.lost = f"pipeline {self.config.name}: stream {self.owner} lost its lease ({why}); it stops without committing again"
         log_line(log, "lease", self.lost, level=logging.ERROR)
         raise LeaseLostError(self.lost)
 
@@ -234,15 +261,15 @@ class StreamLease:
 
     def start_heartbeats(self) -> None:
         """Renew every third of the TTL in a background thread, so long batches keep the lease."""
+
         def beat() -> None:
             while not self._stop.wait(self.ttl / 3):
                 try:
                     self.heartbeat()
                 except LeaseLostError:
                     return
-                except Exception as err:  # noqa: BLE001 - storage hiccup: retry until the lease expires
-                    log_line(log, "lease", "heartbeat failed, retrying", level=logging.WARNING,
-                             pipeline=self.config.name, reason=str(err))
+                except Exception as err:
+                    log_line(log, "lease", "heartbeat failed, retrying", level=logging.WARNING, pipeline=self.config.name, reason=str(err))
 
         self._thread = threading.Thread(target=beat, name="offsetlake-lease", daemon=True)
         self._thread.start()

@@ -118,7 +118,11 @@ class Ledger:
         self._append(for_plan(plan).ledger_rows(PLANNED, duration_ms=None))
 
     def record_outcome(
-        self, plan: BatchPlan, status: BatchStatus, message: str | None = None, duration_ms: int | None = None,
+        self,
+        plan: BatchPlan,
+        status: BatchStatus,
+        message: str | None = None,
+        duration_ms: int | None = None,
         validation: dict | None = None,
     ) -> None:
         """A batch that did not commit: ``failed`` (why, and its validation summary) or ``superseded``."""
@@ -171,8 +175,7 @@ class Ledger:
         final: dict[str, list[BatchStatus]] = {}
         for row in _best_outcomes(events):
             final.setdefault(row["batch_id"], []).append(BatchStatus(row["status"]))
-        usable = {b for b, states in final.items()
-                  if not any(s in (SUPERSEDED, REWOUND) for s in states)}
+        usable = {b for b, states in final.items() if not any(s in (SUPERSEDED, REWOUND) for s in states)}
         planned = [r for r in events if r["status"] == PLANNED and r["batch_id"] in usable]
         if not planned:
             return None
@@ -186,8 +189,9 @@ class Ledger:
         return _plan_from_rows(rows, self.pipeline) if rows else None
 
     # ---- reconciliation ------------------------------------------------------------------
-    def reconcile(self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None],
-                  abandon_after_s: float = ABANDON_AFTER_S) -> int:
+    def reconcile(
+        self, sink_commits: list[SinkCommit], committed_end: Callable[[str, int], int | None], abandon_after_s: float = ABANDON_AFTER_S
+    ) -> int:
         """Make the ledger agree with the sink; returns the number of rows appended.
 
         Adds ``committed`` rows for sink commits the ledger lacks (a crash after the commit
@@ -203,7 +207,8 @@ class Ledger:
         status = events["status"]
         # batches whose every (topic, partition) has a committed or gap event (the top rank)
         flagged = events.select(["batch_id", "topic", "partition"]).append_column(
-            "done", pc.is_in(status, pa.array([str(COMMITTED), str(GAP)])))
+            "done", pc.is_in(status, pa.array([str(COMMITTED), str(GAP)]))
+        )
         per_tp = flagged.group_by(["batch_id", "topic", "partition"]).aggregate([("done", "max")])
         per_batch = per_tp.group_by("batch_id").aggregate([("done_max", "min")])
         complete = set(per_batch.filter(per_batch["done_max_min"])["batch_id"].to_pylist())
@@ -244,11 +249,16 @@ class Ledger:
         that have no outcome and were planned more than ``abandon_after_s`` ago."""
         now = datetime.now(UTC)
         forward = {str(k) for k in OFFSET_MOVING_KINDS}
-        planned = [r for r in events.filter(pc.equal(events["status"], str(PLANNED))).to_pylist()
-                   if r["batch_id"] not in decided and r["kind"] not in forward]
+        planned = [
+            r
+            for r in events.filter(pc.equal(events["status"], str(PLANNED))).to_pylist()
+            if r["batch_id"] not in decided and r["kind"] not in forward
+        ]
         stale = [r for r in planned if r["planned_at"] is None or (now - r["planned_at"]).total_seconds() >= abandon_after_s]
-        message = ("failed: no outcome was recorded and nothing of it was committed; the process running it stopped "
-                   "(killed?) before its commit. Run it again (Airflow: clear the dag run) if it is still wanted")
+        message = (
+            "failed: no outcome was recorded and nothing of it was committed; the process running it stopped "
+            "(killed?) before its commit. Run it again (Airflow: clear the dag run) if it is still wanted"
+        )
         return [{**r, "status": str(FAILED), "message": message, "recorded_at": now} for r in stale]
 
     def compact_if_fragmented(self, max_files: int = COMPACT_AFTER_FILES) -> bool:
@@ -270,10 +280,14 @@ class Ledger:
         try:
             metrics = table.optimize.compact(partition_filters=mine)
         except (CommitFailedError, DeltaError) as err:
-            log.info("ledger compaction skipped pipeline=%s reason=\"%s\"", self.pipeline, str(err).splitlines()[0])
+            log.info('ledger compaction skipped pipeline=%s reason="%s"', self.pipeline, str(err).splitlines()[0])
             return False
-        log.info("ledger compacted pipeline=%s files_removed=%s files_added=%s", self.pipeline,
-                 metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+        log.info(
+            "ledger compacted pipeline=%s files_removed=%s files_added=%s",
+            self.pipeline,
+            metrics.get("numFilesRemoved"),
+            metrics.get("numFilesAdded"),
+        )
         return True
 
     def rebuild(self, sink_commits: list[SinkCommit]) -> int:
@@ -352,8 +366,9 @@ def rewound_rows(commits: list[SinkCommit]) -> list[dict]:
             continue
         entry = rewind.entry
         assert isinstance(entry, RewindEntry)  # rewound_batches names rewind commits only
-        message = (f"rewound by {entry.batch_id} (sink version {rewind.version}) to batch {entry.to_batch}: "
-                   f"{entry.reason or 'no reason given'}")
+        message = (
+            f"rewound by {entry.batch_id} (sink version {rewind.version}) to batch {entry.to_batch}: {entry.reason or 'no reason given'}"
+        )
         commit = by_id[batch_id]
         rows.extend(commit.entry.ledger_rows(REWOUND, commit.version, recorded_at=entry.committed_time, message=message))
     return rows
@@ -380,8 +395,15 @@ def summarize_batch(rows: list[dict]) -> dict[str, Any]:
         "duration_ms": first["duration_ms"],
         "sink_version": max(versions) if versions else None,
         "ranges": [
-            {"topic": r["topic"], "partition": r["partition"], "start": r["start_offset"], "end": r["end_offset"],
-             "records_read": r["records_read"], "rows_written": r["rows_written"], "dead_letters": r["dead_letters"]}
+            {
+                "topic": r["topic"],
+                "partition": r["partition"],
+                "start": r["start_offset"],
+                "end": r["end_offset"],
+                "records_read": r["records_read"],
+                "rows_written": r["rows_written"],
+                "dead_letters": r["dead_letters"],
+            }
             for r in rows
         ],
         "offsets": sum(r["end_offset"] - r["start_offset"] for r in rows),
@@ -414,8 +436,17 @@ def validation_digest(raw: str | None) -> dict | None:
         summary = json.loads(raw)
     except ValueError:
         return {"outcome": "unreadable", "failures": []}
-    keep = ("expectation", "type", "row_level", "element_count", "unexpected_count", "unexpected_percent",
-            "observed_value", "examples", "error")
+    keep = (
+        "expectation",
+        "type",
+        "row_level",
+        "element_count",
+        "unexpected_count",
+        "unexpected_percent",
+        "observed_value",
+        "examples",
+        "error",
+    )
     return {
         "outcome": summary.get("outcome"),
         "suite": summary.get("suite"),

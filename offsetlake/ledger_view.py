@@ -53,10 +53,18 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     for (topic, p), o in sorted(offsets.items()):
         committed = ends[(topic, p)]
         lag = o.last_stable - (committed if committed is not None else o.log_start)
-        rows.append({"topic": o.topic, "partition": p, "committed_end": committed, "log_start": o.log_start,
-                     "last_stable": o.last_stable, "lag": max(lag, 0),
-                     "lost": committed is not None and committed < o.log_start,
-                     "removed_before_start": o.log_start if committed is None else 0})
+        rows.append(
+            {
+                "topic": o.topic,
+                "partition": p,
+                "committed_end": committed,
+                "log_start": o.log_start,
+                "last_stable": o.last_stable,
+                "lag": max(lag, 0),
+                "lost": committed is not None and committed < o.log_start,
+                "removed_before_start": o.log_start if committed is None else 0,
+            }
+        )
     return rows
 
 
@@ -90,9 +98,15 @@ def _headline(config: PipelineConfig, batches: list[dict]) -> dict:
         "pipeline": config.name,
         "topic": config.topic_label,
         "last_commit_at": max(committed) if committed else None,
-        "last_batch": None if last is None else {
-            "batch_id": last["batch_id"], "kind": last["kind"], "status": last["status"], "planned_at": last["planned_at"],
-            "validation": (last["validation"] or {}).get("outcome"), "message": last["message"],
+        "last_batch": None
+        if last is None
+        else {
+            "batch_id": last["batch_id"],
+            "kind": last["kind"],
+            "status": last["status"],
+            "planned_at": last["planned_at"],
+            "validation": (last["validation"] or {}).get("outcome"),
+            "message": last["message"],
         },
     }
 
@@ -120,9 +134,19 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
         "batch_count": len(batches),
         "batches": batches[:limit] if limit else batches,
         "gaps": [
-            {"batch_id": b["batch_id"], "topic": r["topic"], "partition": r["partition"], "start": r["start"],
-             "end": r["end"], "recorded_at": b["recorded_at"], "sink_version": b["sink_version"], "message": b["message"]}
-            for b in batches if b["kind"] == BatchKind.GAP for r in b["ranges"]
+            {
+                "batch_id": b["batch_id"],
+                "topic": r["topic"],
+                "partition": r["partition"],
+                "start": r["start"],
+                "end": r["end"],
+                "recorded_at": b["recorded_at"],
+                "sink_version": b["sink_version"],
+                "message": b["message"],
+            }
+            for b in batches
+            if b["kind"] == BatchKind.GAP
+            for r in b["ranges"]
         ],
     }
 
@@ -139,10 +163,19 @@ def pipelines_overview(names: list[str], load: Callable[[str], PipelineConfig]) 
     for name in names:
         try:
             overview.append(pipeline_overview(load(name)))
-        except Exception as err:  # noqa: BLE001 - one broken pipeline must not hide the others
+        except Exception as err:
             reason = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
-            overview.append({"pipeline": name, "topic": None, "last_commit_at": None, "last_batch": None,
-                             "total_lag": None, "kafka_error": None, "error": reason})
+            overview.append(
+                {
+                    "pipeline": name,
+                    "topic": None,
+                    "last_commit_at": None,
+                    "last_batch": None,
+                    "total_lag": None,
+                    "kafka_error": None,
+                    "error": reason,
+                }
+            )
     return overview
 
 
@@ -167,10 +200,16 @@ def pipeline_metrics(config: PipelineConfig) -> dict:
         "partitions": detail["partitions"],
         "kafka_error": detail["kafka_error"],
         "last_commit_at": detail["last_commit_at"],
-        "last_batch": None if last is None else {
-            "batch_id": last["batch_id"], "kind": last["kind"], "status": last["status"],
-            "records": last["records_read"] or 0, "rows": last["rows_written"] or 0,
-            "dead_letters": last["dead_letters"] or 0, "duration_ms": last["duration_ms"],
+        "last_batch": None
+        if last is None
+        else {
+            "batch_id": last["batch_id"],
+            "kind": last["kind"],
+            "status": last["status"],
+            "records": last["records_read"] or 0,
+            "rows": last["rows_written"] or 0,
+            "dead_letters": last["dead_letters"] or 0,
+            "duration_ms": last["duration_ms"],
         },
         "batches_by_status": statuses,
         "batches_by_validation": outcomes,

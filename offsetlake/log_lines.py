@@ -39,8 +39,13 @@ def format_line(step: str, message: str | None = None, plan: BatchPlan | None = 
 
 
 def log_line(
-    logger: logging.Logger, step: str, message: str | None = None, *, plan: BatchPlan | None = None,
-    level: int = logging.INFO, **fields: object,
+    logger: logging.Logger,
+    step: str,
+    message: str | None = None,
+    *,
+    plan: BatchPlan | None = None,
+    level: int = logging.INFO,
+    **fields: object,
 ) -> None:
     if logger.isEnabledFor(level):
         logger.log(level, format_line(step, message, plan, **fields))

@@ -96,8 +96,7 @@ def _maintain_table(
         report.compacted_from, report.compacted_into = metrics["numFilesRemoved"], metrics["numFilesAdded"]
     except (CommitFailedError, DeltaError) as err:  # a concurrent backfill replaced files we were compacting
         report.skipped = str(err).splitlines()[0]
-        log_line(log, "maintenance", "compaction skipped", level=logging.WARNING, pipeline=config.name, table=label,
-                 reason=report.skipped)
+        log_line(log, "maintenance", "compaction skipped", level=logging.WARNING, pipeline=config.name, table=label, reason=report.skipped)
     table.update_incremental()
     table.create_checkpoint()
     report.checkpoint_version = table.version()
@@ -105,11 +104,19 @@ def _maintain_table(
         # full: also files no commit ever referenced (staged by attempts that died), once older
         # than the retention; enforce_retention_duration=False lets a retention below the
         # table's 7-day default through (never below MIN_RETENTION_HOURS, checked above).
-        report.vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False,
-                                           enforce_retention_duration=False, full=True))
+        report.vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True))
     report.files_after = len(table.file_uris(file_pruning_predicate=mine))
     report.duration_ms = int((time.monotonic() - started) * 1000)
-    log_line(log, "maintenance", pipeline=config.name, table=label, files_before=report.files_before,
-             files_after=report.files_after, compacted=f"{report.compacted_from}->{report.compacted_into}",
-             checkpoint_version=report.checkpoint_version, vacuumed=report.vacuumed, duration_ms=report.duration_ms)
+    log_line(
+        log,
+        "maintenance",
+        pipeline=config.name,
+        table=label,
+        files_before=report.files_before,
+        files_after=report.files_after,
+        compacted=f"{report.compacted_from}->{report.compacted_into}",
+        checkpoint_version=report.checkpoint_version,
+        vacuumed=report.vacuumed,
+        duration_ms=report.duration_ms,
+    )
     return report

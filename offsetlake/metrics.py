@@ -39,14 +39,22 @@ class _Pipelines:
 
         up = _gauge("pipeline_up", "1 if the pipeline's sink, ledger and lease could be read", ["pipeline"])
         kafka_up = _gauge("kafka_up", "1 if the broker answered for the pipeline's partitions", ["pipeline"])
-        lag = _gauge("lag_records", "Last stable offset minus committed end: records in Kafka not yet in the sink",
-                     ["pipeline", "topic", "partition"])
-        committed = _gauge("committed_end_offset", "Exclusive end offset committed to the sink (its Delta txn version)",
-                           ["pipeline", "topic", "partition"])
-        lso = _gauge("last_stable_offset", "The partition's last stable offset (what read_committed can read)",
-                     ["pipeline", "topic", "partition"])
-        lost = _gauge("offsets_lost", "1 if offsets above the committed end are gone from Kafka (retention, deletes)",
-                      ["pipeline", "topic", "partition"])
+        lag = _gauge(
+            "lag_records",
+            "Last stable offset minus committed end: records in Kafka not yet in the sink",
+            ["pipeline", "topic", "partition"],
+        )
+        committed = _gauge(
+            "committed_end_offset", "Exclusive end offset committed to the sink (its Delta txn version)", ["pipeline", "topic", "partition"]
+        )
+        lso = _gauge(
+            "last_stable_offset", "The partition's last stable offset (what read_committed can read)", ["pipeline", "topic", "partition"]
+        )
+        lost = _gauge(
+            "offsets_lost",
+            "1 if offsets above the committed end are gone from Kafka (retention, deletes)",
+            ["pipeline", "topic", "partition"],
+        )
         last_commit = _gauge("last_commit_timestamp_seconds", "When the last batch committed (Unix time)", ["pipeline"])
         since = _gauge("seconds_since_last_commit", "Seconds since the last batch committed", ["pipeline"])
         records = _gauge("last_batch_records", "Records read by the latest batch", ["pipeline", "kind", "status"])
@@ -54,15 +62,17 @@ class _Pipelines:
         dead = _gauge("last_batch_dead_letters", "Dead letters of the latest batch", ["pipeline", "kind", "status"])
         duration = _gauge("last_batch_duration_seconds", "Duration of the latest batch", ["pipeline", "kind", "status"])
         batches = _gauge("batches", "Ledger batches by their final status", ["pipeline", "status"])
-        validated = _gauge("validated_batches", "Ledger batches by validation outcome (quarantined: failing records "
-                           "went to dead letters)", ["pipeline", "outcome"])
-        lease = _gauge("stream_lease_live", "1 while a live stream owns the pipeline, with its owner",
-                       ["pipeline", "owner"])
+        validated = _gauge(
+            "validated_batches",
+            "Ledger batches by validation outcome (quarantined: failing records went to dead letters)",
+            ["pipeline", "outcome"],
+        )
+        lease = _gauge("stream_lease_live", "1 while a live stream owns the pipeline, with its owner", ["pipeline", "owner"])
         now = datetime.now(UTC)
         for name in self.names:
             try:
                 m = pipeline_metrics(self.load(name))
-            except Exception:  # noqa: BLE001 - one broken pipeline must not hide the others
+            except Exception:
                 up.add_metric([name], 0)
                 continue
             up.add_metric([name], 1)
@@ -92,8 +102,7 @@ class _Pipelines:
                 validated.add_metric([name, outcome], m["batches_by_validation"].get(outcome, 0))
             held = m["stream_lease"]
             lease.add_metric([name, held["owner"] if held else ""], 1 if held and held["live"] else 0)
-        yield from (up, kafka_up, lag, committed, lso, lost, last_commit, since, records, rows, dead, duration,
-                    batches, validated, lease)
+        yield from (up, kafka_up, lag, committed, lso, lost, last_commit, since, records, rows, dead, duration, batches, validated, lease)
 
 
 def prometheus_text(names: list[str], load: Callable[[str], PipelineConfig]) -> bytes:

@@ -84,8 +84,12 @@ class BatchStatus(StrEnum):
 
 
 _RANK = {
-    BatchStatus.PLANNED: 0, BatchStatus.FAILED: 1, BatchStatus.SUPERSEDED: 2,
-    BatchStatus.COMMITTED: 3, BatchStatus.GAP: 3, BatchStatus.REWOUND: 4,
+    BatchStatus.PLANNED: 0,
+    BatchStatus.FAILED: 1,
+    BatchStatus.SUPERSEDED: 2,
+    BatchStatus.COMMITTED: 3,
+    BatchStatus.GAP: 3,
+    BatchStatus.REWOUND: 4,
 }
 
 
@@ -157,9 +161,15 @@ class ReaderSchema:
     def from_dict(data: dict | None) -> ReaderSchema | None:
         if not data:
             return None
-        return ReaderSchema(source=str(data["source"]), fingerprint=str(data["fingerprint"]), subject=data.get("subject"),
-                            version=data.get("version"), id=data.get("id"), text=data.get("text"),
-                            key=ReaderSchema.from_dict(data.get("key")))
+        return ReaderSchema(
+            source=str(data["source"]),
+            fingerprint=str(data["fingerprint"]),
+            subject=data.get("subject"),
+            version=data.get("version"),
+            id=data.get("id"),
+            text=data.get("text"),
+            key=ReaderSchema.from_dict(data.get("key")),
+        )
 
 
 @dataclass(frozen=True)
@@ -240,7 +250,6 @@ def ranges_with_counts(plan: BatchPlan, per_range: dict[tuple[str, int], RangeCo
     """The plan's ranges as JSON objects, each with its counts: the shape of a ledger entry's
     ``ranges`` and of a run's summary line."""
     return [
-        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end,
-         **per_range.get((r.topic, r.partition), {})}
+        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, **per_range.get((r.topic, r.partition), {})}
         for r in plan.ranges
     ]

@@ -109,7 +109,8 @@ def check_no_topic_gone(config: PipelineConfig, table: object, present: set[str]
             f"pipeline {config.name}: topic {gone[0]} matches topic_pattern {config.topic_pattern} and has committed "
             f"ranges in the sink, but Kafka does not list it any more{f' ({len(gone) - 1} more)' if len(gone) > 1 else ''}. "
             "Its committed rows and ranges stay in the sink and its history. If it was retired on purpose, narrow "
-            "topic_pattern so it no longer matches it; if it should exist, restore it")
+            "topic_pattern so it no longer matches it; if it should exist, restore it"
+        )
 
 
 def plan_next_batch(
@@ -142,8 +143,9 @@ def plan_next_batch(
                 check_log_start(offsets[key], committed, config.name)
             lost.append(OffsetRange(key[0], key[1], committed, offsets[key].log_start))
     if lost:
-        return BatchPlan(config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run, topic_ids=identity,
-                         sink_table_id=table_id(table))
+        return BatchPlan(
+            config.name, new_batch_id(config.name), BatchKind.GAP, tuple(lost), run, topic_ids=identity, sink_table_id=table_id(table)
+        )
     if end_limit:
         offsets = {
             key: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(key, o.last_stable)))
@@ -155,6 +157,13 @@ def plan_next_batch(
     if all(r.size == 0 for r in ranges) and not anchors:
         return None
     # the reader schema is fixed here, with the ranges (invariant 12)
-    return BatchPlan(config.name, new_batch_id(config.name), kind, tuple(ranges), run,
-                     reader_schema=resolve_reader_schema(config, sink_columns(table)), topic_ids=identity,
-                     sink_table_id=table_id(table))
+    return BatchPlan(
+        config.name,
+        new_batch_id(config.name),
+        kind,
+        tuple(ranges),
+        run,
+        reader_schema=resolve_reader_schema(config, sink_columns(table)),
+        topic_ids=identity,
+        sink_table_id=table_id(table),
+    )

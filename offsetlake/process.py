@@ -66,8 +66,9 @@ class Direct:
             self.undecided = []
 
 
-def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None,
-                   write_in_read: bool = False) -> ProcessedBatch:
+def process_ranges(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None, write_in_read: bool = False
+) -> ProcessedBatch:
     """Read the plan's ranges once, count them, decode, transform, validate (invariant 9), then
     stage their dead letters (undecodable and quarantined records): files no commit names yet,
     that the dead-letter table takes after the batch's sink commit (``offsetlake.dead_letters``).
@@ -96,23 +97,41 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
     decoder.check_types(config.source_file or config.name)  # before anything is read
     keep_raw = _may_dead_letter_good_records(config, suite, decoder)
     client = config.kafka_client_config()
-    read = read_ranges(spark, sized, client, config.name, config.read_timeout_seconds, decoder, headers_of_rows=keep_raw,
-                       max_record_bytes=config.max_record_bytes)
+    read = read_ranges(
+        spark,
+        sized,
+        client,
+        config.name,
+        config.read_timeout_seconds,
+        decoder,
+        headers_of_rows=keep_raw,
+        max_record_bytes=config.max_record_bytes,
+    )
     raw: DataFrame | None = read
     processed = ProcessedBatch(None, [], per_range, timings)
     if write_in_read and sized:
         why_not = direct.problem(config, plan, suite is not None, decoder)
         if why_not is None:
             # the schema the Spark path gives the rows (analysis only, nothing runs)
-            spark_rows = with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw)),
-                                           plan.topic_epochs)
+            spark_rows = with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw)), plan.topic_epochs)
             rows_schema = to_arrow_schema(spark_rows.schema, timezone="UTC", prefers_large_types=False)
             why_not = direct.schema_problem(config, decoder, rows_schema)
         if why_not is None:
             folder = staging_dir(config, plan.batch_id)
-            wrote = direct.read_and_write(spark, sized, client, config.name, config.read_timeout_seconds, decoder,
-                                          rows_schema, config.layout.sink, folder, config.sink.partition_by,
-                                          max_record_bytes=config.max_record_bytes, epochs=plan.topic_epochs)
+            wrote = direct.read_and_write(
+                spark,
+                sized,
+                client,
+                config.name,
+                config.read_timeout_seconds,
+                decoder,
+                rows_schema,
+                config.layout.sink,
+                folder,
+                config.sink.partition_by,
+                max_record_bytes=config.max_record_bytes,
+                epochs=plan.topic_epochs,
+            )
             processed.direct = Direct(config.layout.sink, folder, wrote.files, wrote.undecided)
             processed.rows_schema = rows_schema
             for key, count in wrote.records_read.items():
@@ -138,8 +157,7 @@ def process_ranges(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
             per_range[key]["records_read"] = int(row["records_read"])
         per_range[key]["dead_letters"] = int(row["dead_letters"] or 0)
     records = sum(v["records_read"] for v in per_range.values())
-    timings["read"] = log_step("read", plan, t, records=records,
-                               files=len(processed.direct.files) if processed.direct else None)
+    timings["read"] = log_step("read", plan, t, records=records, files=len(processed.direct.files) if processed.direct else None)
     failpoints.failpoint("after_read")
 
     upsert = config.sink.mode == "upsert"
@@ -186,7 +204,8 @@ def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: Dat
     if plan.window is not None:  # a backfill by time reprocesses only the records of its window
         decoded = decoded.where(
             (F.col("timestamp") >= F.timestamp_millis(F.lit(plan.window.from_ms)))
-            & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms))))
+            & (F.col("timestamp") < F.timestamp_millis(F.lit(plan.window.to_ms)))
+        )
     if not keep_raw:
         # only dead letters and quarantined records need the original bytes: a cache without
         # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
@@ -245,8 +264,9 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
     return any(c in types and pa.types.is_string(types[c]) for c in config.sink.partition_by)
 
 
-def _split_unwritable(config: PipelineConfig, plan: BatchPlan, rows: DataFrame, decoded: DataFrame,
-                      processed: ProcessedBatch) -> tuple[DataFrame, DataFrame | None]:
+def _split_unwritable(
+    config: PipelineConfig, plan: BatchPlan, rows: DataFrame, decoded: DataFrame, processed: ProcessedBatch
+) -> tuple[DataFrame, DataFrame | None]:
     """Rows whose string partition value cannot be a folder name (more than 255 bytes as
     ``column=value`` after Spark's escaping) would fail the whole write, and a keyed sink's row
     without its key has no place; their records become dead letters instead (all rows of such a
@@ -266,11 +286,19 @@ def _split_unwritable(config: PipelineConfig, plan: BatchPlan, rows: DataFrame, 
         value = F.col(f"`{c}`")
         escaped = F.octet_length(value) + 2 * (F.length(value) - F.length(F.regexp_replace(value, pattern, "")))
         size = F.lit(len(c.encode()) + 1) + escaped
-        reasons.append(F.when(F.instr(value, "\u0000") > 0, F.lit(
-            f"partition value of column '{c}' holds a NUL character, which no folder name may")))
-        reasons.append(F.when(size > MAX_FOLDER_NAME_BYTES, F.concat(
-            F.lit(f"partition value of column '{c}' is "), size.cast("string"),
-            F.lit(f" bytes as a folder name ({c}=...); at most {MAX_FOLDER_NAME_BYTES} fit"))))
+        reasons.append(
+            F.when(F.instr(value, "\u0000") > 0, F.lit(f"partition value of column '{c}' holds a NUL character, which no folder name may"))
+        )
+        reasons.append(
+            F.when(
+                size > MAX_FOLDER_NAME_BYTES,
+                F.concat(
+                    F.lit(f"partition value of column '{c}' is "),
+                    size.cast("string"),
+                    F.lit(f" bytes as a folder name ({c}=...); at most {MAX_FOLDER_NAME_BYTES} fit"),
+                ),
+            )
+        )
     flagged = rows.select(*RECORD_KEY, F.coalesce(*reasons).alias("_unwritable")).where(F.col("_unwritable").isNotNull())
     bad = flagged.groupBy(*RECORD_KEY).agg(F.first("_unwritable").alias("_unwritable")).persist()
     processed.cached.append(bad)
@@ -281,14 +309,19 @@ def _split_unwritable(config: PipelineConfig, plan: BatchPlan, rows: DataFrame, 
         processed.per_range[key]["dead_letters"] += count
     log_step("unwritable", plan, time.monotonic(), records=sum(per_partition.values()))
     kept = rows.join(bad.drop("_unwritable"), list(RECORD_KEY), "left_anti")
-    coordinates = bad.select(F.col(TOPIC).alias("topic"), F.col(PARTITION).alias("partition"),
-                             F.col("_kafka_offset").alias("offset"), F.col("_unwritable").alias(REASON))
+    coordinates = bad.select(
+        F.col(TOPIC).alias("topic"),
+        F.col(PARTITION).alias("partition"),
+        F.col("_kafka_offset").alias("offset"),
+        F.col("_unwritable").alias(REASON),
+    )
     records = decoded.drop(REASON).join(coordinates, ["topic", "partition", "offset"])
     return kept, dead_letter_rows(records, config.name, plan.batch_id)
 
 
-def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataFrame, decoded: DataFrame,
-              processed: ProcessedBatch) -> tuple[DataFrame, DataFrame | None]:
+def _validate(
+    config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataFrame, decoded: DataFrame, processed: ProcessedBatch
+) -> tuple[DataFrame, DataFrame | None]:
     """Gate the batch with its suite; returns (rows to write, quarantined dead letters or None)."""
     t = time.monotonic()
     rows = rows.persist()
@@ -297,8 +330,14 @@ def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataF
         validation = validate_rows(rows, suite, config, plan)
     except Exception as err:
         summary = getattr(err, "summary", None)
-        log_step("validate", plan, t, outcome="failed", failed=len(summary["failed"]) if summary else "error",
-                 report=summary.get("report") if summary else None)
+        log_step(
+            "validate",
+            plan,
+            t,
+            outcome="failed",
+            failed=len(summary["failed"]) if summary else "error",
+            report=summary.get("report") if summary else None,
+        )
         raise
     quarantined = None
     if validation.quarantine:
@@ -310,14 +349,25 @@ def _validate(config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataF
     validation.summary["report"] = write_report(config, plan, validation.summary)
     processed.validation = validation.summary
     processed.timings_ms["validate"] = log_step(
-        "validate", plan, t, outcome=validation.summary["outcome"], failed=len(validation.summary["failed"]),
-        quarantined=validation.summary.get("quarantined_records", 0), report=validation.summary["report"],
+        "validate",
+        plan,
+        t,
+        outcome=validation.summary["outcome"],
+        failed=len(validation.summary["failed"]),
+        quarantined=validation.summary.get("quarantined_records", 0),
+        report=validation.summary["report"],
     )
     return rows, quarantined
 
 
-def stage_files(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, rows: DataFrame | None,
-                spark: SparkSession, sort_by: tuple[str, ...] = ()) -> WrittenFiles:
+def stage_files(
+    config: PipelineConfig,
+    plan: BatchPlan,
+    processed: ProcessedBatch,
+    rows: DataFrame | None,
+    spark: SparkSession,
+    sort_by: tuple[str, ...] = (),
+) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
     storage alike); counts the rows written per range of the plan. When the read tasks wrote
@@ -357,8 +407,9 @@ class StagedMerge:
     counts: keyed.MergeCounts
 
 
-def stage_merge(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession,
-                table: Any, later: DataFrame | None = None) -> StagedMerge:
+def stage_merge(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession, table: Any, later: DataFrame | None = None
+) -> StagedMerge:
     """An upsert batch (``offsetlake.keyed``): the last record per key and topic-partition (minus
     those a ``later`` record of their key replaced, for a backfill), the live files of ``table``
     that may hold those keys, and new files holding those files' rows with the batch applied,
@@ -381,16 +432,24 @@ def stage_merge(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
         keyed.refuse_lost_state(config, plan, merged.lost_state, current_offsets(config))
     from pyspark.sql import functions as F
 
-    ordered = merged.rows.repartitionByRange(keyed.file_count(merged.rows_written, config),
-                                             *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]])
-    processed.timings_ms["merge"] = log_step("merge", plan, t, keys=keys.num_rows, files_read=len(removed),
-                                             **{k: v for k, v in merged.counts.as_dict().items() if k != "files_rewritten"})
+    ordered = merged.rows.repartitionByRange(
+        keyed.file_count(merged.rows_written, config), *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]]
+    )
+    processed.timings_ms["merge"] = log_step(
+        "merge",
+        plan,
+        t,
+        keys=keys.num_rows,
+        files_read=len(removed),
+        **{k: v for k, v in merged.counts.as_dict().items() if k != "files_rewritten"},
+    )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
     return StagedMerge(files, removed, merged.counts)
 
 
-def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
-                  ends: dict[tuple[str, int], int | None]) -> DataFrame | None:
+def later_records(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, ends: dict[tuple[str, int], int | None]
+) -> DataFrame | None:
     """For a keyed backfill: the key columns and coordinates of the records after the plan's up
     to the committed ``ends`` (from each range's end; from its start for a backfill by time, whose
     window leaves later records inside the range), read and decoded as the batch's are. A
@@ -412,8 +471,15 @@ def later_records(config: PipelineConfig, plan: BatchPlan, spark: SparkSession,
         return None
     t = time.monotonic()
     decoder = decoder_for(config, plan.reader_schema)
-    raw = read_ranges(spark, ranges, config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder,
-                      max_record_bytes=config.max_record_bytes)
+    raw = read_ranges(
+        spark,
+        ranges,
+        config.kafka_client_config(),
+        config.name,
+        config.read_timeout_seconds,
+        decoder,
+        max_record_bytes=config.max_record_bytes,
+    )
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
     if config.sink.delete_on_tombstone:
         decoded = keyed.mark_tombstones(decoded)

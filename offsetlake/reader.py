@@ -132,8 +132,7 @@ def read_ranges(
     so (``record_size_problems``).
     """
 
-    splits = [(s.topic, s.partition, s.start, s.end) for s in
-              split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
+    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     # one task per split, each finding its split by index: the same plan on a classic session
     # and on Spark Connect (which has no parallelize), and no rows to ship to the JVM
     split_df = spark.range(0, len(splits), numPartitions=max(1, len(splits)))
@@ -154,8 +153,7 @@ def read_ranges(
                 for index in batch.column("id").to_pylist():
                     topic, partition, start, end = splits[index]
                     for chunk in read_range(config, pipeline, topic, partition, start, end, timeout_s):
-                        columns = record_columns(chunk, topic, partition, decoder, headers_of_rows,
-                                                 max_record_bytes=max_record_bytes)
+                        columns = record_columns(chunk, topic, partition, decoder, headers_of_rows, max_record_bytes=max_record_bytes)
                         yield pa.RecordBatch.from_arrays(columns, schema=arrow_schema)
         finally:
             if was_enabled:
@@ -164,14 +162,16 @@ def read_ranges(
     return split_df.mapInArrow(consume, spark_schema)
 
 
-def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder, *,
-                  max_record_bytes: int) -> DataFrame:
+def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder, *, max_record_bytes: int) -> DataFrame:
     """Records already consumed in the driver ((topic, partition, messages)) as the DataFrame a
     read task would have made of them: RAW_SCHEMA plus what the decoder decides in the tasks."""
     arrow_schema, schema = read_schemas(decoder)
-    batches = [pa.RecordBatch.from_arrays(record_columns(messages, topic, partition, decoder,
-                                                         max_record_bytes=max_record_bytes), schema=arrow_schema)
-               for topic, partition, messages in chunks]
+    batches = [
+        pa.RecordBatch.from_arrays(
+            record_columns(messages, topic, partition, decoder, max_record_bytes=max_record_bytes), schema=arrow_schema
+        )
+        for topic, partition, messages in chunks
+    ]
     table = pa.Table.from_batches(batches, schema=arrow_schema).combine_chunks()
     return spark.createDataFrame(table, schema=schema)
 
@@ -202,16 +202,18 @@ def read_schemas(decoder: Decoder | None) -> tuple[pa.Schema, StructType]:
     return arrow_schema, StructType([*RAW_SCHEMA.fields, *(StructField(f.name, from_arrow_type(f.type)) for f in extra)])
 
 
-def record_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
-                   headers_of_rows: bool = True, *, max_record_bytes: int) -> list[pa.Array]:
+def record_columns(
+    chunk: list, topic: str, partition: int, decoder: Decoder | None = None, headers_of_rows: bool = True, *, max_record_bytes: int
+) -> list[pa.Array]:
     """One consumed chunk of one partition as RAW_SCHEMA's Arrow columns (plus PARSED_IN_READ when
     the decoder decodes in the read task), built column by column: this loop is the read path's
     hot spot (a per-record append loop ran at a third of the consumer's own rate)."""
     return decided_columns(chunk, topic, partition, decoder, headers_of_rows, max_record_bytes=max_record_bytes)[0]
 
 
-def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | None = None,
-                    headers_of_rows: bool = True, *, max_record_bytes: int) -> tuple[list[pa.Array], list[bool] | None]:
+def decided_columns(
+    chunk: list, topic: str, partition: int, decoder: Decoder | None = None, headers_of_rows: bool = True, *, max_record_bytes: int
+) -> tuple[list[pa.Array], list[bool] | None]:
     """``record_columns`` and, per record, whether the read task alone decided it is a row
     (decoded, required fields present, no problem with its size, value, key, headers or
     timestamp); None when the decoder settles nothing in the task. The decoders never see a
@@ -224,14 +226,14 @@ def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | 
     if problems is not None:  # a record too large is decoded by nobody: as a null value and key
         values_to_decode = [None if p else v for p, v in zip(problems, values, strict=True)]
         keys_to_decode = [None if p else k for p, k in zip(problems, keys, strict=True)]
-    micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None
-              for kind, s in stamps]
+    micros = [s * 1000 if kind and s != NO_TIMESTAMP and TIMESTAMP_MIN_MS <= s <= TIMESTAMP_MAX_MS else None for kind, s in stamps]
     if None in micros:  # rare: records without a timestamp, or with one out of range
         for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
             if us is None and kind and s != NO_TIMESTAMP:
                 problems = problems or [None] * len(chunk)
-                problems[i] = problems[i] or (f"record timestamp {s} ms is outside what the sink's timestamp type "
-                                              "holds (0001-01-01 to 9999-12-31 UTC)")
+                problems[i] = problems[i] or (
+                    f"record timestamp {s} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
+                )
     decoded = decoder.decode_chunk(values_to_decode) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
         problems = _merge(problems, decoded.problems)
@@ -241,8 +243,7 @@ def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | 
         problems = _merge(problems, decoded_keys.problems)
     rows = None
     if decoded is not None and decoded.settled is not None:
-        rows = decoded.settled if problems is None else [
-            row and problems[i] is None for i, row in enumerate(decoded.settled)]
+        rows = decoded.settled if problems is None else [row and problems[i] is None for i, row in enumerate(decoded.settled)]
     wanted = None  # which records need their headers (None: all)
     if not headers_of_rows and rows is not None:
         wanted = [not row for row in rows]
@@ -264,8 +265,7 @@ def decided_columns(chunk: list, topic: str, partition: int, decoder: Decoder | 
     return columns, rows
 
 
-def record_size_problems(keys: list[bytes | None], values: list[bytes | None],
-                         limit: int) -> list[str | None] | None:
+def record_size_problems(keys: list[bytes | None], values: list[bytes | None], limit: int) -> list[str | None] | None:
     """Per record, the ``record_too_large`` reason (its size and the limit) when its key and value
     hold more than ``limit`` bytes (the pipeline's ``max_record_bytes``), else None; None when no
     record of the chunk is too large.
@@ -279,8 +279,12 @@ def record_size_problems(keys: list[bytes | None], values: list[bytes | None],
     if _longest(keys) + _longest(values) <= limit:  # the common chunk: one pass at C speed each
         return None
     sizes = [len(k or b"") + len(v or b"") for k, v in zip(keys, values, strict=True)]
-    return [f"{RECORD_TOO_LARGE}: its key and value hold {size} bytes, more than the pipeline's max_record_bytes "
-            f"({limit})" if size > limit else None for size in sizes]
+    return [
+        f"{RECORD_TOO_LARGE}: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
+        if size > limit
+        else None
+        for size in sizes
+    ]
 
 
 def _longest(items: list[bytes | None]) -> int:

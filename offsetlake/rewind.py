@@ -126,9 +126,15 @@ class RewindResult:
     reason: str = DEFAULT_REASON
 
     def as_dict(self) -> dict:
-        return {"pipeline": self.plan.pipeline, "dry_run": self.dry_run, "rewind_id": self.rewind_id,
-                "rewind_version": self.rewind_version, "dead_letters_removed": self.dead_letters_removed,
-                "reason": self.reason, **self.plan.as_dict()}
+        return {
+            "pipeline": self.plan.pipeline,
+            "dry_run": self.dry_run,
+            "rewind_id": self.rewind_id,
+            "rewind_version": self.rewind_version,
+            "dead_letters_removed": self.dead_letters_removed,
+            "reason": self.reason,
+            **self.plan.as_dict(),
+        }
 
     def text(self) -> str:
         p = self.plan
@@ -139,8 +145,11 @@ class RewindResult:
                 lines.append(f"applied the pending dead-letter restore of an earlier rewind ({self.dead_letters_removed} rows)")
             return "\n".join(lines)
         verb = "would" if self.dry_run else "did"
-        lines = [f"{head}{' [dry run: nothing written]' if self.dry_run else f' = sink version {self.rewind_version}'}",
-                 f"reason: {self.reason}", f"batches rewound ({len(p.rewound)}):"]
+        lines = [
+            f"{head}{' [dry run: nothing written]' if self.dry_run else f' = sink version {self.rewind_version}'}",
+            f"reason: {self.reason}",
+            f"batches rewound ({len(p.rewound)}):",
+        ]
         lines += [f"  {b['batch_id']}  {b['kind']}  sink version {b['version']}" for b in p.rewound]
         for label, files in (("remove", p.remove_files), ("re-add", p.readd_files)):
             lines.append(f"files to {label}: {len(files)}")
@@ -149,13 +158,16 @@ class RewindResult:
                 lines.append(f"  ... {len(files) - _SHOW_FILES} more")
         lines.append("txn versions (committed ends):")
         lines += [f"  {m.topic}[{m.partition}]  {m.current} -> {m.target}  ({m.why})" for m in p.txn]
-        lines.append(f"dead letters {verb} remove: {sum(p.dead_letters.values())}"
-                     + "".join(f"\n  {b}: {n}" for b, n in p.dead_letters.items() if n))
+        lines.append(
+            f"dead letters {verb} remove: {sum(p.dead_letters.values())}" + "".join(f"\n  {b}: {n}" for b, n in p.dead_letters.items() if n)
+        )
         lines.append(f"dead letters {verb} come back (later batches had replaced them): {p.dead_letters_readded}")
         if p.kept_columns:
-            lines.append(f"schema: the columns {', '.join(p.kept_columns)} came after batch {p.to_batch} and stay in the "
-                         "sink's schema (Delta drops a column only with column mapping, a table feature these tables keep "
-                         "off); the restored rows read null there, and batches read again later fill them")
+            lines.append(
+                f"schema: the columns {', '.join(p.kept_columns)} came after batch {p.to_batch} and stay in the "
+                "sink's schema (Delta drops a column only with column mapping, a table feature these tables keep "
+                "off); the restored rows read null there, and batches read again later fill them"
+            )
         return "\n".join(lines)
 
 
@@ -177,19 +189,23 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     if target is None:
         status = _ledger_status(config, to_batch)
         if status is None:
-            raise RewindError(f"{where}: no such batch in the sink's history or the ledger "
-                              f"(`offsetlake ledger {config.name}` lists the batches)")
+            raise RewindError(
+                f"{where}: no such batch in the sink's history or the ledger (`offsetlake ledger {config.name}` lists the batches)"
+            )
         raise RewindError(f"{where}: that batch is {status} and never committed; rewind to a committed batch")
     if target.kind == BatchKind.REWIND:
-        raise RewindError(f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
-                          f"({target.entry.to_batch if isinstance(target.entry, RewindEntry) else None})")
+        raise RewindError(
+            f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
+            f"({target.entry.to_batch if isinstance(target.entry, RewindEntry) else None})"
+        )
     if to_batch in undone:
-        raise RewindError(f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
-                          f"(sink version {undone[to_batch].version}); its data is no longer in the sink")
+        raise RewindError(
+            f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
+            f"(sink version {undone[to_batch].version}); its data is no longer in the sink"
+        )
     _refuse_past_epoch(config, commits, target, where)
     plan = RewindPlan(config.name, to_batch, target.version, table.version())
-    later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND
-             and c.batch_id not in undone]
+    later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND and c.batch_id not in undone]
     plan.rewound = [{"batch_id": c.batch_id, "kind": str(c.kind), "version": c.version} for c in later]
     plan.dead_letters = dead_letters.count_by_batch(config, [c.batch_id for c in later])
     if plan.noop:
@@ -239,7 +255,8 @@ def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target
             f"sink version {opened.version} (batch {opened.batch_id}, `offsetlake topic reset-epoch`); its offsets "
             f"belong to topic {f'id {old}' if old else 'the topic before it was re-created'}, which Kafka no longer "
             f"has. Nothing was changed. Rewind to batch {opened.batch_id} or a later one; the rows of the earlier epoch "
-            "stay in the sink")
+            "stay in the sink"
+        )
 
 
 def rewind_pipeline(
@@ -272,9 +289,18 @@ def rewind_pipeline(
         result.rewind_id = new_batch_id(config.name)
         entry = _entry(config, plan, result.rewind_id, reason, requested_by, run, started)
         result.rewind_version = _commit(table, config, plan, entry)
-        log_line(log, "rewind", pipeline=config.name, rewind=result.rewind_id, to_batch=to_batch,
-                 rewound=len(plan.rewound), removed_files=len(plan.remove_files), readded_files=len(plan.readd_files),
-                 sink_version=result.rewind_version, duration_ms=int((time.monotonic() - started) * 1000))
+        log_line(
+            log,
+            "rewind",
+            pipeline=config.name,
+            rewind=result.rewind_id,
+            to_batch=to_batch,
+            rewound=len(plan.rewound),
+            removed_files=len(plan.remove_files),
+            readded_files=len(plan.readd_files),
+            sink_version=result.rewind_version,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
         failpoints.failpoint("after_commit")
     # Second commit, on the dead-letter table (and any restore an earlier rewind left pending).
     before = dead_letters.row_count(config)
@@ -285,19 +311,27 @@ def rewind_pipeline(
     return result
 
 
-def _entry(config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str, requested_by: str,
-           run: RunContext, started: float) -> LedgerEntry:
+def _entry(
+    config: PipelineConfig, plan: RewindPlan, rewind_id: str, reason: str, requested_by: str, run: RunContext, started: float
+) -> LedgerEntry:
     rewound = [b["batch_id"] for b in plan.rewound]
     # per partition, the offsets whose processing was undone: [new committed end, old one)
     undone = tuple(OffsetRange(m.topic, m.partition, m.target, m.current) for m in plan.txn if m.current is not None)
     batch = BatchPlan(config.name, rewind_id, BatchKind.REWIND, undone, run)
     return for_plan(
-        batch, started=started,
-        to_batch=plan.to_batch, to_version=plan.to_version, rewound=tuple(rewound), reason=reason,
-        requested_by=requested_by, files_removed=len(plan.remove_files), files_readded=len(plan.readd_files),
-        kept_columns=tuple(plan.kept_columns), restore_to_sink_version=plan.to_version,
+        batch,
+        started=started,
+        to_batch=plan.to_batch,
+        to_version=plan.to_version,
+        rewound=tuple(rewound),
+        reason=reason,
+        requested_by=requested_by,
+        files_removed=len(plan.remove_files),
+        files_readded=len(plan.readd_files),
+        kept_columns=tuple(plan.kept_columns),
+        restore_to_sink_version=plan.to_version,
         message=f"rewound {len(rewound)} batches ({', '.join(rewound)}) to batch {plan.to_batch} "
-                f"(sink version {plan.to_version}) for {requested_by}: {reason}",
+        f"(sink version {plan.to_version}) for {requested_by}: {reason}",
     )
 
 
@@ -311,8 +345,10 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
     then = {f["path"]: f for f in live_files(storage.table(config.layout.sink, version=plan.to_version))}
     partition_by = config.sink.partition_by
     actions = CommitActions(
-        files=[*remove_actions([live[p] for p in plan.remove_files], partition_by),
-               *readd_actions(config.layout.sink, [then[p] for p in plan.readd_files], partition_by)],
+        files=[
+            *remove_actions([live[p] for p in plan.remove_files], partition_by),
+            *readd_actions(config.layout.sink, [then[p] for p in plan.readd_files], partition_by),
+        ],
         txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
     )
     try:

@@ -86,8 +86,7 @@ def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> Batch
         return BatchStatus.SUPERSEDED
     message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
     try:
-        ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000],
-                              validation=getattr(err, "summary", None) or None)
+        ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000], validation=getattr(err, "summary", None) or None)
     except OSError as unrecorded:
         if not isinstance(err, StorageError):
             raise
@@ -100,7 +99,10 @@ def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> Batch
 
 # ---- one batch --------------------------------------------------------------------------------
 def execute_batch(
-    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable,
+    config: PipelineConfig,
+    plan: BatchPlan,
+    ledger: Ledger,
+    spark_factory: Callable,
     before_commit: Callable[[], None] = lambda: None,
 ) -> BatchResult:
     """Execute exactly ``plan``'s ranges, by the plan's kind; never anything else.
@@ -148,11 +150,16 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         raise StorageError(
             f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
             f"({storage.store_name(config.layout.lake)}) failed: {storage.describe_store_error(err)}; the batch did not "
-            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers") from err
+            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers"
+        ) from err
 
 
 def _execute_forward(
-    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, before_commit: Callable[[], None],
+    config: PipelineConfig,
+    plan: BatchPlan,
+    ledger: Ledger,
+    spark_factory: Callable,
+    before_commit: Callable[[], None],
 ) -> BatchResult:
     """An ingest, stream or gap batch: files (none for a gap) + committed ends moved to the plan's
     ends + its ledger entry, in one sink commit."""
@@ -187,13 +194,18 @@ def _execute_forward(
                 return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
             schema = evolved_schema(table, config, rows_schema, plan)
         t = time.monotonic()
-        entry = for_plan(plan, processed.per_range, started, processed.validation,
-                         staged=processed.dead_letter_files, merge=merged)
+        entry = for_plan(plan, processed.per_range, started, processed.validation, staged=processed.dead_letter_files, merge=merged)
         before_commit()
         version = commit_batch(table, config, plan, files, entry, schema, removed=removed)
-        processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, rows=files.rows,
-                                                  removed_files=len(removed) if removed else None,
-                                                  new_columns=",".join(schema.names[len(table_schema(table)):]) if schema else None)
+        processed.timings_ms["commit"] = log_step(
+            "commit",
+            plan,
+            t,
+            sink_version=version,
+            rows=files.rows,
+            removed_files=len(removed) if removed else None,
+            new_columns=",".join(schema.names[len(table_schema(table)) :]) if schema else None,
+        )
     finally:
         processed.release()
     failpoints.failpoint("after_commit")
@@ -204,8 +216,7 @@ def _execute_forward(
     return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
-def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float,
-                before_commit: Callable[[], None]) -> BatchResult:
+def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, before_commit: Callable[[], None]) -> BatchResult:
     """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only).
 
     The gap replaces the dead letters of the lost range with none: those offsets are recorded as
@@ -213,8 +224,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     """
     table = open_table(config.layout.sink)
     lost = ", ".join(str(r) for r in plan.ranges)
-    entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion",
-                     staged=())
+    entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion", staged=())
     before_commit()
     if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
         raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")
@@ -242,9 +252,7 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
     return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
-def _plan_already_held(
-    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]
-) -> BatchResult:
+def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]) -> BatchResult:
     """The sink holds every range of ``plan`` (txn version >= end): a no-op that succeeds.
 
     Either this batch committed them (a rerun after the commit) or another batch committed the
@@ -259,9 +267,11 @@ def _plan_already_held(
         return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
     first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
     winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
-    ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=(
-        f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"
-    ))
+    ledger.record_outcome(
+        plan,
+        BatchStatus.SUPERSEDED,
+        message=(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"),
+    )
     log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
     return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
 
@@ -425,9 +435,13 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
         log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
     batch = summarize_batch(rows)
     summary = {
-        "pipeline": config.name, "batch_id": batch_id, "kind": batch["kind"], "status": batch["status"],
+        "pipeline": config.name,
+        "batch_id": batch_id,
+        "kind": batch["kind"],
+        "status": batch["status"],
         "sink_version": batch["sink_version"],
-        "records_read": batch["records_read"] or 0, "rows_written": batch["rows_written"] or 0,
+        "records_read": batch["records_read"] or 0,
+        "rows_written": batch["rows_written"] or 0,
         "dead_letters": batch["dead_letters"] or 0,
         "ranges": [f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch["ranges"]],
         "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if batch["kind"] == BatchKind.INGEST else {},

@@ -109,7 +109,8 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
         raise StalePlanError(
             f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}) was planned on sink table "
             f"{plan.sink_table_id} at {config.sink_path}, which now holds {now} (deleted, re-created or replaced); "
-            "its ranges start from that table's committed ends, so it was not applied; plan anew")
+            "its ranges start from that table's committed ends, so it was not applied; plan anew"
+        )
     done = 0
     for r in plan.ranges:
         committed = committed_end(table, config, r.topic, r.partition)
@@ -133,8 +134,9 @@ def table_id(table: DeltaTable | None) -> str | None:
 
 
 # ---- tables -----------------------------------------------------------------------------------
-def create_table_once(location: storage.Location, schema: pa.Schema, partition_by: list[str], description: str,
-                      created_by: str | None = None) -> DeltaTable:
+def create_table_once(
+    location: storage.Location, schema: pa.Schema, partition_by: list[str], description: str, created_by: str | None = None
+) -> DeltaTable:
     """Open ``location``, creating an empty table (protocol 1/2) first if there is none; its
     create commit names the pipeline ``created_by`` when given (a sink, see ``ensure_table``).
 
@@ -145,9 +147,16 @@ def create_table_once(location: storage.Location, schema: pa.Schema, partition_b
         return table
     created = CommitProperties(custom_metadata=creation_metadata(created_by)) if created_by else None
     try:
-        storage.create_table(location, schema, partition_by=partition_by or None, mode="ignore",
-                             description=description, configuration=KEEP_HISTORY, commit_properties=created)
-    except Exception:  # noqa: BLE001 - a concurrent create; the open below decides
+        storage.create_table(
+            location,
+            schema,
+            partition_by=partition_by or None,
+            mode="ignore",
+            description=description,
+            configuration=KEEP_HISTORY,
+            commit_properties=created,
+        )
+    except Exception:
         if open_table(location) is None:
             raise
     return storage.table(location)
@@ -157,8 +166,11 @@ def ensure_table(config: PipelineConfig, schema: pa.Schema) -> DeltaTable:
     """Open the sink, creating it from the first batch's schema if needed (its create commit names
     the pipeline: of two first runs racing on one table, the loser is refused, invariant 16)."""
     return create_table_once(
-        config.layout.sink, schema, config.sink.partition_by,
-        f"offsetlake sink of pipeline {config.name} ({config.topic_label})", created_by=config.name,
+        config.layout.sink,
+        schema,
+        config.sink.partition_by,
+        f"offsetlake sink of pipeline {config.name} ({config.topic_label})",
+        created_by=config.name,
     )
 
 
@@ -193,8 +205,11 @@ def add_actions_for(table_root: storage.Where, staged: Sequence[StagedFile]) -> 
         with fs.open_input_file(path) as handle:
             metadata = pq.read_metadata(handle)
         if info.size != file.size or metadata.num_rows != file.rows:
-            raise StagedFilesError(shown, file.path, f"it holds {metadata.num_rows} rows in {info.size} bytes, its "
-                                   f"task wrote {file.rows} rows in {file.size} bytes")
+            raise StagedFilesError(
+                shown,
+                file.path,
+                f"it holds {metadata.num_rows} rows in {info.size} bytes, its task wrote {file.rows} rows in {file.size} bytes",
+            )
         if metadata.num_rows == 0:
             continue
         actions.append(
@@ -231,8 +246,13 @@ def remove_actions(files: Iterable[dict[str, Any]], partition_by: list[str]) -> 
     """Remove actions for ``live_files`` rows (their log paths decoded once, as the actions take them)."""
     now = int(time.time() * 1000)
     return [
-        RemoveAction(path=storage.file_path_from_log(f["path"]), data_change=True, deletion_timestamp=now,
-                     size=f["size_bytes"], partition_values=_partition_values(f, partition_by) or None)
+        RemoveAction(
+            path=storage.file_path_from_log(f["path"]),
+            data_change=True,
+            deletion_timestamp=now,
+            size=f["size_bytes"],
+            partition_values=_partition_values(f, partition_by) or None,
+        )
         for f in files
     ]
 
@@ -246,11 +266,16 @@ def readd_actions(table_root: storage.Location, files: Iterable[dict[str, Any]],
         _, path = storage.filesystem(storage.data_file(table_root, f["path"]))
         with fs.open_input_file(path) as handle:
             stats = delta_stats(pq.read_metadata(handle))
-        actions.append(AddAction(
-            path=storage.file_path_from_log(f["path"]), size=f["size_bytes"],
-            partition_values=_partition_values(f, partition_by), modification_time=_millis(f["modification_time"]),
-            data_change=True, stats=stats,
-        ))
+        actions.append(
+            AddAction(
+                path=storage.file_path_from_log(f["path"]),
+                size=f["size_bytes"],
+                partition_values=_partition_values(f, partition_by),
+                modification_time=_millis(f["modification_time"]),
+                data_change=True,
+                stats=stats,
+            )
+        )
     return actions
 
 
@@ -282,8 +307,15 @@ def txns_for(app_versions: Iterable[tuple[str, int]]) -> list[Transaction]:
     return [Transaction(app_id, version) for app_id, version in app_versions]
 
 
-def commit(table: DeltaTable, actions: CommitActions, entry: LedgerEntry | AppliedChange, *, partition_by: list[str] | None,
-           max_commit_retries: int | None = None, schema: pa.Schema | None = None) -> None:
+def commit(
+    table: DeltaTable,
+    actions: CommitActions,
+    entry: LedgerEntry | AppliedChange,
+    *,
+    partition_by: list[str] | None,
+    max_commit_retries: int | None = None,
+    schema: pa.Schema | None = None,
+) -> None:
     """The one shape of every offsetlake commit (ingest, stream, gap, backfill, rewind on the
     sink; applied changes on the dead-letter table): file actions, txn actions and the ledger
     entry (with offsetlake's marker, see ``offsetlake.entry``; the dead-letter table's commits carry an
@@ -306,15 +338,27 @@ def commit(table: DeltaTable, actions: CommitActions, entry: LedgerEntry | Appli
     )
     hooks = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
     if schema is None:
-        table.create_write_transaction(actions.files, mode="append", schema=table.schema(),
-                                       partition_by=partition_by or None, commit_properties=properties,
-                                       post_commithook_properties=hooks)
+        table.create_write_transaction(
+            actions.files,
+            mode="append",
+            schema=table.schema(),
+            partition_by=partition_by or None,
+            commit_properties=properties,
+            post_commithook_properties=hooks,
+        )
         return
     if any(isinstance(a, RemoveAction) for a in actions.files):
         raise ValueError("a commit that changes the schema cannot remove files")
     nothing: Any = [(schema.names[0], "in", [])]
-    table.create_write_transaction(actions.files, mode="overwrite", schema=schema, partition_by=partition_by or None,
-                                   partition_filters=nothing, commit_properties=properties, post_commithook_properties=hooks)
+    table.create_write_transaction(
+        actions.files,
+        mode="overwrite",
+        schema=schema,
+        partition_by=partition_by or None,
+        partition_filters=nothing,
+        commit_properties=properties,
+        post_commithook_properties=hooks,
+    )
 
 
 def sink_columns(table: DeltaTable | None) -> set[str] | None:
@@ -359,19 +403,26 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
         )
     if config.on_schema_change == "fail" and (diff.added or diff.missing):
         schemas = _schemas_involved(table, config, plan)
-        what = "; ".join(part for part in (
-            _listed("new column", [p for p in diff.added if len(p) == 1]),
-            _listed("new nested field", [p for p in diff.added if len(p) > 1]),
-            _listed("no column", [p for p in diff.missing if len(p) == 1], " any more"),
-            _listed("no nested field", [p for p in diff.missing if len(p) > 1], " any more"),
-        ) if part)
+        what = "; ".join(
+            part
+            for part in (
+                _listed("new column", [p for p in diff.added if len(p) == 1]),
+                _listed("new nested field", [p for p in diff.added if len(p) > 1]),
+                _listed("no column", [p for p in diff.missing if len(p) == 1], " any more"),
+                _listed("no nested field", [p for p in diff.missing if len(p) > 1], " any more"),
+            )
+            if part
+        )
         raise SchemaChangeError(
             f"pipeline {config.name}: batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
             "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
             "or nested field is added in the batch's own commit), pin format.version to the schema the sink has, or a "
             "new sink table"
-            + (f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink "
-               "without it" if (KEY_COLUMN,) in diff.added else "")
+            + (
+                f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink without it"
+                if (KEY_COLUMN,) in diff.added
+                else ""
+            )
         )
     return diff.merged if diff.added else None
 
@@ -381,7 +432,7 @@ def _dotted(path: tuple[str, ...]) -> str:
 
 
 def _listed(label: str, paths: list[tuple[str, ...]], tail: str = "") -> str:
-    """"new columns 'a', 'b'", or "" for no paths."""
+    """ "new columns 'a', 'b'", or "" for no paths."""
     if not paths:
         return ""
     return f"{label}{'s' if len(paths) > 1 else ''} {', '.join(repr(_dotted(p)) for p in paths)}{tail}"
@@ -453,11 +504,10 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _schemas_involved(table: DeltaTable, config: PipelineConfig, plan: BatchPlan) -> str:
-    """", reading with <this plan's reader schema>; the sink's last batch read with <its>", or ""."""
+    """ ", reading with <this plan's reader schema>; the sink's last batch read with <its>", or ""."""
     if plan.reader_schema is None:
         return ""
-    last = next((c.entry.reader_schema for c in reversed(sink_commits(table, config.name))
-                 if c.entry.reader_schema is not None), None)
+    last = next((c.entry.reader_schema for c in reversed(sink_commits(table, config.name)) if c.entry.reader_schema is not None), None)
     said = f"; this batch reads with {plan.reader_schema.describe()}"
     return said + (f", the sink's last batch read with {last.describe()}" if last is not None else "")
 
@@ -494,20 +544,27 @@ def add_columns_first(table: DeltaTable, config: PipelineConfig, schema: pa.Sche
     current = table_schema(table)
     diff = schema_diff(current, schema)
     # a column that gains nested fields is given whole: delta-rs merges it into the one it has
-    grown = [f for f in schema if f.name not in current.names
-             or schema_diff(pa.schema([current.field(f.name)]), pa.schema([f])).added]
+    grown = [f for f in schema if f.name not in current.names or schema_diff(pa.schema([current.field(f.name)]), pa.schema([f])).added]
     before = table.version()
     table.alter.add_columns([DeltaField.from_arrow(f) for f in grown])
     if table.version() != before + 1:
         raise CommitConflictError(
             f"pipeline {config.name}: batch {plan.batch_id}: another writer committed to the sink while the batch added "
-            f"{', '.join(map(_dotted, diff.added))}; nothing of the batch was committed")
+            f"{', '.join(map(_dotted, diff.added))}; nothing of the batch was committed"
+        )
     log.info("pipeline=%s batch=%s step=schema added=%s", config.name, plan.batch_id, ",".join(map(_dotted, diff.added)))
     return table
 
 
-def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, files: WrittenFiles, entry: LedgerEntry,
-                 schema: pa.Schema | None = None, removed: list[dict[str, Any]] | None = None) -> int:
+def commit_batch(
+    table: DeltaTable,
+    config: PipelineConfig,
+    plan: BatchPlan,
+    files: WrittenFiles,
+    entry: LedgerEntry,
+    schema: pa.Schema | None = None,
+    removed: list[dict[str, Any]] | None = None,
+) -> int:
     """Commit data files + one txn per partition + the ledger entry as ONE Delta commit (with the
     sink's new ``schema`` when the batch adds columns, see ``commit``; with removes of the live
     files a keyed batch's merge rewrote, ``removed``, as ``live_files`` rows).
@@ -524,15 +581,18 @@ def commit_batch(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, fil
     removes = remove_actions(removed or [], config.sink.partition_by)
     actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
     try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0 if removes else 5,
-               schema=schema)
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0 if removes else 5, schema=schema)
     except CommitFailedError as err:
         if landed_version(config.layout.sink, plan.batch_id) is None:
             raise CommitConflictError(
                 f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
             ) from None
-        log.warning("pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
-                    config.name, plan.batch_id, str(err).splitlines()[0])
+        log.warning(
+            "pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
+            config.name,
+            plan.batch_id,
+            str(err).splitlines()[0],
+        )
     version = commit_version(config.layout.sink, plan.batch_id)
     after = storage.table(config.layout.sink, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]

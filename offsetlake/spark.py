@@ -110,11 +110,15 @@ def serve_connect(host: str, port: int, master: str | None = None) -> str:
     global _SESSION
     if _SESSION is not None:
         raise RuntimeError("a Spark session is already running in this process")
-    _SESSION = classic_builder(master, "offsetlake-spark-server", extra={
-        "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": host,
-        "spark.connect.grpc.binding.port": str(port),
-    }).getOrCreate()
+    _SESSION = classic_builder(
+        master,
+        "offsetlake-spark-server",
+        extra={
+            "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+        },
+    ).getOrCreate()
     _SESSION.sparkContext.setLogLevel(os.environ.get("OFFSETLAKE_SPARK_LOG_LEVEL", "WARN"))
     return f"sc://{host}:{port}"
 

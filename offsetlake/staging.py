@@ -72,12 +72,13 @@ def partition_folder(column: str, value: Any) -> str:
     return f"{escape_partition_value(column)}={text}"
 
 
-def write_rows(rows: DataFrame, table_root: storage.Location, folder: str, partition_by: list[str],
-               selection: Selection, sort_by: tuple[str, ...] = ()) -> list[StagedFile]:
+def write_rows(
+    rows: DataFrame, table_root: storage.Location, folder: str, partition_by: list[str], selection: Selection, sort_by: tuple[str, ...] = ()
+) -> list[StagedFile]:
     """Write ``rows`` as parquet files under ``folder`` (inside ``table_root``) from the Spark
     tasks; the files written, for one commit. ``sort_by``: columns each file is sorted by after
     the partition columns (a keyed sink's key, so file statistics bound each file's keys)."""
-    relative_folder = folder[len(table_root.path.rstrip("/")) + 1:]
+    relative_folder = folder[len(table_root.path.rstrip("/")) + 1 :]
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -95,19 +96,22 @@ def write_rows(rows: DataFrame, table_root: storage.Location, folder: str, parti
                         done.append(current.close())
                     sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
                     relative = "/".join(p for p in (relative_folder, sub, file_name(attempt, len(done))) if p)
-                    current = _OpenFile(key, relative, open_output(fs, root, relative),
-                                        pa.schema([f for f in part.schema if f.name not in partition_by]))
-                current.write(part.drop_columns(partition_by) if partition_by else part,
-                              part if inside is None else part.filter(inside))
+                    current = _OpenFile(
+                        key, relative, open_output(fs, root, relative), pa.schema([f for f in part.schema if f.name not in partition_by])
+                    )
+                current.write(part.drop_columns(partition_by) if partition_by else part, part if inside is None else part.filter(inside))
         if current is not None:
             done.append(current.close())
         if done:
-            yield pa.RecordBatch.from_pydict({
-                "path": [f.relative for f in done], "rows": [f.rows for f in done],
-                "size": [f.size for f in done],
-                "empty_as_null": [f.rows if any(v == "" for v in f.key) else 0 for f in done],
-                "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
-            })
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "path": [f.relative for f in done],
+                    "rows": [f.rows for f in done],
+                    "size": [f.size for f in done],
+                    "empty_as_null": [f.rows if any(v == "" for v in f.key) else 0 for f in done],
+                    "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
+                }
+            )
 
     ordered = rows.sortWithinPartitions(*partition_by, *sort_by) if partition_by or sort_by else rows
     files = []
@@ -119,8 +123,9 @@ def write_rows(rows: DataFrame, table_root: storage.Location, folder: str, parti
 def staged_file(row: Any) -> StagedFile:
     """A task's result row (``path, rows, size, empty_as_null, counts``) as a ``StagedFile``."""
     counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
-    return StagedFile(path=row["path"], rows=int(row["rows"]), counts=counts, size=int(row["size"]),
-                      empty_as_null=int(row["empty_as_null"]))
+    return StagedFile(
+        path=row["path"], rows=int(row["rows"]), counts=counts, size=int(row["size"]), empty_as_null=int(row["empty_as_null"])
+    )
 
 
 def open_output(fs: Any, root: str, relative: str) -> Any:
@@ -172,8 +177,9 @@ def _runs(batch: pa.RecordBatch, partition_by: list[str]) -> Iterator[tuple[tupl
 
 
 # ---- reading files back (a keyed sink's merge rewrites the files holding touched keys) ---------
-def read_files(spark: Any, table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema,
-               partition_by: list[str]) -> DataFrame:
+def read_files(
+    spark: Any, table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema, partition_by: list[str]
+) -> DataFrame:
     """The rows of these data files (``sink.live_files`` rows) as a DataFrame of ``schema``,
     read by the Spark tasks with pyarrow (the same filesystem as ``write_rows``, so on object
     storage too): partition columns from each file's partition values, a column a file lacks
@@ -222,8 +228,14 @@ def conformed_column(column: Column, have: DataType, want: DataType) -> Column:
         return column
     if isinstance(have, StructType) and isinstance(want, StructType):
         present = {f.name: f.dataType for f in have.fields}
-        fields = [(conformed_column(column.getField(f.name), present[f.name], f.dataType) if f.name in present
-                   else F.lit(None).cast(f.dataType)).alias(f.name) for f in want.fields]
+        fields = [
+            (
+                conformed_column(column.getField(f.name), present[f.name], f.dataType)
+                if f.name in present
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
+            for f in want.fields
+        ]
         return F.when(column.isNull(), F.lit(None).cast(want)).otherwise(F.struct(*fields))
     if isinstance(have, ArrayType) and isinstance(want, ArrayType):
         return F.transform(column, lambda item: conformed_column(item, have.elementType, want.elementType))

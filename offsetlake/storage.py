@@ -103,15 +103,27 @@ _UNADDRESSABLE = "%[]^|\\"
 UNSAFE_OPTIONS = {
     "aws_conditional_put": "offsetlake commits only with put-if-absent; leave it unset (the default, If-None-Match)",
     "aws_s3_allow_unsafe_rename": "an unsafe rename lets two writers overwrite each other's commit; "
-                                  "offsetlake commits with put-if-absent instead, so leave it unset",
+    "offsetlake commits with put-if-absent instead, so leave it unset",
     "aws_s3_locking_provider": "deltalake 1.6 ignores lock providers (commits are put-if-absent); remove it",
     "aws_copy_if_not_exists": "offsetlake commits with put-if-absent, not copy-if-not-exists; remove it",
 }
 # Keys whose values are not secrets (shown in status output and errors); every other value is.
 _SHOWN_OPTIONS = {
-    "aws_endpoint_url", "aws_endpoint", "endpoint", "endpoint_url", "aws_region", "region",
-    "aws_allow_http", "allow_http", "aws_virtual_hosted_style_request", "virtual_hosted_style_request",
-    "timeout", "connect_timeout", "max_retries", "retry_timeout", "aws_default_region",
+    "aws_endpoint_url",
+    "aws_endpoint",
+    "endpoint",
+    "endpoint_url",
+    "aws_region",
+    "region",
+    "aws_allow_http",
+    "allow_http",
+    "aws_virtual_hosted_style_request",
+    "virtual_hosted_style_request",
+    "timeout",
+    "connect_timeout",
+    "max_retries",
+    "retry_timeout",
+    "aws_default_region",
 }
 # Without these, one unreachable endpoint holds a run for minutes (object_store's defaults:
 # 10 retries, 180 s); a user's own value wins.
@@ -227,8 +239,9 @@ def s3_filesystem(options: dict[str, str]) -> pafs.S3FileSystem:
         token = get("aws_session_token", "session_token", "aws_token", "token")
         if token:
             kwargs["session_token"] = token
-    kwargs["force_virtual_addressing"] = (get("aws_virtual_hosted_style_request", "virtual_hosted_style_request")
-                                          or "false").lower() == "true"
+    kwargs["force_virtual_addressing"] = (
+        get("aws_virtual_hosted_style_request", "virtual_hosted_style_request") or "false"
+    ).lower() == "true"
     timeout = _seconds(get("timeout"))
     if timeout:
         kwargs["request_timeout"] = timeout
@@ -342,8 +355,18 @@ def partition_values_from_path(relative: str) -> dict[str, str | None]:
 
 
 # ---- the safety probe -------------------------------------------------------------------------
-_CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "connect_timeout", "timeout", "proxy_url",
-                "proxy_ca_certificate", "proxy_excludes", "user_agent", "pool_idle_timeout", "read_timeout"}
+_CLIENT_KEYS = {
+    "allow_http",
+    "allow_invalid_certificates",
+    "connect_timeout",
+    "timeout",
+    "proxy_url",
+    "proxy_ca_certificate",
+    "proxy_excludes",
+    "user_agent",
+    "pool_idle_timeout",
+    "read_timeout",
+}
 _PROBED: set[Location] = set()
 
 
@@ -382,14 +405,14 @@ def check_store(where: Where, pipeline: str) -> None:
             raise StorageError(
                 f"{where}: the store accepted a second put-if-absent of the same object, so two writers could "
                 "overwrite each other's Delta commit; offsetlake needs conditional writes (If-None-Match on PUT, "
-                "as AWS S3, MinIO and Ceph RGW support); use a store or version that supports them")
+                "as AWS S3, MinIO and Ceph RGW support); use a store or version that supports them"
+            )
         obstore.delete(store, key)
     except StorageError:
         raise
     except NotImplementedError as err:
-        raise StorageError(f"{where}: put-if-absent is disabled by the storage settings ({_first_line(err)}); "
-                           "remove the setting") from None
-    except Exception as err:  # noqa: BLE001 - each store client error becomes one clear line
+        raise StorageError(f"{where}: put-if-absent is disabled by the storage settings ({_first_line(err)}); remove the setting") from None
+    except Exception as err:
         raise StorageError(f"{where}: {_store_problem(err, location, options)}") from None
     _PROBED.add(probed)
 
@@ -420,13 +443,22 @@ def _store_problem(err: Exception, location: str, options: dict[str, str]) -> st
     endpoint = options.get("aws_endpoint_url") or options.get("aws_endpoint") or "the default endpoint"
     if "NoSuchBucket" in text:
         return f"bucket '{bucket}' does not exist at {endpoint} (create it, or fix lake:)"
-    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden",
-                               "lacked the necessary privileges", "Unauthenticated")) \
-            or type(err).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
-        return (f"the credentials were refused by {endpoint} for bucket '{bucket}' (check AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY in storage: or the storage connection)")
-    if any(s in text for s in ("error sending request", "Connection refused", "timed out", "dns error",
-                               "tcp connect")):
+    if any(
+        s in text
+        for s in (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "AccessDenied",
+            "403 Forbidden",
+            "lacked the necessary privileges",
+            "Unauthenticated",
+        )
+    ) or type(err).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+        return (
+            f"the credentials were refused by {endpoint} for bucket '{bucket}' (check AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY in storage: or the storage connection)"
+        )
+    if any(s in text for s in ("error sending request", "Connection refused", "timed out", "dns error", "tcp connect")):
         return f"cannot reach the object store at {endpoint} (check AWS_ENDPOINT_URL and the network)"
     return f"the object store refused a test write: {_first_line(err)}"
 
@@ -446,8 +478,25 @@ def store_name(where: Where) -> str:
 def describe_store_error(err: BaseException) -> str:
     """One line from a delta-rs / pyarrow / object_store error: what was attempted and why it failed."""
     lines = [line.strip(" ↳") for line in str(err).splitlines() if line.strip()]
-    useful = [line for line in lines if any(s in line for s in (
-        "Error performing", "Connection refused", "timed out", "Timeout", "error sending request", "AWS Error",
-        "When ", "403", "404", "500", "503"))]
+    useful = [
+        line
+        for line in lines
+        if any(
+            s in line
+            for s in (
+                "Error performing",
+                "Connection refused",
+                "timed out",
+                "Timeout",
+                "error sending request",
+                "AWS Error",
+                "When ",
+                "403",
+                "404",
+                "500",
+                "503",
+            )
+        )
+    ]
     text = useful[0] if useful else (lines[0] if lines else type(err).__name__)
     return text[:400]

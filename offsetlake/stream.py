@@ -84,9 +84,16 @@ class StreamReport:
     abandoned: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"pipeline": self.pipeline, "run_id": self.run_id, "owner": self.owner, "batches": self.batches,
-                "records_read": self.records_read, "rows_written": self.rows_written,
-                "stop_reason": self.stop_reason, "abandoned_batches": self.abandoned}
+        return {
+            "pipeline": self.pipeline,
+            "run_id": self.run_id,
+            "owner": self.owner,
+            "batches": self.batches,
+            "records_read": self.records_read,
+            "rows_written": self.rows_written,
+            "stop_reason": self.stop_reason,
+            "abandoned_batches": self.abandoned,
+        }
 
 
 class StopControl:
@@ -130,7 +137,7 @@ class StopControl:
             self.requested.wait(min(left, 0.5))
 
 
-def run_stream(
+def run_stream(  # noqa: C901 -- to be split (issue 36)
     config: PipelineConfig,
     options: StreamOptions,
     spark_factory: Callable,
@@ -148,8 +155,7 @@ def run_stream(
     load_suite(config)  # a broken suite fails before the lease is taken or anything is read
     config.check_storage()  # so does a store that cannot work or cannot commit safely
     owner = default_owner()
-    run = RunContext(run_id=options.run_id or f"stream-{datetime.now(UTC):%Y%m%dT%H%M%S}-{owner.rsplit(':', 1)[-1]}",
-                     dag_id=options.dag_id)
+    run = RunContext(run_id=options.run_id or f"stream-{datetime.now(UTC):%Y%m%dT%H%M%S}-{owner.rsplit(':', 1)[-1]}", dag_id=options.dag_id)
     report = StreamReport(config.name, run.run_id, owner)
     lease = StreamLease(config, owner, f"{options.label}, run {run.run_id}", options.lease_ttl)
     lease.acquire(options.lease_wait)
@@ -171,8 +177,15 @@ def run_stream(
 
         ledger = Ledger.of(config)
         reconcile(config, ledger)
-        log_line(log, "stream_start", pipeline=config.name, run_id=run.run_id, owner=owner,
-                 trigger_s=options.trigger_interval, max_records_per_batch=config.max_records_per_batch)
+        log_line(
+            log,
+            "stream_start",
+            pipeline=config.name,
+            run_id=run.run_id,
+            owner=owner,
+            trigger_s=options.trigger_interval,
+            max_records_per_batch=config.max_records_per_batch,
+        )
         retries = 0
 
         def wait_out(err: Exception) -> None:
@@ -181,8 +194,15 @@ def run_stream(
             if retries > MAX_TRANSIENT_RETRIES:
                 raise err
             pause = min(30.0, 2.0 ** (retries - 1))
-            log_line(log, "retry", level=logging.WARNING, pipeline=config.name, attempt=f"{retries}/{MAX_TRANSIENT_RETRIES}",
-                     in_s=f"{pause:.0f}", reason=str(err))
+            log_line(
+                log,
+                "retry",
+                level=logging.WARNING,
+                pipeline=config.name,
+                attempt=f"{retries}/{MAX_TRANSIENT_RETRIES}",
+                in_s=f"{pause:.0f}",
+                reason=str(err),
+            )
             stop.sleep(pause)
 
         while not stop.poll():
@@ -207,11 +227,16 @@ def run_stream(
             except LeaseLostError as err:
                 ledger.record_outcome(plan, BatchStatus.FAILED, message=f"abandoned: {err}"[:4000])
                 raise
-            except Exception as err:  # noqa: BLE001 - decided below: abandoned on request, else the outcome
+            except Exception as err:
                 if stop.abandon.is_set():
-                    ledger.record_outcome(plan, BatchStatus.FAILED, message=(
-                        f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
-                        f"nothing was committed, the next run reads these offsets again"))
+                    ledger.record_outcome(
+                        plan,
+                        BatchStatus.FAILED,
+                        message=(
+                            f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
+                            f"nothing was committed, the next run reads these offsets again"
+                        ),
+                    )
                     report.abandoned.append(plan.batch_id)
                     log_line(log, "abandoned", plan=plan, level=logging.WARNING)
                     break
@@ -231,8 +256,15 @@ def run_stream(
         return report
     finally:
         lease.release()
-        log_line(log, "stream_stop", pipeline=config.name, run_id=run.run_id, batches=report.batches,
-                 records=report.records_read, reason=stop.reason or "error")
+        log_line(
+            log,
+            "stream_stop",
+            pipeline=config.name,
+            run_id=run.run_id,
+            batches=report.batches,
+            records=report.records_read,
+            reason=stop.reason or "error",
+        )
 
 
 def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamReport, emit: Callable) -> None:
@@ -244,7 +276,6 @@ def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamRep
         ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
         try:  # informational (lag tools); the txn versions are the truth
             commit_group_offsets(config.kafka_client_config(), config.name, ends)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             log_line(log, "group_offsets", "not published", level=logging.WARNING, pipeline=config.name, reason=str(err))
     release_memory()
-

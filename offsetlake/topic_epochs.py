@@ -97,11 +97,15 @@ def identity_problems(
         now = offsets[(topic, partition)]
         was_id, now_id = recorded.get(topic), current.get(topic)
         if was_id is not None and now_id is not None and was_id != now_id:
-            problems.append(f"{topic}[{partition}]: the committed end {end} belongs to topic id {was_id}, but the topic's "
-                            f"id is now {now_id} (its log end is {now.last_stable}, log start {now.log_start})")
+            problems.append(
+                f"{topic}[{partition}]: the committed end {end} belongs to topic id {was_id}, but the topic's "
+                f"id is now {now_id} (its log end is {now.last_stable}, log start {now.log_start})"
+            )
         elif end > now.last_stable:
-            problems.append(f"{topic}[{partition}]: the committed end is {end} but the partition's log end is "
-                            f"{now.last_stable} (log start {now.log_start})")
+            problems.append(
+                f"{topic}[{partition}]: the committed end is {end} but the partition's log end is "
+                f"{now.last_stable} (log start {now.log_start})"
+            )
     return problems
 
 
@@ -127,8 +131,9 @@ def check_topic_identity(
     )
 
 
-def check_pipeline_identity(config: PipelineConfig, table: DeltaTable | None,
-                            offsets: dict[TopicPartitionKey, PartitionOffsets]) -> dict[str, str | None]:
+def check_pipeline_identity(
+    config: PipelineConfig, table: DeltaTable | None, offsets: dict[TopicPartitionKey, PartitionOffsets]
+) -> dict[str, str | None]:
     """``check_topic_identity`` against Kafka now, for the committed ends the sink ``table`` holds;
     returns each topic's current id (None where the broker names none), for a plan to record."""
     ends = {key: committed_end(table, config, *key) for key in offsets}
@@ -155,9 +160,11 @@ class EpochReset:
 
     def text(self) -> str:
         moved = ", ".join(f"{self.topic}[{m['partition']}] {m['from']} -> {m['to']}" for m in self.moves)
-        return (f"pipeline {self.pipeline}: topic {self.topic} starts a new epoch (topic id {self.previous_topic_id or 'unknown'} "
-                f"-> {self.topic_id or 'unknown'}) in sink version {self.sink_version} (batch {self.batch_id}); "
-                f"committed ends moved: {moved}")
+        return (
+            f"pipeline {self.pipeline}: topic {self.topic} starts a new epoch (topic id {self.previous_topic_id or 'unknown'} "
+            f"-> {self.topic_id or 'unknown'}) in sink version {self.sink_version} (batch {self.batch_id}); "
+            f"committed ends moved: {moved}"
+        )
 
 
 def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = None, force: bool = False) -> EpochReset:
@@ -186,8 +193,9 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     except KafkaUnavailableError as err:
         raise TopicEpochError(f"pipeline {config.name}: topic {topic} must exist in Kafka to start a new epoch: {err}") from None
     if not offsets:
-        raise TopicEpochError(f"pipeline {config.name}: Kafka does not list topic {topic} for this pipeline; "
-                              "create it (or fix topic_pattern) first")
+        raise TopicEpochError(
+            f"pipeline {config.name}: Kafka does not list topic {topic} for this pipeline; create it (or fix topic_pattern) first"
+        )
     current = topic_ids(config, [topic]).get(topic)
     ends = {(topic, p): committed_end(table, config, topic, p) for p in mine}
     problems = identity_problems(ends, offsets, recorded_topic_ids(commits), {topic: current})
@@ -195,30 +203,46 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
         raise TopicEpochError(
             f"pipeline {config.name}: topic {topic} looks unchanged (every committed end is within its log, and its "
             f"topic id is {current or 'not named by the broker'}); nothing was written. If you know it was re-created "
-            "(a broker without topic ids cannot show it), run again with --force")
+            "(a broker without topic ids cannot show it), run again with --force"
+        )
     targets = {p: offsets[(topic, p)].log_start if (topic, p) in offsets else 0 for p in mine}
     moves = [{"partition": p, "from": ends[(topic, p)], "to": targets[p]} for p in mine]
     result = EpochReset(config.name, topic, recorded_topic_ids(commits).get(topic), current, moves)
-    plan = BatchPlan(config.name, new_batch_id(config.name), BatchKind.EPOCH,
-                     tuple(OffsetRange(topic, p, to, to) for p, to in targets.items()),
-                     RunContext(f"reset-epoch-{topic}"), topic_ids={topic: current} if current else {})
+    plan = BatchPlan(
+        config.name,
+        new_batch_id(config.name),
+        BatchKind.EPOCH,
+        tuple(OffsetRange(topic, p, to, to) for p, to in targets.items()),
+        RunContext(f"reset-epoch-{topic}"),
+        topic_ids={topic: current} if current else {},
+    )
     requested_by = _user()
     entry = for_plan(
-        plan, started=started, reason=reason or "no reason given", requested_by=requested_by,
+        plan,
+        started=started,
+        reason=reason or "no reason given",
+        requested_by=requested_by,
         message=f"topic {topic} starts a new epoch for {requested_by}: {reason or 'no reason given'}; "
-                + ("; ".join(problems) if problems else "forced: the check saw nothing wrong"),
+        + ("; ".join(problems) if problems else "forced: the check saw nothing wrong"),
         epoch=EpochChange(topic, result.previous_topic_id, current, tuple(moves), tuple(problems)),
     )
     actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
     try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0,
-               schema=_with_epoch_column(table_schema(table)))
+        commit(
+            table,
+            actions,
+            entry,
+            partition_by=config.sink.partition_by,
+            max_commit_retries=0,
+            schema=_with_epoch_column(table_schema(table)),
+        )
     except CommitFailedError as err:
         if landed_version(config.layout.sink, plan.batch_id) is None:
             raise CommitConflictError(
                 f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
-                f"nothing was changed, run it again while no run of the pipeline is going on: {err}") from None
+                f"nothing was changed, run it again while no run of the pipeline is going on: {err}"
+            ) from None
     result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
     reconcile_ledger(config, Ledger.of(config))
     return result

@@ -35,9 +35,7 @@ def load_transform(config: PipelineConfig) -> Callable[[DataFrame], DataFrame] |
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # import errors of user code: say which file
-        raise TransformError(
-            f"pipeline {config.name}: cannot import transform module '{module_name}' from {folder}: {err}"
-        ) from None
+        raise TransformError(f"pipeline {config.name}: cannot import transform module '{module_name}' from {folder}: {err}") from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise TransformError(f"pipeline {config.name}: {module_name}.py has no function '{function_name}'")
@@ -55,8 +53,10 @@ def apply_transform(rows: DataFrame, config: PipelineConfig) -> DataFrame:
         raise TransformError(f"pipeline {config.name}: transform {config.transform} failed: {err}") from err
     if not isinstance(result, DataFrame):
         kind = f"{type(result).__module__.split('.')[0]}.{type(result).__name__}"
-        raise TransformError(f"pipeline {config.name}: transform {config.transform} returned a {kind}; a transform "
-                             "returns a Spark DataFrame (pyspark.sql.DataFrame), e.g. rows.withColumn(...)")
+        raise TransformError(
+            f"pipeline {config.name}: transform {config.transform} returned a {kind}; a transform "
+            "returns a Spark DataFrame (pyspark.sql.DataFrame), e.g. rows.withColumn(...)"
+        )
     missing = [c for c in COORDINATE_COLUMNS if c not in result.columns]
     if missing:
         raise TransformError(
@@ -109,4 +109,3 @@ def number_rows_per_record(rows: DataFrame) -> DataFrame:
             yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(index, pa.int32())], schema=arrow_schema)
 
     return source.mapInArrow(number, schema)
-

@@ -157,13 +157,13 @@ def _parse_entry(path: Path, index: int, entry: Any) -> Expectation:
 
     try:
         cls = get_expectation_impl(kind)
-    except Exception:  # noqa: BLE001 - GX raises its own not-found error type
+    except Exception:
         close = difflib.get_close_matches(kind, list_registered_expectation_implementations(), n=3, cutoff=0.75)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise SuiteError(f"{where}: unknown expectation{hint}") from None
     try:
         cls(**kwargs)
-    except Exception as err:  # noqa: BLE001 - pydantic validation errors of GX's models
+    except Exception as err:
         raise SuiteError(f"{where}: bad kwargs: {_pydantic_problems(err)}") from None
     return Expectation(index, kind, dict(kwargs))
 
@@ -212,32 +212,39 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
     # failed. 1M rows, 6 expectations, all passing: 1.2 s instead of 3.0 s with SUMMARY throughout.
     verdicts = _run_gx(rows, suite, list(suite.expectations), {"result_format": "BOOLEAN_ONLY"})
     failing = [e for e in suite.expectations if not verdicts[e.index].get("success")]
-    details = _run_gx(rows, suite, failing, {"result_format": "SUMMARY",
-                                              "partial_unexpected_count": max(config.validation.examples, 1)}) if failing else {}
+    details = (
+        _run_gx(rows, suite, failing, {"result_format": "SUMMARY", "partial_unexpected_count": max(config.validation.examples, 1)})
+        if failing
+        else {}
+    )
     results = []
     for e in suite.expectations:
         r = details.get(e.index) or verdicts[e.index]
         outcome = r.get("result") or {}
         info = r.get("exception_info") or {}
-        results.append({
-            "expectation": e.label,
-            "type": e.type,
-            "kwargs": _jsonable(e.kwargs),
-            "row_level": e.row_level,
-            "success": bool(r.get("success")),
-            "element_count": outcome.get("element_count"),
-            "unexpected_count": outcome.get("unexpected_count"),
-            "unexpected_percent": _round(outcome.get("unexpected_percent")),
-            "missing_count": outcome.get("missing_count"),
-            "observed_value": _jsonable(outcome.get("observed_value")),
-            "examples": [_jsonable(v) for v in (outcome.get("partial_unexpected_list") or [])[: config.validation.examples]],
-            "error": info.get("exception_message") if info.get("raised_exception") else None,
-        })
+        results.append(
+            {
+                "expectation": e.label,
+                "type": e.type,
+                "kwargs": _jsonable(e.kwargs),
+                "row_level": e.row_level,
+                "success": bool(r.get("success")),
+                "element_count": outcome.get("element_count"),
+                "unexpected_count": outcome.get("unexpected_count"),
+                "unexpected_percent": _round(outcome.get("unexpected_percent")),
+                "missing_count": outcome.get("missing_count"),
+                "observed_value": _jsonable(outcome.get("observed_value")),
+                "examples": [_jsonable(v) for v in (outcome.get("partial_unexpected_list") or [])[: config.validation.examples]],
+                "error": info.get("exception_message") if info.get("raised_exception") else None,
+            }
+        )
     failed = [e for e, r in zip(suite.expectations, results, strict=True) if not r["success"]]
     policy = config.validation.on_failure
-    blocking = failed if policy == "fail" else [
-        e for e, r in zip(suite.expectations, results, strict=True) if not r["success"] and (not e.row_level or r["error"])
-    ]
+    blocking = (
+        failed
+        if policy == "fail"
+        else [e for e, r in zip(suite.expectations, results, strict=True) if not r["success"] and (not e.row_level or r["error"])]
+    )
     summary = {
         "suite": str(suite.path.name),
         "on_failure": policy,
@@ -265,15 +272,16 @@ def _run_gx(rows, suite: Suite, expectations: list[Expectation], result_format: 
         ProgressBarsConfig,
     )
 
-    context = gx.get_context(mode="ephemeral", project_config=DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(),
-        analytics_enabled=False,
-        progress_bars=ProgressBarsConfig(globally=False),
-    ))
+    context = gx.get_context(
+        mode="ephemeral",
+        project_config=DataContextConfig(
+            store_backend_defaults=InMemoryStoreBackendDefaults(),
+            analytics_enabled=False,
+            progress_bars=ProgressBarsConfig(globally=False),
+        ),
+    )
     batch_definition = (
-        context.data_sources.add_spark("offsetlake")
-        .add_dataframe_asset("batch")
-        .add_batch_definition_whole_dataframe("whole_batch")
+        context.data_sources.add_spark("offsetlake").add_dataframe_asset("batch").add_batch_definition_whole_dataframe("whole_batch")
     )
     gx_suite = gx.ExpectationSuite(name=suite.name)
     for e in expectations:
@@ -305,8 +313,11 @@ def failure_message(config: PipelineConfig, plan: BatchPlan, summary: dict, bloc
         if r["error"]:
             lines.append(f"  - {e.label}: raised {r['error']}")
             continue
-        detail = [f"{r['unexpected_count']} unexpected of {r['element_count']} rows ({r['unexpected_percent']}%)"
-                  if r["unexpected_count"] is not None else f"observed {json.dumps(r['observed_value'], default=str)}"]
+        detail = [
+            f"{r['unexpected_count']} unexpected of {r['element_count']} rows ({r['unexpected_percent']}%)"
+            if r["unexpected_count"] is not None
+            else f"observed {json.dumps(r['observed_value'], default=str)}"
+        ]
         if r["examples"]:
             detail.append(f"e.g. {json.dumps(r['examples'], default=str)}")
         if summary["on_failure"] == "quarantine" and not e.row_level:
@@ -316,8 +327,7 @@ def failure_message(config: PipelineConfig, plan: BatchPlan, summary: dict, bloc
     hint = f"offsetlake run {config.name} --run-id {plan.run.run_id}" if not plan.run.dag_id else "clear the failed ingest task"
     if summary["on_failure"] == "fail":
         lines.append(
-            f"  next: fix the suite or the data, or set validation.on_failure: quarantine in {config.source_file}, "
-            f"then rerun ({hint})"
+            f"  next: fix the suite or the data, or set validation.on_failure: quarantine in {config.source_file}, then rerun ({hint})"
         )
     else:
         lines.append(f"  next: fix the suite or the data, then rerun ({hint})")
@@ -359,7 +369,7 @@ def quarantine_reasons(rows, expectations: list[Expectation], summary: dict):
     )
 
 
-def _unexpected(e: Expectation, F, Window):  # noqa: N803 - pyspark.sql.functions passed in
+def _unexpected(e: Expectation, F, Window):
     """The Spark condition under which GX counts a row of ``e`` as unexpected."""
     k = e.kwargs
     column = F.col(f"`{k['column']}`")
@@ -398,12 +408,16 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
     from offsetlake.formats import REASON, dead_letter_rows
 
     bad = quarantine_reasons(rows, validation.quarantine, validation.summary).persist()
-    per_partition = {(r["_kafka_topic"], r["_kafka_partition"]): int(r["count"])
-                     for r in bad.groupBy("_kafka_topic", "_kafka_partition").count().collect()}
+    per_partition = {
+        (r["_kafka_topic"], r["_kafka_partition"]): int(r["count"])
+        for r in bad.groupBy("_kafka_topic", "_kafka_partition").count().collect()
+    }
     kept = rows.join(bad, list(COORDINATE_COLUMNS[:3]), "left_anti")
     coordinates = bad.select(
-        F.col("_kafka_topic").alias("topic"), F.col("_kafka_partition").alias("partition"),
-        F.col("_kafka_offset").alias("offset"), F.concat(F.lit("failed expectation: "), F.col(QUARANTINE_REASON)).alias("_q"),
+        F.col("_kafka_topic").alias("topic"),
+        F.col("_kafka_partition").alias("partition"),
+        F.col("_kafka_offset").alias("offset"),
+        F.concat(F.lit("failed expectation: "), F.col(QUARANTINE_REASON)).alias("_q"),
     )
     quarantined = parsed.drop(REASON).join(coordinates, ["topic", "partition", "offset"]).withColumnRenamed("_q", REASON)
     validation.summary["quarantined_records"] = sum(per_partition.values())
@@ -430,8 +444,7 @@ def render_report(config: PipelineConfig, plan: BatchPlan, summary: dict) -> str
     e = html.escape
     colour = {"passed": "#1a7f37", "quarantined": "#9a6700", "failed": "#cf222e"}[summary["outcome"]]
     ranges = "".join(
-        f"<tr><td>{e(r.topic)}</td><td>{r.partition}</td><td>{r.start}</td><td>{r.end}</td><td>{r.size}</td></tr>"
-        for r in plan.ranges
+        f"<tr><td>{e(r.topic)}</td><td>{r.partition}</td><td>{r.start}</td><td>{r.end}</td><td>{r.size}</td></tr>" for r in plan.ranges
     )
     rows = []
     for r in summary["expectations"]:
@@ -456,19 +469,19 @@ table {{ border-collapse: collapse; margin: 1rem 0; }} td, th {{ border: 1px sol
 th {{ background: #f6f8fa; }} tr.bad td {{ background: #ffebe9; }} dt {{ font-weight: 600; }} dd {{ margin: 0 0 .4rem 0; }}
 </style></head><body>
 <h1>Validation of pipeline <code>{e(config.name)}</code> batch <code>{e(plan.batch_id)}</code>
- <span class="verdict">{e(summary['outcome'].upper())}</span></h1>
+ <span class="verdict">{e(summary["outcome"].upper())}</span></h1>
 <dl>
-<dt>Suite</dt><dd>{e(summary['suite'])} (on_failure: {e(summary['on_failure'])})</dd>
-<dt>Rows validated</dt><dd>{summary['rows_validated']}</dd>
+<dt>Suite</dt><dd>{e(summary["suite"])} (on_failure: {e(summary["on_failure"])})</dd>
+<dt>Rows validated</dt><dd>{summary["rows_validated"]}</dd>
 {f"<dt>Records quarantined to dead letters</dt><dd>{quarantined}</dd>" if quarantined is not None else ""}
-<dt>Run</dt><dd>{e(plan.run.dag_id or 'cli')} / {e(plan.run.run_id)} (try {plan.run.try_number or 1})</dd>
-<dt>Validated at</dt><dd>{e(summary['validated_at'])} in {summary['duration_ms']} ms</dd>
+<dt>Run</dt><dd>{e(plan.run.dag_id or "cli")} / {e(plan.run.run_id)} (try {plan.run.try_number or 1})</dd>
+<dt>Validated at</dt><dd>{e(summary["validated_at"])} in {summary["duration_ms"]} ms</dd>
 </dl>
 <h2>Offset ranges</h2>
 <table><tr><th>topic</th><th>partition</th><th>start</th><th>end (exclusive)</th><th>records</th></tr>{ranges}</table>
 <h2>Expectations</h2>
 <table><tr><th>expectation</th><th>kwargs</th><th>level</th><th>result</th><th>unexpected</th><th>observed</th>
-<th>examples / error</th></tr>{''.join(rows)}</table>
+<th>examples / error</th></tr>{"".join(rows)}</table>
 <p>Passing expectations are checked with GX's BOOLEAN_ONLY result format; counts, observed values and
 examples are computed for the ones that fail.</p>
 </body></html>

@@ -56,8 +56,9 @@ def batch_extra(config: PipelineConfig, batch: dict[str, Any]) -> dict[str, Any]
         "pipeline": config.name,
         "batch_id": batch["batch_id"],
         "kind": str(batch["kind"]),
-        "ranges": [r if isinstance(r, str) else f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})"
-                   for r in batch.get("ranges") or []],
+        "ranges": [
+            r if isinstance(r, str) else f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch.get("ranges") or []
+        ],
         "records": int(batch.get("records_read") or 0),
         "rows": int(batch.get("rows_written") or 0),
         "dead_letters": int(batch.get("dead_letters") or 0),
@@ -76,7 +77,7 @@ def _announced(config: PipelineConfig) -> set[str]:
     try:
         events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri).ascending(False).limit(RECENT_EVENTS)
         return {str((event.extra or {}).get("batch_id")) for event in events}
-    except Exception as err:  # noqa: BLE001 - the asset is new (no events yet) or the API cannot say
+    except Exception as err:
         log.info("pipeline %s: no earlier asset events of %s (%s)", config.name, asset.uri, err)
         return set()
 
@@ -95,8 +96,14 @@ def announce(context: dict[str, Any], config: PipelineConfig, extras: list[dict[
     asset = sink_asset(config)
     for extra in fresh:
         accessor.add(asset, extra=extra)
-        log.info("pipeline %s: asset event on %s for batch %s (%s, %d rows)", config.name, asset.uri,
-                 extra["batch_id"], extra["kind"], extra["rows"])
+        log.info(
+            "pipeline %s: asset event on %s for batch %s (%s, %d rows)",
+            config.name,
+            asset.uri,
+            extra["batch_id"],
+            extra["kind"],
+            extra["rows"],
+        )
     return fresh
 
 

@@ -30,8 +30,17 @@ log = logging.getLogger("offsetlake.airflow")
 
 # Keys of a Kafka connection that configure the on_new_data watcher's consumer, never offsetlake's
 # clients (its reader assigns exact ranges read_committed; publish commits to the pipeline's group).
-WATCHER_ONLY_OPTIONS = frozenset({"bootstrap.servers", "group.id", "group.instance.id", "enable.auto.commit",
-                                  "auto.offset.reset", "isolation.level", "enable.partition.eof"})
+WATCHER_ONLY_OPTIONS = frozenset(
+    {
+        "bootstrap.servers",
+        "group.id",
+        "group.instance.id",
+        "enable.auto.commit",
+        "auto.offset.reset",
+        "isolation.level",
+        "enable.partition.eof",
+    }
+)
 
 
 def kafka_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
@@ -41,7 +50,7 @@ def kafka_overrides(pipeline: str) -> tuple[str | None, dict[str, str]]:
     for conn_id in (f"kafka_{pipeline}", "kafka_default"):
         try:
             conn = BaseHook.get_connection(conn_id)
-        except Exception:  # noqa: BLE001 - not defined: the YAML alone configures Kafka
+        except Exception:
             continue
         extra = dict(conn.extra_dejson or {})
         servers = f"{conn.host}:{conn.port}" if conn.host and conn.port else (conn.host or None)
@@ -61,7 +70,7 @@ def storage_overrides(pipeline: str) -> dict[str, str]:
     for conn_id in (f"offsetlake_storage_{pipeline}", "offsetlake_storage_default"):
         try:
             conn = BaseHook.get_connection(conn_id)
-        except Exception:  # noqa: BLE001 - not defined: the YAML alone configures storage
+        except Exception:
             continue
         options = {str(k): str(v) for k, v in (conn.extra_dejson or {}).items()}
         if conn.login:
@@ -83,7 +92,7 @@ def registry_overrides(pipeline: str) -> dict[str, str]:
     for conn_id in (f"schema_registry_{pipeline}", "schema_registry_default"):
         try:
             conn = BaseHook.get_connection(conn_id)
-        except Exception:  # noqa: BLE001 - not defined: the YAML alone names the registry
+        except Exception:
             continue
         options = {str(k): str(v) for k, v in (conn.extra_dejson or {}).items()}
         if conn.host:
@@ -91,8 +100,7 @@ def registry_overrides(pipeline: str) -> dict[str, str]:
             options["url"] = f"{host}:{conn.port}" if conn.port else host
         if conn.login:
             options["basic.auth.user.info"] = f"{conn.login}:{conn.password or ''}"
-        log.info("schema registry settings of pipeline %s come from connection %s (keys: %s)", pipeline, conn_id,
-                 sorted(options))
+        log.info("schema registry settings of pipeline %s come from connection %s (keys: %s)", pipeline, conn_id, sorted(options))
         return options
     return {}
 
@@ -101,8 +109,9 @@ def connection_overrides(pipeline: str) -> Overrides:
     """The pipeline's Kafka, storage and Schema Registry settings from its Airflow connections
     (the ``OverridesSource`` of ``offsetlake.config.resolve_pipeline`` inside Airflow)."""
     servers, options = kafka_overrides(pipeline)
-    return Overrides(bootstrap_servers=servers, kafka_options=options, storage=storage_overrides(pipeline),
-                     schema_registry=registry_overrides(pipeline))
+    return Overrides(
+        bootstrap_servers=servers, kafka_options=options, storage=storage_overrides(pipeline), schema_registry=registry_overrides(pipeline)
+    )
 
 
 def overrides_env(pipeline: str) -> dict[str, str]:
@@ -123,7 +132,7 @@ def spark_master() -> str | None:
 
     try:
         conn = BaseHook.get_connection("spark_default")
-    except Exception:  # noqa: BLE001 - no connection: the stream's own default (local[2])
+    except Exception:
         return None
     if not conn.host:
         return None
@@ -138,6 +147,6 @@ def spark_connect_url() -> str | None:
 
     try:
         BaseHook.get_connection(SparkConnectHook.default_conn_name)
-    except Exception:  # noqa: BLE001 - no connection: spark-submit as before
+    except Exception:
         return None
     return SparkConnectHook(SparkConnectHook.default_conn_name).get_connection_url()

@@ -98,9 +98,12 @@ def _ingest_task(config: PipelineConfig):
         conn_id="spark_default",
         name=f"offsetlake-{config.name}",
         application_args=[
-            "--pipeline", config.name,
-            "--pipelines-dir", str(pipelines_folder()),
-            "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}",
+            "--pipeline",
+            config.name,
+            "--pipelines-dir",
+            str(pipelines_folder()),
+            "--batch-id",
+            "{{ ti.xcom_pull(task_ids='plan') }}",
         ],
         conf={
             "spark.sql.session.timeZone": "UTC",
@@ -121,27 +124,41 @@ def _publish_task(config: PipelineConfig) -> PythonOperator:
 
 BACKFILL_PARAMS = {
     "topic": Param(
-        None, type=["null", "string"],
+        None,
+        type=["null", "string"],
         description="The topic to backfill; leave empty when the pipeline reads one topic.",
     ),
     "partitions": Param(
-        [], type="array", items={"type": "integer", "minimum": 0}, title="Partitions",
+        [],
+        type="array",
+        items={"type": "integer", "minimum": 0},
+        title="Partitions",
         description="Partition ids to backfill; leave empty for all partitions.",
     ),
     "from_offset": Param(
-        None, type=["null", "integer"], minimum=0, title="From offset",
+        None,
+        type=["null", "integer"],
+        minimum=0,
+        title="From offset",
         description="First offset to reprocess (inclusive). Use with To offset, or use the times instead.",
     ),
     "to_offset": Param(
-        None, type=["null", "integer"], minimum=1, title="To offset",
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        title="To offset",
         description="End offset (exclusive); at most the pipeline's committed end for each partition.",
     ),
     "from_time": Param(
-        None, type=["null", "string"], title="From time (ISO-8601)",
+        None,
+        type=["null", "string"],
+        title="From time (ISO-8601)",
         description="Start of a record-time range, e.g. 2026-11-01T00:00:00Z; resolved with offsets_for_times.",
     ),
     "to_time": Param(
-        None, type=["null", "string"], title="To time (ISO-8601)",
+        None,
+        type=["null", "string"],
+        title="To time (ISO-8601)",
         description="End of the record-time range (exclusive).",
     ),
 }
@@ -165,7 +182,9 @@ def _manual_dag(config: PipelineConfig, kind: str, params: dict, description: st
 
 def backfill_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
-        config, "backfill", BACKFILL_PARAMS,
+        config,
+        "backfill",
+        BACKFILL_PARAMS,
         f"Reprocess an offset or time range of {config.topic_label}, replacing its rows in {config.sink_path}",
         f"""### {config.name}_backfill
 Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
@@ -173,7 +192,10 @@ Kafka coordinates are replaced in one Delta commit (so repeating a backfill chan
 only offsets the pipeline has already committed can be backfilled, and txn versions never move.""",
     ) as dag:
         plan = PythonOperator(
-            task_id="plan", python_callable=plan_backfill_run, op_kwargs={"pipeline": config.name}, retries=0,
+            task_id="plan",
+            python_callable=plan_backfill_run,
+            op_kwargs={"pipeline": config.name},
+            retries=0,
         )
         plan >> _ingest_task(config) >> _publish_task(config)
     return dag
@@ -181,16 +203,22 @@ only offsets the pipeline has already committed can be backfilled, and txn versi
 
 REWIND_PARAMS = {
     "to_batch": Param(
-        None, type=["null", "string"], title="Rewind to batch",
+        None,
+        type=["null", "string"],
+        title="Rewind to batch",
         description="Batch id to rewind to (from the Offset ledger view or `offsetlake ledger`); it stays, "
         "every later batch is rewound and the next ingest run reprocesses from its end.",
     ),
     "reason": Param(
-        "", type="string", title="Reason",
+        "",
+        type="string",
+        title="Reason",
         description="Why; recorded in the rewind commit's userMetadata and the ledger.",
     ),
     "dry_run": Param(
-        True, type="boolean", title="Dry run",
+        True,
+        type="boolean",
+        title="Dry run",
         description="Only log what would change (batches, files, txn versions, dead letters); write nothing.",
     ),
 }
@@ -198,7 +226,9 @@ REWIND_PARAMS = {
 
 def rewind_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
-        config, "rewind", REWIND_PARAMS,
+        config,
+        "rewind",
+        REWIND_PARAMS,
         f"Restore {config.sink_path} to its state right after an earlier batch, to reprocess from there",
         f"""### {config.name}_rewind
 Trigger with Params `to_batch`, `reason` and `dry_run` (on by default: the log shows what would change).
@@ -206,22 +236,37 @@ One Delta commit puts the sink's data and committed ends back to where batch `to
 batches become `rewound` in the ledger and their dead letters are deleted. The next `{config.name}_ingest`
 run reprocesses from there. Rerunning a rewind that succeeded changes nothing.""",
     ) as dag:
-        PythonOperator(task_id="rewind", python_callable=rewind_run, op_kwargs={"pipeline": config.name}, retries=0,
-                       outlets=[commits_alias(config.name)])
+        PythonOperator(
+            task_id="rewind",
+            python_callable=rewind_run,
+            op_kwargs={"pipeline": config.name},
+            retries=0,
+            outlets=[commits_alias(config.name)],
+        )
     return dag
 
 
 STREAM_PARAMS = {
     "trigger_interval": Param(
-        "5s", type="string", pattern=r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)?$", title="Trigger interval",
+        "5s",
+        type="string",
+        pattern=r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)?$",
+        title="Trigger interval",
         description="Time from one micro-batch's start to the next, e.g. 5s, 500ms, 1m.",
     ),
     "max_records_per_batch": Param(
-        None, type=["null", "integer"], minimum=1, title="Max records per micro-batch",
+        None,
+        type=["null", "integer"],
+        minimum=1,
+        title="Max records per micro-batch",
         description="Offsets per micro-batch, all partitions together; empty = the pipeline's max_records_per_batch.",
     ),
     "max_duration_minutes": Param(
-        1440, type="integer", minimum=1, maximum=10080, title="Maximum duration (minutes)",
+        1440,
+        type="integer",
+        minimum=1,
+        maximum=10080,
+        title="Maximum duration (minutes)",
         description="The stream stops cleanly after this long (the task then succeeds); trigger a new run to go on.",
     ),
 }
@@ -230,7 +275,9 @@ MAX_STREAM_MINUTES = 10080
 
 def stream_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
-        config, "stream", STREAM_PARAMS,
+        config,
+        "stream",
+        STREAM_PARAMS,
         f"Ingest {config.topic_label} continuously into {config.sink_path} (micro-batches on one warm Spark session)",
         f"""### {config.name}_stream
 One long-running task runs `offsetlake stream {config.name}`: a micro-batch every trigger interval, each a

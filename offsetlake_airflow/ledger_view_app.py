@@ -80,7 +80,8 @@ def may_read(user: Any, pipeline: str) -> bool:
 
         team = DagModel.get_team_name(dag_id)
     return get_auth_manager().is_authorized_dag(
-        method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id, team_name=team), user=user)
+        method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=dag_id, team_name=team), user=user
+    )
 
 
 def visible_pipelines(user: Any) -> list[str]:
@@ -108,9 +109,14 @@ def with_links(request: Request, pipeline: str, detail: dict) -> dict:
     for batch in detail["batches"]:
         batch["airflow_run_url"] = (
             f"{airflow_root}/dags/{quote(batch['dag_id'], safe='')}/runs/{quote(batch['run_id'], safe='')}"
-            if batch["dag_id"] and batch["run_id"] else None)
-        batch["report_url"] = (f"{request.scope.get('root_path', '')}/ledger/{pipeline}/reports/{quote(batch['batch_id'])}"
-                               if batch["validation_report"] else None)
+            if batch["dag_id"] and batch["run_id"]
+            else None
+        )
+        batch["report_url"] = (
+            f"{request.scope.get('root_path', '')}/ledger/{pipeline}/reports/{quote(batch['batch_id'])}"
+            if batch["validation_report"]
+            else None
+        )
     return detail
 
 
@@ -133,8 +139,9 @@ def api_pipelines(user: User) -> dict:
 
 
 @app.get("/api/pipelines/{pipeline}")
-def api_pipeline(request: Request, user: User, pipeline: str,
-                 limit: Annotated[int, Query(ge=0, description="recent batches to list; 0 = all")] = 25) -> dict:
+def api_pipeline(
+    request: Request, user: User, pipeline: str, limit: Annotated[int, Query(ge=0, description="recent batches to list; 0 = all")] = 25
+) -> dict:
     return detail(request, user, pipeline, limit)
 
 

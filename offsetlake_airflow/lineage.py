@@ -48,8 +48,8 @@ class OffsetlakeBatchDatasetFacet(DatasetFacet):
     ranges: list[dict[str, Any]]
     records: int
     rows: int
-    deadLetters: int  # noqa: N815 - OpenLineage facets name fields in camelCase
-    sinkVersion: int | None  # noqa: N815
+    deadLetters: int
+    sinkVersion: int | None
 
     @staticmethod
     def _get_schema() -> str:
@@ -97,8 +97,11 @@ def lineage(config: PipelineConfig, batches: list[dict[str, Any]], with_schema: 
             pipeline=config.name,
             batches=[b["batch_id"] for b in batches],
             kind=str(batches[-1]["kind"]),
-            ranges=[{"topic": r["topic"], "partition": r["partition"], "start": r["start"], "end": r["end"],
-                     "batch": b["batch_id"]} for b in batches for r in b["ranges"]],
+            ranges=[
+                {"topic": r["topic"], "partition": r["partition"], "start": r["start"], "end": r["end"], "batch": b["batch_id"]}
+                for b in batches
+                for r in b["ranges"]
+            ],
             records=sum(int(b["records_read"] or 0) for b in batches),
             rows=rows,
             deadLetters=sum(int(b["dead_letters"] or 0) for b in batches),
@@ -121,9 +124,15 @@ def batch_lineage(config: PipelineConfig, batch_id: str | None) -> Any:
     from offsetlake.plan import BatchStatus
     from offsetlake.sink import open_table
 
-    found = [b for b in summarize_batches([r for r in ledger_batch_rows(config, open_table(config.layout.sink))
-                                           if r["batch_id"] == batch_id])
-             if b["status"] == BatchStatus.COMMITTED] if batch_id else []
+    found = (
+        [
+            b
+            for b in summarize_batches([r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["batch_id"] == batch_id])
+            if b["status"] == BatchStatus.COMMITTED
+        ]
+        if batch_id
+        else []
+    )
     return lineage(config, found)
 
 
@@ -147,6 +156,6 @@ def completed(what: str, compute: Callable[[], Any]) -> Any:
         return None
     try:
         return compute()
-    except Exception as err:  # noqa: BLE001 - lineage is a report, not part of the batch
+    except Exception as err:
         log.warning("%s: lineage not available: %s", what, err)
         return None

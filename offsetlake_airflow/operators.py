@@ -74,15 +74,12 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
                 raise
             # Retrying this task would re-execute a plan that can never apply again.
             raise AirflowFailException(
-                f"{superseded}. Not retried: clear the whole dag run "
-                f"(plan task included) to plan again from the committed ends."
+                f"{superseded}. Not retried: clear the whole dag run (plan task included) to plan again from the committed ends."
             ) from None
         from offsetlake_airflow.lineage import batch_lineage, completed
 
-        self._lineage = completed(f"pipeline {self.pipeline}", lambda: batch_lineage(load_config(self.pipeline),
-                                                                                      self._batch_id()))
+        self._lineage = completed(f"pipeline {self.pipeline}", lambda: batch_lineage(load_config(self.pipeline), self._batch_id()))
         return result
-
 
     def _batch_id(self) -> str | None:
         """The batch this task executes: its rendered ``--batch-id`` argument."""
@@ -93,14 +90,12 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
         command = [sys.executable, str(self.application), *[str(a) for a in self.application_args or []]]
         log.info("attached to the Spark server at %s: %s", remote.split(";")[0], " ".join(command))
         env = {**os.environ, **(self.env_vars or {}), "OFFSETLAKE_SPARK_REMOTE": remote}
-        self._attached = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env=env, cwd=project_dir())
+        self._attached = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=project_dir())
         assert self._attached.stdout is not None
         for line in self._attached.stdout:
             log.info("%s", line.rstrip())
         if self._attached.wait() != 0:
-            raise AirflowException(f"pipeline {self.pipeline}: the ingest job exited with {self._attached.returncode}; "
-                                   "see the lines above")
+            raise AirflowException(f"pipeline {self.pipeline}: the ingest job exited with {self._attached.returncode}; see the lines above")
 
     def on_kill(self) -> None:
         attached = getattr(self, "_attached", None)
@@ -126,8 +121,9 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
 
     template_fields = ("trigger_interval", "max_records_per_batch", "max_duration_minutes")
 
-    def __init__(self, *, pipeline: str, trigger_interval: str, max_records_per_batch: str,
-                 max_duration_minutes: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, pipeline: str, trigger_interval: str, max_records_per_batch: str, max_duration_minutes: str, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.trigger_interval = trigger_interval
@@ -140,10 +136,23 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
         dag_run, ti = context["dag_run"], context["ti"]
         env = {**os.environ, **overrides_env(self.pipeline)}
         command = [
-            sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipelines_folder()), "stream", self.pipeline,
-            "--trigger-interval", str(self.trigger_interval),
-            "--max-duration", f"{float(self.max_duration_minutes)}m",
-            "--parent-pid", str(os.getpid()), "--run-id", dag_run.run_id, "--dag-id", dag_run.dag_id,
+            sys.executable,
+            "-m",
+            "offsetlake",
+            "--pipelines-dir",
+            str(pipelines_folder()),
+            "stream",
+            self.pipeline,
+            "--trigger-interval",
+            str(self.trigger_interval),
+            "--max-duration",
+            f"{float(self.max_duration_minutes)}m",
+            "--parent-pid",
+            str(os.getpid()),
+            "--run-id",
+            dag_run.run_id,
+            "--dag-id",
+            dag_run.dag_id,
         ]
         if str(self.max_records_per_batch or "").strip() not in ("", "None", "0"):
             command += ["--max-records-per-batch", str(int(self.max_records_per_batch))]
@@ -157,8 +166,9 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
         output.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting: %s (output also in %s)", " ".join(command), output)
         with open(output, "w") as sink, open(output) as tail:
-            self._process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True, cwd=project_dir())
+            self._process = subprocess.Popen(
+                command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=project_dir()
+            )
             last = ""
             while True:
                 finished = self._process.poll() is not None
@@ -169,8 +179,9 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
                     break
                 time.sleep(0.5)
         if self._process.returncode != 0:
-            raise AirflowException(f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; "
-                                   f"see the lines above ({output})")
+            raise AirflowException(
+                f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; see the lines above ({output})"
+            )
         batches = committed_batches_of_run(config, dag_run.run_id)
         announce(context, config, [batch_extra(config, b) for b in batches])
         from offsetlake_airflow.lineage import completed, lineage
@@ -181,6 +192,9 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
     def on_kill(self) -> None:
         process = self._process
         if process is not None and process.poll() is None:
-            log.warning("stopping the stream of pipeline %s (pid %d): it finishes its batch in flight, "
-                        "then releases its lease", self.pipeline, process.pid)
+            log.warning(
+                "stopping the stream of pipeline %s (pid %d): it finishes its batch in flight, then releases its lease",
+                self.pipeline,
+                process.pid,
+            )
             os.kill(process.pid, signal.SIGTERM)

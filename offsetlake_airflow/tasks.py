@@ -75,16 +75,29 @@ def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) 
         return existing.batch_id
     start, end = context["data_interval_start"], context["data_interval_end"]
     if start is None or end is None:
-        raise BackfillParamsError(f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
-                                  f"use the {config.name}_backfill DAG with offsets or times")
+        raise BackfillParamsError(
+            f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
+            f"use the {config.name}_backfill DAG with offsets or times"
+        )
     plan = plan_interval_backfill(config, run, start, end)
     if plan is None:
-        log.info("pipeline %s backfill run %s: no committed record falls in the data interval [%s, %s): "
-                 "nothing to reprocess, Spark not started", config.name, run.run_id, start.isoformat(), end.isoformat())
+        log.info(
+            "pipeline %s backfill run %s: no committed record falls in the data interval [%s, %s): nothing to reprocess, Spark not started",
+            config.name,
+            run.run_id,
+            start.isoformat(),
+            end.isoformat(),
+        )
         return None
     ledger.record_plan(plan)
-    log.info("pipeline %s backfill %s of the data interval [%s, %s): %s", config.name, plan.batch_id,
-             start.isoformat(), end.isoformat(), plan.describe())
+    log.info(
+        "pipeline %s backfill %s of the data interval [%s, %s): %s",
+        config.name,
+        plan.batch_id,
+        start.isoformat(),
+        end.isoformat(),
+        plan.describe(),
+    )
     return plan.batch_id
 
 
@@ -106,7 +119,8 @@ def plan_backfill_run(pipeline: str, **context: Any) -> str:
         log.info("pipeline %s backfill %s: reusing the recorded plan %s", pipeline, existing.batch_id, existing.describe())
         return existing.batch_id
     plan = plan_backfill(
-        config, run,
+        config,
+        run,
         partitions=list(params.get("partitions") or []) or None,
         from_offset=params.get("from_offset"),
         to_offset=params.get("to_offset"),
@@ -152,17 +166,33 @@ def rewind_run(pipeline: str, **context: Any) -> dict:
     config = load_config(pipeline)
     who = getattr(dag_run, "triggering_user_name", None) or "airflow"
     result = rewind_pipeline(
-        config, to_batch, reason=params.get("reason") or None, requested_by=f"{who} via {dag_run.dag_id}",
-        dry_run=bool(params.get("dry_run")), run=_run(context),
+        config,
+        to_batch,
+        reason=params.get("reason") or None,
+        requested_by=f"{who} via {dag_run.dag_id}",
+        dry_run=bool(params.get("dry_run")),
+        run=_run(context),
     )
     log.info("%s", result.text())
     if not result.dry_run and result.rewind_version is not None:
         plan = result.plan
-        announce(context, config, [batch_extra(config, {
-            "batch_id": result.rewind_id, "kind": BatchKind.REWIND, "sink_version": result.rewind_version,
-            "ranges": [f"{m.topic}[{m.partition}] {m.current} -> {m.target}" for m in plan.txn],
-            "dead_letters": result.dead_letters_removed, "validation": "not validated",
-        })])
+        announce(
+            context,
+            config,
+            [
+                batch_extra(
+                    config,
+                    {
+                        "batch_id": result.rewind_id,
+                        "kind": BatchKind.REWIND,
+                        "sink_version": result.rewind_version,
+                        "ranges": [f"{m.topic}[{m.partition}] {m.current} -> {m.target}" for m in plan.txn],
+                        "dead_letters": result.dead_letters_removed,
+                        "validation": "not validated",
+                    },
+                )
+            ],
+        )
     return json.loads(json.dumps(result.as_dict(), default=str))
 
 

@@ -64,8 +64,11 @@ def new_data_asset(config: PipelineConfig) -> Any:
     )
     first = watched_topics(config)[0].strip("^$()")
     servers = config.kafka.bootstrap_servers.split(",")[0].strip()
-    return Asset(name=f"{config.name}_new_data", uri=f"kafka://{servers}/{first}",
-                 watchers=[AssetWatcher(name=f"{config.name}_new_data_watcher", trigger=trigger)])
+    return Asset(
+        name=f"{config.name}_new_data",
+        uri=f"kafka://{servers}/{first}",
+        watchers=[AssetWatcher(name=f"{config.name}_new_data_watcher", trigger=trigger)],
+    )
 
 
 def _committed_end(pipeline: str, topic: str, partition: int) -> int:
@@ -89,11 +92,12 @@ def new_data(message: Any, pipeline: str) -> dict | None:
     key = (message.topic(), message.partition())
     try:
         end = _committed_end(pipeline, *key)
-    except Exception as err:  # noqa: BLE001 - cannot tell: wake the run, which knows
+    except Exception as err:
         log.warning("pipeline %s: cannot read the committed ends (%s); waking the ingest run", pipeline, err)
         end = 0
     if message.offset() < end:
         return None
-    log.info("pipeline %s: new record %s[%d]@%d (committed end %d): waking %s_ingest",
-             pipeline, key[0], key[1], message.offset(), end, pipeline)
+    log.info(
+        "pipeline %s: new record %s[%d]@%d (committed end %d): waking %s_ingest", pipeline, key[0], key[1], message.offset(), end, pipeline
+    )
     return {"pipeline": pipeline, "topic": key[0], "partition": key[1], "offset": message.offset()}

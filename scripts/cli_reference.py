@@ -46,8 +46,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def _visible_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions
-            if a.help != argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)]
+    return [
+        a for a in parser._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)
+    ]
 
 
 def _flag(action: argparse.Action) -> str:
@@ -73,8 +74,9 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 
 def _options_table(parser: argparse.ArgumentParser) -> list[str]:
-    rows = [f"| {_flag(a)} | {'yes' if a.required or not a.option_strings else ''} | {_cell(a.help or '')} |"
-            for a in _visible_options(parser)]
+    rows = [
+        f"| {_flag(a)} | {'yes' if a.required or not a.option_strings else ''} | {_cell(a.help or '')} |" for a in _visible_options(parser)
+    ]
     if not rows:
         return []
     return ["| argument | required | meaning |", "| --- | --- | --- |", *rows, ""]

@@ -59,8 +59,19 @@ POSTGRES_IMAGE = "offsetlake-postgres:compose-test"
 STAND_IN_BASE = "offsetlake-base:bookworm"
 PACKAGES = ROOT / "deploy" / "compose-test-packages.txt"
 BINARIES = ("/usr/sbin/dockerd", "/usr/bin/docker-compose", "/usr/sbin/debootstrap")
-PORTS = ("KAFKA", "S3", "POSTGRES", "REGISTRY", "SPARK", "SPARK_UI", "SPARK_WORKER_UI", "AIRFLOW",
-         "SCHEDULER_HEALTH", "LOG_SERVER", "TRIGGER_LOG_SERVER")
+PORTS = (
+    "KAFKA",
+    "S3",
+    "POSTGRES",
+    "REGISTRY",
+    "SPARK",
+    "SPARK_UI",
+    "SPARK_WORKER_UI",
+    "AIRFLOW",
+    "SCHEDULER_HEALTH",
+    "LOG_SERVER",
+    "TRIGGER_LOG_SERVER",
+)
 TOPIC = "orders"
 PASSWORD = "compose-test-admin"
 S3_KEY, S3_SECRET = "offsetlake", "offsetlake-dev-secret"
@@ -83,8 +94,14 @@ def phase(name: str) -> Iterator[None]:
         print(f"   ({name}: {timings[name]:.1f}s)", flush=True)
 
 
-def run(*command: str, check: bool = True, capture: bool = False, timeout: float = 1800,
-        env: dict[str, str] | None = None, stdin: IO[bytes] | None = None) -> subprocess.CompletedProcess:
+def run(
+    *command: str,
+    check: bool = True,
+    capture: bool = False,
+    timeout: float = 1800,
+    env: dict[str, str] | None = None,
+    stdin: IO[bytes] | None = None,
+) -> subprocess.CompletedProcess:
     done = subprocess.run(command, capture_output=capture, timeout=timeout, env=env, stdin=stdin, text=capture)
     if check and done.returncode != 0:
         detail = f"\n{done.stdout}\n{done.stderr}" if capture else ""
@@ -105,8 +122,9 @@ def ensure_engine() -> subprocess.Popen | None:
         return None
     WORK.mkdir(exist_ok=True)
     with open(WORK / "dockerd.log", "ab") as log:
-        engine = subprocess.Popen(["/usr/sbin/dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+        engine = subprocess.Popen(
+            ["/usr/sbin/dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     deadline = time.monotonic() + 90
     while not engine_answers():
         if engine.poll() is not None or time.monotonic() > deadline:
@@ -164,9 +182,15 @@ def build_stand_in_base() -> None:
     with tempfile.TemporaryDirectory(prefix="offsetlake-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         print("debootstrap bookworm (minbase + python3.11, venv, ca-certificates) from this machine's apt archive")
-        run("debootstrap", "--variant=minbase",
+        run(
+            "debootstrap",
+            "--variant=minbase",
             "--include=python3.11,python3.11-venv,python3-venv,python-is-python3,ca-certificates",
-            "bookworm", str(rootfs), mirror, capture=True)
+            "bookworm",
+            str(rootfs),
+            mirror,
+            capture=True,
+        )
         for deb in (rootfs / "var/cache/apt/archives").glob("*.deb"):
             deb.unlink()
         shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
@@ -181,8 +205,20 @@ def build_stand_in_base() -> None:
             shutil.copy(cert, rootfs / "usr/local/share/ca-certificates" / cert.name)
         run("chroot", str(rootfs), "update-ca-certificates", capture=True)
         tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        run("docker", "import", "-c", "ENV LANG=C.UTF-8", "-c", "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
-            "-c", 'CMD ["bash"]', "-", STAND_IN_BASE, capture=True, stdin=tar.stdout)  # streamed, not held in memory
+        run(
+            "docker",
+            "import",
+            "-c",
+            "ENV LANG=C.UTF-8",
+            "-c",
+            "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
+            "-c",
+            'CMD ["bash"]',
+            "-",
+            STAND_IN_BASE,
+            capture=True,
+            stdin=tar.stdout,
+        )  # streamed, not held in memory
         if tar.wait() != 0:
             raise SystemExit("compose-test: tar of the stand-in root file system failed")
 
@@ -204,22 +240,47 @@ def base_image(rebuild: bool) -> str:
 def build_images(base: str) -> None:
     for tag, dockerfile in ((IMAGE, "Dockerfile"), (POSTGRES_IMAGE, "deploy/postgres.Dockerfile")):
         print(f"docker build {tag} from {dockerfile} on {base}")
-        run("docker", "build", "--network", "host", "--build-arg", f"BASE={base}", "-f", str(ROOT / dockerfile),
-            "-t", tag, str(ROOT), capture=True, timeout=3600)
+        run(
+            "docker",
+            "build",
+            "--network",
+            "host",
+            "--build-arg",
+            f"BASE={base}",
+            "-f",
+            str(ROOT / dockerfile),
+            "-t",
+            tag,
+            str(ROOT),
+            capture=True,
+            timeout=3600,
+        )
 
 
 # ---- the stack ---------------------------------------------------------------------------------
 class Stack:
     def __init__(self) -> None:
         self.ports = {name: free_port() for name in PORTS}
-        self.env = {**os.environ, "OFFSETLAKE_IMAGE": IMAGE, "OFFSETLAKE_POSTGRES_IMAGE": POSTGRES_IMAGE,
-                    "OFFSETLAKE_AIRFLOW_ADMIN_PASSWORD": PASSWORD,
-                    **{f"OFFSETLAKE_CT_{name}_PORT": str(port) for name, port in self.ports.items()}}
+        self.env = {
+            **os.environ,
+            "OFFSETLAKE_IMAGE": IMAGE,
+            "OFFSETLAKE_POSTGRES_IMAGE": POSTGRES_IMAGE,
+            "OFFSETLAKE_AIRFLOW_ADMIN_PASSWORD": PASSWORD,
+            **{f"OFFSETLAKE_CT_{name}_PORT": str(port) for name, port in self.ports.items()},
+        }
         self.file = WORK / "compose.resolved.yaml"
 
     def resolve(self) -> None:
-        merged = run("docker-compose", "-f", str(ROOT / "docker-compose.yaml"), "-f", str(ROOT / "deploy/compose-test.yaml"),
-                     "config", capture=True, env=self.env).stdout
+        merged = run(
+            "docker-compose",
+            "-f",
+            str(ROOT / "docker-compose.yaml"),
+            "-f",
+            str(ROOT / "deploy/compose-test.yaml"),
+            "config",
+            capture=True,
+            env=self.env,
+        ).stdout
         config = yaml.safe_load(merged)
         for service in config["services"].values():
             if service.get("network_mode") == "host":
@@ -227,8 +288,20 @@ class Stack:
         self.file.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def compose(self, *args: str, check: bool = True, capture: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
-        return run("docker-compose", "-p", PROJECT, "-f", str(self.file), "--project-directory", str(ROOT), *args,
-                   check=check, capture=capture, env=self.env, timeout=timeout)
+        return run(
+            "docker-compose",
+            "-p",
+            PROJECT,
+            "-f",
+            str(self.file),
+            "--project-directory",
+            str(ROOT),
+            *args,
+            check=check,
+            capture=capture,
+            env=self.env,
+            timeout=timeout,
+        )
 
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service, capture=True).stdout.strip()
@@ -246,8 +319,10 @@ class Stack:
                     continue  # a one-shot (minio-init, airflow-init) that did its job
                 if state["RestartCount"] >= 3 or (status["Status"] == "exited" and status["ExitCode"] != 0):
                     tail = run("docker", "logs", "--tail", "30", state["Id"], check=False, capture=True)
-                    raise SystemExit(f"compose-test: {name} keeps failing ({status['Status']}, exit {status['ExitCode']}, "
-                                     f"{state['RestartCount']} restarts); its last lines:\n{tail.stdout}{tail.stderr}")
+                    raise SystemExit(
+                        f"compose-test: {name} keeps failing ({status['Status']}, exit {status['ExitCode']}, "
+                        f"{state['RestartCount']} restarts); its last lines:\n{tail.stdout}{tail.stderr}"
+                    )
                 if status["Status"] != "running" or health not in (None, "healthy"):
                     waiting.append(f"{name}: {status['Status']}{'/' + health if health else ''}")
             if states and not waiting:
@@ -290,9 +365,11 @@ class Stack:
     def leftovers(self) -> list[str]:
         label = f"label=com.docker.compose.project={PROJECT}"
         found = []
-        for kind, command in (("container", ("docker", "ps", "-aq", "--filter", label)),
-                              ("network", ("docker", "network", "ls", "-q", "--filter", label)),
-                              ("volume", ("docker", "volume", "ls", "-q", "--filter", label))):
+        for kind, command in (
+            ("container", ("docker", "ps", "-aq", "--filter", label)),
+            ("network", ("docker", "network", "ls", "-q", "--filter", label)),
+            ("volume", ("docker", "volume", "ls", "-q", "--filter", label)),
+        ):
             found += [f"{kind} {item}" for item in run(*command, capture=True).stdout.split()]
         return found
 
@@ -308,14 +385,20 @@ def loopback_only(stack: Stack, result: dict, when: str) -> None:
 
 def pipeline_env(stack: Stack) -> None:
     """This process reads the stack's topic and lake as the containers do (orders.yaml's variables)."""
-    os.environ.update({
-        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{stack.ports['KAFKA']}", "OFFSETLAKE_LAKE": "s3://offsetlake/lake",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{stack.ports['S3']}", "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_ALLOW_HTTP": "true",
-    })
+    os.environ.update(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{stack.ports['KAFKA']}",
+            "OFFSETLAKE_LAKE": "s3://offsetlake/lake",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{stack.ports['S3']}",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+            "AWS_ALLOW_HTTP": "true",
+        }
+    )
 
 
-def ledger_of_run(config, dag_run_id: str) -> list[dict]:  # noqa: ANN001 - PipelineConfig
+def ledger_of_run(config, dag_run_id: str) -> list[dict]:
     from kafka_truth import ledger_rows
 
     return [row for row in ledger_rows(config) if row["run_id"] == dag_run_id]
@@ -449,8 +532,10 @@ def drive(stack: Stack, result: dict) -> None:
         batches = {r["batch_id"] for r in ledger_of_run(config, killed) if r["status"] == "committed"}
         print(f"ledger: {len(batches)} committed batch for {killed}: {sorted(batches)}; the killed try read {killed_batch}")
         if batches != {killed_batch}:
-            raise SystemExit(f"compose-test: run {killed} committed {sorted(batches)}, not the batch its killed try "
-                             f"read ({killed_batch}): the rerun did not reuse its plan")
+            raise SystemExit(
+                f"compose-test: run {killed} committed {sorted(batches)}, not the batch its killed try "
+                f"read ({killed_batch}): the rerun did not reuse its plan"
+            )
 
     with phase("audit and an independent read"):
         audit = stack.exec("spark-master", "offsetlake", "audit", "--against-kafka", "orders", check=False)
@@ -459,8 +544,10 @@ def drive(stack: Stack, result: dict) -> None:
             raise SystemExit(f"compose-test: `offsetlake audit --against-kafka orders` exited {audit.returncode}:\n{audit.stderr}")
         truth = read_topic(bootstrap, TOPIC)
         assert_exactly_once(config, truth)
-        print(f"independent read: {len(truth.good)} good and {len(truth.bad)} malformed committed records; "
-              f"the sink holds every good one once, the dead letters every malformed one once")
+        print(
+            f"independent read: {len(truth.good)} good and {len(truth.bad)} malformed committed records; "
+            f"the sink holds every good one once, the dead letters every malformed one once"
+        )
         result.update(good=len(truth.good), malformed=len(truth.bad), ledger_view_kinds=ledger_view(api))
 
 

@@ -98,9 +98,15 @@ def _story(lake: str) -> int:
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     topic = os.environ.setdefault("ORDERS_TOPIC", "orders")
     failpoint = ROOT / ".airflow" / "failpoint"
-    airflow = LocalAirflow(ROOT / ".airflow", int(os.environ.get("AIRFLOW_PORT", free_port())), extra_env={
-        "OFFSETLAKE_DISABLE_SCHEDULES": "1", "OFFSETLAKE_TASK_RETRIES": "0", "OFFSETLAKE_FAILPOINT_FILE": str(failpoint),
-    })
+    airflow = LocalAirflow(
+        ROOT / ".airflow",
+        int(os.environ.get("AIRFLOW_PORT", free_port())),
+        extra_env={
+            "OFFSETLAKE_DISABLE_SCHEDULES": "1",
+            "OFFSETLAKE_TASK_RETRIES": "0",
+            "OFFSETLAKE_FAILPOINT_FILE": str(failpoint),
+        },
+    )
     try:
         ensure_topic(bootstrap, topic, 3)
         next_id = produce_orders(bootstrap, topic, 60_000, malformed_every=500)
@@ -124,15 +130,19 @@ def _story(lake: str) -> int:
         say("clearing the failed run through the REST API, as the UI's Clear button does")
         airflow.clear("orders_ingest", failed_run)
         state = airflow.wait_for_run("orders_ingest", failed_run)
-        print(f"orders_ingest run {failed_run} after clear: {state} "
-              f"(ingest try {airflow.task_states('orders_ingest', failed_run)['ingest'][1]})")
+        print(
+            f"orders_ingest run {failed_run} after clear: {state} "
+            f"(ingest try {airflow.task_states('orders_ingest', failed_run)['ingest'][1]})"
+        )
 
         say("orders_backfill: reprocess orders[0] offsets [1000, 3000), replacing those rows")
         run_dag(airflow, "orders_backfill", {"partitions": [0], "from_offset": 1000, "to_offset": 3000})
 
         produce_orders(bootstrap, topic, 5_000, first_id=next_id + 40_000, null_customer_every=100)
-        say("produced 5,000 events, every 100th with customer null; orders_ingest validates them with "
-            "orders.expectations.yaml (on_failure: fail)")
+        say(
+            "produced 5,000 events, every 100th with customer null; orders_ingest validates them with "
+            "orders.expectations.yaml (on_failure: fail)"
+        )
         bad_run = run_dag(airflow, "orders_ingest", expect="failed")
         log = airflow.task_log("orders_ingest", bad_run, "ingest", 1)
         print("from the ingest task's log:")
@@ -144,8 +154,10 @@ def _story(lake: str) -> int:
         yaml_file.write_text(yaml_file.read_text().replace("${ORDERS_ON_FAILURE:-fail}", "quarantine"))
         airflow.clear_task("orders_ingest", bad_run, "ingest")
         state = airflow.wait_for_run("orders_ingest", bad_run)
-        print(f"orders_ingest run {bad_run} after clearing ingest: {state} "
-              f"(ingest try {airflow.task_states('orders_ingest', bad_run)['ingest'][1]})")
+        print(
+            f"orders_ingest run {bad_run} after clearing ingest: {state} "
+            f"(ingest try {airflow.task_states('orders_ingest', bad_run)['ingest'][1]})"
+        )
         if state != "success":
             raise SystemExit(f"the quarantine rerun ended {state}; logs under {airflow.home / 'logs'}")
     except BaseException:
@@ -165,8 +177,7 @@ def _story(lake: str) -> int:
         sink, dead = storage.table(config.layout.sink), storage.table(config.layout.dead_letters)
         print(f"\nsink rows: {sink.count()}  dead letters: {dead.count()}  sink version: {sink.version()}")
         filesystem, folder = storage.filesystem(config.layout.validation)
-        reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True))
-                   if i.path.endswith(".html")]
+        reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True)) if i.path.endswith(".html")]
         print(f"validation reports: {len(reports)} under {config.validation_path}")
         offsetlake("status", "orders")
         code = offsetlake("audit", "orders", check=False)
@@ -182,11 +193,18 @@ def _story(lake: str) -> int:
             broker.stop()
 
 
-PAYMENT_V1 = {"type": "record", "name": "Payment", "namespace": "demo", "fields": [
-    {"name": "payment_id", "type": "long"}, {"name": "order_id", "type": "long"},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
-    {"name": "currency", "type": {"type": "enum", "name": "Currency", "symbols": ["EUR", "USD", "GBP"]}},
-    {"name": "paid_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}
+PAYMENT_V1 = {
+    "type": "record",
+    "name": "Payment",
+    "namespace": "demo",
+    "fields": [
+        {"name": "payment_id", "type": "long"},
+        {"name": "order_id", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+        {"name": "currency", "type": {"type": "enum", "name": "Currency", "symbols": ["EUR", "USD", "GBP"]}},
+        {"name": "paid_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    ],
+}
 # v2 adds an optional field: BACKWARD compatible, so the registry accepts it
 PAYMENT_V2 = {**PAYMENT_V1, "fields": [*PAYMENT_V1["fields"], {"name": "method", "type": ["null", "string"], "default": None}]}
 
@@ -208,8 +226,13 @@ def _produce_payments(bootstrap: str, topic: str, registry: dict, first: int, co
     context = SerializationContext(topic, MessageField.VALUE)
     base = datetime(2026, 11, 1, tzinfo=UTC)
     for i in range(first, first + count):
-        payment = {"payment_id": i, "order_id": i * 7 % 100_000, "amount": Decimal(i % 50_000) / 100,
-                   "currency": ("EUR", "USD", "GBP")[i % 3], "paid_at": base + timedelta(seconds=i)}
+        payment = {
+            "payment_id": i,
+            "order_id": i * 7 % 100_000,
+            "amount": Decimal(i % 50_000) / 100,
+            "currency": ("EUR", "USD", "GBP")[i % 3],
+            "paid_at": base + timedelta(seconds=i),
+        }
         serializer = v1
         if v2 is not None and i % every_v2 == 0:
             serializer, payment = v2, {**payment, "method": ("card", "transfer")[i % 2]}
@@ -255,8 +278,10 @@ def _avro_story(bootstrap: str) -> int:
             actions = [json.loads(line) for line in log.read().decode().splitlines()]
         kinds = sorted({next(iter(a)) for a in actions})
         schema = next(json.loads(a["metaData"]["schemaString"]) for a in actions if "metaData" in a)
-        print(f"sink version {table.version()}: one commit holding {', '.join(kinds)}; "
-              f"its schema now has {', '.join(f['name'] for f in schema['fields'] if not f['name'].startswith('_'))}")
+        print(
+            f"sink version {table.version()}: one commit holding {', '.join(kinds)}; "
+            f"its schema now has {', '.join(f['name'] for f in schema['fields'] if not f['name'].startswith('_'))}"
+        )
         offsetlake("ledger", "payments")
         return offsetlake("audit", "payments", check=False)
     finally:

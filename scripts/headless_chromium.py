@@ -5,8 +5,16 @@ from __future__ import annotations
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps trying to reach its vendor's hosts,
 # which this machine's closed network refuses.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def launch(playwright):

@@ -36,14 +36,15 @@ class AirflowApi:
     # ---- REST API ------------------------------------------------------------------------
     def token(self) -> str:
         body = json.dumps({"username": "admin", "password": self.password}).encode()
-        request = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(f"{self.url}/auth/token", data=body, method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())["access_token"]
 
     def api(self, method: str, path: str, body: dict | None = None) -> dict:
         request = urllib.request.Request(
-            f"{self.url}/api/v2{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+            f"{self.url}/api/v2{path}",
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token()}"},
         )
         try:
@@ -81,9 +82,17 @@ class AirflowApi:
 
     def clear_task(self, dag_id: str, run_id: str, task_id: str) -> None:
         """What the UI's Clear on one task instance does (downstream included)."""
-        self.api("POST", f"/dags/{dag_id}/clearTaskInstances", {
-            "dry_run": False, "dag_run_id": run_id, "task_ids": [task_id], "only_failed": False, "include_downstream": True,
-        })
+        self.api(
+            "POST",
+            f"/dags/{dag_id}/clearTaskInstances",
+            {
+                "dry_run": False,
+                "dag_run_id": run_id,
+                "task_ids": [task_id],
+                "only_failed": False,
+                "include_downstream": True,
+            },
+        )
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
         """The task's log as the UI shows it: one line per event."""
@@ -146,8 +155,13 @@ class LocalAirflow(AirflowApi):
         for service in SERVICES:
             with open(logs / f"{service}.log", "ab") as log:
                 self.processes[service] = subprocess.Popen(
-                    [self.airflow, service], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT,
+                    [self.airflow, service],
+                    env=self.env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=ROOT,
                 )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -53,8 +53,7 @@ def pipeline_body(bootstrap: str, lake: str) -> dict:
         "on_offsets_lost": "skip",
         "format": {
             "type": "json",
-            "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string",
-                       "created_at": "timestamp"},
+            "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"},
             "required": ["order_id"],
         },
     }
@@ -62,8 +61,14 @@ def pipeline_body(bootstrap: str, lake: str) -> dict:
 
 def _cli(file: Path, *args: str, env: dict[str, str] | None = None, dies: bool = False) -> str:
     command, *rest = args
-    done = subprocess.run([sys.executable, "-m", "offsetlake", command, *rest, str(file)],
-                          capture_output=True, text=True, cwd=_code_root(), timeout=600, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        [sys.executable, "-m", "offsetlake", command, *rest, str(file)],
+        capture_output=True,
+        text=True,
+        cwd=_code_root(),
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     if dies:
         if done.returncode != -9:
             raise SystemExit(f"offsetlake {' '.join(args)} was to die at its failpoint: {done.returncode}\n{done.stderr}")
@@ -79,8 +84,15 @@ def topic_records(bootstrap: str) -> dict[tuple[int, int], dict]:
     from kafka_truth import last_stable_offsets
 
     ends = last_stable_offsets(bootstrap, TOPIC)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "make-upgrade-lake", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "make-upgrade-lake",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in ends])
     out: dict[tuple[int, int], dict] = {}
     done = {p for p, end in ends.items() if end == 0}
@@ -89,9 +101,12 @@ def topic_records(bootstrap: str) -> dict[tuple[int, int], dict]:
             if m.error() or m.offset() >= ends[m.partition()]:
                 continue
             out[(m.partition(), m.offset())] = {
-                "partition": m.partition(), "offset": m.offset(), "timestamp_ms": m.timestamp()[1],
+                "partition": m.partition(),
+                "offset": m.offset(),
+                "timestamp_ms": m.timestamp()[1],
                 "key": base64.b64encode(m.key()).decode() if m.key() is not None else None,
-                "value": base64.b64encode(m.value()).decode() if m.value() is not None else None}
+                "value": base64.b64encode(m.value()).decode() if m.value() is not None else None,
+            }
             if m.offset() + 1 >= ends[m.partition()]:
                 done.add(m.partition())
     consumer.close()
@@ -124,8 +139,7 @@ def main(out: Path) -> None:
         _cli(file, "run")
         batches = Ledger.of(config).batches()
         newest = [r for r in batches if r["status"] == "committed" and r["batch_id"] not in before]
-        target = max((r for r in batches if r["batch_id"] in before and r["kind"] == "ingest"),
-                     key=lambda r: r["sink_version"])
+        target = max((r for r in batches if r["batch_id"] in before and r["kind"] == "ingest"), key=lambda r: r["sink_version"])
         assert newest, "the second run committed nothing"
         _cli(file, "rewind", "--to-batch", target["batch_id"], "--reason", "upgrade test data: a rewind")
         _cli(file, "backfill", "--partitions", "1", "--from-offset", "10", "--to-offset", "60")  # one that stays
@@ -148,20 +162,34 @@ def main(out: Path) -> None:
         shutil.copytree(work / "lake", out / "lake")  # before anything reads it: status repairs what it finds
         ledger = Ledger.of(config).batches()
         status = json.loads(_cli(file, "status", "--json"))
-        (out / "records.json").write_text(json.dumps({
-            "topic": TOPIC, "partitions": 2, "log_start": {str(p): o for p, o in deleted.items()},
-            "records": [records[k] for k in sorted(records)],
-        }, indent=0))
+        (out / "records.json").write_text(
+            json.dumps(
+                {
+                    "topic": TOPIC,
+                    "partitions": 2,
+                    "log_start": {str(p): o for p, o in deleted.items()},
+                    "records": [records[k] for k in sorted(records)],
+                },
+                indent=0,
+            )
+        )
         kinds: dict[str, int] = {}
         for r in {(r["batch_id"], r["kind"], r["status"]) for r in ledger}:
             kinds[f"{r[1]}/{r[2]}"] = kinds.get(f"{r[1]}/{r[2]}", 0) + 1
-        (out / "expected.json").write_text(json.dumps({
-            "pipeline": PIPELINE, "topic": TOPIC,
-            "committed_ends": {str(p["partition"]): p["committed_end"] for p in status["partitions"]},
-            "batches_by_kind_and_status": dict(sorted(kinds.items())),
-            "sink_rows": _row_count(config.sink_path),
-            "written_by": _version(),
-        }, indent=1, sort_keys=True))
+        (out / "expected.json").write_text(
+            json.dumps(
+                {
+                    "pipeline": PIPELINE,
+                    "topic": TOPIC,
+                    "committed_ends": {str(p["partition"]): p["committed_end"] for p in status["partitions"]},
+                    "batches_by_kind_and_status": dict(sorted(kinds.items())),
+                    "sink_rows": _row_count(config.sink_path),
+                    "written_by": _version(),
+                },
+                indent=1,
+                sort_keys=True,
+            )
+        )
         print(f"wrote {out}: {json.dumps(kinds, sort_keys=True)}")
     finally:
         broker.stop()

@@ -37,8 +37,7 @@ def main(out: str = "docs/ledger-view.png") -> int:
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
     airflow = LocalAirflow(ROOT / ".airflow", free_port(), password="screenshot-only")
     try:
-        produce_orders(os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ.get("ORDERS_TOPIC", "orders"), NEW_ORDERS,
-                       first_id=10_000_000)
+        produce_orders(os.environ["KAFKA_BOOTSTRAP_SERVERS"], os.environ.get("ORDERS_TOPIC", "orders"), NEW_ORDERS, first_id=10_000_000)
         airflow.start()
         with sync_playwright() as p:
             browser = launch(p)

@@ -59,7 +59,7 @@ class Registry:
     settings: dict[str, str]  # the client options a pipeline's format.schema_registry takes
     local: object | None  # tests/schema_registry_server.LocalSchemaRegistry, or None for a real registry
 
-    def client(self):  # noqa: ANN201 - confluent-kafka's SchemaRegistryClient
+    def client(self):
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         return SchemaRegistryClient(dict(self.settings))
@@ -75,8 +75,9 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regist
     from schema_registry_server import LocalSchemaRegistry
 
     folder = tmp_path_factory.mktemp("schema_registry")
-    local = LocalSchemaRegistry(folder / "registry.log", user="offsetlake", password="registry-secret",
-                                state_file=folder / "state.json").start()
+    local = LocalSchemaRegistry(
+        folder / "registry.log", user="offsetlake", password="registry-secret", state_file=folder / "state.json"
+    ).start()
     try:
         yield Registry(local.client_config(), local)
     finally:
@@ -105,8 +106,13 @@ def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         port = probe.getsockname()[1]
     log = tmp_path_factory.mktemp("spark_server") / "server.log"
     with open(log, "w") as err:
-        server = subprocess.Popen([sys.executable, "-m", "offsetlake", "spark-server", "--port", str(port)],
-                                  stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "offsetlake", "spark-server", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=ROOT,
+        )
     try:
         assert server.stdout is not None
         ready, _, _ = select.select([server.stdout], [], [], 180)
@@ -162,8 +168,7 @@ class Pipeline:
             "read_timeout_seconds": 30,
             "format": {
                 "type": "json",
-                "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string",
-                           "created_at": "timestamp"},
+                "schema": {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"},
                 "required": ["order_id"],
             },
         }
@@ -183,14 +188,22 @@ class Pipeline:
         full_env.pop("OFFSETLAKE_FAILPOINT", None) if not (env and "OFFSETLAKE_FAILPOINT" in env) else None
         return subprocess.run(
             [sys.executable, "-m", "offsetlake", command, *rest, str(self.file)],
-            capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=ROOT,
         )
 
     def cli_start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         command, *rest = args
         return subprocess.Popen(
             [sys.executable, "-m", "offsetlake", command, *rest, str(self.file)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=ROOT,
         )
 
 
@@ -199,8 +212,11 @@ TEST_LAKE = os.environ.get("OFFSETLAKE_TEST_LAKE", "local")  # "s3": every pipel
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
-    config.addinivalue_line("markers", "also_on_s3: the test runs twice, its lake local and on the embedded S3 "
-                            "(with long=True the S3 run belongs to make torture: OFFSETLAKE_LONG_S3_VARIANTS=1)")
+    config.addinivalue_line(
+        "markers",
+        "also_on_s3: the test runs twice, its lake local and on the embedded S3 "
+        "(with long=True the S3 run belongs to make torture: OFFSETLAKE_LONG_S3_VARIANTS=1)",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -260,7 +276,8 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     dags.mkdir()
     shutil.copy(ROOT / "dags" / "offsetlake_dags.py", dags / "offsetlake_dags.py")
     airflow = LocalAirflow(
-        tmp_path / "airflow_home", free_port(),
+        tmp_path / "airflow_home",
+        free_port(),
         extra_env={
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "OFFSETLAKE_PIPELINES_DIR": str(folder),
@@ -268,7 +285,8 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
             "OFFSETLAKE_FAILPOINT_FILE": str(tmp_path / "failpoint"),
             # OpenLineage events of every task, through the provider's file transport
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
-                {"type": "file", "log_file_path": str(tmp_path / "openlineage.jsonl"), "append": True}),
+                {"type": "file", "log_file_path": str(tmp_path / "openlineage.jsonl"), "append": True}
+            ),
             "AIRFLOW__OPENLINEAGE__NAMESPACE": "offsetlake-tests",
         },
     )

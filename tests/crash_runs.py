@@ -21,8 +21,9 @@ def crash_at_every_failpoint(pipeline, config, records_per_step: int, *run_args:
     next_id = 0
     for failpoint in NAMES:
         next_id = produce_orders(pipeline.bootstrap, pipeline.topic, records_per_step, first_id=next_id, malformed_every=250)
-        planned_before = {r["batch_id"] for r in ledger_rows(config) if r["status"] == "planned"} \
-            if storage.is_table(config.layout.ledger) else set()
+        planned_before = (
+            {r["batch_id"] for r in ledger_rows(config) if r["status"] == "planned"} if storage.is_table(config.layout.ledger) else set()
+        )
         crashed = pipeline.cli("run", *run_args, env={"OFFSETLAKE_FAILPOINT": failpoint})
         assert crashed.returncode == -signal.SIGKILL, (failpoint, crashed.stderr[-2000:])
         assert f"failpoint {failpoint} reached" in crashed.stderr

@@ -95,8 +95,10 @@ TOMBSTONE_SHARE = 0.04  # of plain records: a null value, the keyed sink's delet
 
 def nested_values(order_id: int) -> dict:
     """The nested fields of record ``order_id``: a pure function, so the check needs no copy."""
-    return {"addr": {"city": f"c{order_id % 5}", "zip": f"z{order_id}", "geo": {"lat": order_id / 8}},
-            "lines": [{"sku": f"s{order_id}-{i}", "qty": i + order_id % 3} for i in range(order_id % 3)]}
+    return {
+        "addr": {"city": f"c{order_id % 5}", "zip": f"z{order_id}", "geo": {"lat": order_id / 8}},
+        "lines": [{"sku": f"s{order_id}-{i}", "qty": i + order_id % 3} for i in range(order_id % 3)],
+    }
 
 
 class InvariantBroken(AssertionError):
@@ -146,8 +148,9 @@ class Model:
 
 
 class Campaign:
-    def __init__(self, seed: int, steps: int, bootstrap: str, work: Path, restart_broker=None, log=print,
-                 kafka_audit_every: int = 1) -> None:
+    def __init__(
+        self, seed: int, steps: int, bootstrap: str, work: Path, restart_broker=None, log=print, kafka_audit_every: int = 1
+    ) -> None:
         self.rng = random.Random(seed)
         self.seed, self.steps = seed, steps
         self.kafka_audit_every = kafka_audit_every
@@ -179,16 +182,25 @@ class Campaign:
         fields of the current stage, and load it as the CLI steps will: they read the same file."""
         from offsetlake.config import load_pipeline
 
-        schema = {**SCHEMA, **NESTED_STAGES[self.model.nested_stage],
-                  **dict([EXTRA_FIELD] if self.with_extra_field else [])}
-        self.file.write_text(yaml.safe_dump({
-            "name": self.name, "topic": self.topic, "lake": str(self.work / "lake"), "start": "earliest",
-            "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign"}},
-            "max_records_per_batch": 400, "read_timeout_seconds": 60, "on_offsets_lost": "skip",
-            "key_format": "none",
-            "format": {"type": "json", "schema": schema, "required": ["order_id"]},
-            "sink": {"partition_by": ["customer"]},
-        }, sort_keys=False))
+        schema = {**SCHEMA, **NESTED_STAGES[self.model.nested_stage], **dict([EXTRA_FIELD] if self.with_extra_field else [])}
+        self.file.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.name,
+                    "topic": self.topic,
+                    "lake": str(self.work / "lake"),
+                    "start": "earliest",
+                    "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign"}},
+                    "max_records_per_batch": 400,
+                    "read_timeout_seconds": 60,
+                    "on_offsets_lost": "skip",
+                    "key_format": "none",
+                    "format": {"type": "json", "schema": schema, "required": ["order_id"]},
+                    "sink": {"partition_by": ["customer"]},
+                },
+                sort_keys=False,
+            )
+        )
         return load_pipeline(str(self.file))
 
     def _write_keyed_pipeline(self):
@@ -196,14 +208,24 @@ class Campaign:
         timestamp; small files, so keys at both ends of many files' statistics meet the merge."""
         from offsetlake.config import load_pipeline
 
-        self.keyed_file.write_text(yaml.safe_dump({
-            "name": self.keyed_name, "topic": self.topic, "lake": str(self.work / "lake"), "start": "earliest",
-            "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-keyed"}},
-            "max_records_per_batch": 300, "read_timeout_seconds": 60, "on_offsets_lost": "skip",
-            "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
-            "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
-            "sink": {"mode": "upsert", "key": ["slot"], "file_rows": 8},
-        }, sort_keys=False))
+        self.keyed_file.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.keyed_name,
+                    "topic": self.topic,
+                    "lake": str(self.work / "lake"),
+                    "start": "earliest",
+                    "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-keyed"}},
+                    "max_records_per_batch": 300,
+                    "read_timeout_seconds": 60,
+                    "on_offsets_lost": "skip",
+                    "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
+                    "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
+                    "sink": {"mode": "upsert", "key": ["slot"], "file_rows": 8},
+                },
+                sort_keys=False,
+            )
+        )
         return load_pipeline(str(self.keyed_file))
 
     # ---- the campaign ---------------------------------------------------------------------
@@ -263,8 +285,7 @@ class Campaign:
                 self.audit(against_kafka=(step + 1) % self.kafka_audit_every == 0)
             except InvariantBroken as broken:
                 raise InvariantBroken(f"step {step + 1} ({kind}): {broken}") from None
-            self.log(f"campaign seed={self.seed} step={step + 1}/{self.steps} kind={kind} "
-                     f"took_ms={int((time.monotonic() - t) * 1000)} ok")
+            self.log(f"campaign seed={self.seed} step={step + 1}/{self.steps} kind={kind} took_ms={int((time.monotonic() - t) * 1000)} ok")
         self.finish_open_txn()
         self.run_in_process(to_the_end=True)
         self.check(clean_run=True, final=True)
@@ -277,26 +298,40 @@ class Campaign:
     def figures(self, seconds: float) -> dict:
         visible = [r for r in self.model.records.values() if r.state == "visible"]
         return {
-            "seed": self.seed, "steps": self.stats["steps"], "seconds": round(seconds, 1),
-            "records_produced": len(self.model.records), "records_committed_in_kafka": len(visible),
-            "records_in_sink": self.stats["last_sink_rows"], "dead_letters": self.stats["last_dead_letters"],
+            "seed": self.seed,
+            "steps": self.stats["steps"],
+            "seconds": round(seconds, 1),
+            "records_produced": len(self.model.records),
+            "records_committed_in_kafka": len(visible),
+            "records_in_sink": self.stats["last_sink_rows"],
+            "dead_letters": self.stats["last_dead_letters"],
             "records_in_recorded_gaps": self.stats["last_in_gaps"],
-            "batches_committed": self.stats["commits:ingest"], "runs_in_process": self.stats["runs"],
+            "batches_committed": self.stats["commits:ingest"],
+            "runs_in_process": self.stats["runs"],
             "sink_commits": {k.removeprefix("commits:"): v for k, v in sorted(self.stats.items()) if k.startswith("commits:")},
-            "failpoint_crashes": self.stats["failpoint_crashes"], "sigkills": self.stats["sigkills"],
-            "backfills": self.stats["backfills"], "backfills_by_time": self.stats["backfills_by_time"],
-            "rewinds": self.stats["rewinds"], "batches_rewound": self.stats["batches_rewound"],
+            "failpoint_crashes": self.stats["failpoint_crashes"],
+            "sigkills": self.stats["sigkills"],
+            "backfills": self.stats["backfills"],
+            "backfills_by_time": self.stats["backfills_by_time"],
+            "rewinds": self.stats["rewinds"],
+            "batches_rewound": self.stats["batches_rewound"],
             "rewinds_refused": self.stats["rewinds_refused"],
             "rewinds_refused_earlier_epoch": self.stats["rewinds_refused_earlier_epoch"],
             "maintenance_runs": self.stats["maintenance_runs"],
-            "files_vacuumed": self.stats["files_vacuumed"], "schema_changes": self.stats["schema_changes"],
+            "files_vacuumed": self.stats["files_vacuumed"],
+            "schema_changes": self.stats["schema_changes"],
             "broker_restarts": self.stats["step:restart_broker"],
-            "topic_recreations": self.stats["recreations"], "epochs_reset": self.stats["epochs_reset"],
-            "nested_fields_added": self.model.nested_stage, "keyed_rows": self.stats["last_keyed_rows"],
-            "keyed_keys_deleted": self.stats["last_keyed_deleted"], "keyed_backfills": self.stats["keyed_backfills"],
+            "topic_recreations": self.stats["recreations"],
+            "epochs_reset": self.stats["epochs_reset"],
+            "nested_fields_added": self.model.nested_stage,
+            "keyed_rows": self.stats["last_keyed_rows"],
+            "keyed_keys_deleted": self.stats["last_keyed_deleted"],
+            "keyed_backfills": self.stats["keyed_backfills"],
             "keyed_backfills_refused": self.stats["keyed_backfills_refused"],
-            "partitions": self.partitions, "duplicates_found": self.stats["duplicates_found"],
-            "records_lost": self.stats["records_lost"], "checks": self.stats["checks"],
+            "partitions": self.partitions,
+            "duplicates_found": self.stats["duplicates_found"],
+            "records_lost": self.stats["records_lost"],
+            "checks": self.stats["checks"],
             "checks_with_dead_letters_pending": self.stats["checks_with_dead_letters_pending"],
             "audits_against_kafka": self.stats["audits_against_kafka"],
             "audits_of_delta_only": self.stats["audits_of_delta_only"],
@@ -305,8 +340,7 @@ class Campaign:
         }
 
     # ---- steps: producing -----------------------------------------------------------------
-    def _values(self, count: int, malformed_share: float, tombstone_share: float = 0.0
-                ) -> list[tuple[int | None, bytes | None, int]]:
+    def _values(self, count: int, malformed_share: float, tombstone_share: float = 0.0) -> list[tuple[int | None, bytes | None, int]]:
         """(order id or None, value or None for a tombstone, key slot in microseconds) per record."""
         values: list[tuple[int | None, bytes | None, int]] = []
         for _ in range(count):
@@ -319,13 +353,18 @@ class Campaign:
             elif draw < malformed_share + tombstone_share:
                 values.append((None, None, slot))
             else:
-                body = {"order_id": order_id, "customer": self.rng.choice(CUSTOMERS), "amount": order_id % 1000 / 10,
-                        **nested_values(order_id)}
+                body = {
+                    "order_id": order_id,
+                    "customer": self.rng.choice(CUSTOMERS),
+                    "amount": order_id % 1000 / 10,
+                    **nested_values(order_id),
+                }
                 values.append((order_id, json.dumps(body).encode(), slot))
         return values
 
-    def _send(self, producer: Producer, count: int, state: str, malformed_share: float = 0.0,
-              txn: str | None = None, tombstone_share: float = 0.0) -> list[Record]:
+    def _send(
+        self, producer: Producer, count: int, state: str, malformed_share: float = 0.0, txn: str | None = None, tombstone_share: float = 0.0
+    ) -> list[Record]:
         sent: list[Record] = []
         failures: list[str] = []
         incarnation = self.model.incarnation
@@ -336,8 +375,9 @@ class Campaign:
                 if err is not None:
                     failures.append(str(err))
                 else:
-                    sent.append(Record(msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1],
-                                       incarnation, slot, tombstone))
+                    sent.append(
+                        Record(msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1], incarnation, slot, tombstone)
+                    )
 
             key = json.dumps({"slot": _iso_us(slot)}).encode()
             producer.produce(self.topic, key=key, value=value, partition=partition, on_delivery=delivered)
@@ -350,8 +390,7 @@ class Campaign:
 
     def produce(self) -> None:
         producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
-        self._send(producer, self.rng.randint(1, 300), "visible", malformed_share=0.03,
-                   tombstone_share=TOMBSTONE_SHARE)
+        self._send(producer, self.rng.randint(1, 300), "visible", malformed_share=0.03, tombstone_share=TOMBSTONE_SHARE)
         self.stats["produced_plain"] += 1
 
     def _txn_producer(self) -> tuple[Producer, str]:
@@ -385,15 +424,27 @@ class Campaign:
         from offsetlake.spark import spark_session
 
         for config in (self.config, self.keyed):
-            run_pipeline(config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
-                         max_batches=None if to_the_end else self.rng.choice([1, 2, None]), emit=lambda _: None)
+            run_pipeline(
+                config,
+                RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"),
+                spark_session,
+                max_batches=None if to_the_end else self.rng.choice([1, 2, None]),
+                emit=lambda _: None,
+            )
         self.stats["runs"] += 1
 
     def _cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_FAILPOINT")}
         full.update(env or {})
-        return subprocess.Popen([sys.executable, "-m", "offsetlake", *args, str(self.file)], cwd=ROOT, env=full,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "offsetlake", *args, str(self.file)],
+            cwd=ROOT,
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def crash_at_failpoint(self) -> None:
         """A CLI run that dies at a random failpoint. The failpoint only fires in a batch, so
@@ -417,6 +468,7 @@ class Campaign:
     def _ensure_pending(self, timeout_s: float = 30.0) -> None:
         """Produce records unless some partition's last stable offset is past its committed end
         (or a gap is due), then wait until the broker reports them stable."""
+
         def pending() -> bool:
             ends = self._committed_ends()
             lso = _last_stable(self.bootstrap, self.topic, self.partitions)
@@ -463,8 +515,7 @@ class Campaign:
         low = self.model.deleted_below.get(partition, 0)
         start = self.rng.randrange(low, end - 1)
         stop = self.rng.randrange(start + 1, end + 1)
-        plan = plan_backfill(self.config, RunContext(run_id=f"campaign-backfill-{uuid.uuid4().hex[:6]}"),
-                             [partition], start, stop)
+        plan = plan_backfill(self.config, RunContext(run_id=f"campaign-backfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
         Ledger(self.config.layout.ledger, self.config.name).record_plan(plan)
         execute_recorded_batch(self.config, plan.batch_id, spark_session)
         self.stats["backfills"] += 1
@@ -485,8 +536,12 @@ class Campaign:
         timed: dict[int, list[Record]] = {}
         for r in self.model.current():
             end = ends.get(r.partition)
-            if (r.state == "visible" and r.timestamp_ms is not None and end is not None
-                    and self.model.deleted_below.get(r.partition, 0) <= r.offset < end):
+            if (
+                r.state == "visible"
+                and r.timestamp_ms is not None
+                and end is not None
+                and self.model.deleted_below.get(r.partition, 0) <= r.offset < end
+            ):
                 timed.setdefault(r.partition, []).append(r)
         if not timed:
             self.stats["skipped:backfill_by_time"] += 1
@@ -498,8 +553,13 @@ class Campaign:
         times = sorted((records[first].timestamp_ms or 0, records[last].timestamp_ms or 0))
         from_ms, to_ms = times[0], times[1] + 1
         try:
-            plan = plan_backfill(self.config, RunContext(run_id=f"campaign-backfill-time-{uuid.uuid4().hex[:6]}"),
-                                 [partition], from_time=_iso_ms(from_ms), to_time=_iso_ms(to_ms))
+            plan = plan_backfill(
+                self.config,
+                RunContext(run_id=f"campaign-backfill-time-{uuid.uuid4().hex[:6]}"),
+                [partition],
+                from_time=_iso_ms(from_ms),
+                to_time=_iso_ms(to_ms),
+            )
         except BackfillParamsError as err:
             if "selects no committed offsets" not in str(err):
                 raise
@@ -509,14 +569,16 @@ class Campaign:
         Ledger.of(self.config).record_plan(plan)
         result = execute_recorded_batch(self.config, plan.batch_id, spark_session)
         (reprocessed,) = plan.ranges
-        expected = [r for r in timed[partition] if reprocessed.start <= r.offset < reprocessed.end
-                    and from_ms <= (r.timestamp_ms or 0) < to_ms]
+        expected = [
+            r for r in timed[partition] if reprocessed.start <= r.offset < reprocessed.end and from_ms <= (r.timestamp_ms or 0) < to_ms
+        ]
         done = result.total("rows_written") + result.total("dead_letters")
         if result.status != "committed" or done != len(expected):
             raise InvariantBroken(
                 f"backfill by time {plan.describe()} ended {result.status} with {result.total('rows_written')} rows and "
                 f"{result.total('dead_letters')} dead letters; the model has {len(expected)} committed records of "
-                f"{partition}:[{reprocessed.start}, {reprocessed.end}) timed in [{from_ms}, {to_ms}) ms")
+                f"{partition}:[{reprocessed.start}, {reprocessed.end}) timed in [{from_ms}, {to_ms}) ms"
+            )
         self.stats["backfills_by_time"] += 1
 
     def rewind(self) -> None:
@@ -535,12 +597,12 @@ class Campaign:
         from offsetlake.storage import open_table
 
         def live_batches() -> tuple[list, int]:
-            commits = sink_commits(open_table(self.config.layout.sink), self.config.name) \
-                if storage.is_table(self.config.layout.sink) else []
+            commits = (
+                sink_commits(open_table(self.config.layout.sink), self.config.name) if storage.is_table(self.config.layout.sink) else []
+            )
             undone = rewound_batches(commits)
             live = [c for c in commits if c.kind not in (BatchKind.REWIND, BatchKind.EPOCH) and c.batch_id not in undone]
-            epoch_start = max((c.version for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in undone),
-                              default=-1)
+            epoch_start = max((c.version for c in commits if c.kind == BatchKind.EPOCH and c.batch_id not in undone), default=-1)
             return live, epoch_start
 
         live, epoch_start = live_batches()
@@ -548,8 +610,9 @@ class Campaign:
             if len([c for c in live if c.version > epoch_start]) >= 2:
                 break
             self._ensure_pending()
-            run_pipeline(self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
-                         max_batches=1, emit=lambda _: None)
+            run_pipeline(
+                self.config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session, max_batches=1, emit=lambda _: None
+            )
             live, epoch_start = live_batches()
         earlier = [c for c in live if c.version < epoch_start]
         if earlier and self.rng.random() < 0.5:  # a batch of the topic before it was re-created: refused
@@ -559,8 +622,10 @@ class Campaign:
             except RewindError:
                 self.stats["rewinds_refused_earlier_epoch"] += 1
             else:
-                raise InvariantBroken(f"rewind to batch {target.batch_id} (sink version {target.version}) went through, "
-                                      f"but it lies before the topic's epoch commit at version {epoch_start}")
+                raise InvariantBroken(
+                    f"rewind to batch {target.batch_id} (sink version {target.version}) went through, "
+                    f"but it lies before the topic's epoch commit at version {epoch_start}"
+                )
         # rewinding to the latest live batch changes nothing: no fault
         candidates = [c for c in live if c.version > epoch_start][:-1]
         if not candidates:
@@ -581,8 +646,7 @@ class Campaign:
         or a rewind of this campaign still needs is deleted unless the campaign is that old."""
         from offsetlake.maintenance import maintain
 
-        reports = [*maintain(self.config, retention_hours=1, vacuum=True),
-                   *maintain(self.keyed, retention_hours=1, vacuum=True)]
+        reports = [*maintain(self.config, retention_hours=1, vacuum=True), *maintain(self.keyed, retention_hours=1, vacuum=True)]
         self.stats["maintenance_runs"] += 1
         self.stats["files_vacuumed"] += sum(r.vacuumed for r in reports)
 
@@ -626,8 +690,7 @@ class Campaign:
         start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
         stop = self.rng.randrange(start + 1, end + 1)
         try:
-            plan = plan_backfill(self.keyed, RunContext(run_id=f"campaign-kbackfill-{uuid.uuid4().hex[:6]}"),
-                                 [partition], start, stop)
+            plan = plan_backfill(self.keyed, RunContext(run_id=f"campaign-kbackfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
             Ledger.of(self.keyed).record_plan(plan)
             result = execute_recorded_batch(self.keyed, plan.batch_id, spark_session)
         except BackfillParamsError as refused:
@@ -683,16 +746,21 @@ class Campaign:
 
     def _model_matches_a_consumer(self, lso: dict[int, int]) -> list[str]:
         """The model itself, checked against what a plain read_committed consumer reads now."""
-        expected = {(r.partition, r.offset): r.order_id for r in self.model.current()
-                    if r.state == "visible" and self.model.deleted_below.get(r.partition, 0) <= r.offset < lso.get(r.partition, 0)}
+        expected = {
+            (r.partition, r.offset): r.order_id
+            for r in self.model.current()
+            if r.state == "visible" and self.model.deleted_below.get(r.partition, 0) <= r.offset < lso.get(r.partition, 0)
+        }
         seen = _consumer_view(self.bootstrap, self.topic, lso)
         if seen == expected:
             return []
         only_model = sorted(set(expected) - set(seen))[:5]
         only_kafka = sorted(set(seen) - set(expected))[:5]
         differ = sorted(k for k in set(seen) & set(expected) if seen[k] != expected[k])[:5]
-        return [f"the campaign's model and a plain consumer disagree: only in the model {only_model}, "
-                f"only in Kafka {only_kafka}, different values {differ}"]
+        return [
+            f"the campaign's model and a plain consumer disagree: only in the model {only_model}, "
+            f"only in Kafka {only_kafka}, different values {differ}"
+        ]
 
     def recreate_topic(self) -> None:
         """Delete the topic and create it again (same name, same partitions), then run each
@@ -725,17 +793,34 @@ class Campaign:
                 epochs[-1] = self.model.incarnation
                 continue
             try:
-                run_pipeline(config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session,
-                             max_batches=1, emit=lambda _: None)
+                run_pipeline(
+                    config, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session, max_batches=1, emit=lambda _: None
+                )
             except TopicIdentityError as refused:
                 if "the topic was re-created or truncated" not in str(refused):
                     raise InvariantBroken(f"{name}: the refusal does not say what happened: {refused}") from None
             else:
-                raise InvariantBroken(f"{name} ran on the re-created topic {self.topic} from the old committed ends "
-                                      f"{ends[name]} instead of refusing")
-            done = subprocess.run([sys.executable, "-m", "offsetlake", "topic", "reset-epoch", "--topic", self.topic,
-                                   "--reason", "campaign re-created the topic", str(file)],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
+                raise InvariantBroken(
+                    f"{name} ran on the re-created topic {self.topic} from the old committed ends {ends[name]} instead of refusing"
+                )
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "offsetlake",
+                    "topic",
+                    "reset-epoch",
+                    "--topic",
+                    self.topic,
+                    "--reason",
+                    "campaign re-created the topic",
+                    str(file),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             if done.returncode != 0:
                 raise InvariantBroken(f"{name}: offsetlake topic reset-epoch exited {done.returncode}: {done.stderr[-2000:]}")
             epochs.append(self.model.incarnation)
@@ -764,8 +849,10 @@ class Campaign:
                 continue
             report = audit_pipeline(config, against_kafka=against_kafka)
             if not report.ok:
-                raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: offsetlake's audit of "
-                                      f"{config.name}{' against Kafka' if against_kafka else ''} failed:\n{report.text()}")
+                raise InvariantBroken(
+                    f"seed {self.seed} after {self.stats['steps']} steps: offsetlake's audit of "
+                    f"{config.name}{' against Kafka' if against_kafka else ''} failed:\n{report.text()}"
+                )
         self.stats["audits_against_kafka" if against_kafka else "audits_of_delta_only"] += 1
 
     def _committed_ends(self, config=None) -> dict[int, int | None]:
@@ -803,8 +890,12 @@ class Campaign:
     def _gaps(self, name: str, live: list[dict], epoch_of) -> list[tuple[int, int, int, int]]:
         """(incarnation, partition, start, end) of each live gap commit of pipeline ``name``."""
         incarnations = self.model.epoch_incarnation[name]
-        return [(incarnations[epoch_of(c["version"])], r["partition"], r["start"], r["end"])
-                for c in live if c.get("kind") == "gap" for r in c["ranges"]]
+        return [
+            (incarnations[epoch_of(c["version"])], r["partition"], r["start"], r["end"])
+            for c in live
+            if c.get("kind") == "gap"
+            for r in c["ranges"]
+        ]
 
     def check(self, clean_run: bool, final: bool = False) -> None:
         self.stats["checks"] += 1
@@ -817,15 +908,15 @@ class Campaign:
         if storage.is_table(self.config.layout.sink):
             dataset = storage.table(self.config.layout.sink).to_pyarrow_dataset()
             extra = [EXTRA_FIELD[0]] if EXTRA_FIELD[0] in dataset.schema.names else []
-            data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp",
-                                             "addr", "lines", *extra])
+            data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp", "addr", "lines", *extra])
             micros = pc.cast(data["_kafka_timestamp"], pa.int64()).to_pylist()
             sink_rows = data.drop_columns(["_kafka_timestamp"]).to_pylist()
             for row, t in zip(sink_rows, micros, strict=True):
                 row["time_ms"] = None if t is None else t // 1000
             if extra and pc.count(data[EXTRA_FIELD[0]]).as_py():
-                problems.append(f"{pc.count(data[EXTRA_FIELD[0]]).as_py()} sink rows hold a value in "
-                                f"'{EXTRA_FIELD[0]}', which no record carries")
+                problems.append(
+                    f"{pc.count(data[EXTRA_FIELD[0]]).as_py()} sink rows hold a value in '{EXTRA_FIELD[0]}', which no record carries"
+                )
         # The dead-letter table follows the sink one commit behind at most: a crash between a sink
         # commit and its dead-letter commit leaves that change for the next run to apply (its txn
         # "sink:<sink table id>" says which sink version it holds). Meanwhile the audit counts the pending change.
@@ -837,9 +928,12 @@ class Campaign:
             d = dead_table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "batch_id"])
             version_of = {c.get("batch_id"): c["version"] for c in commits}
             # a dead letter belongs to the epoch of the batch that wrote it
-            dead = [(incarnations[min(epoch_of(version_of.get(b, 1 << 62)), len(incarnations) - 1)], p, o)
-                    for p, o, b in zip(d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(),
-                                       d["batch_id"].to_pylist(), strict=True)]
+            dead = [
+                (incarnations[min(epoch_of(version_of.get(b, 1 << 62)), len(incarnations) - 1)], p, o)
+                for p, o, b in zip(
+                    d["_kafka_partition"].to_pylist(), d["_kafka_offset"].to_pylist(), d["batch_id"].to_pylist(), strict=True
+                )
+            ]
             sink_id = str(storage.table(self.config.layout.sink).metadata().id) if changes else ""
             applied = dead_table.transaction_version(dead_letters.applied_app_id(sink_id)) if changes else None
             dead_pending = bool(changes) and (applied is None or applied < max(changes))
@@ -867,14 +961,15 @@ class Campaign:
         for inc, p, o in dead:
             record = self.model.records.get((inc, p, o))
             if record is None or record.state != "visible" or record.order_id is not None:
-                problems.append(f"dead letter {p}:{o} (topic creation {inc}) is not a committed malformed record or "
-                                f"tombstone ({record})")
+                problems.append(f"dead letter {p}:{o} (topic creation {inc}) is not a committed malformed record or tombstone ({record})")
 
         gaps = self._gaps(self.name, live, epoch_of)
         for inc, p, a, b in gaps:
             if b > self._deleted_below(inc).get(p, 0):
-                problems.append(f"gap {p}:[{a}, {b}) of topic creation {inc} covers offsets the campaign never deleted "
-                                f"(log start {self._deleted_below(inc).get(p, 0)})")
+                problems.append(
+                    f"gap {p}:[{a}, {b}) of topic creation {inc} covers offsets the campaign never deleted "
+                    f"(log start {self._deleted_below(inc).get(p, 0)})"
+                )
         in_gaps = 0
         lost = []
         for (inc, p, o), record in self.model.records.items():
@@ -891,8 +986,9 @@ class Campaign:
                 lost.append((inc, p, o))
         if lost:
             self.stats["records_lost"] += len(lost)
-            problems.append(f"{len(lost)} committed records below the committed end are missing "
-                            f"(topic creation, partition, offset): {lost[:10]}")
+            problems.append(
+                f"{len(lost)} committed records below the committed end are missing (topic creation, partition, offset): {lost[:10]}"
+            )
 
         ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (epoch, partition) -> spans
         for c in live:
@@ -905,28 +1001,42 @@ class Campaign:
             spans.sort()
             for (a1, b1), (a2, b2) in zip(spans, spans[1:], strict=False):
                 if a2 != b1:
-                    problems.append(f"partition {p} epoch {epoch}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) "
-                                    "are not contiguous")
+                    problems.append(f"partition {p} epoch {epoch}: committed ranges [{a1}, {b1}) and [{a2}, {b2}) are not contiguous")
             want = self._ends_of(self.name, incarnations[epoch], ends).get(p)
             if spans[-1][1] != want:
-                problems.append(f"partition {p} epoch {epoch}: last committed range ends at {spans[-1][1]}, "
-                                    f"the committed end {'is' if epoch == current_epoch else 'was'} {want}")
+                problems.append(
+                    f"partition {p} epoch {epoch}: last committed range ends at {spans[-1][1]}, "
+                    f"the committed end {'is' if epoch == current_epoch else 'was'} {want}"
+                )
         if clean_run and storage.is_table(self.config.layout.ledger):
-            ledger = [r for r in storage.table(self.config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
-                      if r["pipeline"] == self.name]
+            ledger = [
+                r
+                for r in storage.table(self.config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
+                if r["pipeline"] == self.name
+            ]
             # the ledger is a log of events: a rewound batch keeps its committed event and gains a rewound one
             rewound_in_ledger = {r["batch_id"] for r in ledger if r["status"] == "rewound"}
             if rewound != rewound_in_ledger:
-                problems.append(f"the ledger's rewound batches differ from the sink's rewind commits: only in ledger "
-                                f"{sorted(rewound_in_ledger - rewound)[:5]}, only in sink {sorted(rewound - rewound_in_ledger)[:5]}")
-            mine = [r for r in ledger if r["status"] in ("committed", "gap") and r["batch_id"] not in rewound_in_ledger
-                    and r["kind"] in ("ingest", "gap") and r["end_offset"] > r["start_offset"]]
+                problems.append(
+                    f"the ledger's rewound batches differ from the sink's rewind commits: only in ledger "
+                    f"{sorted(rewound_in_ledger - rewound)[:5]}, only in sink {sorted(rewound - rewound_in_ledger)[:5]}"
+                )
+            mine = [
+                r
+                for r in ledger
+                if r["status"] in ("committed", "gap")
+                and r["batch_id"] not in rewound_in_ledger
+                and r["kind"] in ("ingest", "gap")
+                and r["end_offset"] > r["start_offset"]
+            ]
             ledger_spans = Counter((r["partition"], r["start_offset"], r["end_offset"]) for r in mine)
             sink_spans = Counter((p, a, b) for (_, p), spans in ranges.items() for a, b in spans)
             if ledger_spans != sink_spans:
-                problems.append(f"ledger committed ranges differ from the sink's: only in ledger "
-                                f"{sorted((ledger_spans - sink_spans).elements())[:5]}, only in sink "
-                                f"{sorted((sink_spans - ledger_spans).elements())[:5]}")
+                problems.append(
+                    f"ledger committed ranges differ from the sink's: only in ledger "
+                    f"{sorted((ledger_spans - sink_spans).elements())[:5]}, only in sink "
+                    f"{sorted((sink_spans - ledger_spans).elements())[:5]}"
+                )
         for kind, count in Counter(c.get("kind") for c in commits).items():
             self.stats[f"commits:{kind}"] = count
         self.stats["last_sink_rows"] = len(sink_rows)
@@ -953,10 +1063,16 @@ class Campaign:
         the record's value in every row of a record past the committed end when it was added."""
         want = nested_values(record.order_id)
         addr, lines = row["addr"] or {}, row["lines"] or []
-        got = {"addr.zip": addr.get("zip"), "addr.geo.lat": (addr.get("geo") or {}).get("lat"),
-               "lines.qty": [line.get("qty") for line in lines] if lines else None}
-        expected = {"addr.zip": want["addr"]["zip"], "addr.geo.lat": want["addr"]["geo"]["lat"],
-                    "lines.qty": [line["qty"] for line in want["lines"]] if want["lines"] else None}
+        got = {
+            "addr.zip": addr.get("zip"),
+            "addr.geo.lat": (addr.get("geo") or {}).get("lat"),
+            "lines.qty": [line.get("qty") for line in lines] if lines else None,
+        }
+        expected = {
+            "addr.zip": want["addr"]["zip"],
+            "addr.geo.lat": want["addr"]["geo"]["lat"],
+            "lines.qty": [line["qty"] for line in want["lines"]] if want["lines"] else None,
+        }
         where = f"sink row {record.partition}:{record.offset} (order {record.order_id})"
         problems = []
         if addr.get("city") != want["addr"]["city"] or [line.get("sku") for line in lines] != [line["sku"] for line in want["lines"]]:
@@ -971,8 +1087,10 @@ class Campaign:
             written_after = record.incarnation > inc or (record.incarnation == inc and record.offset >= (end_then or 0))
             empty = got[name] is None or (name == "lines.qty" and got[name] == [None] * len(lines))
             if empty and written_after and expected[name] is not None:
-                problems.append(f"{where}: {name} is null, but the record lies past the committed end "
-                                f"{end_then} when the field was added (it should hold {expected[name]})")
+                problems.append(
+                    f"{where}: {name} is null, but the record lies past the committed end "
+                    f"{end_then} when the field was added (it should hold {expected[name]})"
+                )
             elif not empty and got[name] != expected[name]:
                 problems.append(f"{where}: {name} = {got[name]}, the record's is {expected[name]}")
         return problems
@@ -1016,8 +1134,10 @@ class Campaign:
             got[slot] = order_id
         if got != expected:
             differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
-            problems.append(f"the keyed sink differs from the model on {len(differ)} keys: " + ", ".join(
-                f"{_iso_us(k)}: sink order {got.get(k)}, model {expected.get(k)} ({newest.get(k)})" for k in differ[:5]))
+            problems.append(
+                f"the keyed sink differs from the model on {len(differ)} keys: "
+                + ", ".join(f"{_iso_us(k)}: sink order {got.get(k)}, model {expected.get(k)} ({newest.get(k)})" for k in differ[:5])
+            )
         self.stats["last_keyed_rows"] = len(got)
         self.stats["last_keyed_deleted"] = sum(r.tombstone for r in newest.values())
         if final:
@@ -1035,9 +1155,16 @@ def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: f
     consumer sees from each partition's log start to its LSO."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"campaign-truth-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True, "receive.message.max.bytes": 200_000_000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"campaign-truth-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "receive.message.max.bytes": 200_000_000,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in lso])
     seen: dict[tuple[int, int], int | None] = {}
     done = {p for p, end in lso.items() if end == 0}
@@ -1096,8 +1223,9 @@ def _last_stable(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     from confluent_kafka.admin import OffsetSpec
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
-                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}, isolation_level=IsolationLevel.READ_COMMITTED
+    )
     return {tp.partition: f.result().offset for tp, f in futures.items()}
 
 
@@ -1116,9 +1244,14 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="folder for the lake and broker data (default: a temp folder)")
     parser.add_argument("--figures", type=Path, help="append the final figures as a JSON line to this file")
     parser.add_argument("--minutes", type=float, help="draw no new step after this long; the final phase still runs")
-    parser.add_argument("--kafka-audit-every", type=int, default=1, metavar="N",
-                        help="audit against Kafka after every N-th step (default 1: every step), the Delta-only "
-                             "audit after the others; the final phase always audits against Kafka")
+    parser.add_argument(
+        "--kafka-audit-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="audit against Kafka after every N-th step (default 1: every step), the Delta-only "
+        "audit after the others; the final phase always audits against Kafka",
+    )
     args = parser.parse_args()
     import faulthandler
     import logging
@@ -1139,8 +1272,15 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="offsetlake-torture-"))
     with broker_for(work / "broker") as (bootstrap, broker):
         try:
-            campaign = Campaign(args.seed, args.steps, bootstrap, work, broker.restart if broker else None,
-                                log=lambda line: print(line, flush=True), kafka_audit_every=args.kafka_audit_every)
+            campaign = Campaign(
+                args.seed,
+                args.steps,
+                bootstrap,
+                work,
+                broker.restart if broker else None,
+                log=lambda line: print(line, flush=True),
+                kafka_audit_every=args.kafka_audit_every,
+            )
             figures = campaign.run(args.minutes)
         finally:
             stop_spark()

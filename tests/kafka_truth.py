@@ -27,8 +27,9 @@ class TopicTruth:
 def last_stable_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     parts = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
-    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in parts},
-                                 isolation_level=IsolationLevel.READ_COMMITTED)
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in parts}, isolation_level=IsolationLevel.READ_COMMITTED
+    )
     return {tp.partition: f.result().offset for tp, f in futures.items()}
 
 
@@ -36,14 +37,26 @@ def _json_order_id(value: bytes) -> int:
     return int(json.loads(value)["order_id"])
 
 
-def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, timeout_s: float = 60,
-               order_id: Callable[[bytes], int] = _json_order_id) -> TopicTruth:
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    until: dict[int, int] | None = None,
+    timeout_s: float = 60,
+    order_id: Callable[[bytes], int] = _json_order_id,
+) -> TopicTruth:
     """Every committed record up to the LSO (or ``until``), read with a plain consumer; ``order_id``
     decodes a value's order id (raising for a record that must be a dead letter)."""
     lso = until or last_stable_offsets(bootstrap, topic)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.time_ns()}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "receive.message.max.bytes": 200_000_000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"truth-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "receive.message.max.bytes": 200_000_000,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in lso])
     good: dict[tuple[int, int], int] = {}
     bad: set[tuple[int, int]] = set()
@@ -62,7 +75,7 @@ def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, 
                 continue
             try:
                 good[(p, o)] = order_id(m.value())
-            except Exception:  # noqa: BLE001 - whatever the decoder raises, the record is a dead letter
+            except Exception:
                 bad.add((p, o))
             if o + 1 >= lso[p]:
                 done.add(p)
@@ -73,8 +86,7 @@ def read_topic(bootstrap: str, topic: str, until: dict[int, int] | None = None, 
 def sink_coordinates(path: storage.Where) -> list[tuple[int, int, int]]:
     """(partition, offset, order_id) of every live sink row, duplicates kept."""
     data = storage.table(path).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id"])
-    return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), data["order_id"].to_pylist(),
-                    strict=True))
+    return list(zip(data["_kafka_partition"].to_pylist(), data["_kafka_offset"].to_pylist(), data["order_id"].to_pylist(), strict=True))
 
 
 def dead_letter_coordinates(path: storage.Where) -> list[tuple[int, int]]:
@@ -129,9 +141,16 @@ class Record:
 def read_records(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Record]:
     """Every committed record up to the LSO, in (partition, offset) order, with a plain consumer."""
     lso = last_stable_offsets(bootstrap, topic)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.time_ns()}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "receive.message.max.bytes": 200_000_000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"truth-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "receive.message.max.bytes": 200_000_000,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in lso])
     out: list[Record] = []
     done = {p for p, end in lso.items() if end == 0}
@@ -151,8 +170,9 @@ def read_records(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Reco
     return sorted(out, key=lambda r: (r.partition, r.offset))
 
 
-def replay_by_key(records: list[Record], key_of: Callable[[Record], object | None],
-                  row_of: Callable[[Record], dict | None]) -> dict[object, dict]:
+def replay_by_key(
+    records: list[Record], key_of: Callable[[Record], object | None], row_of: Callable[[Record], dict | None]
+) -> dict[object, dict]:
     """The table a keyed sink must hold: each key's newest record (keys stay in one partition
     here, so by offset), applied in order; ``row_of`` returns None for a delete. Records whose key
     is None are skipped."""
@@ -169,8 +189,9 @@ def replay_by_key(records: list[Record], key_of: Callable[[Record], object | Non
     return table
 
 
-def newest_by_key(records: list[Record], key_of: Callable[[Record], object | None],
-                  row_of: Callable[[Record], dict | None]) -> dict[object, dict]:
+def newest_by_key(
+    records: list[Record], key_of: Callable[[Record], object | None], row_of: Callable[[Record], dict | None]
+) -> dict[object, dict]:
     """The table a keyed sink must hold by the ordering rule (docs/design.md), for keys that may live in
     several partitions: each key's last record per partition (by offset), then the newest of
     those by (timestamp, partition, offset); ``row_of`` returns None for a delete, and a key whose

@@ -28,8 +28,15 @@ class _Header(ctypes.Structure):
 
 
 class _Value(ctypes.Union):
-    _fields_ = [("cstr", ctypes.c_char_p), ("i", ctypes.c_int), ("i32", ctypes.c_int32), ("i64", ctypes.c_int64),
-                ("mem", _Mem), ("header", _Header), ("pad", ctypes.c_char * 64)]
+    _fields_ = [
+        ("cstr", ctypes.c_char_p),
+        ("i", ctypes.c_int),
+        ("i32", ctypes.c_int32),
+        ("i64", ctypes.c_int64),
+        ("mem", _Mem),
+        ("header", _Header),
+        ("pad", ctypes.c_char * 64),
+    ]
 
 
 class _VU(ctypes.Structure):
@@ -52,8 +59,9 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def produce_raw(bootstrap: str, topic: str, partition: int, value: bytes, headers: list[tuple[bytes, bytes]],
-                timestamp_ms: int | None = None) -> None:
+def produce_raw(
+    bootstrap: str, topic: str, partition: int, value: bytes, headers: list[tuple[bytes, bytes]], timestamp_ms: int | None = None
+) -> None:
     """Produce one record whose header keys are the given bytes, verbatim."""
     lib = _library()
     conf = lib.rd_kafka_conf_new()

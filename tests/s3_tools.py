@@ -207,6 +207,5 @@ def delete_file(uri: str, options: Any = None) -> None:
     with ``options`` (the pipeline's ``config.layout.sink.options``) on an object store."""
     from offsetlake import storage
 
-    fs, path = storage.filesystem(storage.Location(uri.removeprefix("file://") if uri.startswith("file://") else uri,
-                                                   options))
+    fs, path = storage.filesystem(storage.Location(uri.removeprefix("file://") if uri.startswith("file://") else uri, options))
     fs.delete_file(path)

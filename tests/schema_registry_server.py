@@ -62,12 +62,37 @@ LEVELS = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSIT
 TYPES = ("AVRO", "PROTOBUF", "JSON")
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 _COMPLEX = {"record", "error", "enum", "fixed", "array", "map"}
-_PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"), ("long", "double"),
-               ("float", "double"), ("string", "bytes"), ("bytes", "string")}
+_PROMOTIONS = {
+    ("int", "long"),
+    ("int", "float"),
+    ("int", "double"),
+    ("long", "float"),
+    ("long", "double"),
+    ("float", "double"),
+    ("string", "bytes"),
+    ("bytes", "string"),
+}
 # FieldDescriptorProto types by how they look on the wire: a change within a group still reads.
-_PROTO_KINDS = {3: "varint", 4: "varint", 5: "varint", 8: "varint", 13: "varint", 17: "zigzag", 18: "zigzag",
-                7: "fixed32", 15: "fixed32", 6: "fixed64", 16: "fixed64", 9: "bytes", 12: "bytes",
-                1: "double", 2: "float", 10: "group", 11: "message", 14: "enum"}
+_PROTO_KINDS = {
+    3: "varint",
+    4: "varint",
+    5: "varint",
+    8: "varint",
+    13: "varint",
+    17: "zigzag",
+    18: "zigzag",
+    7: "fixed32",
+    15: "fixed32",
+    6: "fixed64",
+    16: "fixed64",
+    9: "bytes",
+    12: "bytes",
+    1: "double",
+    2: "float",
+    10: "group",
+    11: "message",
+    14: "enum",
+}
 
 
 class ApiError(Exception):
@@ -121,8 +146,13 @@ class _AvroCheck:
                 self.errors.append(_err("MISSING_UNION_BRANCH", f"The reader union at path '{where}' has no branch for {wk}", wk))
         elif wk != rk:
             if (wk, rk) not in _PROMOTIONS:
-                self.errors.append(_err("TYPE_MISMATCH", f"The type at path '{where}' in the reader schema does not match the "
-                                        "writer schema", f"reader type: {rk} not compatible with writer type: {wk}"))
+                self.errors.append(
+                    _err(
+                        "TYPE_MISMATCH",
+                        f"The type at path '{where}' in the reader schema does not match the writer schema",
+                        f"reader type: {rk} not compatible with writer type: {wk}",
+                    )
+                )
         elif wk in ("array", "map"):
             part = "items" if wk == "array" else "values"
             self.check(w[part], r[part], f"{path}/{part}")
@@ -141,13 +171,19 @@ class _AvroCheck:
         if w["name"].rsplit(".", 1)[-1] not in {n.rsplit(".", 1)[-1] for n in (r["name"], *r.get("aliases", []))}:
             self.errors.append(_err("NAME_MISMATCH", f"The type name at path '{path or '/'}' differs", f"expected: {w['name']}"))
         elif kind == "fixed" and w["size"] != r["size"]:
-            self.errors.append(_err("FIXED_SIZE_MISMATCH", f"The size of the fixed at path '{path or '/'}' differs",
-                                    f"expected: {w['size']}, found: {r['size']}"))
+            self.errors.append(
+                _err(
+                    "FIXED_SIZE_MISMATCH",
+                    f"The size of the fixed at path '{path or '/'}' differs",
+                    f"expected: {w['size']}, found: {r['size']}",
+                )
+            )
         elif kind == "enum":
             missing = [s for s in w["symbols"] if s not in r["symbols"]]
             if missing and "default" not in r:
-                self.errors.append(_err("MISSING_ENUM_SYMBOLS", f"The reader enum at path '{path}/symbols' lacks writer symbols "
-                                        f"{missing}", str(missing)))
+                self.errors.append(
+                    _err("MISSING_ENUM_SYMBOLS", f"The reader enum at path '{path}/symbols' lacks writer symbols {missing}", str(missing))
+                )
         elif kind == "record" and (w["name"], r["name"]) not in self.active:
             self.active.add((w["name"], r["name"]))
             by_name = {f["name"]: f for f in w["fields"]}
@@ -156,9 +192,15 @@ class _AvroCheck:
                 if written is not None:
                     self.check(written["type"], field["type"], f"{path}/fields/{i}/type")
                 elif "default" not in field:
-                    self.errors.append(_err("READER_FIELD_MISSING_DEFAULT_VALUE", f"The field '{field['name']}' at path "
-                                            f"'{path}/fields/{i}' in the reader schema has no default value and is missing in "
-                                            "the writer schema", field["name"]))
+                    self.errors.append(
+                        _err(
+                            "READER_FIELD_MISSING_DEFAULT_VALUE",
+                            f"The field '{field['name']}' at path "
+                            f"'{path}/fields/{i}' in the reader schema has no default value and is missing in "
+                            "the writer schema",
+                            field["name"],
+                        )
+                    )
 
 
 def _records_have_fields(doc: Any) -> None:
@@ -200,8 +242,13 @@ def _proto_fields(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, dict[int,
 def _proto_errors(writer: descriptor_pb2.FileDescriptorProto, reader: descriptor_pb2.FileDescriptorProto) -> list[str]:
     w, r = _proto_fields(writer), _proto_fields(reader)
     errors = [_err("MESSAGE_REMOVED", f"The message {name} was removed", name) for name in w if name not in r]
-    return errors + [_err("FIELD_KIND_CHANGED", f"Field {n} of {name} changed from {kind} to {r[name][n]}", f"{name}.{n}")
-                     for name, fields in w.items() if name in r for n, kind in fields.items() if r[name].get(n, kind) != kind]
+    return errors + [
+        _err("FIELD_KIND_CHANGED", f"Field {n} of {name} changed from {kind} to {r[name][n]}", f"{name}.{n}")
+        for name, fields in w.items()
+        if name in r
+        for n, kind in fields.items()
+        if r[name].get(n, kind) != kind
+    ]
 
 
 def _key(schema: dict[str, Any]) -> str:
@@ -223,7 +270,7 @@ def _flag(q: Query, name: str) -> bool:
 
 def _page(items: list[Any], q: Query) -> list[Any]:
     offset, limit = int(q.get("offset", ["0"])[0]), int(q.get("limit", ["-1"])[0])
-    return items[offset:] if limit < 0 else items[offset:offset + limit]
+    return items[offset:] if limit < 0 else items[offset : offset + limit]
 
 
 class RawBody(str):
@@ -264,8 +311,12 @@ class Registry:
             return found[-1]
         n = int(version) if re.fullmatch(r"\d{1,10}", version) else 0
         if not 1 <= n < 2**31:
-            raise ApiError(422, 42202, f"The specified version '{version}' is not a valid version id. Allowed values are "
-                                       "between [1, 2^31-1] and the string \"latest\"")
+            raise ApiError(
+                422,
+                42202,
+                f"The specified version '{version}' is not a valid version id. Allowed values are "
+                'between [1, 2^31-1] and the string "latest"',
+            )
         for v in found:
             if v["version"] == n:
                 return v
@@ -278,8 +329,12 @@ class Registry:
         return sid, self.schemas[sid]
 
     def _holders(self, sid: int, deleted: bool) -> list[dict[str, Any]]:
-        return [{"subject": s, "version": v["version"]} for s, vs in sorted(self.subjects.items())
-                for v in vs if v["id"] == sid and (deleted or not v["deleted"])]
+        return [
+            {"subject": s, "version": v["version"]}
+            for s, vs in sorted(self.subjects.items())
+            for v in vs
+            if v["id"] == sid and (deleted or not v["deleted"])
+        ]
 
     @staticmethod
     def _body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -302,8 +357,9 @@ class Registry:
         if kind not in TYPES:
             raise ApiError(422, 42201, f"Invalid schema type {kind}")
         try:
-            refs = [{"name": str(r["name"]), "subject": str(r["subject"]), "version": int(r["version"])}
-                    for r in body.get("references") or []]
+            refs = [
+                {"name": str(r["name"]), "subject": str(r["subject"]), "version": int(r["version"])} for r in body.get("references") or []
+            ]
         except (KeyError, TypeError, ValueError):
             raise ApiError(422, 42201, f"Invalid references {body.get('references')}") from None
         schema = {"schemaType": kind, "schema": body["schema"], "references": refs}
@@ -387,8 +443,11 @@ class Registry:
                 return {"id": v["id"], "guid": self.schemas[v["id"]]["guid"], "version": v["version"], "subject": subject}
         errors = self._compat_all(subject, schema)
         if errors:
-            raise ApiError(409, 409, f'Schema being registered is incompatible with an earlier schema for subject "{subject}", '
-                                     f"details: [{', '.join(errors)}]")
+            raise ApiError(
+                409,
+                409,
+                f'Schema being registered is incompatible with an earlier schema for subject "{subject}", details: [{", ".join(errors)}]',
+            )
         sid = self.ids.get(key)
         if sid is None:  # a schema known under another subject keeps its id
             sid = max(self.schemas, default=0) + 1
@@ -407,8 +466,14 @@ class Registry:
 
     def subjects_list(self, p: Params, q: Query, body: Any) -> Any:
         prefix, deleted, only = q.get("subjectPrefix", [""])[0], _flag(q, "deleted"), _flag(q, "deleted_only")
-        return _page([s for s, vs in sorted(self.subjects.items()) if s.startswith(prefix) and vs and (
-            all(v["deleted"] for v in vs) if only else deleted or any(not v["deleted"] for v in vs))], q)
+        return _page(
+            [
+                s
+                for s, vs in sorted(self.subjects.items())
+                if s.startswith(prefix) and vs and (all(v["deleted"] for v in vs) if only else deleted or any(not v["deleted"] for v in vs))
+            ],
+            q,
+        )
 
     def versions(self, p: Params, q: Query, body: Any) -> Any:
         only = _flag(q, "deleted_only")
@@ -442,8 +507,7 @@ class Registry:
         subject, permanent = p["subject"], _flag(q, "permanent")
         v = self._version(subject, p["version"], deleted=permanent)
         if permanent and not v["deleted"]:
-            raise ApiError(404, 40407, f"Subject '{subject}' Version {v['version']} was not deleted first before being "
-                                       "permanently deleted")
+            raise ApiError(404, 40407, f"Subject '{subject}' Version {v['version']} was not deleted first before being permanently deleted")
         if permanent:
             self.subjects[subject].remove(v)
         else:
@@ -471,8 +535,12 @@ class Registry:
     def put_config(self, p: Params, q: Query, body: Any) -> Any:
         level = str(body.get("compatibility") or body.get("compatibilityLevel") or "").upper() if isinstance(body, dict) else "?"
         if level not in (*LEVELS, ""):
-            raise ApiError(422, 42203, "Invalid compatibility level. Valid values are none, backward, forward, full, "
-                                       "backward_transitive, forward_transitive, and full_transitive")
+            raise ApiError(
+                422,
+                42203,
+                "Invalid compatibility level. Valid values are none, backward, forward, full, "
+                "backward_transitive, forward_transitive, and full_transitive",
+            )
         old = self.config.get(p.get("subject", ""), {})
         new = {k: v for k, v in body.items() if k not in ("compatibility", "compatibilityLevel")}
         self.config[p.get("subject", "")] = old | new | ({"compatibilityLevel": level} if level else {})
@@ -492,18 +560,24 @@ class Registry:
 
 
 _ROUTES = [
-    ("GET", "/", lambda r, p, q, b: {}), ("GET", "/schemas/types", lambda r, p, q, b: list(TYPES)),
+    ("GET", "/", lambda r, p, q, b: {}),
+    ("GET", "/schemas/types", lambda r, p, q, b: list(TYPES)),
     ("GET", "/associations/resources/{namespace}/{name}", lambda r, p, q, b: []),
     ("GET", "/schemas/ids/{id}", Registry.schema_by_id),
-    ("GET", "/schemas/ids/{id}/versions", Registry.schema_versions), ("GET", "/schemas/ids/{id}/subjects", Registry.schema_subjects),
-    ("GET", "/subjects", Registry.subjects_list), ("POST", "/subjects/{subject}", Registry.lookup),
-    ("DELETE", "/subjects/{subject}", Registry.delete_subject), ("GET", "/subjects/{subject}/versions", Registry.versions),
+    ("GET", "/schemas/ids/{id}/versions", Registry.schema_versions),
+    ("GET", "/schemas/ids/{id}/subjects", Registry.schema_subjects),
+    ("GET", "/subjects", Registry.subjects_list),
+    ("POST", "/subjects/{subject}", Registry.lookup),
+    ("DELETE", "/subjects/{subject}", Registry.delete_subject),
+    ("GET", "/subjects/{subject}/versions", Registry.versions),
     ("POST", "/subjects/{subject}/versions", Registry.register),
     ("GET", "/subjects/{subject}/versions/{version}", Registry.version),
     ("DELETE", "/subjects/{subject}/versions/{version}", Registry.delete_version),
     ("GET", "/subjects/{subject}/versions/{version}/schema", Registry.version_schema),
-    ("GET", "/config", Registry.get_config), ("PUT", "/config", Registry.put_config),
-    ("GET", "/config/{subject}", Registry.get_config), ("PUT", "/config/{subject}", Registry.put_config),
+    ("GET", "/config", Registry.get_config),
+    ("PUT", "/config", Registry.put_config),
+    ("GET", "/config/{subject}", Registry.get_config),
+    ("PUT", "/config/{subject}", Registry.put_config),
     ("POST", "/compatibility/subjects/{subject}/versions/{version}", Registry.check_version),
     ("POST", "/compatibility/subjects/{subject}/versions", Registry.check_all),
 ]
@@ -625,8 +699,7 @@ class LocalSchemaRegistry:
         command += ["--user", self.user, "--password", self.password or ""] if self.user is not None else []
         command += ["--state-file", str(self.state_file)] if self.state_file is not None else []
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while not self.ready_file.exists():
             if self.process.poll() is not None:

@@ -39,8 +39,9 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def airflow(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_every_pipeline_file_becomes_an_ingest_dag_without_import_errors(airflow_env, pipeline):
@@ -71,9 +72,17 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
 
     marker = f"MARKER-{uuid.uuid4().hex}"
     host, port = pipeline.bootstrap.rsplit(":", 1)
-    airflow_env = {**airflow_env, f"AIRFLOW_CONN_KAFKA_{pipeline.name.upper()}": json.dumps(
-        {"conn_type": "generic", "host": host, "port": int(port),
-         "extra": {"client.id": "from-airflow-connection", "sasl.username": "svc", "sasl.password": marker}})}
+    airflow_env = {
+        **airflow_env,
+        f"AIRFLOW_CONN_KAFKA_{pipeline.name.upper()}": json.dumps(
+            {
+                "conn_type": "generic",
+                "host": host,
+                "port": int(port),
+                "extra": {"client.id": "from-airflow-connection", "sasl.username": "svc", "sasl.password": marker},
+            }
+        ),
+    }
     pipeline.write(schedule=None, kafka={"bootstrap_servers": "127.0.0.1:1"})
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     config = pipeline.config().with_kafka_overrides(pipeline.bootstrap, {})
@@ -105,7 +114,6 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
 def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, pipeline):
     import json
     import shutil
-
 
     config = pipeline.write(schedule=None)
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
@@ -143,8 +151,9 @@ def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_eac
         ensure_topic(pipeline.bootstrap, topic, 2)
     next_id = produce_orders(pipeline.bootstrap, a, 400)
     next_id = produce_orders(pipeline.bootstrap, b, 300, first_id=next_id)
-    config = pipeline.write(schedule=None, topic=None, topic_pattern=f"{pipeline.topic}_[a-z]",
-                            sink={"mode": "upsert", "key": ["order_id"]})
+    config = pipeline.write(
+        schedule=None, topic=None, topic_pattern=f"{pipeline.topic}_[a-z]", sink={"mode": "upsert", "key": ["order_id"]}
+    )
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     dag_id = f"{pipeline.name}_ingest"
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
@@ -181,8 +190,10 @@ def test_ingest_task_attaches_to_the_spark_server_of_connection_spark_connect_de
     # the provider's Spark Connect connection: the ingest job runs as a plain process attached to
     # the warm server (no spark-submit, no JVM of its own); a login/password would become its token
     host, port = spark_server.removeprefix("sc://").rsplit(":", 1)
-    airflow_env = {**airflow_env, "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(
-        {"conn_type": "spark_connect", "host": host, "port": int(port)})}
+    airflow_env = {
+        **airflow_env,
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
+    }
     config = pipeline.write(schedule=None)
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)

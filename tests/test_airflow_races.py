@@ -35,8 +35,7 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
         end = storage.table(config.layout.sink).transaction_version(config.app_id(pipeline.topic, partition))
         run_id = airflow.trigger(dag_id)
         cli = pipeline.cli_start("run")
-        backfill = pipeline.cli_start("backfill", "--partitions", str(partition), "--from-offset", "0",
-                                      "--to-offset", str(end))
+        backfill = pipeline.cli_start("backfill", "--partitions", str(partition), "--from-offset", "0", "--to-offset", str(end))
         _, cli_err = cli.communicate(timeout=600)
         _, backfill_err = backfill.communicate(timeout=600)
         state = airflow.wait_for_run(dag_id, run_id)
@@ -50,8 +49,7 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
             assert again.returncode == 0, again.stderr[-3000:]
         ingest_log = airflow.task_log(dag_id, run_id, "ingest", 1)
         if state == "failed":
-            assert "the plan is stale and was not applied" in ingest_log or "lost the commit race" in ingest_log, \
-                ingest_log[-4000:]
+            assert "the plan is stale and was not applied" in ingest_log or "lost the commit race" in ingest_log, ingest_log[-4000:]
             outcomes["airflow ingest failed naming the winner"] += 1
         else:
             took = "committed_by_another_batch" in ingest_log

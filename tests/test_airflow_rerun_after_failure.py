@@ -32,8 +32,11 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     assert airflow.wait_for_run(dag_id, run_id) == "failed"
     assert airflow.task_states(dag_id, run_id)["ingest"][0] == "failed"
     assert not airflow.failpoint_file.exists(), "the failpoint did not fire"
-    planned = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
-               for r in ledger_rows(config) if r["status"] == "planned" and r["run_id"] == run_id}
+    planned = {
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+        for r in ledger_rows(config)
+        if r["status"] == "planned" and r["run_id"] == run_id
+    }
     assert planned, "the plan task must have recorded the run's ranges"
     assert not storage.is_table(config.layout.sink), "nothing may be committed by a try that died after reading"
 
@@ -41,8 +44,9 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     assert airflow.wait_for_run(dag_id, run_id) == "success"
     states = airflow.task_states(dag_id, run_id)
     assert states["plan"] == ("success", 2) and states["ingest"] == ("success", 2), states
-    committed = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
-                 for r in ledger_rows(config) if r["status"] == "committed"}
+    committed = {
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"]) for r in ledger_rows(config) if r["status"] == "committed"
+    }
     assert committed == planned, "the rerun must commit exactly the ranges planned by the failed try"
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
 
@@ -79,16 +83,22 @@ def test_cleared_failed_runs_rerun_the_same_ranges_exactly_once(running_airflow,
     failed = [r for r in ledger_rows(config) if r["run_id"] == run_id and r["status"] == "failed"]
     assert failed and all("expect_column_values_to_not_be_null" in r["message"] for r in failed)
     assert json.loads(failed[0]["validation"])["failed"] == ["expect_column_values_to_not_be_null(column=customer)"]
-    planned = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
-               for r in ledger_rows(config) if r["status"] == "planned" and r["run_id"] == run_id}
+    planned = {
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+        for r in ledger_rows(config)
+        if r["status"] == "planned" and r["run_id"] == run_id
+    }
 
     pipeline.write(schedule=None, validation={"on_failure": "quarantine"})
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
     airflow.clear_task(dag_id, run_id, "ingest")
     assert airflow.wait_for_run(dag_id, run_id) == "success"
     assert airflow.task_states(dag_id, run_id)["ingest"] == ("success", 2)
-    committed = {(r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
-                 for r in ledger_rows(config) if r["status"] == "committed" and r["run_id"] == run_id}
+    committed = {
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"])
+        for r in ledger_rows(config)
+        if r["status"] == "committed" and r["run_id"] == run_id
+    }
     assert committed == planned, "the cleared task must commit exactly the ranges the failed try planned"
     truth = read_topic(pipeline.bootstrap, pipeline.topic)
     every = [(p, o) for p, o, _ in sink_coordinates(config.layout.sink)] + dead_letter_coordinates(config.layout.dead_letters)

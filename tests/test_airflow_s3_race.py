@@ -16,8 +16,10 @@ from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 # The YAML leaves the settings to its environment: the CLI gets them there, Airflow does not
 # have them (its processes started before) and takes them from the connection instead.
 _FROM_ENV = {
-    "AWS_ENDPOINT_URL": "${RACE_S3_ENDPOINT:-}", "AWS_REGION": "${RACE_S3_REGION:-}",
-    "AWS_ACCESS_KEY_ID": "${RACE_S3_KEY:-}", "AWS_SECRET_ACCESS_KEY": "${RACE_S3_SECRET:-}",
+    "AWS_ENDPOINT_URL": "${RACE_S3_ENDPOINT:-}",
+    "AWS_REGION": "${RACE_S3_REGION:-}",
+    "AWS_ACCESS_KEY_ID": "${RACE_S3_KEY:-}",
+    "AWS_SECRET_ACCESS_KEY": "${RACE_S3_SECRET:-}",
     "AWS_ALLOW_HTTP": "${RACE_S3_ALLOW_HTTP:-}",
 }
 
@@ -25,16 +27,29 @@ _FROM_ENV = {
 def test_an_airflow_dag_run_and_a_cli_run_racing_on_an_s3_lake_stay_exactly_once(running_airflow, pipeline, s3, monkeypatch):
     airflow = running_airflow
     options = s3.options()
-    for name, key in (("RACE_S3_ENDPOINT", "AWS_ENDPOINT_URL"), ("RACE_S3_REGION", "AWS_REGION"), ("RACE_S3_KEY", "AWS_ACCESS_KEY_ID"),
-                      ("RACE_S3_SECRET", "AWS_SECRET_ACCESS_KEY"), ("RACE_S3_ALLOW_HTTP", "AWS_ALLOW_HTTP")):
+    for name, key in (
+        ("RACE_S3_ENDPOINT", "AWS_ENDPOINT_URL"),
+        ("RACE_S3_REGION", "AWS_REGION"),
+        ("RACE_S3_KEY", "AWS_ACCESS_KEY_ID"),
+        ("RACE_S3_SECRET", "AWS_SECRET_ACCESS_KEY"),
+        ("RACE_S3_ALLOW_HTTP", "AWS_ALLOW_HTTP"),
+    ):
         monkeypatch.setenv(name, options[key])
     endpoint = options["AWS_ENDPOINT_URL"]
     host, port = endpoint.rsplit(":", 1)
-    airflow.api("POST", "/connections", {
-        "connection_id": f"offsetlake_storage_{pipeline.name}", "conn_type": "aws", "host": host, "port": int(port),
-        "login": options["AWS_ACCESS_KEY_ID"], "password": options["AWS_SECRET_ACCESS_KEY"],
-        "extra": json.dumps({"AWS_REGION": options["AWS_REGION"], "AWS_ALLOW_HTTP": "true"}),
-    })
+    airflow.api(
+        "POST",
+        "/connections",
+        {
+            "connection_id": f"offsetlake_storage_{pipeline.name}",
+            "conn_type": "aws",
+            "host": host,
+            "port": int(port),
+            "login": options["AWS_ACCESS_KEY_ID"],
+            "password": options["AWS_SECRET_ACCESS_KEY"],
+            "extra": json.dumps({"AWS_REGION": options["AWS_REGION"], "AWS_ALLOW_HTTP": "true"}),
+        },
+    )
     config = pipeline.write(lake=f"s3://{s3.bucket()}/lake", storage=_FROM_ENV, schedule=None, max_records_per_batch=3_000)
     assert "RACE_S3" in pipeline.file.read_text() and options["AWS_SECRET_ACCESS_KEY"] not in pipeline.file.read_text()
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)

@@ -32,13 +32,13 @@ from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 ROOT = Path(__file__).resolve().parent.parent
 KEEP_OLD_RECORDS = {"retention.ms": "-1"}  # records stamped days ago must survive time-based retention
-TAG = '''
+TAG = """
 from pyspark.sql import functions as F
 
 
 def tag(rows):
     return rows.withColumn("tag", F.lit("reprocessed"))
-'''
+"""
 
 
 def _ms(moment: datetime) -> int:
@@ -65,17 +65,25 @@ def _wait(what: str, check, timeout_s: float = 300, every_s: float = 2):
 
 def _finished(airflow, dag_id: str, count: int, timeout_s: float = 600) -> list[dict]:
     """The DAG's runs once at least ``count`` exist and none is still queued or running."""
+
     def done() -> list[dict] | None:
         runs = _runs(airflow, dag_id)
         return runs if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs) else None
+
     return _wait(f"{count} finished runs of {dag_id}", done, timeout_s)
 
 
 def _record_times(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
     """(partition, offset) -> record timestamp (ms) of every committed record, read with a plain consumer."""
     lso = last_stable_offsets(bootstrap, topic)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"times-{time.time_ns()}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"times-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in lso])
     times: dict[tuple[int, int], int] = {}
     deadline = time.monotonic() + 60
@@ -95,8 +103,7 @@ def _offsets_for_time(bootstrap: str, topic: str, partitions: list[int], at_ms: 
 
 
 def _tagged(config) -> set[tuple[int, int]]:
-    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
-        columns=["_kafka_partition", "_kafka_offset", "tag"]).to_pylist()
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "tag"]).to_pylist()
     return {(r["_kafka_partition"], r["_kafka_offset"]) for r in data if r["tag"] == "reprocessed"}
 
 
@@ -110,8 +117,9 @@ def _downstream_extras(airflow, dag_id: str) -> list[dict]:
     extras = []
     for run in _runs(airflow, dag_id):
         if run["state"] == "success":
-            xcom = airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances/new_batches"
-                                      "/xcomEntries/return_value?deserialize=true")
+            xcom = airflow.api(
+                "GET", f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}/taskInstances/new_batches/xcomEntries/return_value?deserialize=true"
+            )
             value = xcom["value"]
             extras += json.loads(value) if isinstance(value, str) else value
     return extras
@@ -155,11 +163,16 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     order_id = 0
     for d in (6, 5, 4, 3):
         for i in range(30):
-            producer.produce(topic, json.dumps({"order_id": order_id, "customer": f"c{i}"}).encode(), partition=i % 2,
-                             timestamp=_ms(day[d] + timedelta(minutes=40 * i)))
+            producer.produce(
+                topic,
+                json.dumps({"order_id": order_id, "customer": f"c{i}"}).encode(),
+                partition=i % 2,
+                timestamp=_ms(day[d] + timedelta(minutes=40 * i)),
+            )
             order_id += 1
-    producer.produce(topic, json.dumps({"order_id": order_id, "customer": "late"}).encode(), partition=0,
-                     timestamp=_ms(day[5] + timedelta(hours=12)))
+    producer.produce(
+        topic, json.dumps({"order_id": order_id, "customer": "late"}).encode(), partition=0, timestamp=_ms(day[5] + timedelta(hours=12))
+    )
     assert producer.flush(30) == 0
     total = order_id + 1
 
@@ -190,13 +203,25 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
         (folder / "tag_transform.py").write_text(TAG)
     tagged_config = pipeline.write(schedule="@daily", transform="tag_transform:tag")
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
-    backfill = airflow.api("POST", "/backfills", {
-        "dag_id": ingest, "from_date": _iso(day[5]), "to_date": _iso(day[4]), "reprocess_behavior": "none",
-        "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}})
+    backfill = airflow.api(
+        "POST",
+        "/backfills",
+        {
+            "dag_id": ingest,
+            "from_date": _iso(day[5]),
+            "to_date": _iso(day[4]),
+            "reprocess_behavior": "none",
+            "max_active_runs": 1,
+            "run_backwards": False,
+            "dag_run_conf": {},
+        },
+    )
     _wait("the backfill to complete", lambda: airflow.api("GET", f"/backfills/{backfill['id']}")["completed_at"])
     runs = [r for r in _finished(airflow, ingest, 3) if r["run_type"] == "backfill"]
     assert [(r["state"], r["data_interval_start"][:10]) for r in runs] == [
-        ("success", day[5].date().isoformat()), ("success", day[4].date().isoformat())], runs
+        ("success", day[5].date().isoformat()),
+        ("success", day[4].date().isoformat()),
+    ], runs
     times = _record_times(bootstrap, topic)
     in_window = {coords for coords, ms in times.items() if _ms(day[5]) <= ms < _ms(day[3])}
     assert len(in_window) == 61  # 2 days x 30 + the late record
@@ -208,12 +233,14 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
         mine = [r for r in ledger_rows(config) if r["run_id"] == run["dag_run_id"] and r["status"] == "committed"]
         assert mine and {r["kind"] for r in mine} == {"backfill"}
         expected_starts = _offsets_for_time(bootstrap, topic, [0, 1], _ms(start))
-        assert {r["partition"]: (r["start_offset"], r["end_offset"]) for r in mine} == {
-            p: (expected_starts[p], ends[p]) for p in (0, 1)}, "from offsets_for_times(interval start) to the committed end"
+        assert {r["partition"]: (r["start_offset"], r["end_offset"]) for r in mine} == {p: (expected_starts[p], ends[p]) for p in (0, 1)}, (
+            "from offsets_for_times(interval start) to the committed end"
+        )
         stamped = {c for c, ms in times.items() if _ms(start) <= ms < _ms(start + timedelta(days=1))}
         assert sum(r["rows_written"] for r in mine) == len(stamped)
-    backfill_batches = {r["batch_id"] for run in runs for r in ledger_rows(config)
-                        if r["run_id"] == run["dag_run_id"] and r["status"] == "committed"}
+    backfill_batches = {
+        r["batch_id"] for run in runs for r in ledger_rows(config) if r["run_id"] == run["dag_run_id"] and r["status"] == "committed"
+    }
     extras = _wait("the downstream runs of the two backfill batches", lambda: _at_least(3, _downstream_extras(airflow, downstream)))
     assert sorted(e["batch_id"] for e in extras) == sorted([first, *backfill_batches]), extras
     assert {e["kind"] for e in extras if e["batch_id"] in backfill_batches} == {"backfill"}
@@ -233,18 +260,38 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
         assert {f["name"] for f in out["facets"]["schema"]["fields"]} >= {"order_id", "_kafka_offset"}
 
     # 3. the same Backfill again, reprocessing the completed runs: nothing changes, no new event
-    again = airflow.api("POST", "/backfills", {
-        "dag_id": ingest, "from_date": _iso(day[5]), "to_date": _iso(day[4]), "reprocess_behavior": "completed",
-        "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}})
+    again = airflow.api(
+        "POST",
+        "/backfills",
+        {
+            "dag_id": ingest,
+            "from_date": _iso(day[5]),
+            "to_date": _iso(day[4]),
+            "reprocess_behavior": "completed",
+            "max_active_runs": 1,
+            "run_backwards": False,
+            "dag_run_conf": {},
+        },
+    )
     _wait("the repeated backfill to complete", lambda: airflow.api("GET", f"/backfills/{again['id']}")["completed_at"])
     assert all(r["state"] == "success" for r in _finished(airflow, ingest, 3))
     assert storage.table(config.layout.sink).version() == version_after, "the repeat committed nothing"
     assert _tagged(tagged_config) == in_window and _ends(config, [0, 1]) == ends
 
     # 4. an interval in which no record falls: the run succeeds, skips the ingest, emits nothing
-    empty = airflow.api("POST", "/backfills", {
-        "dag_id": ingest, "from_date": _iso(day[2]), "to_date": _iso(day[2]), "reprocess_behavior": "none",
-        "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {}})
+    empty = airflow.api(
+        "POST",
+        "/backfills",
+        {
+            "dag_id": ingest,
+            "from_date": _iso(day[2]),
+            "to_date": _iso(day[2]),
+            "reprocess_behavior": "none",
+            "max_active_runs": 1,
+            "run_backwards": False,
+            "dag_run_conf": {},
+        },
+    )
     _wait("the empty backfill to complete", lambda: airflow.api("GET", f"/backfills/{empty['id']}")["completed_at"])
     [noop] = [r for r in _finished(airflow, ingest, 4) if r["data_interval_start"][:10] == day[2].date().isoformat()]
     assert noop["state"] == "success"
@@ -274,8 +321,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     mine = {r["batch_id"] for r in ledger_rows(config) if r["run_id"] == stream and r["status"] == "committed"}
     assert mine, "the stream committed the 60 records"
     assert sum(_ends(config, [0, 1]).values()) == total + 100
-    extras = _wait("the downstream runs of the stream's batches",
-                   lambda: _at_least(4 + len(mine), _downstream_extras(airflow, downstream)))
+    extras = _wait("the downstream runs of the stream's batches", lambda: _at_least(4 + len(mine), _downstream_extras(airflow, downstream)))
     assert len(extras) == 4 + len(mine), "no event for the caught-up run"
     streamed = [e for e in extras if e["kind"] == "stream"]
     assert sorted(e["batch_id"] for e in streamed) == sorted(mine) and sum(e["rows"] for e in streamed) == 60
@@ -290,10 +336,22 @@ def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running
     name, topic, bootstrap = pipeline.name, pipeline.topic, pipeline.bootstrap
     ingest = f"{name}_ingest"
     ensure_topic(bootstrap, topic, 3)
-    airflow.api("POST", "/connections", {
-        "connection_id": f"kafka_{name}", "conn_type": "kafka",
-        "extra": json.dumps({"bootstrap.servers": bootstrap, "group.id": f"{name}-wake", "auto.offset.reset": "earliest",
-                             "isolation.level": "read_committed"})})
+    airflow.api(
+        "POST",
+        "/connections",
+        {
+            "connection_id": f"kafka_{name}",
+            "conn_type": "kafka",
+            "extra": json.dumps(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": f"{name}-wake",
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                }
+            ),
+        },
+    )
     config = pipeline.write(schedule="on_new_data")
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
     airflow.wait_for_dag(ingest)
@@ -302,8 +360,10 @@ def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running
     # the first records wake the first run (the trigger may still be starting)
     produce_orders(bootstrap, topic, 10)
     _wait("the first woken run", lambda: _runs(airflow, ingest), timeout_s=180, every_s=1)
-    _wait("the sink to hold the 10 records",
-          lambda: storage.is_table(config.layout.sink) and sum(v or 0 for v in _ends(config, [0, 1, 2]).values()) == 10)
+    _wait(
+        "the sink to hold the 10 records",
+        lambda: storage.is_table(config.layout.sink) and sum(v or 0 for v in _ends(config, [0, 1, 2]).values()) == 10,
+    )
     time.sleep(15)  # a wake-up still queued from the first records runs (and skips) before the burst
     first_runs = _finished(airflow, ingest, 1)
     assert {r["run_type"] for r in first_runs} == {"asset_triggered"} and len(first_runs) <= 2, first_runs
@@ -319,8 +379,7 @@ def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running
     time.sleep(20)  # any late wake-up would queue its run by now
     runs = _finished(airflow, ingest, before + 1)
     burst_runs = runs[before:]
-    print(f"woken {woken_after_s:.1f}s after the burst; {len(burst_runs)} runs: "
-          f"{[(r['run_type'], r['state']) for r in burst_runs]}")
+    print(f"woken {woken_after_s:.1f}s after the burst; {len(burst_runs)} runs: {[(r['run_type'], r['state']) for r in burst_runs]}")
     assert woken_after_s < 60
     assert 1 <= len(burst_runs) <= 2 and all(r["state"] == "success" for r in burst_runs), burst_runs
     assert_exactly_once(config, read_topic(bootstrap, topic))

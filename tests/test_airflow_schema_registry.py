@@ -17,8 +17,11 @@ from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic
 
-V1 = {"type": "record", "name": "Order", "fields": [
-    {"name": "order_id", "type": "long"}, {"name": "customer", "type": "string"}, {"name": "amount", "type": "double"}]}
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "order_id", "type": "long"}, {"name": "customer", "type": "string"}, {"name": "amount", "type": "double"}],
+}
 V2 = {**V1, "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
 
 
@@ -36,12 +39,18 @@ def test_a_dag_run_adds_the_new_column_and_its_cleared_rerun_is_a_no_op(running_
     airflow = running_airflow
     address = urlsplit(schema_registry.settings["url"])
     user, _, password = schema_registry.settings.get("basic.auth.user.info", ":").partition(":")
-    airflow.api("POST", "/connections", {
-        "connection_id": f"schema_registry_{pipeline.name}", "conn_type": "http",
-        "host": f"{address.scheme}://{address.hostname}", "port": address.port,
-        **({"login": user, "password": password} if user else {}),
-        "extra": json.dumps({"timeout": "20"}),
-    })
+    airflow.api(
+        "POST",
+        "/connections",
+        {
+            "connection_id": f"schema_registry_{pipeline.name}",
+            "conn_type": "http",
+            "host": f"{address.scheme}://{address.hostname}",
+            "port": address.port,
+            **({"login": user, "password": password} if user else {}),
+            "extra": json.dumps({"timeout": "20"}),
+        },
+    )
     config = pipeline.write(format={"type": "avro"}, schedule=None)  # the registry: only in the connection
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -71,5 +80,4 @@ def test_a_dag_run_adds_the_new_column_and_its_cleared_rerun_is_a_no_op(running_
     logs = "".join(airflow.task_log(dag_id, run, task, 1) for run in (first, second) for task in ("plan", "ingest"))
     assert not password or password not in logs
     deserializer = AvroDeserializer(schema_registry.client())
-    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic,
-                                           order_id=lambda v: int(deserializer(v, None)["order_id"])))
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic, order_id=lambda v: int(deserializer(v, None)["order_id"])))

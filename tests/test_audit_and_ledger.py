@@ -37,8 +37,11 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce_orders(pipeline.bootstrap, pipeline.topic, 3_000)
     results = run_pipeline(config, RunContext("r"), lambda: spark)
-    before = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])
-                    for r in ledger_rows(config) if r["status"] == "committed")
+    before = sorted(
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])
+        for r in ledger_rows(config)
+        if r["status"] == "committed"
+    )
     assert len({b for b, *_ in before}) == len(results) >= 3
 
     # Compaction (what keeps planning flat as history grows) changes files, never rows.
@@ -53,8 +56,11 @@ def test_ledger_rebuild_from_sink_history_alone(pipeline, spark):
     delete_tree(config.layout.ledger)
     rebuilt = pipeline.cli("ledger", "rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
-    after = sorted((r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])
-                   for r in ledger_rows(config) if r["status"] == "committed")
+    after = sorted(
+        (r["batch_id"], r["partition"], r["start_offset"], r["end_offset"], r["sink_version"])
+        for r in ledger_rows(config)
+        if r["status"] == "committed"
+    )
     assert after == before
     shown = pipeline.cli("ledger")
     assert shown.returncode == 0 and results[0].plan.batch_id in shown.stdout

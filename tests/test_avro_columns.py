@@ -20,45 +20,61 @@ from hypothesis import strategies as st
 from offsetlake.formats.avro_columns import ColumnReader
 from offsetlake.formats.avro_records import ArrowTypes, strip_logical_types
 
-WRITER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "order_id", "type": "long"},
-    {"name": "qty", "type": "int"},
-    {"name": "paid", "type": "boolean"},
-    {"name": "price", "type": "float"},
-    {"name": "amount", "type": "double"},
-    {"name": "customer", "type": "string"},
-    {"name": "blob", "type": "bytes"},
-    {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]}},
-    {"name": "note", "type": ["null", "string"], "default": None},
-    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "address", "type": {"type": "record", "name": "Address", "fields": [
-        {"name": "city", "type": "string"}, {"name": "zip", "type": ["string", "null"]}]}},
-    {"name": "previous", "type": ["null", "Address"], "default": None},
-]}
+WRITER = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "qty", "type": "int"},
+        {"name": "paid", "type": "boolean"},
+        {"name": "price", "type": "float"},
+        {"name": "amount", "type": "double"},
+        {"name": "customer", "type": "string"},
+        {"name": "blob", "type": "bytes"},
+        {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {
+            "name": "address",
+            "type": {
+                "type": "record",
+                "name": "Address",
+                "fields": [{"name": "city", "type": "string"}, {"name": "zip", "type": ["string", "null"]}],
+            },
+        },
+        {"name": "previous", "type": ["null", "Address"], "default": None},
+    ],
+}
 # the reader: qty promoted to long, a new field with a default, one without the writer's blob
-READER = {**WRITER, "fields": [
-    *[f for f in WRITER["fields"] if f["name"] not in ("qty", "blob")],
-    {"name": "qty", "type": "long"},
-    {"name": "coupon", "type": ["null", "string"], "default": None},
-    {"name": "channel", "type": "string", "default": "web"},
-]}
+READER = {
+    **WRITER,
+    "fields": [
+        *[f for f in WRITER["fields"] if f["name"] not in ("qty", "blob")],
+        {"name": "qty", "type": "long"},
+        {"name": "coupon", "type": ["null", "string"], "default": None},
+        {"name": "channel", "type": "string", "default": "web"},
+    ],
+}
 
 _text = st.text(max_size=20)
 _address = st.fixed_dictionaries({"city": _text, "zip": st.none() | _text})
-_record = st.fixed_dictionaries({
-    "order_id": st.integers(-(2**63), 2**63 - 1),
-    "qty": st.integers(-(2**31), 2**31 - 1),
-    "paid": st.booleans(),
-    "price": st.floats(width=32, allow_nan=False),
-    "amount": st.floats(allow_nan=False),
-    "customer": _text,
-    "blob": st.binary(max_size=20),
-    "color": st.sampled_from(["RED", "GREEN", "BLUE"]),
-    "note": st.none() | _text,
-    "at": st.integers(-(2**40), 2**40),
-    "address": _address,
-    "previous": st.none() | _address,
-})
+_record = st.fixed_dictionaries(
+    {
+        "order_id": st.integers(-(2**63), 2**63 - 1),
+        "qty": st.integers(-(2**31), 2**31 - 1),
+        "paid": st.booleans(),
+        "price": st.floats(width=32, allow_nan=False),
+        "amount": st.floats(allow_nan=False),
+        "customer": _text,
+        "blob": st.binary(max_size=20),
+        "color": st.sampled_from(["RED", "GREEN", "BLUE"]),
+        "note": st.none() | _text,
+        "at": st.integers(-(2**40), 2**40),
+        "address": _address,
+        "previous": st.none() | _address,
+    }
+)
 _damage = st.one_of(st.none(), st.tuples(st.sampled_from(["cut", "extend", "flip"]), st.integers(0, 200), st.integers(0, 255)))
 
 
@@ -77,7 +93,7 @@ def _damaged(payload: bytes, damage: tuple | None) -> bytes:
         return payload[:at]
     if how == "extend":
         return payload + bytes([byte])
-    return payload[:at] + bytes([byte]) + payload[at + 1:]
+    return payload[:at] + bytes([byte]) + payload[at + 1 :]
 
 
 def _same(a: object, b: object) -> bool:
@@ -118,9 +134,11 @@ def test_shapes_it_does_not_take_go_to_fastavro():
     with_array = {**WRITER, "fields": [*WRITER["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}}]}
     assert ColumnReader.plan(strip_logical_types(with_array), strip_logical_types(READER), raw_type) is None
     narrowed = {**WRITER, "fields": [{**f, "type": "string"} if f["name"] == "order_id" else f for f in WRITER["fields"]]}
-    assert ColumnReader.plan(strip_logical_types(narrowed), strip_logical_types(READER), raw_type) is None, \
+    assert ColumnReader.plan(strip_logical_types(narrowed), strip_logical_types(READER), raw_type) is None, (
         "string does not resolve to long"
+    )
     fewer_symbols = json.loads(json.dumps(READER).replace('"BLUE"', '"PURPLE"'))
     _, fewer_type = ArrowTypes("test").of(fewer_symbols, "")
-    assert ColumnReader.plan(strip_logical_types(WRITER), strip_logical_types(fewer_symbols), fewer_type) is None, \
+    assert ColumnReader.plan(strip_logical_types(WRITER), strip_logical_types(fewer_symbols), fewer_type) is None, (
         "BLUE has no reader symbol"
+    )

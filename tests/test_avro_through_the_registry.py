@@ -26,11 +26,16 @@ from offsetlake.errors import SchemaChangeError, SchemaRegistryUnavailableError
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
-V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "order_id", "type": "long"},
-    {"name": "customer", "type": "string"},
-    {"name": "amount", "type": "double"},
-]}
+V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "double"},
+    ],
+}
 # v2 adds an optional field (BACKWARD compatible: it has a default)
 V2 = {**V1, "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}]}
 
@@ -119,44 +124,77 @@ def test_a_new_optional_field_arrives_in_one_commit_with_the_rows_that_carry_it(
     assert sorted(r["order_id"] for r in after.to_pyarrow_table().to_pylist()) == list(range(50))
 
 
-ALL_TYPES = {"type": "record", "name": "Everything", "namespace": "types", "fields": [
-    {"name": "b", "type": "boolean"},
-    {"name": "i", "type": "int"},
-    {"name": "l", "type": "long"},
-    {"name": "f", "type": "float"},
-    {"name": "d", "type": "double"},
-    {"name": "s", "type": "string"},
-    {"name": "raw", "type": "bytes"},
-    {"name": "fx", "type": {"type": "fixed", "name": "Four", "size": 4}},
-    {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-    {"name": "at_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}},
-    {"name": "fixed_price", "type": {"type": "fixed", "name": "Money", "size": 8, "logicalType": "decimal",
-                                     "precision": 18, "scale": 2}},
-    {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
-    {"name": "clock_ms", "type": {"type": "int", "logicalType": "time-millis"}},
-    {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
-    {"name": "maybe", "type": ["null", "long"], "default": None},
-    {"name": "tags", "type": {"type": "array", "items": "string"}},
-    {"name": "scores", "type": {"type": "map", "values": "double"}},
-    {"name": "address", "type": {"type": "record", "name": "Address", "fields": [
-        {"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}]}},
-    {"name": "previous", "type": ["null", "Address"], "default": None},
-    {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
-        {"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}}},
-]}
+ALL_TYPES = {
+    "type": "record",
+    "name": "Everything",
+    "namespace": "types",
+    "fields": [
+        {"name": "b", "type": "boolean"},
+        {"name": "i", "type": "int"},
+        {"name": "l", "type": "long"},
+        {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"},
+        {"name": "s", "type": "string"},
+        {"name": "raw", "type": "bytes"},
+        {"name": "fx", "type": {"type": "fixed", "name": "Four", "size": 4}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}},
+        {
+            "name": "fixed_price",
+            "type": {"type": "fixed", "name": "Money", "size": 8, "logicalType": "decimal", "precision": 18, "scale": 2},
+        },
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "clock_ms", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
+        {"name": "maybe", "type": ["null", "long"], "default": None},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "scores", "type": {"type": "map", "values": "double"}},
+        {
+            "name": "address",
+            "type": {
+                "type": "record",
+                "name": "Address",
+                "fields": [{"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}],
+            },
+        },
+        {"name": "previous", "type": ["null", "Address"], "default": None},
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]},
+            },
+        },
+    ],
+}
 
 
 def test_every_avro_type_in_the_mapping_round_trips_to_its_delta_column(pipeline, spark, schema_registry):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     record = {
-        "b": True, "i": -7, "l": 2**40, "f": 1.5, "d": -2.25, "s": "grüße", "raw": b"\x00\xff", "fx": b"abcd",
-        "day": date(2026, 11, 23), "at_ms": datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
-        "at_us": datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "price": Decimal("-12345.678"),
-        "fixed_price": Decimal("99.95"), "id": "8c4c2a1e-7d6a-4b8e-9c1f-0a5b6c7d8e9f", "clock_ms": 3_600_123,
-        "color": "GREEN", "maybe": None, "tags": ["x", "y"], "scores": {"a": 1.0, "b": 2.5},
-        "address": {"city": "São Paulo", "zip": None}, "previous": {"city": "Oslo", "zip": "0150"},
+        "b": True,
+        "i": -7,
+        "l": 2**40,
+        "f": 1.5,
+        "d": -2.25,
+        "s": "grüße",
+        "raw": b"\x00\xff",
+        "fx": b"abcd",
+        "day": date(2026, 11, 23),
+        "at_ms": datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
+        "at_us": datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        "price": Decimal("-12345.678"),
+        "fixed_price": Decimal("99.95"),
+        "id": "8c4c2a1e-7d6a-4b8e-9c1f-0a5b6c7d8e9f",
+        "clock_ms": 3_600_123,
+        "color": "GREEN",
+        "maybe": None,
+        "tags": ["x", "y"],
+        "scores": {"a": 1.0, "b": 2.5},
+        "address": {"city": "São Paulo", "zip": None},
+        "previous": {"city": "Oslo", "zip": "0150"},
         "lines": [{"sku": "A", "qty": 2}, {"sku": "B", "qty": 3}],
     }
     second = {**record, "maybe": 5, "previous": None, "tags": [], "scores": {}, "lines": []}
@@ -174,8 +212,26 @@ def test_every_avro_type_in_the_mapping_round_trips_to_its_delta_column(pipeline
     assert types["color"] == pa.string() and types["clock_ms"] == pa.int32()
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["_kafka_offset"])
     got = rows[0]
-    for name in ("b", "i", "l", "f", "d", "s", "raw", "fx", "day", "price", "fixed_price", "clock_ms", "color", "maybe",
-                 "tags", "address", "previous", "lines"):
+    for name in (
+        "b",
+        "i",
+        "l",
+        "f",
+        "d",
+        "s",
+        "raw",
+        "fx",
+        "day",
+        "price",
+        "fixed_price",
+        "clock_ms",
+        "color",
+        "maybe",
+        "tags",
+        "address",
+        "previous",
+        "lines",
+    ):
         assert got[name] == record[name], name
     assert got["id"] == record["id"]
     assert got["at_ms"] == record["at_ms"] and got["at_us"] == record["at_us"]
@@ -196,7 +252,8 @@ def test_each_bad_record_kind_becomes_a_dead_letter_with_its_reason(pipeline, sp
 
     # a schema under another subject whose order_id is a string: it cannot resolve to the reader's long
     other = schema_registry.client().register_schema(
-        f"{pipeline.topic}-other", Schema(json.dumps({**V1, "fields": [{"name": "order_id", "type": "string"}]}), "AVRO"))
+        f"{pipeline.topic}-other", Schema(json.dumps({**V1, "fields": [{"name": "order_id", "type": "string"}]}), "AVRO")
+    )
     valid_header = good({"order_id": 9, "customer": "c", "amount": 1.0}, SerializationContext(pipeline.topic, MessageField.VALUE))
     unknown_id = 2**31 - 7
     items: list = [
@@ -219,7 +276,8 @@ def test_each_bad_record_kind_becomes_a_dead_letter_with_its_reason(pipeline, sp
     assert reasons[3] == f"payload ends before the Avro record does (writer schema id {good_id})"
     assert reasons[4] == f"payload has 3 bytes left after the Avro record (writer schema id {good_id})"
     assert reasons[5].startswith(
-        f"writer schema id {other} does not resolve to the reader schema (subject {pipeline.topic}-value version 1")
+        f"writer schema id {other} does not resolve to the reader schema (subject {pipeline.topic}-value version 1"
+    )
     assert reasons[6] == "tombstone: record has a null value"
 
     deserializer = AvroDeserializer(schema_registry.client())
@@ -246,8 +304,9 @@ def test_a_type_change_fails_the_batch_naming_field_types_and_schemas(pipeline, 
 
     client.set_config(subject_name=subject, config=ServerConfig(compatibility=ConfigCompatibilityLevel.NONE))  # a producer forced it in
     changed = {**V1, "fields": [*V1["fields"][:2], {"name": "amount", "type": "string"}]}
-    _produce(pipeline.bootstrap, pipeline.topic,
-             [(_serializer(schema_registry, changed), {"order_id": 2, "customer": "c", "amount": "1.5"})])
+    _produce(
+        pipeline.bootstrap, pipeline.topic, [(_serializer(schema_registry, changed), {"order_id": 2, "customer": "c", "amount": "1.5"})]
+    )
     with pytest.raises(SchemaChangeError) as failure:
         run_pipeline(config, RunContext("after"), lambda: spark)
     message = str(failure.value)
@@ -265,8 +324,11 @@ def test_on_schema_change_fail_stops_at_the_first_new_field(pipeline, spark, sch
     _produce(pipeline.bootstrap, pipeline.topic, [(_serializer(schema_registry, V1), {"order_id": 1, "customer": "c", "amount": 1.0})])
     config = pipeline.write(format={"type": "avro", "schema_registry": schema_registry.settings}, on_schema_change="fail")
     [first] = run_pipeline(config, RunContext("v1"), lambda: spark)
-    _produce(pipeline.bootstrap, pipeline.topic,
-             [(_serializer(schema_registry, V2), {"order_id": 2, "customer": "c", "amount": 1.0, "coupon": "X"})])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(_serializer(schema_registry, V2), {"order_id": 2, "customer": "c", "amount": 1.0, "coupon": "X"})],
+    )
     with pytest.raises(SchemaChangeError, match=r"new column 'coupon'.*on_schema_change is fail"):
         run_pipeline(config, RunContext("v2"), lambda: spark)
     assert storage.table(config.layout.sink).version() == first.sink_version
@@ -276,8 +338,11 @@ def test_a_registry_that_is_down_at_plan_time_or_mid_read_commits_nothing(pipeli
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     # a schema id no earlier test (or Spark worker cache) has seen: the read tasks must fetch it
     fresh = {**V1, "name": f"Order{pipeline.name}"}
-    _produce(pipeline.bootstrap, pipeline.topic, [(_serializer(schema_registry, fresh), {"order_id": i, "customer": "c", "amount": 1.0})
-                                                  for i in range(20)])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(_serializer(schema_registry, fresh), {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(20)],
+    )
     with S3Proxy(schema_registry.settings["url"]) as proxy:
         config = _avro(pipeline, _Proxied(schema_registry, proxy.endpoint))
         proxy.down = True
@@ -318,12 +383,18 @@ class _Proxied:
 
 def test_a_backfill_of_an_old_range_decodes_its_older_writers_into_the_new_reader_schema(pipeline, spark, schema_registry):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    _produce(pipeline.bootstrap, pipeline.topic,
-             [(_serializer(schema_registry, V1), {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(30)])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(_serializer(schema_registry, V1), {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(30)],
+    )
     config = _avro(pipeline, schema_registry)
     run_pipeline(config, RunContext("v1"), lambda: spark)
-    _produce(pipeline.bootstrap, pipeline.topic,
-             [(_serializer(schema_registry, V2), {"order_id": i, "customer": "c", "amount": 1.0, "coupon": "N"}) for i in range(30, 40)])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(_serializer(schema_registry, V2), {"order_id": i, "customer": "c", "amount": 1.0, "coupon": "N"}) for i in range(30, 40)],
+    )
     run_pipeline(config, RunContext("v2"), lambda: spark)
 
     backfill = pipeline.cli("backfill", "--partitions", "0", "--from-offset", "0", "--to-offset", "30")
@@ -351,8 +422,11 @@ def test_without_a_registry_plain_binary_and_single_object_encodings_read_agains
         fastavro.schemaless_writer(out, parsed, {"order_id": order_id, "customer": "c", "amount": 0.5})
         return header + out.getvalue()
 
-    _produce(pipeline.bootstrap, pipeline.topic, [(None, encode(i, b"\xc3\x01" + crc)) for i in range(5)]
-             + [(None, encode(5, b"\xc3\x01" + bytes(8))), (None, encode(6))])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(None, encode(i, b"\xc3\x01" + crc)) for i in range(5)] + [(None, encode(5, b"\xc3\x01" + bytes(8))), (None, encode(6))],
+    )
     config = pipeline.write(format={"type": "avro", "schema_file": "orders.avsc", "encoding": "single_object"})
     [result] = run_pipeline(config, RunContext("single-object"), lambda: spark)
     assert result.total("rows_written") == 5 and result.total("dead_letters") == 2
@@ -388,8 +462,9 @@ def test_a_stream_waits_out_a_registry_outage_and_stays_exactly_once(pipeline, s
             # a micro-batch with records plans with the subject's latest version: with the registry
             # down, the next plan fails (a caught-up stream does not ask the registry)
             proxy.down = True
-            _produce(pipeline.bootstrap, pipeline.topic,
-                     [(serializer, {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(200, 300)])
+            _produce(
+                pipeline.bootstrap, pipeline.topic, [(serializer, {"order_id": i, "customer": "c", "amount": 1.0}) for i in range(200, 300)]
+            )
             stream.wait_for("step=retry", timeout_s=90)
             assert stream.process.poll() is None, "the stream stopped instead of waiting out the registry"
             proxy.down = False

@@ -24,13 +24,13 @@ from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
-TAG = '''
+TAG = """
 from pyspark.sql import functions as F
 
 
 def tag(rows):
     return rows.withColumn("tag", F.lit("reprocessed"))
-'''
+"""
 
 
 def _ms(text: str) -> int:
@@ -40,8 +40,13 @@ def _ms(text: str) -> int:
 # Records stamped weeks (or decades) ago would be deleted by the broker's time-based retention
 # (7 days by default) as soon as it checks: the topic keeps them.
 KEEP_OLD_RECORDS = {"retention.ms": "-1"}
-STAMPS = ([_ms("2026-11-01T00:00:00")] * 10 + [_ms("3000-01-01T00:00:00")] + [_ms("2026-11-01T01:00:00")] * 10
-          + [-5] + [_ms("2026-11-01T02:00:00")] * 10)
+STAMPS = (
+    [_ms("2026-11-01T00:00:00")] * 10
+    + [_ms("3000-01-01T00:00:00")]
+    + [_ms("2026-11-01T01:00:00")] * 10
+    + [-5]
+    + [_ms("2026-11-01T02:00:00")] * 10
+)
 
 
 def _tagged(config) -> list[int]:
@@ -49,12 +54,15 @@ def _tagged(config) -> list[int]:
     return sorted(r["_kafka_offset"] for r in data if r["tag"] == "reprocessed")
 
 
-@pytest.mark.parametrize(("start", "end", "selected"), [
-    ("2026-11-01T00:30:00Z", "2026-11-01T01:30:00Z", list(range(11, 21))),
-    ("2026-11-01T01:30:00Z", "2026-11-01T02:30:00Z", list(range(22, 32))),
-    ("2999-01-01T00:00:00Z", "3001-01-01T00:00:00Z", [10]),
-    ("1969-12-31T23:59:59.990Z", "1970-01-01T00:00:00Z", [21]),
-])
+@pytest.mark.parametrize(
+    ("start", "end", "selected"),
+    [
+        ("2026-11-01T00:30:00Z", "2026-11-01T01:30:00Z", list(range(11, 21))),
+        ("2026-11-01T01:30:00Z", "2026-11-01T02:30:00Z", list(range(22, 32))),
+        ("2999-01-01T00:00:00Z", "3001-01-01T00:00:00Z", [10]),
+        ("1969-12-31T23:59:59.990Z", "1970-01-01T00:00:00Z", [21]),
+    ],
+)
 def test_a_time_window_reprocesses_only_the_records_whose_timestamps_fall_in_it(pipeline, spark, start, end, selected):
     config = pipeline.write(max_records_per_batch=1_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1, config=KEEP_OLD_RECORDS)

@@ -17,18 +17,19 @@ from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
-TRANSFORM = '''
+TRANSFORM = """
 from pyspark.sql import functions as F
 
 
 def cents(rows):
     return rows.withColumn("amount", F.round(F.col("amount") * 100, 2))
-'''
+"""
 
 
 def _rows(config) -> list[tuple]:
-    table = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
-        columns=["_kafka_partition", "_kafka_offset", "order_id", "amount"])
+    table = (
+        storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "amount"])
+    )
     return sorted(zip(*(table[c].to_pylist() for c in table.column_names), strict=True))
 
 
@@ -115,8 +116,7 @@ def test_backfill_by_time_reads_from_the_offset_offsets_for_times_gives_and_sele
     run_pipeline(config, RunContext("ingest"), lambda: spark)
 
     consumer = Consumer({"bootstrap.servers": pipeline.bootstrap, "group.id": "truth-times"})
-    expected = [consumer.offsets_for_times([TopicPartition(pipeline.topic, 0, int(t.timestamp() * 1000))], 10)[0].offset
-                for t in (t1, t2)]
+    expected = [consumer.offsets_for_times([TopicPartition(pipeline.topic, 0, int(t.timestamp() * 1000))], 10)[0].offset for t in (t1, t2)]
     consumer.close()
     assert expected[1] - expected[0] == 150, f"test setup: the middle batch should be 150 records, got {expected}"
 
@@ -127,7 +127,6 @@ def test_backfill_by_time_reads_from_the_offset_offsets_for_times_gives_and_sele
     # the committed end and keeps the records whose own timestamps fall in [t1, t2): these 150
     assert [(r["start"], r["end"]) for r in summary["ranges"]] == [(expected[0], 450)]
     assert summary["records_read"] == 150
-
 
 
 def test_rows_kept_by_a_backfill_reach_spark_whatever_the_chunking(spark):

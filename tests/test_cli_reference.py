@@ -26,8 +26,11 @@ def test_the_cli_reference_is_what_the_parser_says() -> None:
     generator = _generator()
     committed = (ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
     rendered = generator.render()
-    diff = "".join(difflib.unified_diff(committed.splitlines(True), rendered.splitlines(True),
-                                        "docs/reference/cli.md (committed)", "rendered from build_parser", n=1))
+    diff = "".join(
+        difflib.unified_diff(
+            committed.splitlines(True), rendered.splitlines(True), "docs/reference/cli.md (committed)", "rendered from build_parser", n=1
+        )
+    )
     assert committed == rendered, f"run `.venv/bin/python scripts/cli_reference.py`:\n{diff[:4000]}"
 
 

@@ -466,13 +466,15 @@ def test_airflow_and_offsetlake_read_the_storage_connection_as_minio(services: d
     connection, offsetlake_airflow.connections maps it, pipelines/orders.yaml loads with it."""
     scheduler = _environment(services["airflow-scheduler"])
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "AIRFLOW", "OFFSETLAKE_"))}
-    env.update({
-        "AIRFLOW_HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        "OFFSETLAKE_PIPELINES_DIR": str(ROOT / "pipelines"),  # /opt/offsetlake/pipelines in the image
-        "OFFSETLAKE_LAKE": scheduler["OFFSETLAKE_LAKE"],
-        STORAGE_CONNECTION_ENV: scheduler[STORAGE_CONNECTION_ENV],
-    })
+    env.update(
+        {
+            "AIRFLOW_HOME": str(tmp_path),
+            "PYTHONPATH": str(ROOT),
+            "OFFSETLAKE_PIPELINES_DIR": str(ROOT / "pipelines"),  # /opt/offsetlake/pipelines in the image
+            "OFFSETLAKE_LAKE": scheduler["OFFSETLAKE_LAKE"],
+            STORAGE_CONNECTION_ENV: scheduler[STORAGE_CONNECTION_ENV],
+        }
+    )
     script = (
         "import json; from offsetlake_airflow.connections import load_config; c = load_config('orders'); "
         "print('RESULT ' + json.dumps({'lake': c.lake_path, 'storage': c.storage}))"
@@ -544,8 +546,10 @@ def test_no_image_names_a_registry_host_or_floats(services: dict[str, dict[str, 
     arg_defaults = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.MULTILINE))
     # FROM ${BASE}: the base is a build argument (make compose-test passes a Debian-built one);
     # its default is what `docker compose build` uses, so that is what must be pinned.
-    dockerfile_bases = [re.sub(r"\$\{(\w+)\}", lambda m: arg_defaults.get(m.group(1), m.group(0)), base)
-                        for base in re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)]
+    dockerfile_bases = [
+        re.sub(r"\$\{(\w+)\}", lambda m: arg_defaults.get(m.group(1), m.group(0)), base)
+        for base in re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)
+    ]
     assert dockerfile_bases, f"{DOCKERFILE.name} has no FROM"
     images.update({f"{DOCKERFILE.name} FROM": base for base in dockerfile_bases})
     for where, image in images.items():
@@ -659,8 +663,7 @@ def test_the_file_has_no_top_level_name_that_compose_v1_rejects(raw_compose: dic
     assert "name" not in raw_compose
 
 
-def test_the_schema_registry_keeps_its_schemas_in_kafka_and_airflow_reaches_it(services: dict[str, dict[str, Any]],
-                                                                              tmp_path: Path) -> None:
+def test_the_schema_registry_keeps_its_schemas_in_kafka_and_airflow_reaches_it(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     """Avro pipelines without a registry in their YAML take ``schema_registry_default``: Airflow
     parses the env var connection and offsetlake_airflow.connections maps it to the registry's URL."""
     registry = services[SCHEMA_REGISTRY]
@@ -672,13 +675,13 @@ def test_the_schema_registry_keeps_its_schemas_in_kafka_and_airflow_reaches_it(s
     listener = urlsplit(env["SCHEMA_REGISTRY_LISTENERS"])
     scheduler = _environment(services["airflow-scheduler"])
     child_env = {key: value for key, value in os.environ.items() if not key.startswith(("AIRFLOW", "OFFSETLAKE_"))}
-    child_env.update({"AIRFLOW_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
-                      REGISTRY_CONNECTION_ENV: scheduler[REGISTRY_CONNECTION_ENV]})
-    script = ("import json; from offsetlake_airflow.connections import registry_overrides; "
-              "print('RESULT ' + json.dumps(registry_overrides('any_pipeline')))")
+    child_env.update({"AIRFLOW_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), REGISTRY_CONNECTION_ENV: scheduler[REGISTRY_CONNECTION_ENV]})
+    script = (
+        "import json; from offsetlake_airflow.connections import registry_overrides; "
+        "print('RESULT ' + json.dumps(registry_overrides('any_pipeline')))"
+    )
     run = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(next(line[7:] for line in run.stdout.splitlines() if line.startswith("RESULT ")))
     assert result == {"url": f"http://{SCHEMA_REGISTRY}:{listener.port}"}
-    assert all(_environment(services[name]).get(REGISTRY_CONNECTION_ENV) == scheduler[REGISTRY_CONNECTION_ENV]
-               for name in AIRFLOW_SERVICES)
+    assert all(_environment(services[name]).get(REGISTRY_CONNECTION_ENV) == scheduler[REGISTRY_CONNECTION_ENV] for name in AIRFLOW_SERVICES)

@@ -27,8 +27,9 @@ pytestmark = pytest.mark.timeout(2700)
 
 def test_the_stack_builds_runs_and_lands_a_scheduled_run_a_backfill_and_a_cleared_rerun_exactly_once() -> None:
     RESULT.unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compose_test.py")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=2600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compose_test.py")], cwd=ROOT, capture_output=True, text=True, timeout=2600
+    )
     print(done.stdout[-6000:])
     assert done.returncode == 0, f"compose-test failed:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
     result = json.loads(RESULT.read_text())

@@ -60,8 +60,9 @@ def test_a_rewind_past_a_backfill_restores_the_dead_letters_it_replaced(pipeline
 
     rewind_pipeline(fixed, ingest.plan.batch_id, reason="undo the backfill")
     assert _rows(fixed) == 0
-    assert sorted(dead_letter_coordinates(fixed.layout.dead_letters)) == [(0, o) for o in range(1_000)], \
+    assert sorted(dead_letter_coordinates(fixed.layout.dead_letters)) == [(0, o) for o in range(1_000)], (
         "the dead letters the backfill replaced must come back with the rewind"
+    )
     _audit_ok(fixed)
 
 
@@ -144,8 +145,9 @@ def test_audit_against_kafka_finds_records_in_neither_table(pipeline, spark):
     storage.table(strict.layout.dead_letters).delete("_kafka_offset < 500")
 
     plain = audit_pipeline(strict)
-    assert not plain.ok and any("the ledger says 1000 dead letters were written, the dead-letter table holds 500" in p
-                                for p in plain.problems), plain.text()
+    assert not plain.ok and any(
+        "the ledger says 1000 dead letters were written, the dead-letter table holds 500" in p for p in plain.problems
+    ), plain.text()
     report = audit_pipeline(strict, against_kafka=True)
     assert not report.ok
     assert f"500 committed records of {pipeline.topic}[0] that Kafka holds are in neither" in report.text()

@@ -103,11 +103,22 @@ def _apply_as_the_old_code_did(config) -> None:
         fs, path = storage.filesystem(config.layout.dead_letters.child(staged.path))
         with fs.open_input_file(path) as handle:
             stats = delta_stats(pq.read_metadata(handle))
-        files.append(AddAction(path=staged.path, size=staged.size, partition_values={},
-                               modification_time=int(time.time() * 1000), data_change=True, stats=json.dumps(stats)))
-    commit(table, CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
-           AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version),  # no table id
-           partition_by=None)
+        files.append(
+            AddAction(
+                path=staged.path,
+                size=staged.size,
+                partition_values={},
+                modification_time=int(time.time() * 1000),
+                data_change=True,
+                stats=json.dumps(stats),
+            )
+        )
+    commit(
+        table,
+        CommitActions(files=list(files), txns=txns_for([("sink", change.version)])),
+        AppliedChange(pipeline=config.name, batch_id=change.batch_id, sink_version=change.version),  # no table id
+        partition_by=None,
+    )
 
 
 def _crash(_name: str) -> None:
@@ -150,8 +161,11 @@ def test_dead_letters_written_before_table_ids_stay_with_their_own_sink_table(pi
     report = audit_pipeline(back, against_kafka=True)
     assert report.ok, report.text()
     first_batch = sink_commits(storage.table(old.layout.sink), old.name)[0].batch_id
-    applies = [i for i in storage.table(old.layout.dead_letters).history()
-               if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand]
+    applies = [
+        i
+        for i in storage.table(old.layout.dead_letters).history()
+        if f'"batch_id":"{first_batch}"' in (i.get("userMetadata") or "") and int(i["version"]) != applied_by_hand
+    ]
     assert applies == [], "the change the old code applied is adopted, never applied again"
 
 
@@ -170,8 +184,9 @@ def test_a_plan_made_on_a_sink_table_that_was_then_replaced_is_never_applied_to_
     Ledger.of(config).record_plan(plan)
 
     delete_tree(config.layout.sink)
-    with pytest.raises(StalePlanError, match=f"batch {plan.batch_id} .* was planned on sink table {plan.sink_table_id}"
-                                             ".* which now holds no table"):
+    with pytest.raises(
+        StalePlanError, match=f"batch {plan.batch_id} .* was planned on sink table {plan.sink_table_id}.* which now holds no table"
+    ):
         execute_recorded_batch(config, plan.batch_id, lambda: spark)
     run_pipeline(config, RunContext("second-table"), lambda: spark, max_batches=1)  # a new table: [0, 50)
     with pytest.raises(StalePlanError, match="which now holds table"):

@@ -23,14 +23,21 @@ from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
-SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string",
-          "created_at": "timestamp", "region": "int"}
+SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp", "region": "int"}
 YEAR_10000_MS = 253_402_300_800_000
 
 
 def _order(order_id: int, region: int | None) -> bytes:
-    return json.dumps({"order_id": order_id, "customer": f"c{order_id % 7}", "amount": order_id / 4,
-                       "currency": "EUR", "created_at": "2026-11-01T00:00:00Z", "region": region}).encode()
+    return json.dumps(
+        {
+            "order_id": order_id,
+            "customer": f"c{order_id % 7}",
+            "amount": order_id / 4,
+            "currency": "EUR",
+            "created_at": "2026-11-01T00:00:00Z",
+            "region": region,
+        }
+    ).encode()
 
 
 def _produce_every_kind(bootstrap: str, topic: str) -> int:
@@ -49,8 +56,9 @@ def _produce_every_kind(bootstrap: str, topic: str) -> int:
     ]
     count = 0
     for i in range(3_000):
-        producer.produce(topic, value=_order(i, None if i % 11 == 0 else i % 3), partition=i % 3,
-                         headers=[("h", b"\xff")] if i % 500 == 0 else None)
+        producer.produce(
+            topic, value=_order(i, None if i % 11 == 0 else i % 3), partition=i % 3, headers=[("h", b"\xff")] if i % 500 == 0 else None
+        )
         count += 1
         if i % 400 == 0:
             producer.produce(topic, value=odd[(i // 400) % len(odd)], partition=i % 3)
@@ -62,8 +70,9 @@ def _produce_every_kind(bootstrap: str, topic: str) -> int:
 
 
 def _run(pipeline, lake: Path, caplog, **overrides):
-    config = pipeline.write(lake=str(lake), format={"type": "json", "schema": SCHEMA, "required": ["order_id"]},
-                            sink={"partition_by": ["region"]}, **overrides)
+    config = pipeline.write(
+        lake=str(lake), format={"type": "json", "schema": SCHEMA, "required": ["order_id"]}, sink={"partition_by": ["region"]}, **overrides
+    )
     with caplog.at_level(logging.INFO, logger="offsetlake.batch"):
         caplog.clear()
         results = run_pipeline(config, RunContext("direct"), lambda: pipeline.spark)
@@ -115,8 +124,11 @@ def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_pa
     # the same parquet schema in every file, partition folders named alike, no undecided file left
     direct_files, spark_files = _files(direct_config.sink_path), _files(spark_config.sink_path)
     assert {pq.read_schema(f).remove_metadata() for f in direct_files} == {pq.read_schema(f).remove_metadata() for f in spark_files}
-    assert {f.parent.name for f in direct_files} == {f.parent.name for f in spark_files} == {
-        "region=0", "region=1", "region=2", "region=__HIVE_DEFAULT_PARTITION__"}
+    assert (
+        {f.parent.name for f in direct_files}
+        == {f.parent.name for f in spark_files}
+        == {"region=0", "region=1", "region=2", "region=__HIVE_DEFAULT_PARTITION__"}
+    )
     assert not list((tmp_path / "direct").rglob("undecided-*")), "the undecided records' files were not removed"
     assert audit_pipeline(direct_config, against_kafka=True).ok
 

@@ -75,7 +75,9 @@ def test_the_link_check_sees_a_broken_link_and_a_broken_anchor(tmp_path: Path) -
     """The checker itself: a missing file and a missing anchor are both reported, a good one is not."""
     (tmp_path / "b.md").write_text("# Some `code` title (x)\n\n## Again\n## Again\n", encoding="utf-8")
     page = tmp_path / "a.md"
-    page.write_text("[ok](b.md#some-code-title-x) [ok](b.md#again-1) [gone](c.md) [bad](b.md#nope)\n"
-                    "`[not a link](d.md)`\n```\n[in code](e.md)\n```\n", encoding="utf-8")
+    page.write_text(
+        "[ok](b.md#some-code-title-x) [ok](b.md#again-1) [gone](c.md) [bad](b.md#nope)\n`[not a link](d.md)`\n```\n[in code](e.md)\n```\n",
+        encoding="utf-8",
+    )
     problems = broken_links(page, root=tmp_path)
     assert [p.split(": ", 1)[1] for p in problems] == ["c.md: no such file", "b.md#nope: no heading with anchor #nope"]

@@ -51,9 +51,10 @@ def test_two_runs_land_every_committed_record_once(pipeline, spark, capsys):
 
     assert not aborted & {oid for _, _, oid in sink_coordinates(config.layout.sink)}, "aborted records leaked"
     _contiguous_from_zero(ledger_rows(config), truth.lso)
-    assert all(r["status"] != "planned" or any(
-        o["batch_id"] == r["batch_id"] and o["status"] != "planned" for o in ledger_rows(config)
-    ) for r in ledger_rows(config))
+    assert all(
+        r["status"] != "planned" or any(o["batch_id"] == r["batch_id"] and o["status"] != "planned" for o in ledger_rows(config))
+        for r in ledger_rows(config)
+    )
 
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr

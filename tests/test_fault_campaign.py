@@ -27,9 +27,26 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
     assert figures["steps"] == STEPS and figures["checks"] == STEPS + 1
     assert figures["audits_against_kafka"] == STEPS + 1
     kinds = set(figures["steps_by_kind"])
-    expected = {"produce", "produce_txn_committed", "produce_txn_aborted", "open_txn", "finish_open_txn", "run",
-                "crash_at_failpoint", "kill_cli_run", "backfill", "backfill_by_time", "rewind", "maintenance",
-                "schema_change", "add_partition", "delete_records", "nested_field", "recreate_topic", "keyed_backfill"}
+    expected = {
+        "produce",
+        "produce_txn_committed",
+        "produce_txn_aborted",
+        "open_txn",
+        "finish_open_txn",
+        "run",
+        "crash_at_failpoint",
+        "kill_cli_run",
+        "backfill",
+        "backfill_by_time",
+        "rewind",
+        "maintenance",
+        "schema_change",
+        "add_partition",
+        "delete_records",
+        "nested_field",
+        "recreate_topic",
+        "keyed_backfill",
+    }
     assert expected <= kinds, f"every kind of step must run at least once: missing {expected - kinds}"
     assert figures["records_in_sink"] > 0 and figures["batches_committed"] > 0
     assert figures["failpoint_crashes"] > 0 and figures["backfills"] > 0, "the faults must have happened, not been no-ops"

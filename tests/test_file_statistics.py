@@ -32,8 +32,14 @@ from offsetlake.file_stats import may_hold_any, may_hold_between, values_of
 from offsetlake.sink import CommitActions, StagedFile, add_actions_for, commit, create_table_once, live_files
 
 EXAMPLES = int(os.environ.get("OFFSETLAKE_PROPERTY_EXAMPLES", "3"))
-FAST = settings(max_examples=max(EXAMPLES * 20, 150), deadline=None, derandomize=True, database=None, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAST = settings(
+    max_examples=max(EXAMPLES * 20, 150),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MS = timedelta(milliseconds=1)
 
@@ -50,19 +56,21 @@ def _instants(aware: bool) -> st.SearchStrategy:
     """Timestamps with microsecond digits: clustered in a few milliseconds (so a file's largest
     key shares its millisecond with others), near 1970 on both sides, and anywhere."""
     tz = UTC if aware else None
-    near = st.sampled_from([datetime(2026, 11, 23, 10, 0, tzinfo=tz), datetime(1970, 1, 1, tzinfo=tz),
-                            datetime(1969, 12, 31, 23, 59, 59, 998_000, tzinfo=tz)])
+    near = st.sampled_from(
+        [datetime(2026, 11, 23, 10, 0, tzinfo=tz), datetime(1970, 1, 1, tzinfo=tz), datetime(1969, 12, 31, 23, 59, 59, 998_000, tzinfo=tz)]
+    )
     clustered = st.builds(lambda base, us: base + timedelta(microseconds=us), near, st.integers(-3_000, 3_000))
-    anywhere = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1),
-                            timezones=st.just(UTC) if aware else st.none())
+    anywhere = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC) if aware else st.none())
     return st.one_of(clustered, anywhere)
 
 
 COLUMNS = {
     "timestamp": (pa.timestamp("us", tz="UTC"), _instants(aware=True)),
     "timestamp_ntz": (pa.timestamp("us"), _instants(aware=False)),
-    "string": (pa.string(), st.one_of(st.text(alphabet="ab\u00e9\uffff\U0001f600\U00020000\U0002a6d6\U0010ffff", max_size=6),
-                                      st.text(max_size=40))),
+    "string": (
+        pa.string(),
+        st.one_of(st.text(alphabet="ab\u00e9\uffff\U0001f600\U00020000\U0002a6d6\U0010ffff", max_size=6), st.text(max_size=40)),
+    ),
     "double": (pa.float64(), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.5]))),
     "long": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
     "date": (pa.date32(), st.dates(min_value=date(1900, 1, 1), max_value=date(2200, 1, 1))),
@@ -74,8 +82,9 @@ def column_files(draw: st.DrawFn) -> tuple[str, list[list], list]:
     """(column kind, the values of a few files, probe values: some of the files', some others)."""
     kind = draw(st.sampled_from(sorted(COLUMNS)))
     _, values = COLUMNS[kind]
-    files = draw(st.lists(st.lists(st.one_of(values, st.none()) if draw(st.booleans()) else values, min_size=1, max_size=8),
-                          min_size=1, max_size=4))
+    files = draw(
+        st.lists(st.lists(st.one_of(values, st.none()) if draw(st.booleans()) else values, min_size=1, max_size=8), min_size=1, max_size=4)
+    )
     held = [v for f in files for v in f if v is not None]
     probes = draw(st.lists(st.sampled_from(held), max_size=4)) if held else []
     return kind, files, probes + draw(st.lists(values, max_size=4))
@@ -93,8 +102,7 @@ def _live_files(folder: Path, kind: str, files: list[list]) -> list[dict]:
         pq.write_table(pa.table({"v": pa.array(values, column_type)}), folder / relative)
         staged.append(StagedFile(relative, rows=len(values), counts={}, size=(folder / relative).stat().st_size))
     table = create_table_once(str(folder), schema, [], "file statistics test")
-    commit(table, CommitActions(files=add_actions_for(str(folder), staged).actions), {"test": "file_stats"},
-           partition_by=None)
+    commit(table, CommitActions(files=add_actions_for(str(folder), staged).actions), {"test": "file_stats"}, partition_by=None)
     table.update_incremental()
     return sorted(live_files(table), key=lambda f: f["path"])
 
@@ -117,8 +125,9 @@ def test_statistics_offsetlake_writes_never_rule_out_a_value_the_file_holds(tmp_
             assert may_hold_any(f, "v", values_of(probes)), (kind, probes, f)
         ordered = sorted(p for p in probes if not (isinstance(p, float) and math.isnan(p)))
         for low, high in zip(ordered, ordered[1:], strict=False):
-            if any(v is not None and type(v) is type(low) and not (isinstance(v, float) and math.isnan(v))
-                   and low <= v <= high for v in values):
+            if any(
+                v is not None and type(v) is type(low) and not (isinstance(v, float) and math.isnan(v)) and low <= v <= high for v in values
+            ):
                 assert may_hold_between(f, "v", low, high), (kind, low, high, f)
 
 
@@ -159,8 +168,11 @@ def foreign_statistics(draw: st.DrawFn) -> tuple[list, dict]:
         cut = draw(st.sampled_from([_floor_ms, _cut_toward_zero, _nearest_ms]))
         return values, {"min.v": cut(min(values)), "max.v": cut(max(values))}
     if kind == "string":
-        values = draw(st.lists(st.text(alphabet="az\u00e9\ufffd\uffff\U0001f600\U00020000\U0010ffff", min_size=0, max_size=40),
-                               min_size=1, max_size=6))
+        values = draw(
+            st.lists(
+                st.text(alphabet="az\u00e9\ufffd\uffff\U0001f600\U00020000\U0010ffff", min_size=0, max_size=40), min_size=1, max_size=6
+            )
+        )
         keep = draw(st.integers(0, 33))
         tie = draw(st.sampled_from(["", "\uffff", "\U0010ffff", "\ufffd"]))
         top = max(values)
@@ -169,8 +181,7 @@ def foreign_statistics(draw: st.DrawFn) -> tuple[list, dict]:
             top = "".join(chr((ord(c) - 0x10000) | 0x10000) if ord(c) >= 0x20000 else c for c in top)
         return values, {"min.v": min(values)[:keep], "max.v": top}
     if kind == "decimal":
-        values = draw(st.lists(st.decimals(allow_nan=False, allow_infinity=False, places=draw(st.integers(0, 6))),
-                               min_size=1, max_size=6))
+        values = draw(st.lists(st.decimals(allow_nan=False, allow_infinity=False, places=draw(st.integers(0, 6))), min_size=1, max_size=6))
         return values, {"min.v": float(min(values)), "max.v": float(max(values))}  # read back as doubles
     if kind == "big_long":
         values = draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=6))

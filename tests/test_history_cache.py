@@ -14,13 +14,15 @@ from offsetlake.history import sink_commits
 from offsetlake.plan import BatchPlan, OffsetRange, RunContext, new_batch_id
 from offsetlake.sink import WrittenFiles, commit_batch, ensure_table
 
-SCHEMA = pa.schema([("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()),
-                    ("_kafka_offset", pa.int64())])
+SCHEMA = pa.schema(
+    [("order_id", pa.int64()), ("_kafka_topic", pa.string()), ("_kafka_partition", pa.int32()), ("_kafka_offset", pa.int64())]
+)
 
 
 def _commit(config, start: int) -> str:
-    plan = BatchPlan(config.name, new_batch_id(config.name), "ingest",
-                     (OffsetRange(config.topic, 0, start, start + 1),), RunContext("cache-test"))
+    plan = BatchPlan(
+        config.name, new_batch_id(config.name), "ingest", (OffsetRange(config.topic, 0, start, start + 1),), RunContext("cache-test")
+    )
     table = ensure_table(config, SCHEMA)
     commit_batch(table, config, plan, WrittenFiles([], 0, SCHEMA), for_plan(plan, {}, time.monotonic()))
     return plan.batch_id

@@ -27,8 +27,9 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _order(order_id: int, **extra: object) -> bytes:
-    return json.dumps({"order_id": order_id, "customer": "c1", "amount": 1.5, "currency": "EUR",
-                       "created_at": "2026-11-01T00:00:00Z", **extra}).encode()
+    return json.dumps(
+        {"order_id": order_id, "customer": "c1", "amount": 1.5, "currency": "EUR", "created_at": "2026-11-01T00:00:00Z", **extra}
+    ).encode()
 
 
 CASES = [
@@ -38,16 +39,31 @@ CASES = [
     ("non-UTF-8 value", b"k", b'{"order_id": 2, "customer": "\xff\xfe"}', None, "value is not valid UTF-8"),
     ("large valid value", b"k", _order(3, note="x" * BIG), None, None),
     ("large garbage value", b"k", b"\xff" * BIG, None, "value is not valid UTF-8"),
-    ("wrong type for a field", b"k", b'{"order_id": "four", "customer": "c1"}', None,
-     "value does not parse as JSON matching the declared schema"),
+    (
+        "wrong type for a field",
+        b"k",
+        b'{"order_id": "four", "customer": "c1"}',
+        None,
+        "value does not parse as JSON matching the declared schema",
+    ),
     ("a JSON array", b"k", b"[1, 2, 3]", None, "value is not a JSON object"),
     ("not JSON at all", b"k", b"order 6 placed", None, "value is not a JSON object"),
     ("missing required field", b"k", b'{"customer": "c1"}', None, "required field 'order_id' is missing or null"),
     ("odd header bytes", b"\x00k", _order(9), [("h\u00e9", b"\x00\xff\x80"), ("empty", b""), ("none", None)], None),
-    ("odd header bytes on a dead letter", b"\x00", b"{not json", [("h\u00e9", b"\x00\xff\x80")],
-     "value does not parse as JSON matching the declared schema"),
-    ("non-UTF-8 key (key_format: string)", b"\x00\xff", _order(11), None,
-     "key: is not UTF-8 text (byte 1); key_format: bytes keeps keys as they are"),
+    (
+        "odd header bytes on a dead letter",
+        b"\x00",
+        b"{not json",
+        [("h\u00e9", b"\x00\xff\x80")],
+        "value does not parse as JSON matching the declared schema",
+    ),
+    (
+        "non-UTF-8 key (key_format: string)",
+        b"\x00\xff",
+        _order(11),
+        None,
+        "key: is not UTF-8 text (byte 1); key_format: bytes keeps keys as they are",
+    ),
 ]
 
 
@@ -89,8 +105,13 @@ def test_hostile_arguments_fail_with_a_message_and_write_nothing(pipeline):
         (["run", "no_such_pipeline"], "no pipeline 'no_such_pipeline' in"),
         (["run", "/nonexistent/x.yaml"], "pipeline file /nonexistent/x.yaml does not exist"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipeline.folder), *args],
-                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "offsetlake", "--pipelines-dir", str(pipeline.folder), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert done.returncode == 2, (args, done.stderr[-2000:])
         assert message in done.stderr and "Traceback" not in done.stderr, (args, done.stderr[-2000:])
     assert not pipeline.lake.exists()
@@ -110,11 +131,13 @@ def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
     marker = f"MARKER-{uuid.uuid4().hex}"
     _create_topic(pipeline.bootstrap, pipeline.topic)
     (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(
-        "expectations:\n  - expect_column_values_to_not_be_null: {column: customer}\n")
+        "expectations:\n  - expect_column_values_to_not_be_null: {column: customer}\n"
+    )
     config = pipeline.write(
-        kafka={"bootstrap_servers": pipeline.bootstrap,
-               "options": {"client.id": "secrets-test", "sasl.username": "svc", "sasl.password": marker,
-                           "ssl.key.password": marker}},
+        kafka={
+            "bootstrap_servers": pipeline.bootstrap,
+            "options": {"client.id": "secrets-test", "sasl.username": "svc", "sasl.password": marker, "ssl.key.password": marker},
+        },
         validation={"on_failure": "fail"},
     )
     producer = Producer({"bootstrap.servers": pipeline.bootstrap})
@@ -128,8 +151,7 @@ def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
     assert failed.returncode == 3, failed.stderr[-2000:]
     outputs.append(failed)
     pipeline.write(kafka=config.kafka.model_dump(), validation={"on_failure": "quarantine"})
-    for args in (["run", "--log-level", "DEBUG", "--run-id", "secret-run"], ["status"], ["ledger"], ["ledger", "--json"],
-                 ["audit"]):
+    for args in (["run", "--log-level", "DEBUG", "--run-id", "secret-run"], ["status"], ["ledger"], ["ledger", "--json"], ["audit"]):
         done = pipeline.cli(*args)
         assert done.returncode == 0, (args, done.stderr[-2000:])
         outputs.append(done)
@@ -142,16 +164,40 @@ def test_secrets_never_reach_logs_ledger_metadata_reports_or_output(pipeline):
 
 
 PARSE_CASES = [
-    _order(1), None, b'{"order_id": 2, "customer": "\xff"}', b"[1, 2]", b"order 3", b"", b"   ", b"{}",
-    b'{"customer": "no id"}', b'{"order_id": "4"}', b'{"order_id": 5.0}', b'{"order_id": 99999999999999999999}',
-    b"{'order_id': 6}", b'{"order_id": 7, "order_id": 8}', b'{"order_id": 9}{"order_id": 10}',
-    b'{\n  "order_id": 11\n}', b'{"order_id": 12, "amount": NaN}', b'{"order_id": 13, "amount": 3}',
-    b'{"order_id": 14, "customer": 7}', b'{"order_id": 15, "customer": {"nested": [1]}}',
-    b'{"order_id": 16, "created_at": 1700000000}', b'{"order_id": 17, "created_at": "2026-11-22"}',
-    b'{"order_id": 18, "created_at": "2026-11-22 10:00:00.5+01:00"}', b'{"order_id": 19, "created_at": "yesterday"}',
-    b'{"order_id": 20, "created_at": "2026-11-22T10:00:00.1234567Z"}', b'{"Order_Id": 21}',
-    b'{"order_id": 22, "customer": "caf\\u00e9", "extra": {"deep": true}}', b'  {"order_id": 23}  ', b'{"order_id": null}',
-    b'{"order_id": 24, "currency": "EUR"} trailing', b'"just a string"', b"42", b"null", b"\x00\x01",
+    _order(1),
+    None,
+    b'{"order_id": 2, "customer": "\xff"}',
+    b"[1, 2]",
+    b"order 3",
+    b"",
+    b"   ",
+    b"{}",
+    b'{"customer": "no id"}',
+    b'{"order_id": "4"}',
+    b'{"order_id": 5.0}',
+    b'{"order_id": 99999999999999999999}',
+    b"{'order_id': 6}",
+    b'{"order_id": 7, "order_id": 8}',
+    b'{"order_id": 9}{"order_id": 10}',
+    b'{\n  "order_id": 11\n}',
+    b'{"order_id": 12, "amount": NaN}',
+    b'{"order_id": 13, "amount": 3}',
+    b'{"order_id": 14, "customer": 7}',
+    b'{"order_id": 15, "customer": {"nested": [1]}}',
+    b'{"order_id": 16, "created_at": 1700000000}',
+    b'{"order_id": 17, "created_at": "2026-11-22"}',
+    b'{"order_id": 18, "created_at": "2026-11-22 10:00:00.5+01:00"}',
+    b'{"order_id": 19, "created_at": "yesterday"}',
+    b'{"order_id": 20, "created_at": "2026-11-22T10:00:00.1234567Z"}',
+    b'{"Order_Id": 21}',
+    b'{"order_id": 22, "customer": "caf\\u00e9", "extra": {"deep": true}}',
+    b'  {"order_id": 23}  ',
+    b'{"order_id": null}',
+    b'{"order_id": 24, "currency": "EUR"} trailing',
+    b'"just a string"',
+    b"42",
+    b"null",
+    b"\x00\x01",
 ]
 
 
@@ -164,12 +210,17 @@ def _decisions(spark, decoder, values: list) -> list[str]:
 
     chunk = decoder.decode_chunk(values)
     problems = chunk.problems or [None] * len(values)
-    table = pa.table({"value": pa.array(values, pa.binary()), "offset": pa.array(range(len(values)), pa.int64()),
-                      "read_problem": pa.array(problems, pa.string()), PARSED_IN_READ: chunk.parsed})
+    table = pa.table(
+        {
+            "value": pa.array(values, pa.binary()),
+            "offset": pa.array(range(len(values)), pa.int64()),
+            "read_problem": pa.array(problems, pa.string()),
+            PARSED_IN_READ: chunk.parsed,
+        }
+    )
     from pyspark.sql import functions as F
 
-    frame = decoder.decode_in_spark(spark.createDataFrame(table)).withColumn(
-        REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    frame = decoder.decode_in_spark(spark.createDataFrame(table)).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
     rows = {r["offset"]: r for r in frame.select("offset", PARSED, REASON).collect()}
     return [str((rows[i][PARSED] if rows[i][REASON] is None else None, rows[i][REASON])) for i in range(len(values))]
 
@@ -187,10 +238,16 @@ def test_what_a_value_becomes_never_depends_on_the_values_around_it(pipeline, sp
     decoder = decoder_for(config)
     assert decoder.read_type() is not None, "the test pipeline's schema must be one the read tasks parse"
     deep = [1_000, 1_001, 5_000]  # nesting levels, the value's outer object included
-    cases = PARSE_CASES + [b'{"order_id": 30, "x": ' + b"[" * (d - 1) + b"]" * (d - 1) + b"}" for d in deep] + [
-        b'{"order_id": 31, "customer": "\\ud800x"}', b'{"order_id": 32, "customer": "\\udc00"}',
-        b'{"order_id": 33, "customer": "\\ud83d\\ude00"}', b'{"order_id": 34, "customer": "a\\\\ud800"}',
-    ]
+    cases = (
+        PARSE_CASES
+        + [b'{"order_id": 30, "x": ' + b"[" * (d - 1) + b"]" * (d - 1) + b"}" for d in deep]
+        + [
+            b'{"order_id": 31, "customer": "\\ud800x"}',
+            b'{"order_id": 32, "customer": "\\udc00"}',
+            b'{"order_id": 33, "customer": "\\ud83d\\ude00"}',
+            b'{"order_id": 34, "customer": "a\\\\ud800"}',
+        ]
+    )
     alone = [_decisions(spark, decoder, [case])[0] for case in cases]
     good = [_order(1000 + i) for i in range(150)]
     among_good = _decisions(spark, decoder, [v for case in cases for v in (*good, case)])[150::151]

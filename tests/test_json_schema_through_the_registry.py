@@ -21,13 +21,21 @@ from offsetlake.errors import ConfigError
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
-V1 = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
-      "properties": {"order_id": {"type": "integer"}, "customer": {"type": "string"}, "amount": {"type": "number"},
-                     "created_at": {"type": "string", "format": "date-time"},
-                     "day": {"type": ["string", "null"], "format": "date"},
-                     "tags": {"type": "array", "items": {"type": "string"}},
-                     "address": {"type": "object", "properties": {"city": {"type": "string"}}}},
-      "required": ["order_id", "customer"]}
+V1 = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "Order",
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "integer"},
+        "customer": {"type": "string"},
+        "amount": {"type": "number"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "day": {"type": ["string", "null"], "format": "date"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+    "required": ["order_id", "customer"],
+}
 V2 = {**V1, "properties": {**V1["properties"], "coupon": {"type": ["string", "null"]}}}
 
 
@@ -44,8 +52,16 @@ def _produce(bootstrap: str, topic: str, items: list) -> None:
 
 
 def _order(i: int, **extra: object) -> dict:
-    return {"order_id": i, "customer": f"c{i}", "amount": i / 2, "created_at": "2026-11-23T10:00:00Z", "day": "2026-11-23",
-            "tags": ["a"], "address": {"city": "Oslo"}, **extra}
+    return {
+        "order_id": i,
+        "customer": f"c{i}",
+        "amount": i / 2,
+        "created_at": "2026-11-23T10:00:00Z",
+        "day": "2026-11-23",
+        "tags": ["a"],
+        "address": {"city": "Oslo"},
+        **extra,
+    }
 
 
 def test_json_schema_versions_interleave_and_bad_records_become_dead_letters(pipeline, spark, schema_registry):

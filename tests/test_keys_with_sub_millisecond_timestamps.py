@@ -104,8 +104,7 @@ def _key_value(column: str, value: object) -> object:
 def test_a_batch_touching_only_the_largest_key_of_a_file_updates_its_row_instead_of_adding_one(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     config = pipeline.write(format={"type": "json", "schema": READING}, sink={"mode": "upsert", "key": ["at"]})
-    _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading("s", _at(0, 100), 1.0)),
-                                                  (None, _reading("s", _at(0, 900), 2.0))])
+    _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading("s", _at(0, 100), 1.0)), (None, _reading("s", _at(0, 900), 2.0))])
     _run(config, spark, "first")
     # the file's max of `at` is stored as 10:00:00.000, the key below is 10:00:00.000900
     _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading("s", _at(0, 900), 3.0))])
@@ -117,11 +116,13 @@ def test_a_batch_touching_only_the_largest_key_of_a_file_updates_its_row_instead
 
 def test_updates_of_only_the_largest_keys_of_small_files_leave_one_row_per_key(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    config = pipeline.write(format={"type": "json", "schema": READING},
-                            sink={"mode": "upsert", "key": ["sensor", "at"], "file_rows": 2})
+    config = pipeline.write(format={"type": "json", "schema": READING}, sink={"mode": "upsert", "key": ["sensor", "at"], "file_rows": 2})
     sensors = ["s0", "s1", "s2"]
-    _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading(s, _at(i, us), float(i * 10 + us)))
-                                                  for i, s in enumerate(sensors) for us in (100, 900)])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(None, _reading(s, _at(i, us), float(i * 10 + us))) for i, s in enumerate(sensors) for us in (100, 900)],
+    )
     _run(config, spark, "first")
     assert len(storage.table(config.layout.sink).file_uris()) >= 2, "file_rows makes several small files"
     _produce(pipeline.bootstrap, pipeline.topic, [(None, _reading(s, _at(i, 900), -1.0)) for i, s in enumerate(sensors)])
@@ -133,8 +134,7 @@ def test_updates_of_only_the_largest_keys_of_small_files_leave_one_row_per_key(p
 
 def test_a_producer_resending_the_newest_reading_leaves_one_row_for_it(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    config = pipeline.write(format={"type": "json", "schema": READING},
-                            sink={"mode": "upsert", "key": ["sensor", "at"]})
+    config = pipeline.write(format={"type": "json", "schema": READING}, sink={"mode": "upsert", "key": ["sensor", "at"]})
     readings = [(None, _reading("boiler", _at(10 * i, 456), 20.0 + i)) for i in range(10)]
     _produce(pipeline.bootstrap, pipeline.topic, readings)
     _run(config, spark, "readings")
@@ -146,14 +146,24 @@ def test_a_producer_resending_the_newest_reading_leaves_one_row_for_it(pipeline,
 
 
 def _change(op: str, before: dict | None, after: dict | None, lsn: int) -> bytes:
-    return json.dumps({"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000 + lsn,
-                       "source": {"ts_ms": 1_700_000_000_000 + lsn, "lsn": lsn, "db": "plant", "table": "readings"}}).encode()
+    return json.dumps(
+        {
+            "before": before,
+            "after": after,
+            "op": op,
+            "ts_ms": 1_700_000_000_000 + lsn,
+            "source": {"ts_ms": 1_700_000_000_000 + lsn, "lsn": lsn, "db": "plant", "table": "readings"},
+        }
+    ).encode()
 
 
 def test_a_debezium_delete_of_the_largest_key_of_a_file_removes_its_row(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    config = pipeline.write(key_format="none", format={"type": "json", "envelope": "debezium", "schema": READING},
-                            sink={"mode": "upsert", "key": ["sensor", "at"]})
+    config = pipeline.write(
+        key_format="none",
+        format={"type": "json", "envelope": "debezium", "schema": READING},
+        sink={"mode": "upsert", "key": ["sensor", "at"]},
+    )
     rows = [{"sensor": "s", "at": _text(_at(i, 250 * i + 1)), "reading": float(i)} for i in range(4)]
     _produce(pipeline.bootstrap, pipeline.topic, [(None, _change("c", None, row, i)) for i, row in enumerate(rows)])
     _run(config, spark, "creates")
@@ -166,9 +176,11 @@ def test_a_debezium_delete_of_the_largest_key_of_a_file_removes_its_row(pipeline
 
 def test_a_tombstone_of_the_largest_key_of_a_file_removes_its_row(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    config = pipeline.write(key_format={"type": "json", "schema": {"sensor": "string", "at": "timestamp"}},
-                            format={"type": "json", "schema": {"reading": "double"}},
-                            sink={"mode": "upsert", "key": ["sensor", "at"]})
+    config = pipeline.write(
+        key_format={"type": "json", "schema": {"sensor": "string", "at": "timestamp"}},
+        format={"type": "json", "schema": {"reading": "double"}},
+        sink={"mode": "upsert", "key": ["sensor", "at"]},
+    )
 
     def key(i: int) -> bytes:
         return json.dumps({"sensor": "s", "at": _text(_at(i, 777))}).encode()
@@ -232,21 +244,35 @@ def _newest_by_record_key(pipeline, key: list[str]) -> dict[tuple, float]:
     return table
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(key=st.sampled_from([["at"], ["sensor", "at"]]),
-       start=st.sampled_from([START, datetime(1969, 12, 31, 23, 59, 59, 995_000, tzinfo=UTC)]),
-       micros=st.sets(st.integers(0, 12_000), min_size=6, max_size=30),
-       file_rows=st.integers(2, 4), rounds=st.integers(1, 3), seed=st.integers(0, 2**16))
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    key=st.sampled_from([["at"], ["sensor", "at"]]),
+    start=st.sampled_from([START, datetime(1969, 12, 31, 23, 59, 59, 995_000, tzinfo=UTC)]),
+    micros=st.sets(st.integers(0, 12_000), min_size=6, max_size=30),
+    file_rows=st.integers(2, 4),
+    rounds=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 @pytest.mark.timeout(max(600, 200 * EXAMPLES))
 def test_updating_and_deleting_the_extreme_keys_of_many_small_files_keeps_the_newest_record_per_key(
-        pipeline, spark, key, start, micros, file_rows, rounds, seed):
+    pipeline, spark, key, start, micros, file_rows, rounds, seed
+):
     rng = random.Random(seed)
     suffix = uuid.uuid4().hex[:8]
     scene = dataclasses.replace(pipeline, name=f"{pipeline.name}_{suffix}", topic=f"{pipeline.topic}_{suffix}")
     ensure_topic(scene.bootstrap, scene.topic, 2)
-    config = scene.write(key_format=KEY_FORMAT, format={"type": "json", "schema": {"reading": "double"}},
-                         sink={"mode": "upsert", "key": key, "file_rows": file_rows})
+    config = scene.write(
+        key_format=KEY_FORMAT,
+        format={"type": "json", "schema": {"reading": "double"}},
+        sink={"mode": "upsert", "key": key, "file_rows": file_rows},
+    )
     readings = iter(range(1_000_000))
 
     def record(k: tuple[str, datetime], value: bool = True) -> tuple[int, bytes, bytes | None]:

@@ -53,8 +53,13 @@ def test_a_lake_folder_delta_rs_cannot_address_is_refused_when_the_pipeline_load
 def _produce_customers(bootstrap: str, topic: str, count: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(count):
-        value = {"order_id": i, "customer": AWKWARD_CUSTOMERS[i % len(AWKWARD_CUSTOMERS)], "amount": 1.0,
-                 "currency": "EUR", "created_at": "2026-11-01T00:00:00Z"}
+        value = {
+            "order_id": i,
+            "customer": AWKWARD_CUSTOMERS[i % len(AWKWARD_CUSTOMERS)],
+            "amount": 1.0,
+            "currency": "EUR",
+            "created_at": "2026-11-01T00:00:00Z",
+        }
         producer.produce(topic, value=json.dumps(value).encode(), partition=0)
     assert producer.flush(30) == 0
 

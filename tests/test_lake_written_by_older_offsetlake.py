@@ -45,14 +45,20 @@ def _reproduce(bootstrap: str, manifest: dict) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
     delivered: list[tuple[int, int, int]] = []
     for r in manifest["records"]:
-        producer.produce(topic, value=base64.b64decode(r["value"]) if r["value"] is not None else None,
-                         key=base64.b64decode(r["key"]) if r["key"] is not None else None,
-                         partition=r["partition"], timestamp=r["timestamp_ms"],
-                         on_delivery=lambda err, m, want=r["offset"]: delivered.append(
-                             (m.partition(), m.offset(), want) if err is None else (-1, -1, want)))
+        producer.produce(
+            topic,
+            value=base64.b64decode(r["value"]) if r["value"] is not None else None,
+            key=base64.b64decode(r["key"]) if r["key"] is not None else None,
+            partition=r["partition"],
+            timestamp=r["timestamp_ms"],
+            on_delivery=lambda err, m, want=r["offset"]: delivered.append(
+                (m.partition(), m.offset(), want) if err is None else (-1, -1, want)
+            ),
+        )
     assert producer.flush(60) == 0
-    assert all(got == want for _, got, want in delivered) and len(delivered) == len(manifest["records"]), \
+    assert all(got == want for _, got, want in delivered) and len(delivered) == len(manifest["records"]), (
         "the re-produced records did not land at their old offsets"
+    )
     starts = [TopicPartition(topic, int(p), o) for p, o in manifest["log_start"].items()]
     for future in admin.delete_records(starts).values():
         future.result(30)
@@ -73,8 +79,11 @@ def _decoded(manifest: dict) -> tuple[dict[tuple[int, int], int], set[tuple[int,
 def _raw_keys(config, first: int) -> list[set[str]]:
     """The JSON keys of each sink commit's entry from version ``first`` on, as stored."""
     table = storage.table(config.sink_path)
-    return [set(json.loads(i["userMetadata"])) for i in commit_infos(table, first, table.version())
-            if '"offsetlake":1' in (i.get("userMetadata") or "")]
+    return [
+        set(json.loads(i["userMetadata"]))
+        for i in commit_infos(table, first, table.version())
+        if '"offsetlake":1' in (i.get("userMetadata") or "")
+    ]
 
 
 def _sink_rows(config) -> list[tuple[int, int, int]]:
@@ -111,8 +120,13 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
     assert (crashed.batch_id, "ingest", "planned") in batches
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "offsetlake", *args, str(file)], capture_output=True, text=True,
-                              timeout=300, cwd=Path(__file__).resolve().parent.parent)
+        return subprocess.run(
+            [sys.executable, "-m", "offsetlake", *args, str(file)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
 
     status = cli("status", "--json")
     assert status.returncode == 0, status.stderr
@@ -133,7 +147,7 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
         for r in result.plan.ranges:
             first_starts.setdefault(str(r.partition), r.start)
     assert first_starts == expected["committed_ends"], "the continued run must start at the old committed ends"
-    new_commits = sink_commits(storage.table(config.sink_path), config.name)[len(commits):]
+    new_commits = sink_commits(storage.table(config.sink_path), config.name)[len(commits) :]
     assert {c.entry.format_version for c in new_commits} == {FORMAT_VERSION}
     # what the old code reads: a new entry holds the old keys and format_version, nothing renamed
     assert all(keys <= old_keys | {"format_version"} for keys in _raw_keys(config, crashed.version + 1))
@@ -145,8 +159,7 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
                 good[(p, o)] = int(json.loads(base64.b64decode(r["value"]))["order_id"])
             except ValueError:
                 bad.add((p, o))
-    gaps = [(r["partition"], r["start_offset"], r["end_offset"]) for r in Ledger.of(config).batches()
-            if r["kind"] == BatchKind.GAP]
+    gaps = [(r["partition"], r["start_offset"], r["end_offset"]) for r in Ledger.of(config).batches() if r["kind"] == BatchKind.GAP]
     assert gaps and all(end == manifest["log_start"][str(p)] for p, _, end in gaps)
 
     def lost(c: tuple[int, int]) -> bool:
@@ -169,4 +182,5 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
     rebuilt = cli("ledger", "rebuild")  # the projection again from the old and the new entries alone
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert {(r["batch_id"], r["status"]) for r in Ledger.of(config).batches()} >= {
-        (b, s) for b, _, s in batches if s in ("committed", "gap", "rewound")} | {(crashed.batch_id, "committed")}
+        (b, s) for b, _, s in batches if s in ("committed", "gap", "rewound")
+    } | {(crashed.batch_id, "committed")}

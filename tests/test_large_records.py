@@ -84,8 +84,7 @@ def _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch, **overrides)
     Spark path (as ``test_direct_path`` selects it); the two configs."""
     configs = []
     for path in ("direct", "spark"):
-        config = pipeline.write(lake=str(tmp_path / path), format={"type": "json", "schema": SCHEMA,
-                                                                   "required": ["order_id"]}, **overrides)
+        config = pipeline.write(lake=str(tmp_path / path), format={"type": "json", "schema": SCHEMA, "required": ["order_id"]}, **overrides)
         with monkeypatch.context() as patched, caplog.at_level(logging.INFO, logger="offsetlake.batch"):
             if path == "spark":
                 patched.setattr(direct, "problem", lambda *_: "the test asks for the Spark path")
@@ -101,12 +100,16 @@ def _check(config, truth: TopicTruth, records: list[Sent], path: str) -> None:
     assert_exactly_once(config, truth)
     rows = storage.table(config.layout.sink).to_pyarrow_table(columns=["_kafka_offset", "order_id", "note"]).to_pylist()
     notes = {r["_kafka_offset"]: len(r["note"]) for r in rows}
-    dead = {r["_kafka_offset"]: r for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.layout.dead_letters) else {}
+    dead = (
+        {r["_kafka_offset"]: r for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
+        if storage.is_table(config.layout.dead_letters)
+        else {}
+    )
     for offset, sent in enumerate(records):
         if sent.reason is None:
-            assert offset in notes, f"{path}: offset {offset} ({len(sent.value)} bytes) is not a row: " \
-                f"{dead[offset]['reason'] if offset in dead else 'lost'}"
+            assert offset in notes, (
+                f"{path}: offset {offset} ({len(sent.value)} bytes) is not a row: {dead[offset]['reason'] if offset in dead else 'lost'}"
+            )
             assert notes[offset] == len(json.loads(sent.value.replace(b"'", b'"'))["note"]), (path, offset)
         else:
             assert dead[offset]["reason"] == sent.reason, (path, offset)
@@ -117,8 +120,17 @@ def _check(config, truth: TopicTruth, records: list[Sent], path: str) -> None:
 @pytest.mark.parametrize("limit", [0, -1, MAX_RECORD_BYTES_CEILING + 1, "big"])
 def test_a_max_record_bytes_no_read_task_can_keep_is_refused_when_the_pipeline_loads(tmp_path, limit):
     path = tmp_path / "orders_x.yaml"
-    path.write_text(yaml.safe_dump({"name": "orders_x", "topic": "orders", "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
-                                    "format": {"type": "json", "schema": SCHEMA}, "max_record_bytes": limit}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "orders_x",
+                "topic": "orders",
+                "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+                "format": {"type": "json", "schema": SCHEMA},
+                "max_record_bytes": limit,
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=f"{path}.*max_record_bytes"):
         load_pipeline(str(path))
     path.write_text(path.read_text().replace(f"max_record_bytes: {limit}", "max_record_bytes: 1000"))
@@ -130,16 +142,14 @@ def test_a_value_longer_than_a_parse_block_is_parsed_with_its_neighbours():
     not left whole to Spark (each value null here meant: Spark decides)."""
     # the issue's sizes: the 95 MB value spans three 64 MiB blocks (pyarrow's reader takes two)
     values = [_order(0, 10), _order(1, 50 * MB), _order(2, 10), _order(3, 95 * MB), _order(4, 10)]
-    struct = pa.struct([pa.field("order_id", pa.int64()), pa.field("note", pa.string()),
-                        pa.field("_corrupt_record", pa.string())])
+    struct = pa.struct([pa.field("order_id", pa.int64()), pa.field("note", pa.string()), pa.field("_corrupt_record", pa.string())])
     parsed = parse_json_values(values, struct)  # type: ignore[arg-type]  # list[bytes] is a list[bytes | None]
     assert parsed.is_null().to_pylist() == [False] * 5
     assert [len(n) for n in parsed.field("note").to_pylist()] == [10, 50 * MB, 10, 95 * MB, 10]
 
 
 @pytest.mark.local_lake
-def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pipeline, spark, tmp_path, caplog,
-                                                                                monkeypatch):
+def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch):
     """The issue's partition (small, 50 MB, small, 95 MB, small) and a 30 MB record, all valid,
     in one consume call: every one a row under the default max_record_bytes, on both paths."""
     sizes = [10, 50 * MB, 10, 95 * MB, 10, 30 * MB, 10]
@@ -154,8 +164,7 @@ def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pi
 
 
 @pytest.mark.local_lake
-def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_both_paths(pipeline, spark, tmp_path,
-                                                                                       caplog, monkeypatch):
+def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch):
     """Above the pipeline's limit (key and value together) a dead letter saying both sizes; at
     the limit and below, rows, also those only Spark's ``from_json`` parses (single quotes) with
     strings longer than Jackson's default limit; the small neighbours unaffected."""
@@ -183,8 +192,7 @@ def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_bot
     _produce(pipeline.bootstrap, pipeline.topic, records)
     truth = _truth(pipeline.bootstrap, pipeline.topic, records)
 
-    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch,
-                                                max_record_bytes=limit):
+    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch, max_record_bytes=limit):
         assert result.total("rows_written") == 7 and result.total("dead_letters") == 3, path
         _check(config, truth, records, path)
         amounts = storage.table(config.layout.sink).to_pyarrow_table(columns=["order_id", "amount"]).to_pylist()

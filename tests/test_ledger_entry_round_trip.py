@@ -21,29 +21,94 @@ from offsetlake.entry import (
 )
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RunContext
 
-_COMMON = {"pipeline": "p", "run_id": "r", "dag_id": None, "try_number": None, "planned_at": "2026-11-01T00:00:00+00:00",
-           "committed_at": "2026-11-01T00:00:01+00:00", "duration_ms": 5, MARKER: 1}
+_COMMON = {
+    "pipeline": "p",
+    "run_id": "r",
+    "dag_id": None,
+    "try_number": None,
+    "planned_at": "2026-11-01T00:00:00+00:00",
+    "committed_at": "2026-11-01T00:00:01+00:00",
+    "duration_ms": 5,
+    MARKER: 1,
+}
 
 # Entries as offsetlake up to main 3e10e68 wrote them (format version 1: the marker only).
 VERSION_1 = [
     {**_COMMON, "batch_id": "first", "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 1}]},  # no kind yet
-    {**_COMMON, "batch_id": "i", "kind": "ingest", "topic_ids": {"t": "id-1"}, "sink_table_id": "tab",
-     "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 10, "records_read": 10, "rows_written": 9,
-                 "dead_letters": 1, "empty_as_null": 2}],
-     "dead_letter_files": [{"path": "staged/i-1.parquet", "size": 12, "rows": 1}],
-     "validation": {"outcome": "passed", "report": "file:///r.html"},
-     "reader_schema": {"source": "yaml", "fingerprint": "f", "text": "{}"}, "merge": {"inserted": 3, "updated": 1}},
-    {**_COMMON, "batch_id": "b", "kind": "backfill", "record_time": {"from_ms": 1, "to_ms": 2}, "message": "replaced",
-     "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 5}], "dead_letter_files": [], "topic_epochs": {"t": 1}},
-    {**_COMMON, "batch_id": "g", "kind": "gap", "message": "lost", "dead_letter_files": [],
-     "ranges": [{"topic": "t", "partition": 1, "start": 3, "end": 9}]},
-    {**_COMMON, "batch_id": "w", "kind": "rewind", "ranges": [], "to_batch": "i", "to_version": 3, "rewound": ["b"],
-     "reason": "x", "requested_by": "me", "files_removed": 1, "files_readded": 0, "kept_columns": ["c"],
-     "dead_letter_restore": {"to_sink_version": 3}, "message": "m"},
-    {**_COMMON, "batch_id": "e", "kind": "epoch", "ranges": [{"topic": "t", "partition": 0, "start": 5, "end": 5}],
-     "reason": "x", "requested_by": "me", "message": "m", "topic_ids": {"t": "id-2"},
-     "epoch": {"topic": "t", "previous_topic_id": "id-1", "topic_id": "id-2", "moves": [{"partition": 0, "from": 9, "to": 5}],
-               "problems": ["p"]}},
+    {
+        **_COMMON,
+        "batch_id": "i",
+        "kind": "ingest",
+        "topic_ids": {"t": "id-1"},
+        "sink_table_id": "tab",
+        "ranges": [
+            {
+                "topic": "t",
+                "partition": 0,
+                "start": 0,
+                "end": 10,
+                "records_read": 10,
+                "rows_written": 9,
+                "dead_letters": 1,
+                "empty_as_null": 2,
+            }
+        ],
+        "dead_letter_files": [{"path": "staged/i-1.parquet", "size": 12, "rows": 1}],
+        "validation": {"outcome": "passed", "report": "file:///r.html"},
+        "reader_schema": {"source": "yaml", "fingerprint": "f", "text": "{}"},
+        "merge": {"inserted": 3, "updated": 1},
+    },
+    {
+        **_COMMON,
+        "batch_id": "b",
+        "kind": "backfill",
+        "record_time": {"from_ms": 1, "to_ms": 2},
+        "message": "replaced",
+        "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 5}],
+        "dead_letter_files": [],
+        "topic_epochs": {"t": 1},
+    },
+    {
+        **_COMMON,
+        "batch_id": "g",
+        "kind": "gap",
+        "message": "lost",
+        "dead_letter_files": [],
+        "ranges": [{"topic": "t", "partition": 1, "start": 3, "end": 9}],
+    },
+    {
+        **_COMMON,
+        "batch_id": "w",
+        "kind": "rewind",
+        "ranges": [],
+        "to_batch": "i",
+        "to_version": 3,
+        "rewound": ["b"],
+        "reason": "x",
+        "requested_by": "me",
+        "files_removed": 1,
+        "files_readded": 0,
+        "kept_columns": ["c"],
+        "dead_letter_restore": {"to_sink_version": 3},
+        "message": "m",
+    },
+    {
+        **_COMMON,
+        "batch_id": "e",
+        "kind": "epoch",
+        "ranges": [{"topic": "t", "partition": 0, "start": 5, "end": 5}],
+        "reason": "x",
+        "requested_by": "me",
+        "message": "m",
+        "topic_ids": {"t": "id-2"},
+        "epoch": {
+            "topic": "t",
+            "previous_topic_id": "id-1",
+            "topic_id": "id-2",
+            "moves": [{"partition": 0, "from": 9, "to": 5}],
+            "problems": ["p"],
+        },
+    },
     {**_COMMON, "batch_id": "s", "kind": "stream", "ranges": [], "dead_letter_files": [], "a_later_key": {"kept": True}},
 ]
 
@@ -53,8 +118,7 @@ def test_a_version_1_entry_reads_and_writes_back_unchanged(old):
     entry = parse(json.dumps(old))
     assert entry is not None and entry.format_version == 1 and entry.batch_id == old["batch_id"]
     again = json.loads(entry.to_json())
-    assert {k: v for k, v in again.items() if k != "kind"} == {**{k: v for k, v in old.items() if k != "kind"},
-                                                                "format_version": 1}
+    assert {k: v for k, v in again.items() if k != "kind"} == {**{k: v for k, v in old.items() if k != "kind"}, "format_version": 1}
     assert again["kind"] == old.get("kind", "ingest")
     assert from_dict(again) == entry
 
@@ -72,7 +136,8 @@ def test_each_kind_has_its_class_and_its_facts():
     assert by_id["s"].other == {"a_later_key": {"kept": True}}
     rows = by_id["i"].ledger_rows("committed", 7)
     assert [(r["topic_id"], r["rows_written"], r["sink_version"], r["validation_report"]) for r in rows] == [
-        ("id-1", 9, 7, "file:///r.html")]
+        ("id-1", 9, 7, "file:///r.html")
+    ]
 
 
 def test_a_new_entry_is_version_2_and_keeps_the_old_keys():

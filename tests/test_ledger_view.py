@@ -62,8 +62,9 @@ def _make_ledger(pipeline: Pipeline, spark) -> tuple[PipelineConfig, str, str, i
 
     def config(**overrides: object) -> PipelineConfig:
         # The YAML names a dead broker: the plugin only finds Kafka through the Airflow connection.
-        return pipeline.write(kafka={"bootstrap_servers": "127.0.0.1:1"}, schedule=None, max_records_per_batch=1_200,
-                              **overrides).with_kafka_overrides(pipeline.bootstrap, {})
+        return pipeline.write(
+            kafka={"bootstrap_servers": "127.0.0.1:1"}, schedule=None, max_records_per_batch=1_200, **overrides
+        ).with_kafka_overrides(pipeline.bootstrap, {})
 
     bootstrap, topic = pipeline.bootstrap, pipeline.topic
     ensure_topic(bootstrap, topic, 3)
@@ -96,14 +97,19 @@ def scene(broker, spark, tmp_path_factory: pytest.TempPathFactory):
 
     folder = tmp_path_factory.mktemp("ledger_view")
     (folder / "pipelines").mkdir()
-    pipeline = Pipeline(name="orders", topic=f"orders_{uuid.uuid4().hex[:8]}", folder=folder / "pipelines",
-                        lake=folder / "lake", bootstrap=broker.bootstrap)
+    pipeline = Pipeline(
+        name="orders", topic=f"orders_{uuid.uuid4().hex[:8]}", folder=folder / "pipelines", lake=folder / "lake", bootstrap=broker.bootstrap
+    )
     host, port = broker.bootstrap.rsplit(":", 1)
-    airflow = LocalAirflow(folder / "airflow_home", free_port(), extra_env={
-        "OFFSETLAKE_PIPELINES_DIR": str(pipeline.folder),
-        "OFFSETLAKE_DISABLE_SCHEDULES": "1",
-        "AIRFLOW_CONN_KAFKA_ORDERS": json.dumps({"conn_type": "generic", "host": host, "port": int(port)}),
-    })
+    airflow = LocalAirflow(
+        folder / "airflow_home",
+        free_port(),
+        extra_env={
+            "OFFSETLAKE_PIPELINES_DIR": str(pipeline.folder),
+            "OFFSETLAKE_DISABLE_SCHEDULES": "1",
+            "AIRFLOW_CONN_KAFKA_ORDERS": json.dumps({"conn_type": "generic", "host": host, "port": int(port)}),
+        },
+    )
     # Airflow starts (migrate, three services) while Spark writes the ledger: both take a while.
     with ThreadPoolExecutor(1) as pool:
         started = pool.submit(airflow.start)
@@ -135,17 +141,28 @@ def _expected(config: PipelineConfig) -> dict:
     """Lag and committed ends from the broker and a plain delta-rs read of the ledger."""
     rows = ledger_rows(config)
     done = [r for r in rows if r["status"] in ("committed", "gap")]
-    ends = {p: max((r["end_offset"] for r in done if r["partition"] == p and r["kind"] in ("ingest", "gap")), default=None)
-            for p in range(3)}
+    ends = {
+        p: max((r["end_offset"] for r in done if r["partition"] == p and r["kind"] in ("ingest", "gap")), default=None) for p in range(3)
+    }
     lso = last_stable_offsets(config.kafka.bootstrap_servers, config.topic)
-    return {"rows": rows, "ends": ends, "lso": lso, "lag": {p: lso[p] - ends[p] for p in lso},
-            "last_commit": max(r["recorded_at"] for r in done)}
+    return {
+        "rows": rows,
+        "ends": ends,
+        "lso": lso,
+        "lag": {p: lso[p] - ends[p] for p in lso},
+        "last_commit": max(r["recorded_at"] for r in done),
+    }
 
 
 def test_plugin_api_answers_only_with_airflow_credentials(scene):
     airflow = scene.airflow
-    for path in ("/offsetlake/api/pipelines", "/offsetlake/api/pipelines/orders", "/offsetlake/ledger",
-                 "/offsetlake/ledger/orders", f"/offsetlake/ledger/orders/reports/{scene.failed_batch}"):
+    for path in (
+        "/offsetlake/api/pipelines",
+        "/offsetlake/api/pipelines/orders",
+        "/offsetlake/ledger",
+        "/offsetlake/ledger/orders",
+        f"/offsetlake/ledger/orders/reports/{scene.failed_batch}",
+    ):
         status, _, body = _get(airflow, path)
         assert status == 401, (path, status, body[:300])
         assert scene.config.topic.encode() not in body and b"data-batch-id" not in body, path  # no ledger data leaks
@@ -205,9 +222,11 @@ def test_plugin_api_numbers_match_kafka_and_the_ledger(scene):
         assert batch["rows_written"] == sum(r["rows_written"] for r in mine)
         assert batch["dead_letters"] == sum(r["dead_letters"] for r in mine)
         assert sorted((r["partition"], r["start"], r["end"]) for r in batch["ranges"]) == sorted(
-            (r["partition"], r["start_offset"], r["end_offset"]) for r in mine)
+            (r["partition"], r["start_offset"], r["end_offset"]) for r in mine
+        )
         assert batch["airflow_run_url"] == (
-            f"/dags/orders_ingest/runs/{quote(DAG_RUN_ID, safe='')}" if batch_id == scene.dag_batch else None)
+            f"/dags/orders_ingest/runs/{quote(DAG_RUN_ID, safe='')}" if batch_id == scene.dag_batch else None
+        )
     ingest = [batches[b] for b in committed]
     assert sum(b["rows_written"] for b in ingest) == storage.table(config.layout.sink).count()
     assert sum(b["dead_letters"] for b in ingest) == storage.table(config.layout.dead_letters).count() > 0
@@ -280,8 +299,7 @@ def test_ledger_view_in_the_airflow_ui_shows_lag_and_batches(scene, tmp_path):
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_prometheus_metrics_need_a_token_and_match_kafka_and_the_ledger(scene):

@@ -24,8 +24,11 @@ def _staged_files(config, batch_ids: set[str]) -> list[str]:
     on a local folder or an object store."""
     fs, data = storage.filesystem(config.layout.sink.child("data"))
     found = fs.get_file_info(pafs.FileSelector(data, recursive=True))
-    return [f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet")
-            and any(f.path[len(data) + 1:].startswith(b) for b in batch_ids)]
+    return [
+        f.path
+        for f in found
+        if f.type == pafs.FileType.File and f.path.endswith(".parquet") and any(f.path[len(data) + 1 :].startswith(b) for b in batch_ids)
+    ]
 
 
 def _exists(config, path: str) -> bool:

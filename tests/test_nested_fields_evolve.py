@@ -26,16 +26,23 @@ from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
-V1_YAML = {"order_id": "long", "addr": "struct<city: string>", "lines": "array<struct<sku: string>>",
-           "extras": "map<string, struct<a: int>>"}
-V2_YAML = {"order_id": "long", "addr": "struct<city: string, zip: string>",
-           "lines": "array<struct<sku: string, qty: int>>", "extras": "map<string, struct<a: int, b: string>>"}
+V1_YAML = {
+    "order_id": "long",
+    "addr": "struct<city: string>",
+    "lines": "array<struct<sku: string>>",
+    "extras": "map<string, struct<a: int>>",
+}
+V2_YAML = {
+    "order_id": "long",
+    "addr": "struct<city: string, zip: string>",
+    "lines": "array<struct<sku: string, qty: int>>",
+    "extras": "map<string, struct<a: int, b: string>>",
+}
 UPSERT = {"mode": "upsert", "key": ["order_id"]}
 
 
 def _v1(order_id: int) -> dict:
-    return {"order_id": order_id, "addr": {"city": f"c{order_id}"}, "lines": [{"sku": f"s{order_id}"}],
-            "extras": {"k": {"a": order_id}}}
+    return {"order_id": order_id, "addr": {"city": f"c{order_id}"}, "lines": [{"sku": f"s{order_id}"}], "extras": {"k": {"a": order_id}}}
 
 
 def _v2(order_id: int) -> dict:
@@ -56,8 +63,7 @@ def _produce_json(bootstrap: str, topic: str, records: list[dict]) -> None:
 
 
 def _json_pipeline(pipeline, schema: dict, **overrides):
-    return pipeline.write(key_format="none", format={"type": "json", "schema": schema, "required": ["order_id"]},
-                          **overrides)
+    return pipeline.write(key_format="none", format={"type": "json", "schema": schema, "required": ["order_id"]}, **overrides)
 
 
 def _sink_rows(config) -> dict[int, dict]:
@@ -71,14 +77,17 @@ def _sink_rows(config) -> dict[int, dict]:
 
 def _nested(row: dict) -> tuple:
     """The nested values a test compares: (city, zip, [(sku, qty)], {key: (a, b)})."""
-    return (row["addr"]["city"], row["addr"].get("zip"), [(x["sku"], x.get("qty")) for x in row["lines"]],
-            {k: (v["a"], v.get("b")) for k, v in dict(row["extras"]).items()})
+    return (
+        row["addr"]["city"],
+        row["addr"].get("zip"),
+        [(x["sku"], x.get("qty")) for x in row["lines"]],
+        {k: (v["a"], v.get("b")) for k, v in dict(row["extras"]).items()},
+    )
 
 
 def _expected(i: int, city: str, carried: bool) -> tuple:
     """What ``_nested`` reads for order ``i``: the new fields' values, or null where a row has none."""
-    return (city, f"z{i}" if carried else None, [(f"s{i}", i if carried else None)],
-            {"k": (i, f"b{i}" if carried else None)})
+    return (city, f"z{i}" if carried else None, [(f"s{i}", i if carried else None)], {"k": (i, f"b{i}" if carried else None)})
 
 
 def _commit_actions(config, version: int) -> list[dict]:
@@ -131,8 +140,7 @@ def test_a_field_added_inside_a_yaml_struct_reaches_the_sink_in_the_commit_of_it
         assert _nested(rows[i]) == _expected(i, city=f"moved{i}" if moved else f"c{i}", carried=carried), i
 
     # Spark reads the old files with the new fields as null too
-    frame = {r["order_id"]: r for r in spark.read.schema(_spark_schema(spark, config))
-             .parquet(*table.file_uris()).collect()}
+    frame = {r["order_id"]: r for r in spark.read.schema(_spark_schema(spark, config)).parquet(*table.file_uris()).collect()}
     assert frame[1]["addr"]["zip"] is None and frame[41]["addr"]["zip"] == "z41"
     assert frame[1]["lines"][0]["qty"] is None and frame[41]["extras"]["k"]["b"] == "b41"
 
@@ -171,35 +179,61 @@ def _spark_schema(spark, config):
 
 _LINE_V1 = {"type": "record", "name": "Line", "fields": [{"name": "sku", "type": "string"}]}
 _EXTRA_V1 = {"type": "record", "name": "Extra", "fields": [{"name": "a", "type": "int"}]}
-AVRO_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
-    {"name": "order_id", "type": "long"},
-    {"name": "addr", "type": {"type": "record", "name": "Address", "fields": [{"name": "city", "type": "string"}]}},
-    {"name": "lines", "type": {"type": "array", "items": _LINE_V1}},
-    {"name": "extras", "type": {"type": "map", "values": _EXTRA_V1}},
-]}
+AVRO_V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "addr", "type": {"type": "record", "name": "Address", "fields": [{"name": "city", "type": "string"}]}},
+        {"name": "lines", "type": {"type": "array", "items": _LINE_V1}},
+        {"name": "extras", "type": {"type": "map", "values": _EXTRA_V1}},
+    ],
+}
 # v2 adds a nullable field with a default inside each: BACKWARD compatible, the registry takes it
-AVRO_V2 = {**AVRO_V1, "fields": [
-    AVRO_V1["fields"][0],
-    {"name": "addr", "type": {"type": "record", "name": "Address", "fields": [
-        {"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}]}},
-    {"name": "lines", "type": {"type": "array", "items": {**_LINE_V1, "fields": [
-        *_LINE_V1["fields"], {"name": "qty", "type": ["null", "int"], "default": None}]}}},
-    {"name": "extras", "type": {"type": "map", "values": {**_EXTRA_V1, "fields": [
-        *_EXTRA_V1["fields"], {"name": "b", "type": ["null", "string"], "default": None}]}}},
-]}
+AVRO_V2 = {
+    **AVRO_V1,
+    "fields": [
+        AVRO_V1["fields"][0],
+        {
+            "name": "addr",
+            "type": {
+                "type": "record",
+                "name": "Address",
+                "fields": [{"name": "city", "type": "string"}, {"name": "zip", "type": ["null", "string"], "default": None}],
+            },
+        },
+        {
+            "name": "lines",
+            "type": {
+                "type": "array",
+                "items": {**_LINE_V1, "fields": [*_LINE_V1["fields"], {"name": "qty", "type": ["null", "int"], "default": None}]},
+            },
+        },
+        {
+            "name": "extras",
+            "type": {
+                "type": "map",
+                "values": {**_EXTRA_V1, "fields": [*_EXTRA_V1["fields"], {"name": "b", "type": ["null", "string"], "default": None}]},
+            },
+        },
+    ],
+}
 
 
 def _avro_v2_record(order_id: int, city: str | None = None) -> dict:
     """A v2 record; odd ids fill the new fields, even ids leave them at their default (null)."""
     carried = order_id % 2 == 1
-    return {"order_id": order_id, "addr": {"city": city or f"c{order_id}", "zip": f"z{order_id}" if carried else None},
-            "lines": [{"sku": f"s{order_id}", "qty": order_id if carried else None}],
-            "extras": {"k": {"a": order_id, "b": f"b{order_id}" if carried else None}}}
+    return {
+        "order_id": order_id,
+        "addr": {"city": city or f"c{order_id}", "zip": f"z{order_id}" if carried else None},
+        "lines": [{"sku": f"s{order_id}", "qty": order_id if carried else None}],
+        "extras": {"k": {"a": order_id, "b": f"b{order_id}" if carried else None}},
+    }
 
 
 @pytest.mark.parametrize("sink", [{}, UPSERT], ids=["append", "upsert"])
-def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_sink(pipeline, spark, schema_registry,
-                                                                                     sink):
+def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_sink(pipeline, spark, schema_registry, sink):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     client = schema_registry.client()
     v1 = AvroSerializer(client, json.dumps(AVRO_V1), conf={"auto.register.schemas": True})
@@ -209,15 +243,15 @@ def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_
     for i in range(40):
         producer.produce(pipeline.topic, value=v1(_v1(i), context), partition=0)
     assert producer.flush(30) == 0
-    config = pipeline.write(key_format="none", sink=sink or {"mode": "append"},
-                            format={"type": "avro", "schema_registry": schema_registry.settings})
+    config = pipeline.write(
+        key_format="none", sink=sink or {"mode": "append"}, format={"type": "avro", "schema_registry": schema_registry.settings}
+    )
     [first] = run_pipeline(config, RunContext("avro-nested-v1"), lambda: spark)
     assert first.total("rows_written") == 40
 
     # v2 registered mid-stream; old producers go on with v1; upserts also move some old keys
     for i in range(40, 80):
-        producer.produce(pipeline.topic, value=(v2(_avro_v2_record(i), context) if i % 2 else v1(_v1(i), context)),
-                         partition=0)
+        producer.produce(pipeline.topic, value=(v2(_avro_v2_record(i), context) if i % 2 else v1(_v1(i), context)), partition=0)
     for i in range(0, 40, 3) if sink else ():
         producer.produce(pipeline.topic, value=v2(_avro_v2_record(i, city=f"moved{i}"), context), partition=0)
     assert producer.flush(30) == 0
@@ -236,12 +270,12 @@ def test_a_registry_version_that_adds_a_nested_field_with_a_default_reaches_the_
     deserializer = AvroDeserializer(client)
     if sink:
         records = read_records(pipeline.bootstrap, pipeline.topic)
-        expected = replay_by_key(records, lambda r: deserializer(r.value, None)["order_id"],
-                                 lambda r: deserializer(r.value, None))
+        expected = replay_by_key(records, lambda r: deserializer(r.value, None)["order_id"], lambda r: deserializer(r.value, None))
         assert set(rows) == set(expected)
     else:
-        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic,
-                                               order_id=lambda value: int(deserializer(value, None)["order_id"])))
+        assert_exactly_once(
+            config, read_topic(pipeline.bootstrap, pipeline.topic, order_id=lambda value: int(deserializer(value, None)["order_id"]))
+        )
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok, report.text()
 
@@ -259,8 +293,7 @@ def test_a_nested_type_change_is_refused_naming_the_field_path_both_types_and_th
     assert "nested field 'addr.city' as int64, but the sink" in run.stderr and "holds it as string" in run.stderr
     assert "Nothing was committed" in run.stderr and "a new sink table (sink.table)" in run.stderr
     assert "transform that casts the nested field back to the sink's type" in run.stderr
-    for changed, path, old, new in (("lines", "lines.element.sku", "string", "int64"),
-                                    ("extras", "extras.value.a", "int32", "string")):
+    for changed, path, old, new in (("lines", "lines.element.sku", "string", "int64"), ("extras", "extras.value.a", "int32", "string")):
         types = {"lines": "array<struct<sku: long>>", "extras": "map<string, struct<a: string>>"}
         config = _json_pipeline(pipeline, {**V1_YAML, changed: types[changed]})
         with pytest.raises(SchemaChangeError, match=rf"nested field '{path}' as {new}, but the sink .* holds it as {old}"):
@@ -268,7 +301,10 @@ def test_a_nested_type_change_is_refused_naming_the_field_path_both_types_and_th
 
     # under on_schema_change: fail, a new nested field stops the batch like a new column, by its path
     config = _json_pipeline(pipeline, V2_YAML, on_schema_change="fail")
-    with pytest.raises(SchemaChangeError, match=r"new nested fields 'addr.zip', 'lines.element.qty', 'extras.value.b'\)"
-                                               r".*on_schema_change is fail"):
+    with pytest.raises(
+        SchemaChangeError,
+        match=r"new nested fields 'addr.zip', 'lines.element.qty', 'extras.value.b'\)"
+        r".*on_schema_change is fail",
+    ):
         run_pipeline(config, RunContext("nested-fail"), lambda: spark)
     assert storage.table(config.layout.sink).version() == first.sink_version, "nothing committed"

@@ -39,8 +39,13 @@ def _produce(bootstrap: str, topic: str, partitions: int, per_partition: int, cy
     order_id = first_id
     for partition in range(partitions):
         for i in range(per_partition):
-            value = {"order_id": order_id, "customer": cycle[i % len(cycle)], "amount": 1.0, "currency": "EUR",
-                     "created_at": "2026-11-01T00:00:00Z"}
+            value = {
+                "order_id": order_id,
+                "customer": cycle[i % len(cycle)],
+                "amount": 1.0,
+                "currency": "EUR",
+                "created_at": "2026-11-01T00:00:00Z",
+            }
             producer.produce(topic, value=json.dumps(value).encode(), partition=partition)
             order_id += 1
     assert producer.flush(30) == 0
@@ -56,8 +61,12 @@ def _customers(config) -> dict[str | None, int]:
 
 def _empty_as_null(config) -> int:
     table = storage.table(config.layout.sink)
-    return sum(r.counts.get("empty_as_null", 0) for c in sink_commits(table, config.name)
-               if c.kind in ("ingest", "backfill") for r in c.entry.ranges)
+    return sum(
+        r.counts.get("empty_as_null", 0)
+        for c in sink_commits(table, config.name)
+        if c.kind in ("ingest", "backfill")
+        for r in c.entry.ranges
+    )
 
 
 def _audits(config) -> None:
@@ -107,8 +116,9 @@ def test_the_plain_audit_finds_a_committed_file_that_lost_rows(pipeline, spark):
     report = audit_pipeline(config)
     assert not report.ok
     holds = 400 - (written.num_rows - 10)
-    assert any(f"batch {result.plan.batch_id}: the ledger says 400 sink rows were written, the sink holds {holds}" in p
-               for p in report.problems), report.text()
+    assert any(
+        f"batch {result.plan.batch_id}: the ledger says 400 sink rows were written, the sink holds {holds}" in p for p in report.problems
+    ), report.text()
 
 
 def _overwrite_keeping_size(path: str, rows: pa.Table) -> None:

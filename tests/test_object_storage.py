@@ -41,13 +41,22 @@ def test_the_embedded_server_refuses_a_second_put_if_absent_and_a_stale_delta_co
     assert bytes(obstore.get(store, "k").bytes()) == b"first"
 
     import pyarrow as pa
+
     write_deltalake(root, pa.table({"a": [0]}), storage_options=dict(where.options or {}))
     first, second = storage.table(where), storage.table(where)  # both at version 0
-    write_deltalake(first, pa.table({"a": [1]}), mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
+    write_deltalake(
+        first,
+        pa.table({"a": [1]}),
+        mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0),
+    )
     with pytest.raises(CommitFailedError):
-        write_deltalake(second, pa.table({"a": [2]}), mode="append",
-                        commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0))
+        write_deltalake(
+            second,
+            pa.table({"a": [2]}),
+            mode="append",
+            commit_properties=CommitProperties(app_transactions=[Transaction("app", 1)], max_commit_retries=0),
+        )
     assert sorted(storage.table(where).to_pyarrow_table()["a"].to_pylist()) == [0, 1]
 
 
@@ -96,8 +105,14 @@ def test_settings_that_make_commits_unsafe_are_refused(pipeline, s3):
 def _behind(proxy, pipeline, s3, **overrides):
     """A pipeline whose lake is reached through ``proxy``, with short store timeouts."""
     bucket = s3.bucket()
-    settings = {**s3.options(), "AWS_ENDPOINT_URL": proxy.endpoint, "max_retries": "1", "retry_timeout": "5s",
-                "timeout": "5s", "connect_timeout": "2s"}
+    settings = {
+        **s3.options(),
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+        "max_retries": "1",
+        "retry_timeout": "5s",
+        "timeout": "5s",
+        "connect_timeout": "2s",
+    }
     return bucket, pipeline.write(lake=f"s3://{bucket}/lake", storage=settings, **overrides)
 
 

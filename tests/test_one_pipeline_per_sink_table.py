@@ -31,8 +31,15 @@ from offsetlake.sink import ensure_table
 def _second_pipeline(first: Pipeline, name: str) -> Pipeline:
     """Another pipeline in the same folder and lake, with its own topic."""
     suffix = uuid.uuid4().hex[:8]
-    return Pipeline(name=f"{name}_{suffix}", topic=f"t_{name}_{suffix}", folder=first.folder, lake=first.lake,
-                    bootstrap=first.bootstrap, lake_uri=first.lake_uri, storage=first.storage)
+    return Pipeline(
+        name=f"{name}_{suffix}",
+        topic=f"t_{name}_{suffix}",
+        folder=first.folder,
+        lake=first.lake,
+        bootstrap=first.bootstrap,
+        lake_uri=first.lake_uri,
+        storage=first.storage,
+    )
 
 
 def _audit_ok(config, records: int) -> None:
@@ -86,8 +93,12 @@ def test_a_sink_that_already_holds_two_pipelines_refuses_every_commit_and_rewind
     first, _second = run_pipeline(config, RunContext("two"), lambda: spark)
     table = storage.table(config.layout.sink)
     foreign = {"pipeline": "us", "batch_id": "us-legacy", "kind": "ingest", "ranges": []}
-    table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=CommitProperties(
-        custom_metadata={"userMetadata": json.dumps({**foreign, "offsetlake": 1})}))  # as main wrote it
+    table.create_write_transaction(
+        [],
+        mode="append",
+        schema=table.schema(),
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": json.dumps({**foreign, "offsetlake": 1})}),
+    )  # as main wrote it
     version = storage.table(config.layout.sink).version()
 
     with pytest.raises(SinkOwnedError, match=f"pipeline {config.name}: .* belongs to pipeline us"):

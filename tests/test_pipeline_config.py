@@ -57,8 +57,7 @@ def test_env_interpolation_and_missing_variable(tmp_path, monkeypatch):
 
 def test_secrets_are_redacted_everywhere_humans_look(tmp_path):
     marker = "s3cr3t-MARKER-42"
-    body = {**BASE, "kafka": {"bootstrap_servers": "b:9092",
-                              "options": {"security.protocol": "SASL_SSL", "sasl.password": marker}}}
+    body = {**BASE, "kafka": {"bootstrap_servers": "b:9092", "options": {"security.protocol": "SASL_SSL", "sasl.password": marker}}}
     config = load_pipeline(str(write(tmp_path, body)))
     assert marker not in repr(config) and marker not in str(config)
     assert config.redacted_kafka_options()["sasl.password"] == "***"
@@ -78,12 +77,15 @@ def test_example_orders_pipeline_loads():
     assert config.name == "orders" and config.sink.partition_by == ["order_date"]
 
 
-@pytest.mark.parametrize(("declared", "said"), [
-    ("decimal(40,2)", "precision 40: Spark's decimals hold 1 to 38 digits"),
-    ("array<strng>", "unknown type 'strng'"),
-    ("struct<a int, b>", "struct field 'b' has no type"),
-    ("map<string>", "',' expected at '>'"),
-])
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        ("decimal(40,2)", "precision 40: Spark's decimals hold 1 to 38 digits"),
+        ("array<strng>", "unknown type 'strng'"),
+        ("struct<a int, b>", "struct field 'b' has no type"),
+        ("map<string>", "',' expected at '>'"),
+    ],
+)
 def test_types_spark_cannot_read_fail_at_load_naming_the_field(tmp_path, declared, said):
     """Found by an adversarial run (issue 15): these passed the YAML check and failed only after
     planning and reading, with Spark's message naming another field ("near 'long'")."""
@@ -95,8 +97,16 @@ def test_types_spark_cannot_read_fail_at_load_naming_the_field(tmp_path, declare
 
 
 def test_every_spark_type_name_loads(tmp_path):
-    schema = {"a": "timestamp_ltz", "b": "timestamp_ntz", "c": "tinyint", "d": "smallint", "e": "decimal(38,38)",
-              "f": "map<string, array<struct<x: long, `y z`: decimal(10,2)>>>", "g": "varchar(10)", "h": "real"}
+    schema = {
+        "a": "timestamp_ltz",
+        "b": "timestamp_ntz",
+        "c": "tinyint",
+        "d": "smallint",
+        "e": "decimal(38,38)",
+        "f": "map<string, array<struct<x: long, `y z`: decimal(10,2)>>>",
+        "g": "varchar(10)",
+        "h": "real",
+    }
     config = load_pipeline(str(write(tmp_path, {**BASE, "format": {"type": "json", "schema": schema}})))
     assert set(config.format.schema_) == set(schema)
 
@@ -120,10 +130,19 @@ def test_lake_locations_local_file_uri_and_object_store(tmp_path):
     as_uri = load_pipeline(str(write(tmp_path, {**BASE, "lake": folder.as_uri()})))
     assert as_uri.lake_path == str(folder) and as_uri.sink_path == str(folder / "orders_x")
     marker = "s3cr3t-STORAGE-42"
-    on_s3 = load_pipeline(str(write(tmp_path, {
-        **BASE, "lake": "s3://bucket/prefix/", "sink": {"table": "s3://other-bucket/orders"},
-        "storage": {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": marker, "AWS_ACCESS_KEY_ID": ""},
-    })))
+    on_s3 = load_pipeline(
+        str(
+            write(
+                tmp_path,
+                {
+                    **BASE,
+                    "lake": "s3://bucket/prefix/",
+                    "sink": {"table": "s3://other-bucket/orders"},
+                    "storage": {"AWS_REGION": "eu-west-1", "AWS_SECRET_ACCESS_KEY": marker, "AWS_ACCESS_KEY_ID": ""},
+                },
+            )
+        )
+    )
     assert on_s3.lake_path == "s3://bucket/prefix" and on_s3.sink_path == "s3://other-bucket/orders"
     assert on_s3.ledger_path.startswith("s3://bucket/prefix/")
     assert marker not in repr(on_s3) and marker not in str(on_s3)

@@ -23,8 +23,11 @@ def test_plan_starts_at_committed_end_and_stops_at_lso():
 
 
 def test_the_budget_is_shared_across_the_partitions_of_every_topic():
-    offsets = {("a", 0): PartitionOffsets("a", 0, 0, 1_000), ("b", 0): PartitionOffsets("b", 0, 0, 1_000),
-               ("b", 1): PartitionOffsets("b", 1, 0, 10)}
+    offsets = {
+        ("a", 0): PartitionOffsets("a", 0, 0, 1_000),
+        ("b", 0): PartitionOffsets("b", 0, 0, 1_000),
+        ("b", 1): PartitionOffsets("b", 1, 0, 10),
+    }
     ranges = plan_ranges({("a", 0): None, ("b", 0): 0, ("b", 1): None}, offsets, "earliest", 610)
     assert ranges == [OffsetRange("a", 0, 0, 301), OffsetRange("b", 0, 0, 299), OffsetRange("b", 1, 0, 10)]
 

@@ -30,8 +30,9 @@ KEEP_OLD_RECORDS = {"retention.ms": "-1"}
 
 
 def _order(order_id: int) -> bytes:
-    return json.dumps({"order_id": order_id, "customer": "c", "amount": 1.0, "currency": "EUR",
-                       "created_at": "2026-11-01T00:00:00Z"}).encode()
+    return json.dumps(
+        {"order_id": order_id, "customer": "c", "amount": 1.0, "currency": "EUR", "created_at": "2026-11-01T00:00:00Z"}
+    ).encode()
 
 
 def test_poison_records_become_dead_letters_and_the_pipeline_moves_on(pipeline, spark):
@@ -60,7 +61,9 @@ def test_poison_records_become_dead_letters_and_the_pipeline_moves_on(pipeline, 
     assert {d["_kafka_offset"]: d["value"] for d in dead}[2] == _order(2), "a dead letter keeps the record's bytes"
     # header keys are not part of a row, and a dead letter keeps a key that is not UTF-8 with its bytes escaped
     assert {d["_kafka_offset"]: d["headers"] for d in dead}[6] == [
-        {"key": "\\xff\\xfe-not-utf8", "value": b"v"}, {"key": "ok", "value": b"w"}]
+        {"key": "\\xff\\xfe-not-utf8", "value": b"v"},
+        {"key": "ok", "value": b"w"},
+    ]
 
     rows = {r["_kafka_offset"]: r for r in storage.table(config.layout.sink).to_pyarrow_table().to_pylist()}
     assert sorted(rows) == [0, 1, 4, 5]

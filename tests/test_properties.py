@@ -41,9 +41,14 @@ from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
 EXAMPLES = int(os.environ.get("OFFSETLAKE_PROPERTY_EXAMPLES", "3"))
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 # pyproject's 600 s per test fits the few examples of `make test`; `make torture`'s 100 examples need
 # more, above all on a busy machine (seen: a 100-example test took over 600 s beside a CI run, and
 # the timeout's signal, landing inside librdkafka while Hypothesis shrank, crashed the process).
@@ -62,9 +67,15 @@ class Scene:
     topic: str
 
     def write(self, **body: object) -> PipelineConfig:
-        base = {"name": self.name, "topic": self.topic, "kafka": {"bootstrap_servers": self.bootstrap},
-                "lake": str(self.folder / "lake"), "max_records_per_batch": 100_000, "read_timeout_seconds": 30,
-                "format": {"type": "json", "schema": ORDER_SCHEMA, "required": ["order_id"]}}
+        base = {
+            "name": self.name,
+            "topic": self.topic,
+            "kafka": {"bootstrap_servers": self.bootstrap},
+            "lake": str(self.folder / "lake"),
+            "max_records_per_batch": 100_000,
+            "read_timeout_seconds": 30,
+            "format": {"type": "json", "schema": ORDER_SCHEMA, "required": ["order_id"]},
+        }
         base.update(body)
         path = self.folder / "pipelines" / f"{self.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,10 +90,15 @@ def scenes(broker, tmp_path_factory):
         scene = Scene(broker.bootstrap, tmp_path_factory.mktemp("property"), f"prop_{suffix}", f"prop_{suffix}")
         # no time-based retention: records stamped in 1970 (or earlier) would be deleted at once
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        topic = NewTopic(scene.topic, num_partitions=partitions, replication_factor=1,
-                         config={"retention.ms": "-1", "message.timestamp.type": "CreateTime"})
+        topic = NewTopic(
+            scene.topic,
+            num_partitions=partitions,
+            replication_factor=1,
+            config={"retention.ms": "-1", "message.timestamp.type": "CreateTime"},
+        )
         admin.create_topics([topic])[scene.topic].result(30)
         return scene
+
     return make
 
 
@@ -127,8 +143,11 @@ def test_any_partition_value_is_a_row_or_a_dead_letter_through_backfill_and_rewi
     _audit(config)
     sink = storage.table(config.layout.sink)
     rows = {r["_kafka_offset"]: r["customer"] for r in sink.to_pyarrow_dataset().to_table().to_pylist()}
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.layout.dead_letters) else {}
+    dead = (
+        {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
+        if storage.is_table(config.layout.dead_letters)
+        else {}
+    )
     for offset, value in enumerate(values):
         if offset in dead:
             assert "partition value of column 'customer'" in dead[offset], (value, dead[offset])
@@ -140,8 +159,11 @@ def test_any_partition_value_is_a_row_or_a_dead_letter_through_backfill_and_rewi
 
 # ---- lake folder names ------------------------------------------------------------------------
 @PROPERTY
-@given(name=st.text(alphabet=string.ascii_letters + string.digits + " #?~'()&=+@!$,;.-_é中%[]^|\\\t", min_size=1,
-                    max_size=16).filter(lambda n: n not in (".", "..") and "/" not in n))
+@given(
+    name=st.text(alphabet=string.ascii_letters + string.digits + " #?~'()&=+@!$,;.-_é中%[]^|\\\t", min_size=1, max_size=16).filter(
+        lambda n: n not in (".", "..") and "/" not in n
+    )
+)
 def test_any_lake_folder_works_or_is_refused_when_the_pipeline_loads(spark, scenes, name):
     scene = scenes()
     lake = scene.folder / name
@@ -158,21 +180,27 @@ def test_any_lake_folder_works_or_is_refused_when_the_pipeline_loads(spark, scen
 
 # ---- headers and timestamps -------------------------------------------------------------------
 header_keys = st.binary(min_size=1, max_size=12).filter(lambda b: b"\x00" not in b)
-timestamps = st.one_of(st.integers(-(2**62), 2**62), st.sampled_from(
-    [-1, 0, 1, -5, YEAR_1_MS, YEAR_1_MS - 1, YEAR_10000_MS - 1, YEAR_10000_MS, 2**62, -(2**62)]))
+timestamps = st.one_of(
+    st.integers(-(2**62), 2**62),
+    st.sampled_from([-1, 0, 1, -5, YEAR_1_MS, YEAR_1_MS - 1, YEAR_10000_MS - 1, YEAR_10000_MS, 2**62, -(2**62)]),
+)
 
 
 @PROPERTY
-@given(records=st.lists(st.tuples(st.lists(st.tuples(header_keys, st.binary(max_size=12)), max_size=3), timestamps),
-                        min_size=1, max_size=6))
+@given(
+    records=st.lists(st.tuples(st.lists(st.tuples(header_keys, st.binary(max_size=12)), max_size=3), timestamps), min_size=1, max_size=6)
+)
 def test_any_header_and_timestamp_gives_a_row_or_a_dead_letter_with_its_reason(spark, scenes, records):
     scene = scenes()
     config = scene.write()
     for i, (headers, stamp) in enumerate(records):
         produce_raw(scene.bootstrap, scene.topic, 0, json.dumps({"order_id": i}).encode(), headers, timestamp_ms=stamp)
     [result] = run_pipeline(config, RunContext("headers"), lambda: spark, emit=lambda _: None)
-    dead = {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()} \
-        if storage.is_table(config.layout.dead_letters) else {}
+    dead = (
+        {r["_kafka_offset"]: r["reason"] for r in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
+        if storage.is_table(config.layout.dead_letters)
+        else {}
+    )
     for offset, (headers, stamp) in enumerate(records):
         # header keys are never part of a row, UTF-8 or not; librdkafka stamps 0 (and -1) with the time of producing
         bad_time = stamp not in (0, -1) and not YEAR_1_MS <= stamp < YEAR_10000_MS
@@ -182,10 +210,12 @@ def test_any_header_and_timestamp_gives_a_row_or_a_dead_letter_with_its_reason(s
 
 
 # ---- JSON values ------------------------------------------------------------------------------
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-                         st.text(max_size=8))
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)), max_leaves=10)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=8))
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=10,
+)
 
 
 @st.composite
@@ -209,16 +239,22 @@ def json_texts(draw) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-@settings(max_examples=max(EXAMPLES * 8, 20), deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=max(EXAMPLES * 8, 20),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(values=st.lists(json_texts(), min_size=1, max_size=5))
 def test_what_a_json_value_becomes_never_depends_on_its_neighbours(spark, scenes, values):
     from test_hostile_input import _decisions
 
     from offsetlake.formats import decoder_for
 
-    decoder = decoder_for(scenes().write(format={"type": "json", "required": ["order_id"],
-                                                 "schema": {"order_id": "long", "customer": "string"}}))
+    decoder = decoder_for(
+        scenes().write(format={"type": "json", "required": ["order_id"], "schema": {"order_id": "long", "customer": "string"}})
+    )
     alone = [_decisions(spark, decoder, [v])[0] for v in values]
     good = [json.dumps({"order_id": 10_000 + i, "customer": "c"}).encode() for i in range(100)]
     together = _decisions(spark, decoder, [x for v in values for x in (*good, v)])[100::101]
@@ -230,14 +266,35 @@ def test_what_a_json_value_becomes_never_depends_on_its_neighbours(spark, scenes
 STRICT = {"type": "json", "schema": {"order_id": "long", "customer": "string", "vendor": "string"}, "required": ["vendor"]}
 # string partition values: null and "" (both the default partition folder) and ones that escape
 CUSTOMERS = [None, "", "a", "q?r#s", "x%20y", "São Paulo", "k:v=1", "中"]
-NESTED = [{"addr": "struct<city: string>"}, {"addr": "struct<city: string, zip: string>"},
-          {"addr": "struct<city: string, zip: string, geo: struct<lat: double>>"}]
-operations = st.lists(st.sampled_from(
-    ["produce", "ingest", "backfill", "backfill_by_time", "strict_schema", "plain_schema", "rewind", "maintenance",
-     "crash", "nested_field", "add_partition", "recreate_topic"]), min_size=4, max_size=10)
+NESTED = [
+    {"addr": "struct<city: string>"},
+    {"addr": "struct<city: string, zip: string>"},
+    {"addr": "struct<city: string, zip: string, geo: struct<lat: double>>"},
+]
+operations = st.lists(
+    st.sampled_from(
+        [
+            "produce",
+            "ingest",
+            "backfill",
+            "backfill_by_time",
+            "strict_schema",
+            "plain_schema",
+            "rewind",
+            "maintenance",
+            "crash",
+            "nested_field",
+            "add_partition",
+            "recreate_topic",
+        ]
+    ),
+    min_size=4,
+    max_size=10,
+)
 SLOTS_US = [1_795_000_000_000_000 + ms * 1000 + us for ms in range(4) for us in (0, 1, 999)]  # sub-ms digits
-keyed_operations = st.lists(st.sampled_from(
-    ["produce", "ingest", "backfill", "maintenance", "crash", "add_partition", "recreate_topic"]), min_size=4, max_size=10)
+keyed_operations = st.lists(
+    st.sampled_from(["produce", "ingest", "backfill", "maintenance", "crash", "add_partition", "recreate_topic"]), min_size=4, max_size=10
+)
 
 
 class Sequence:
@@ -256,11 +313,13 @@ class Sequence:
 
     def write(self) -> PipelineConfig:
         if self.keyed:
-            return self.scene.write(max_records_per_batch=70, key_format={"type": "json", "schema": {"slot": "timestamp"}},
-                                    format={"type": "json", "schema": ORDER_SCHEMA, "required": ["order_id"]},
-                                    sink={"mode": "upsert", "key": ["slot"], "file_rows": 4})
-        body = STRICT if self.strict else {"type": "json", "schema": {**ORDER_SCHEMA, **NESTED[self.stage]},
-                                           "required": ["order_id"]}
+            return self.scene.write(
+                max_records_per_batch=70,
+                key_format={"type": "json", "schema": {"slot": "timestamp"}},
+                format={"type": "json", "schema": ORDER_SCHEMA, "required": ["order_id"]},
+                sink={"mode": "upsert", "key": ["slot"], "file_rows": 4},
+            )
+        body = STRICT if self.strict else {"type": "json", "schema": {**ORDER_SCHEMA, **NESTED[self.stage]}, "required": ["order_id"]}
         return self.scene.write(max_records_per_batch=70, format=body, sink={"partition_by": ["customer"]})
 
     def produce(self) -> None:
@@ -273,18 +332,35 @@ class Sequence:
             slot = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=self.rng.choice(SLOTS_US))
             key = json.dumps({"slot": slot.isoformat().replace("+00:00", "Z")}).encode()
             draw = self.rng.random()
-            value = b"{broken" if draw < 0.05 else None if self.keyed and draw < 0.12 else json.dumps(
-                {"order_id": order_id, "customer": self.rng.choice(CUSTOMERS),
-                 "addr": {"city": f"c{order_id % 3}", "zip": f"z{order_id}", "geo": {"lat": order_id / 4}}}).encode()
-            producer.produce(self.scene.topic, key=key, value=value, partition=self.rng.randrange(self.partitions),
-                             timestamp=1_700_000_000_000 + order_id)
+            value = (
+                b"{broken"
+                if draw < 0.05
+                else None
+                if self.keyed and draw < 0.12
+                else json.dumps(
+                    {
+                        "order_id": order_id,
+                        "customer": self.rng.choice(CUSTOMERS),
+                        "addr": {"city": f"c{order_id % 3}", "zip": f"z{order_id}", "geo": {"lat": order_id / 4}},
+                    }
+                ).encode()
+            )
+            producer.produce(
+                self.scene.topic,
+                key=key,
+                value=value,
+                partition=self.rng.randrange(self.partitions),
+                timestamp=1_700_000_000_000 + order_id,
+            )
         assert producer.flush(30) == 0
         self.next_id += count
 
     def ends(self) -> dict[int, int]:
         table = storage.open_table(self.config.layout.sink)
-        return {p: (table.transaction_version(self.config.app_id(self.scene.topic, p)) or 0) if table is not None else 0
-                for p in range(self.partitions)}
+        return {
+            p: (table.transaction_version(self.config.app_id(self.scene.topic, p)) or 0) if table is not None else 0
+            for p in range(self.partitions)
+        }
 
     def ingest(self, name: str = "seq-ingest") -> None:
         run_pipeline(self.config, RunContext(name), lambda: self.spark, emit=lambda _: None)
@@ -299,8 +375,7 @@ class Sequence:
         try:
             if by_time:  # record times are 1_700_000_000_000 + order id: a window of ids, any partition's
                 low, high = 1_700_000_000_000 + start, 1_700_000_000_000 + stop
-                plan = plan_backfill(self.config, RunContext("seq-by-time"), [partition], from_time=_iso(low),
-                                     to_time=_iso(high))
+                plan = plan_backfill(self.config, RunContext("seq-by-time"), [partition], from_time=_iso(low), to_time=_iso(high))
             else:
                 plan = plan_backfill(self.config, RunContext("seq-backfill"), [partition], start, stop)
         except BackfillParamsError:
@@ -347,16 +422,21 @@ class Sequence:
 
         committed = any(self.ends().values())
         if not self.keyed and storage.open_table(self.config.layout.sink) is not None:
-            self.earlier = Counter(storage.table(self.config.layout.sink).to_pyarrow_dataset()
-                                   .to_table(columns=["order_id"])["order_id"].to_pylist())
+            self.earlier = Counter(
+                storage.table(self.config.layout.sink).to_pyarrow_dataset().to_table(columns=["order_id"])["order_id"].to_pylist()
+            )
         admin = AdminClient({"bootstrap.servers": self.scene.bootstrap})
         admin.delete_topics([self.scene.topic])[self.scene.topic].result(30)
         deadline = time.monotonic() + 30
         while self.scene.topic in admin.list_topics(timeout=10).topics:
             assert time.monotonic() < deadline, f"{self.scene.topic} still listed after its deletion"
             time.sleep(0.2)
-        topic = NewTopic(self.scene.topic, num_partitions=self.partitions, replication_factor=1,
-                         config={"retention.ms": "-1", "message.timestamp.type": "CreateTime"})
+        topic = NewTopic(
+            self.scene.topic,
+            num_partitions=self.partitions,
+            replication_factor=1,
+            config={"retention.ms": "-1", "message.timestamp.type": "CreateTime"},
+        )
         admin.create_topics([topic])[self.scene.topic].result(30)
         if committed:
             event("the topic re-created under committed offsets")
@@ -390,8 +470,9 @@ class Sequence:
         event(f"operation: {op}")  # --hypothesis-show-statistics: how often each one ran
         _audit(self.config)
         if self.earlier:  # the rows of a deleted topic stay, once each, whatever came after
-            now = Counter(storage.table(self.config.layout.sink).to_pyarrow_dataset()
-                          .to_table(columns=["order_id"])["order_id"].to_pylist())
+            now = Counter(
+                storage.table(self.config.layout.sink).to_pyarrow_dataset().to_table(columns=["order_id"])["order_id"].to_pylist()
+            )
             changed = {i: (n, now[i]) for i, n in self.earlier.items() if now[i] != n}
             assert not changed, f"rows of the deleted topic changed (order id: (before, now)): {dict(list(changed.items())[:5])}"
 

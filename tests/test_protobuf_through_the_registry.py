@@ -34,8 +34,12 @@ F = descriptor_pb2.FieldDescriptorProto
 
 def _file(version: int, *, amount_type: int = F.TYPE_DOUBLE, recursive: bool = False) -> descriptor_pb2.FileDescriptorProto:
     """shop/orders.proto: Order (every type of the README's table), Other; v2 adds ``coupon``."""
-    fd = descriptor_pb2.FileDescriptorProto(name="shop/orders.proto", package="shop", syntax="proto3",
-                                            dependency=["google/protobuf/timestamp.proto", "google/protobuf/wrappers.proto"])
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="shop/orders.proto",
+        package="shop",
+        syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto", "google/protobuf/wrappers.proto"],
+    )
     status = fd.enum_type.add(name="Status")
     status.value.add(name="NEW", number=0)
     status.value.add(name="PAID", number=1)
@@ -108,8 +112,20 @@ def _produce(bootstrap: str, topic: str, items: list) -> None:
 
 
 def _order(cls: type, i: int, **extra: object):
-    order = cls(order_id=i, customer=f"c{i}", amount=i / 4, status=i % 2, tags=["a", f"t{i}"], quantity=4_000_000_000,
-                big=2**64 - 1 - i, ratio=0.5, flag=bool(i % 2), blob=bytes([i % 256, 0]), delta=-i, **extra)
+    order = cls(
+        order_id=i,
+        customer=f"c{i}",
+        amount=i / 4,
+        status=i % 2,
+        tags=["a", f"t{i}"],
+        quantity=4_000_000_000,
+        big=2**64 - 1 - i,
+        ratio=0.5,
+        flag=bool(i % 2),
+        blob=bytes([i % 256, 0]),
+        delta=-i,
+        **extra,
+    )
     order.created_at.FromDatetime(datetime(2026, 11, 23, 10, 0, i % 60, 123456, tzinfo=UTC))
     order.address.city = "Oslo"
     if i % 3 == 0:
@@ -139,8 +155,9 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
     v1_id = client.get_version(subject, 1).schema_id
     header = b"\x00" + v1_id.to_bytes(4, "big") + b"\x00"
     # a schema the topic's subject never had: "amount" is a string there
-    stray_id = client.register_schema(f"{pipeline.topic}-stray", Schema(
-        base64.b64encode(_file(2, amount_type=F.TYPE_STRING).SerializeToString()).decode(), "PROTOBUF"))
+    stray_id = client.register_schema(
+        f"{pipeline.topic}-stray", Schema(base64.b64encode(_file(2, amount_type=F.TYPE_STRING).SerializeToString()).decode(), "PROTOBUF")
+    )
     stray_order, _ = _classes(_file(2, amount_type=F.TYPE_STRING))
     avro_id = client.register_schema(f"{pipeline.topic}-avro", Schema('{"type": "string"}', "AVRO"))
     far_future = order1(order_id=48)
@@ -173,12 +190,17 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
     assert dict(r["attributes"]) == {"size": 15, "weight": -15}
     assert (r["note"], r["card"], r["iban"]) == ("note 15", "4111-15", None), "oneof: the member set, the other null"
     assert (r["quantity"], r["big"], r["ratio"], r["flag"], r["blob"], r["delta"]) == (
-        4_000_000_000, Decimal(2**64 - 16), 0.5, True, bytes([15, 0]), -15)
+        4_000_000_000,
+        Decimal(2**64 - 16),
+        0.5,
+        True,
+        bytes([15, 0]),
+        -15,
+    )
     assert r["items"] == [{"sku": "sku15", "qty": 15}]
     assert rows[16]["address"] == {"city": "Oslo", "zip": None} and rows[16]["note"] is None, "unset wrappers are null"
     assert (rows[16]["card"], rows[16]["iban"]) == (None, "NO93-16")
-    assert (rows[0]["status"], rows[0]["delta"], rows[0]["flag"]) == ("NEW", 0, False), \
-        "proto3 fields without presence read their default"
+    assert (rows[0]["status"], rows[0]["delta"], rows[0]["flag"]) == ("NEW", 0, False), "proto3 fields without presence read their default"
     assert rows[11]["coupon"] is None, "a row written before the column existed"
 
     reasons = {d["_kafka_offset"]: d["reason"] for d in storage.table(config.layout.dead_letters).to_pyarrow_table().to_pylist()}
@@ -187,8 +209,10 @@ def test_protobuf_versions_interleave_types_round_trip_and_bad_records_become_de
     assert reasons[42] == f"the message indexes after schema id {v1_id} are cut short or malformed"
     assert reasons[43].startswith(f"payload does not parse as Protobuf message shop.Order with writer schema id {v1_id}")
     assert reasons[44] == f"writer schema id {v1_id} message shop.Other is not the reader's message shop.Order"
-    assert reasons[45].startswith(f"writer schema id {stray_id} does not resolve to the reader schema") \
+    assert (
+        reasons[45].startswith(f"writer schema id {stray_id} does not resolve to the reader schema")
         and "field 'amount' is string in the writer and double in the reader" in reasons[45]
+    )
     assert reasons[46] == f"schema id {avro_id} is a AVRO schema, not Protobuf"
     assert reasons[47] == f"message indexes [3] name no message in writer schema id {v1_id}"
     assert reasons[48].startswith("a value does not fit its sink column type")
@@ -235,8 +259,9 @@ def test_protobuf_imports_through_registry_references_and_json_valued_types(pipe
     money = common.message_type.add(name="Money")
     money.field.add(name="currency", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
     money.field.add(name="units", number=2, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
-    sale = descriptor_pb2.FileDescriptorProto(name="shop/sale.proto", package="shop", syntax="proto3",
-                                              dependency=["shop/common.proto", "google/protobuf/struct.proto"])
+    sale = descriptor_pb2.FileDescriptorProto(
+        name="shop/sale.proto", package="shop", syntax="proto3", dependency=["shop/common.proto", "google/protobuf/struct.proto"]
+    )
     message = sale.message_type.add(name="Sale")
     message.field.add(name="order_id", number=1, type=F.TYPE_INT64, label=F.LABEL_OPTIONAL)
     message.field.add(name="price", number=2, type=F.TYPE_MESSAGE, type_name=".shop.common.Money", label=F.LABEL_OPTIONAL)

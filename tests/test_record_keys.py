@@ -32,8 +32,7 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes
 
 
 def _order(i: int) -> bytes:
-    return json.dumps({"order_id": i, "customer": f"c{i}", "amount": 1.5, "currency": "EUR",
-                       "created_at": "2026-11-23T10:00:00Z"}).encode()
+    return json.dumps({"order_id": i, "customer": f"c{i}", "amount": 1.5, "currency": "EUR", "created_at": "2026-11-23T10:00:00Z"}).encode()
 
 
 def _sink(config) -> dict[int, dict]:
@@ -104,8 +103,12 @@ def test_a_sink_from_before_key_format_keeps_its_shape_until_the_file_asks_for_t
 
 def test_an_avro_record_key_becomes_named_columns_through_the_registry(pipeline, spark, schema_registry):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    key_schema = {"type": "record", "name": "OrderKey", "namespace": "shop",
-                  "fields": [{"name": "order_id", "type": "long"}, {"name": "region", "type": "string"}]}
+    key_schema = {
+        "type": "record",
+        "name": "OrderKey",
+        "namespace": "shop",
+        "fields": [{"name": "order_id", "type": "long"}, {"name": "region", "type": "string"}],
+    }
     serialize = AvroSerializer(schema_registry.client(), json.dumps(key_schema), conf={"auto.register.schemas": True})
     context = SerializationContext(pipeline.topic, MessageField.KEY)
     records = [(serialize({"order_id": i, "region": "eu" if i % 2 else "us"}, context), _order(i)) for i in range(8)]
@@ -116,8 +119,9 @@ def test_an_avro_record_key_becomes_named_columns_through_the_registry(pipeline,
     with pytest.raises(ConfigError, match="key column 'order_id' is also a value field .* set key_format.prefix"):
         run_pipeline(clash, RunContext("clash"), lambda: spark)
 
-    config = pipeline.write(key_format={"type": "avro", "schema_registry": schema_registry.settings, "prefix": "key_"},
-                            sink={"partition_by": ["key_region"]})
+    config = pipeline.write(
+        key_format={"type": "avro", "schema_registry": schema_registry.settings, "prefix": "key_"}, sink={"partition_by": ["key_region"]}
+    )
     [batch] = run_pipeline(config, RunContext("avro-key"), lambda: spark)
     assert batch.total("rows_written") == 9 and batch.total("dead_letters") == 1
     rows = _sink(config)
@@ -126,16 +130,30 @@ def test_an_avro_record_key_becomes_named_columns_through_the_registry(pipeline,
     assert _dead(config)[8].startswith("key: value does not start with the Confluent wire-format header")
     [entry] = [json.loads(r["reader_schema"]) for r in ledger_rows(config) if r["status"] == "committed"]
     key_id = schema_registry.client().get_version(f"{pipeline.topic}-key", 1).schema_id
-    assert entry["key"] == {"source": "registry", "subject": f"{pipeline.topic}-key", "version": 1, "id": key_id,
-                            "fingerprint": entry["key"]["fingerprint"]}
+    assert entry["key"] == {
+        "source": "registry",
+        "subject": f"{pipeline.topic}-key",
+        "version": 1,
+        "id": key_id,
+        "fingerprint": entry["key"]["fingerprint"],
+    }
     assert sorted(storage.table(config.layout.sink).metadata().partition_columns) == ["key_region"]
 
 
 def test_json_and_protobuf_record_keys(pipeline, spark, schema_registry):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    _produce(pipeline.bootstrap, pipeline.topic, [
-        (b'{"tenant": "a", "seq": 1}', _order(0)), (b'{"tenant": "b"}', _order(1)), (b"not json", _order(2)),
-        (b'["a", 1]', _order(3)), (None, _order(4)), (b'{"tenant": "c", "seq": "x"}', _order(5))])
+    _produce(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [
+            (b'{"tenant": "a", "seq": 1}', _order(0)),
+            (b'{"tenant": "b"}', _order(1)),
+            (b"not json", _order(2)),
+            (b'["a", 1]', _order(3)),
+            (None, _order(4)),
+            (b'{"tenant": "c", "seq": "x"}', _order(5)),
+        ],
+    )
     config = pipeline.write(key_format={"type": "json", "schema": {"tenant": "string", "seq": "long"}, "prefix": "k_"})
     [batch] = run_pipeline(config, RunContext("json-key"), lambda: spark)
     assert batch.total("rows_written") == 3 and batch.total("dead_letters") == 3
@@ -147,20 +165,24 @@ def test_json_and_protobuf_record_keys(pipeline, spark, schema_registry):
 
     proto = descriptor_pb2.FileDescriptorProto(name="keys.proto", package="keys", syntax="proto3")
     message = proto.message_type.add(name="TenantKey")
-    message.field.add(name="tenant", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    message.field.add(
+        name="tenant",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+    )
     pool = DescriptorPool()
     pool.AddSerializedFile(proto.SerializeToString())
     key_class = GetMessageClass(pool.FindMessageTypeByName("keys.TenantKey"))
     topic = f"{pipeline.topic}_pb"
     ensure_topic(pipeline.bootstrap, topic, 1)
-    serialize = ProtobufSerializer(key_class, schema_registry.client(),
-                                   conf={"auto.register.schemas": True, "use.deprecated.format": False})
+    serialize = ProtobufSerializer(
+        key_class, schema_registry.client(), conf={"auto.register.schemas": True, "use.deprecated.format": False}
+    )
     context = SerializationContext(topic, MessageField.KEY)
     _produce(pipeline.bootstrap, topic, [(serialize(key_class(tenant=f"t{i}"), context), _order(i)) for i in range(4)])
     keyed = _other(pipeline, "pb")
-    config = dataclasses.replace(keyed, topic=topic).write(
-        key_format={"type": "protobuf", "schema_registry": schema_registry.settings})
+    config = dataclasses.replace(keyed, topic=topic).write(key_format={"type": "protobuf", "schema_registry": schema_registry.settings})
     [batch] = run_pipeline(config, RunContext("pb-key"), lambda: spark)
     assert batch.total("rows_written") == 4
     assert _sink(config)[2]["tenant"] == "t2"

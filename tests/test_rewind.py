@@ -137,8 +137,12 @@ def test_rewind_dag_parses_with_its_params(pipeline, tmp_path):
         "print(json.dumps({'params': sorted(dag.params.keys()), 'tasks': [t.task_id for t in dag.tasks], "
         "'schedule': str(dag.schedule)}))"
     )
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow_home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "OFFSETLAKE_PIPELINES_DIR": str(pipeline.folder)}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow_home"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "OFFSETLAKE_PIPELINES_DIR": str(pipeline.folder),
+    }
     parsed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
     assert parsed.returncode == 0, parsed.stderr[-3000:]
     shape = json.loads(parsed.stdout.strip().splitlines()[-1])

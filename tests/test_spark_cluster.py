@@ -37,17 +37,43 @@ def standalone_cluster(tmp_path):
     """Master + one worker (2 cores, 2 GiB), each in its own process group, stopped by PID."""
     port, ui_port = _free_port(), _free_port()
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path), "SPARK_PID_DIR": str(tmp_path)}
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("master", "worker")}  # noqa: SIM115
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("master", "worker")}
     master = subprocess.Popen(
-        [str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-         "--webui-port", str(ui_port)],
-        stdout=logs["master"], stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui_port),
+        ],
+        stdout=logs["master"],
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     worker = subprocess.Popen(
-        [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2",
-         "--memory", "2g", "--webui-port", str(_free_port()), "--work-dir", str(tmp_path / "work"),
-         f"spark://127.0.0.1:{port}"],
-        stdout=logs["worker"], stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            str(SPARK_CLASS),
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            "2",
+            "--memory",
+            "2g",
+            "--webui-port",
+            str(_free_port()),
+            "--work-dir",
+            str(tmp_path / "work"),
+            f"spark://127.0.0.1:{port}",
+        ],
+        stdout=logs["worker"],
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120

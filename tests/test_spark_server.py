@@ -17,7 +17,8 @@ JVM_STARTED = "Using Spark's default log4j profile"  # what every classic sessio
 def test_attached_cli_runs_start_no_jvm_and_a_crash_at_every_failpoint_stays_exactly_once(pipeline, spark_server):
     (pipeline.folder / "orders_transform.py").write_text(
         "from pyspark.sql import functions as F\n\n\n"
-        "def enrich(df):\n    return df.withColumn('amount_cents', (F.col('amount') * 100).cast('long'))\n")
+        "def enrich(df):\n    return df.withColumn('amount_cents', (F.col('amount') * 100).cast('long'))\n"
+    )
     config = pipeline.write(max_records_per_batch=3_000, transform="orders_transform:enrich")
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     for crashed in crash_at_every_failpoint(pipeline, config, 2_000, "--remote", spark_server):

@@ -45,10 +45,9 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             while not self.halt.is_set():
-                self.next_id = produce_orders(self.bootstrap, self.topic, self.rate // 5, first_id=self.next_id,
-                                              malformed_every=97)
+                self.next_id = produce_orders(self.bootstrap, self.topic, self.rate // 5, first_id=self.next_id, malformed_every=97)
                 self.halt.wait(0.2)
-        except BaseException as err:  # noqa: BLE001 - reported by stop()
+        except BaseException as err:
             self.error = err
 
     def stop(self) -> int:
@@ -99,9 +98,24 @@ class Stream:
         self.out, self.err = folder / f"{name}.out", folder / f"{name}.err"
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "offsetlake", "stream", "--trigger-interval", "1s", "--lease-ttl", TTL,
-                 "--max-records-per-batch", "1500", str(pipeline.file)],
-                stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})}, cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "offsetlake",
+                    "stream",
+                    "--trigger-interval",
+                    "1s",
+                    "--lease-ttl",
+                    TTL,
+                    "--max-records-per-batch",
+                    "1500",
+                    str(pipeline.file),
+                ],
+                stdout=out,
+                stderr=err,
+                text=True,
+                env={**os.environ, **(env or {})},
+                cwd=ROOT,
             )
         Stream.started.append(self)
 
@@ -162,7 +176,8 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     assert report["stop_reason"] == "received SIGTERM" and report["batches"] >= 2
     assert current_lease(config).state == RELEASED
     assert not _stream_batches(config, "planned") or all(
-        r["batch_id"] in _committed_batch_ids(config) for r in _stream_batches(config, "planned"))
+        r["batch_id"] in _committed_batch_ids(config) for r in _stream_batches(config, "planned")
+    )
 
     # 3. SIGKILL mid-batch (files written, not committed): the lease stays until it expires
     failpoint = tmp_path / "failpoint"

@@ -32,7 +32,6 @@ OLD_IDS = set(range(60))  # the old topic's order ids: offsets 0-59 of partition
 NEW_FIRST = 100_000
 
 
-
 def _two_epochs(pipeline, spark):
     """Old topic: order ids 0-59 at offsets 0-59 (two batches). Deleted, re-created, reset: the new
     topic's ids NEW_FIRST.. at offsets 0-59 again (two batches). Returns the config and the ids."""
@@ -59,8 +58,7 @@ def _two_epochs(pipeline, spark):
 
 def _rows_by_epoch(config) -> dict[int, list[tuple[int, int]]]:
     """Per epoch the sink's rows say, (offset, order id) of each row, duplicates kept."""
-    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(
-        columns=["_kafka_offset", "order_id", "_offsetlake_epoch"])
+    data = storage.table(config.layout.sink).to_pyarrow_dataset().to_table(columns=["_kafka_offset", "order_id", "_offsetlake_epoch"])
     out: dict[int, list[tuple[int, int]]] = {}
     for offset, order_id, epoch in zip(*(data[c].to_pylist() for c in data.column_names), strict=True):
         out.setdefault(epoch or 0, []).append((offset, order_id))
@@ -72,7 +70,8 @@ def _assert_both_epochs_whole(config, new_ids: set[int]) -> None:
     and each row carries its epoch."""
     order_ids = [order_id for _, _, order_id in sink_coordinates(config.layout.sink)]
     assert sorted(order_ids) == sorted(OLD_IDS | new_ids), (
-        f"missing {sorted((OLD_IDS | new_ids) - set(order_ids))[:5]}, {len(order_ids) - len(set(order_ids))} twice")
+        f"missing {sorted((OLD_IDS | new_ids) - set(order_ids))[:5]}, {len(order_ids) - len(set(order_ids))} twice"
+    )
     for against_kafka in (False, True):
         report = audit_pipeline(config, against_kafka=against_kafka)
         assert report.ok, report.text()
@@ -82,8 +81,10 @@ def _assert_both_epochs_whole(config, new_ids: set[int]) -> None:
     assert set(epochs) == {0, 1}, epochs.keys()
     for epoch, ids in ((0, OLD_IDS), (1, new_ids)):
         order_ids = [order_id for _, order_id in epochs[epoch]]
-        assert sorted(order_ids) == sorted(ids), f"epoch {epoch}: missing {sorted(ids - set(order_ids))[:5]}, " \
+        assert sorted(order_ids) == sorted(ids), (
+            f"epoch {epoch}: missing {sorted(ids - set(order_ids))[:5]}, "
             f"{len(order_ids) - len(set(order_ids))} twice, foreign {sorted(set(order_ids) - ids)[:5]}"
+        )
         assert sorted(o for o, _ in epochs[epoch]) == list(range(60)), f"epoch {epoch} offsets"
 
 
@@ -109,8 +110,12 @@ def test_a_backfill_after_an_epoch_reset_replaces_only_the_current_epochs_rows(p
     _assert_both_epochs_whole(config, new_ids)
 
     now = datetime.now(UTC)  # a window that holds every record of both topics
-    by_time = plan_backfill(config, RunContext("backfill-time"), from_time=(now - timedelta(hours=2)).isoformat(),
-                            to_time=(now + timedelta(hours=1)).isoformat())
+    by_time = plan_backfill(
+        config,
+        RunContext("backfill-time"),
+        from_time=(now - timedelta(hours=2)).isoformat(),
+        to_time=(now + timedelta(hours=1)).isoformat(),
+    )
     assert [(r.start, r.end) for r in by_time.ranges] == [(0, 60)], by_time.ranges
     ledger.record_plan(by_time)
     result = execute_recorded_batch(config, by_time.batch_id, lambda: spark)
@@ -129,8 +134,14 @@ def test_a_rewind_past_the_epoch_commit_is_refused_and_one_inside_the_epoch_work
     with pytest.raises(RewindError) as refused:
         rewind_pipeline(config, old_batch.batch_id, reason="try to go back")
     said = str(refused.value)
-    for part in (f"pipeline {config.name}", f"topic {pipeline.topic}", f"sink version {epoch.version}",
-                 f"batch {epoch.batch_id}", "the topic before it was re-created", "which Kafka no longer has"):
+    for part in (
+        f"pipeline {config.name}",
+        f"topic {pipeline.topic}",
+        f"sink version {epoch.version}",
+        f"batch {epoch.batch_id}",
+        "the topic before it was re-created",
+        "which Kafka no longer has",
+    ):
         assert part in said, said
     assert storage.table(config.layout.sink).version() == max(c.version for c in commits), "nothing was committed"
 
@@ -145,8 +156,9 @@ def _produce_keyed(bootstrap: str, topic: str, records: list[tuple[str, int, int
     """(key, order id, timestamp ms, partition) records, in order."""
     producer = Producer({"bootstrap.servers": bootstrap})
     for key, order_id, stamp, partition in records:
-        value = json.dumps({"order_id": order_id, "customer": key, "amount": float(order_id), "currency": "EUR",
-                            "created_at": "2026-11-23T10:00:00Z"}).encode()
+        value = json.dumps(
+            {"order_id": order_id, "customer": key, "amount": float(order_id), "currency": "EUR", "created_at": "2026-11-23T10:00:00Z"}
+        ).encode()
         producer.produce(topic, key=key.encode(), value=value, partition=partition, timestamp=stamp)
     producer.flush(30)
 
@@ -159,8 +171,11 @@ def test_a_keyed_sinks_later_epoch_record_is_newer_at_the_same_record_time_and_a
     config = pipeline.write(sink={"mode": "upsert", "key": ["_kafka_key"]})
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     stamp = int(time.time() * 1000) - 60_000  # recent: the broker's retention goes by record time
-    _produce_keyed(pipeline.bootstrap, pipeline.topic,
-                   [(f"other{i}", i, stamp - 1000, 0) for i in range(5)] + [("K", 5, stamp, 0), ("J", 7, stamp + 10_000, 1)])
+    _produce_keyed(
+        pipeline.bootstrap,
+        pipeline.topic,
+        [(f"other{i}", i, stamp - 1000, 0) for i in range(5)] + [("K", 5, stamp, 0), ("J", 7, stamp + 10_000, 1)],
+    )
     run_pipeline(config, RunContext("old"), lambda: spark)
     assert {r["_kafka_key"]: r["order_id"] for r in keyed_sink_rows(config.layout.sink)}["K"] == 5
 

@@ -23,7 +23,6 @@ def _produce_per_partition(bootstrap: str, topic: str, per_partition: int, first
         produce_orders(bootstrap, topic, per_partition, first_id=first_id + partition * 10_000, partition=partition)
 
 
-
 def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_epoch(pipeline, spark):
     config = pipeline.write()
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -38,8 +37,12 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     _produce_per_partition(pipeline.bootstrap, pipeline.topic, 25, first_id=100_000)  # the new topic's first 50
     refused = pipeline.cli("run")
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
-    for said in ("the topic was re-created or truncated", f"{pipeline.topic}[0]: the committed end is 50 but the "
-                 "partition's log end is 25", f"{pipeline.topic}[1]: the committed end is 50", "topic reset-epoch"):
+    for said in (
+        "the topic was re-created or truncated",
+        f"{pipeline.topic}[0]: the committed end is 50 but the partition's log end is 25",
+        f"{pipeline.topic}[1]: the committed end is 50",
+        "topic reset-epoch",
+    ):
         assert said in refused.stderr, refused.stderr
     status = pipeline.cli("status")
     assert status.returncode == 2 and "log end is 25" in status.stderr, (status.stdout, status.stderr)
@@ -87,17 +90,31 @@ def test_the_test_broker_names_no_topic_id_and_the_ledger_entry_then_records_non
 
 def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed_end():
     offsets = {("t", 0): PartitionOffsets("t", 0, 0, 500)}
-    commits = [SinkCommit(3, from_dict({"pipeline": "p", "batch_id": "b1", "kind": "ingest", "topic_ids": {"t": "old-id"},
-                                        "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 120}]}))]
+    commits = [
+        SinkCommit(
+            3,
+            from_dict(
+                {
+                    "pipeline": "p",
+                    "batch_id": "b1",
+                    "kind": "ingest",
+                    "topic_ids": {"t": "old-id"},
+                    "ranges": [{"topic": "t", "partition": 0, "start": 0, "end": 120}],
+                }
+            ),
+        )
+    ]
     recorded = recorded_topic_ids(commits)
     assert recorded == {"t": "old-id"}
     problems = identity_problems({("t", 0): 120}, offsets, recorded, {"t": "new-id"})
-    assert problems == ["t[0]: the committed end 120 belongs to topic id old-id, but the topic's id is now new-id "
-                        "(its log end is 500, log start 0)"]
+    assert problems == [
+        "t[0]: the committed end 120 belongs to topic id old-id, but the topic's id is now new-id (its log end is 500, log start 0)"
+    ]
     assert identity_problems({("t", 0): 120}, offsets, recorded, {"t": "old-id"}) == []
     assert identity_problems({("t", 0): 120}, offsets, {}, {"t": "new-id"}) == []  # entries from before topic ids
-    epoch = SinkCommit(4, from_dict({"pipeline": "p", "batch_id": "e1", "kind": "epoch",
-                                     "epoch": {"topic": "t", "topic_id": "new-id"}, "ranges": []}))
+    epoch = SinkCommit(
+        4, from_dict({"pipeline": "p", "batch_id": "e1", "kind": "epoch", "epoch": {"topic": "t", "topic_id": "new-id"}, "ranges": []})
+    )
     assert recorded_topic_ids([*commits, epoch]) == {"t": "new-id"}
 
 

@@ -48,9 +48,11 @@ def _rows(config) -> list[tuple]:
 
 def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_sees_a_double_write(pipeline, spark):
     (pipeline.folder / "explode_transform.py").write_text(TRANSFORM)
-    config = pipeline.write(format={"type": "json", "schema": {"order_id": "long", "items": "array<string>"},
-                                    "required": ["order_id"]},
-                            transform="explode_transform:explode_items", max_records_per_batch=60)
+    config = pipeline.write(
+        format={"type": "json", "schema": {"order_id": "long", "items": "array<string>"}, "required": ["order_id"]},
+        transform="explode_transform:explode_items",
+        max_records_per_batch=60,
+    )
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     _produce(pipeline.bootstrap, pipeline.topic, 100)
     results = run_pipeline(config, RunContext("explode"), lambda: spark)
@@ -76,8 +78,11 @@ def test_explode_rows_are_exactly_once_per_row_through_backfill_and_the_audit_se
     fs, root = storage.filesystem(config.layout.sink)
     fs.copy_file(f"{root}/{source['path']}", f"{root}/{copy}")
     table.create_write_transaction(
-        [AddAction(copy, source["size_bytes"], {}, int(time.time() * 1000), True, "{}")], mode="append",
-        schema=table.schema(), commit_properties=CommitProperties(custom_metadata={"userMetadata": "a bad copy"}))
+        [AddAction(copy, source["size_bytes"], {}, int(time.time() * 1000), True, "{}")],
+        mode="append",
+        schema=table.schema(),
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": "a bad copy"}),
+    )
     report = audit_pipeline(config)
     assert not report.ok and "duplicate in sink" in report.text() and " row " in report.text(), report.text()
 

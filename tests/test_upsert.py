@@ -37,9 +37,13 @@ def _updates(n: int, keys: int, partitions: int, seed: int, delete_share: float 
     out = []
     for i in range(n):
         k = rng.randrange(keys)
-        value = None if rng.random() < delete_share else json.dumps(
-            {"order_id": i, "customer": f"c{k}", "amount": float(i), "currency": "EUR", "created_at": "2026-11-23T10:00:00Z"}
-        ).encode()
+        value = (
+            None
+            if rng.random() < delete_share
+            else json.dumps(
+                {"order_id": i, "customer": f"c{k}", "amount": float(i), "currency": "EUR", "created_at": "2026-11-23T10:00:00Z"}
+            ).encode()
+        )
         out.append((k % partitions, f"k{k}".encode(), value))
     return out
 
@@ -53,19 +57,25 @@ def _sink_by_key(config) -> dict[str, dict]:
 
 def _expected(pipeline) -> dict[str, dict]:
     records = read_records(pipeline.bootstrap, pipeline.topic)
-    return replay_by_key(records, key_of=lambda r: r.key.decode(),
-                         row_of=lambda r: None if r.value is None else {**json.loads(r.value), "_kafka_partition": r.partition,
-                                                                          "_kafka_offset": r.offset})
+    return replay_by_key(
+        records,
+        key_of=lambda r: r.key.decode(),
+        row_of=lambda r: None if r.value is None else {**json.loads(r.value), "_kafka_partition": r.partition, "_kafka_offset": r.offset},
+    )
 
 
 def _assert_converged(config, pipeline) -> None:
     expected = _expected(pipeline)
     actual = _sink_by_key(config)
-    assert set(actual) == set(expected), (sorted(set(actual) ^ set(expected))[:10])
+    assert set(actual) == set(expected), sorted(set(actual) ^ set(expected))[:10]
     for key, row in expected.items():
         got = actual[key]
-        assert (got["order_id"], got["amount"], got["_kafka_partition"], got["_kafka_offset"]) == \
-            (row["order_id"], row["amount"], row["_kafka_partition"], row["_kafka_offset"]), key
+        assert (got["order_id"], got["amount"], got["_kafka_partition"], got["_kafka_offset"]) == (
+            row["order_id"],
+            row["amount"],
+            row["_kafka_partition"],
+            row["_kafka_offset"],
+        ), key
 
 
 def _assert_audit_passes(config) -> None:
@@ -84,7 +94,7 @@ def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audi
     rounds = len(failpoints.NAMES)
     share = len(updates) // rounds
     for i, name in enumerate(failpoints.NAMES):
-        _produce(pipeline.bootstrap, pipeline.topic, updates[i * share: (i + 1) * share if i < rounds - 1 else None])
+        _produce(pipeline.bootstrap, pipeline.topic, updates[i * share : (i + 1) * share if i < rounds - 1 else None])
         # each round: a run dies at one step of a batch (as a SIGKILL would leave it), the next recovers
         with failpoints.on(name, _crash), pytest.raises(failpoints.SimulatedCrash):
             run_pipeline(config, RunContext(f"crash-{name}"), lambda: spark)
@@ -121,8 +131,13 @@ def _debezium_events(seed: int) -> tuple[list[tuple[int, bytes | None, bytes | N
     def emit(op: str, before: dict | None, after: dict | None, key: int) -> None:
         nonlocal lsn
         lsn += 7
-        body = {"before": before, "after": after, "op": op, "ts_ms": 1_700_000_000_000 + lsn,
-                "source": {"ts_ms": 1_700_000_000_000 + lsn - 3, "lsn": lsn, "db": "shop", "table": "customers"}}
+        body = {
+            "before": before,
+            "after": after,
+            "op": op,
+            "ts_ms": 1_700_000_000_000 + lsn,
+            "source": {"ts_ms": 1_700_000_000_000 + lsn - 3, "lsn": lsn, "db": "shop", "table": "customers"},
+        }
         value = {"schema": {"type": "struct"}, "payload": body} if rng.random() < 0.3 else body
         events.append((key % 2, json.dumps({"id": key}).encode(), json.dumps(value).encode()))
 
@@ -147,9 +162,12 @@ def _debezium_events(seed: int) -> tuple[list[tuple[int, bytes | None, bytes | N
         (1, b'{"id": 3}', json.dumps({"before": None, "after": None, "op": "d", "source": {}}).encode()),
         (1, b'{"id": 5}', json.dumps({"id": 5, "name": "not an envelope"}).encode()),
     ]
-    reasons = ["debezium envelope: op 'x' is not c, r, u or d", "debezium envelope: op 'u' without after",
-               "debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)",
-               "debezium envelope: no op (not a change event)"]
+    reasons = [
+        "debezium envelope: op 'x' is not c, r, u or d",
+        "debezium envelope: op 'u' without after",
+        "debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)",
+        "debezium envelope: no op (not a change event)",
+    ]
     return events[:300] + bad + events[300:], reasons
 
 
@@ -172,10 +190,11 @@ def test_a_debezium_topic_gives_the_table_its_changes_replayed_in_order_give(pip
     events, reasons = _debezium_events(seed=5)
     _produce(pipeline.bootstrap, pipeline.topic, events[:400])
     config = pipeline.write(
-        max_records_per_batch=150, key_format="none",
-        format={"type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"},
-                "required": ["id"]},
-        sink={"mode": "upsert", "key": ["id"]})
+        max_records_per_batch=150,
+        key_format="none",
+        format={"type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"}, "required": ["id"]},
+        sink={"mode": "upsert", "key": ["id"]},
+    )
     run_pipeline(config, RunContext("snapshot"), lambda: spark)
     _produce(pipeline.bootstrap, pipeline.topic, events[400:])
     run_pipeline(config, RunContext("changes"), lambda: spark)
@@ -197,8 +216,9 @@ def test_a_debezium_topic_in_an_append_sink_is_its_change_log(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     events, reasons = _debezium_events(seed=6)
     _produce(pipeline.bootstrap, pipeline.topic, events)
-    config = pipeline.write(key_format="none", format={
-        "type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"}})
+    config = pipeline.write(
+        key_format="none", format={"type": "json", "envelope": "debezium", "schema": {"id": "long", "name": "string", "tier": "int"}}
+    )
     [batch] = run_pipeline(config, RunContext("log"), lambda: spark)
     tombstones = sum(1 for _, _, v in events if v is None)
     rows = storage.table(config.layout.sink).to_pyarrow_table().to_pylist()
@@ -214,9 +234,20 @@ def test_a_backfill_of_an_old_range_never_brings_back_an_older_value_and_repeati
     records = []
     for i in range(240):
         k = rng.randrange(40 if i < 120 else 25)  # keys 25..39 have no record after the backfilled range
-        value = None if rng.random() < 0.12 else json.dumps(
-            {"order_id": i, "customer": f"c{k}", "amount": float(i), "currency": "EUR",
-             "created_at": "2026-11-23T10:00:00Z", "note": f"n{i}"}).encode()
+        value = (
+            None
+            if rng.random() < 0.12
+            else json.dumps(
+                {
+                    "order_id": i,
+                    "customer": f"c{k}",
+                    "amount": float(i),
+                    "currency": "EUR",
+                    "created_at": "2026-11-23T10:00:00Z",
+                    "note": f"n{i}",
+                }
+            ).encode()
+        )
         records.append((0, f"k{k}".encode(), value))
     _produce(pipeline.bootstrap, pipeline.topic, records)
     schema = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
@@ -228,15 +259,18 @@ def test_a_backfill_of_an_old_range_never_brings_back_an_older_value_and_repeati
     newest = {}
     for offset, (_, key, value) in enumerate(records):
         newest[key.decode()] = (offset, value)
-    deleted_later = {k for k, (o, v) in newest.items() if v is None and o >= 120
-                     and any(key.decode() == k and value is not None and off < 120
-                             for off, (_, key, value) in enumerate(records))}
+    deleted_later = {
+        k
+        for k, (o, v) in newest.items()
+        if v is None
+        and o >= 120
+        and any(key.decode() == k and value is not None and off < 120 for off, (_, key, value) in enumerate(records))
+    }
     assert deleted_later, "the data has keys with a value in the backfilled range and a later delete"
     assert any(o < 120 and v is not None for o, v in newest.values()), "and keys whose newest record is in it"
 
     # the pipeline now reads one more field; the backfill reprocesses [0, 120)
-    config = pipeline.write(max_records_per_batch=100, sink=keyed,
-                            format={"type": "json", "schema": {**schema, "note": "string"}})
+    config = pipeline.write(max_records_per_batch=100, sink=keyed, format={"type": "json", "schema": {**schema, "note": "string"}})
     _backfill(config, spark, 0, 120)
     after = _sink_by_key(config)
     assert set(after) == set(before), "no key came back, none went"
@@ -285,16 +319,32 @@ def test_rewind_restores_a_keyed_sink_as_of_a_batch_and_compaction_brings_no_del
     _assert_audit_passes(config)
 
 
-_VALUE = {"type": "record", "name": "Value", "namespace": "shop.public.customers",
-          "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "tier", "type": "int"}]}
+_VALUE = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "shop.public.customers",
+    "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "tier", "type": "int"}],
+}
 _ENVELOPE = {
-    "type": "record", "name": "Envelope", "namespace": "shop.public.customers",
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "shop.public.customers",
     "fields": [
         {"name": "before", "type": ["null", _VALUE], "default": None},
         {"name": "after", "type": ["null", "shop.public.customers.Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
-                                    "fields": [{"name": "ts_ms", "type": "long"}, {"name": "db", "type": "string"},
-                                               {"name": "lsn", "type": ["null", "long"], "default": None}]}},
+        {
+            "name": "source",
+            "type": {
+                "type": "record",
+                "name": "Source",
+                "namespace": "io.debezium.connector.postgresql",
+                "fields": [
+                    {"name": "ts_ms", "type": "long"},
+                    {"name": "db", "type": "string"},
+                    {"name": "lsn", "type": ["null", "long"], "default": None},
+                ],
+            },
+        },
         {"name": "op", "type": "string"},
         {"name": "ts_ms", "type": ["null", "long"], "default": None},
     ],
@@ -326,9 +376,11 @@ def test_debezium_avro_events_through_the_registry_keyed_by_the_record_key(pipel
         event = {"before": None, "after": live[i], "op": op, "source": {"ts_ms": n, "db": "shop", "lsn": n}, "ts_ms": n}
         records.append((0, f"{i}".encode(), serialize(event, context)))
     _produce(pipeline.bootstrap, pipeline.topic, records)
-    config = pipeline.write(max_records_per_batch=150, format={
-        "type": "avro", "envelope": "debezium", "schema_registry": schema_registry.settings},
-        sink={"mode": "upsert", "key": ["_kafka_key"]})
+    config = pipeline.write(
+        max_records_per_batch=150,
+        format={"type": "avro", "envelope": "debezium", "schema_registry": schema_registry.settings},
+        sink={"mode": "upsert", "key": ["_kafka_key"]},
+    )
     run_pipeline(config, RunContext("avro-cdc"), lambda: spark)
     rows = keyed_sink_rows(config.layout.sink)
     got = {int(r["_kafka_key"]): {"id": r["id"], "name": r["name"], "tier": r["tier"]} for r in rows}
@@ -348,8 +400,7 @@ def test_a_stream_over_two_topics_into_a_keyed_sink_converges(pipeline, spark):
     a, b = f"{pipeline.topic}_a", f"{pipeline.topic}_b"
     for topic in (a, b):
         ensure_topic(pipeline.bootstrap, topic, 2)
-    config = pipeline.write(topic=None, topics=[a, b], max_records_per_batch=500,
-                            sink={"mode": "upsert", "key": ["_kafka_key"]})
+    config = pipeline.write(topic=None, topics=[a, b], max_records_per_batch=500, sink={"mode": "upsert", "key": ["_kafka_key"]})
     stop = StopControl()
     options = StreamOptions(trigger_interval=0.5, lease_ttl=6, run_id="keyed-stream")
     worker = threading.Thread(target=lambda: run_stream(config, options, lambda: spark, stop, lambda _: None))
@@ -357,14 +408,18 @@ def test_a_stream_over_two_topics_into_a_keyed_sink_converges(pipeline, spark):
     try:
         for wave in range(3):
             for topic in (a, b):  # keys are per topic here: each topic's keys stay in their partition
-                _produce(pipeline.bootstrap, topic, [(p, f"{topic}-{k.decode()}".encode(), v)
-                                                     for p, k, v in _updates(400, 60, 2, seed=wave * 10 + len(topic))])
+                _produce(
+                    pipeline.bootstrap,
+                    topic,
+                    [(p, f"{topic}-{k.decode()}".encode(), v) for p, k, v in _updates(400, 60, 2, seed=wave * 10 + len(topic))],
+                )
             time.sleep(1)
         expected = {}
         for topic in (a, b):
             records = read_records(pipeline.bootstrap, topic)
-            expected.update(replay_by_key(records, key_of=lambda r: r.key.decode(),
-                                          row_of=lambda r: None if r.value is None else json.loads(r.value)))
+            expected.update(
+                replay_by_key(records, key_of=lambda r: r.key.decode(), row_of=lambda r: None if r.value is None else json.loads(r.value))
+            )
         lso = {(t, p): end for t in (a, b) for p, end in last_stable_offsets(pipeline.bootstrap, t).items()}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -391,8 +446,9 @@ def test_a_key_in_two_topics_is_resolved_by_record_time_then_coordinates(pipelin
 
     def send(topic: str, key: str, order_id: int, ms: int) -> None:
         producer = Producer({"bootstrap.servers": pipeline.bootstrap})
-        value = json.dumps({"order_id": order_id, "customer": key, "amount": 1.0, "currency": "EUR",
-                            "created_at": "2026-11-23T10:00:00Z"}).encode()
+        value = json.dumps(
+            {"order_id": order_id, "customer": key, "amount": 1.0, "currency": "EUR", "created_at": "2026-11-23T10:00:00Z"}
+        ).encode()
         producer.produce(topic, key=key.encode(), value=value, partition=0, timestamp=ms)
         assert producer.flush(30) == 0
 

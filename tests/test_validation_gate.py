@@ -84,8 +84,11 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert storage.table(config.layout.sink).version() == version_before
     after = storage.table(config.layout.sink)
     assert {p: after.transaction_version(config.app_id(pipeline.topic, p)) for p in (0, 1)} == txns_before
-    bad_rows = [r for r in storage.table(config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
-                if r["run_id"] == "bad-run" and r["status"] == "failed"]
+    bad_rows = [
+        r
+        for r in storage.table(config.layout.ledger).to_pyarrow_dataset().to_table().to_pylist()
+        if r["run_id"] == "bad-run" and r["status"] == "failed"
+    ]
     assert bad_rows, "the failed batch must have failed ledger rows"
     bad_batch = bad_rows[0]["batch_id"]
     assert "expect_column_values_to_not_be_null(column=customer)" in bad_rows[0]["message"]
@@ -127,13 +130,23 @@ def test_suite_typos_fail_at_load_naming_file_and_entry_before_any_read(pipeline
     suite_file = pipeline.folder / f"{pipeline.name}.expectations.yaml"
     pipeline.write()
     cases = [
-        ({"expectations": [{"expect_column_values_to_not_be_null": {"column": "customer"}},
-                           {"expect_column_values_to_not_be_nul": {"column": "customer"}}]},
-         "expectations[1] expect_column_values_to_not_be_nul: unknown expectation (did you mean expect_column_values_to_not_be_null"),
-        ({"expectations": [{"expect_column_values_to_be_between": {"column": "amount", "min_vale": 0}}]},
-         "expectations[0] expect_column_values_to_be_between: bad kwargs: min_vale: extra fields not permitted"),
-        ({"expectations": [{"expect_column_values_to_be_in_set": {"value_set": ["EUR"]}}]},
-         "expectations[0] expect_column_values_to_be_in_set: bad kwargs: column: field required"),
+        (
+            {
+                "expectations": [
+                    {"expect_column_values_to_not_be_null": {"column": "customer"}},
+                    {"expect_column_values_to_not_be_nul": {"column": "customer"}},
+                ]
+            },
+            "expectations[1] expect_column_values_to_not_be_nul: unknown expectation (did you mean expect_column_values_to_not_be_null",
+        ),
+        (
+            {"expectations": [{"expect_column_values_to_be_between": {"column": "amount", "min_vale": 0}}]},
+            "expectations[0] expect_column_values_to_be_between: bad kwargs: min_vale: extra fields not permitted",
+        ),
+        (
+            {"expectations": [{"expect_column_values_to_be_in_set": {"value_set": ["EUR"]}}]},
+            "expectations[0] expect_column_values_to_be_in_set: bad kwargs: column: field required",
+        ),
         ({"expectations": []}, "expected a non-empty list under 'expectations'"),
     ]
     for suite, message in cases:
@@ -183,25 +196,37 @@ def test_quarantine_flags_exactly_the_rows_great_expectations_counts(pipeline, s
     from offsetlake.plan import BatchPlan, OffsetRange, RunContext
     from offsetlake.validation import load_suite, quarantine_reasons, validate_rows
 
-    suite = {"expectations": [
-        {"expect_column_values_to_be_unique": {"column": "order_id"}},
-        {"expect_column_values_to_be_between": {"column": "amount", "min_value": 0, "max_value": 100, "strict_max": True}},
-        {"expect_column_values_to_match_regex": {"column": "customer", "regex": "^c[0-9]+$"}},
-        {"expect_column_values_to_not_match_regex": {"column": "customer", "regex": "^test"}},
-        {"expect_column_values_to_be_in_set": {"column": "currency", "value_set": ["EUR", "USD", "BTC"]}},
-        {"expect_column_values_to_not_be_in_set": {"column": "currency", "value_set": ["BTC"]}},
-        {"expect_column_values_to_not_be_null": {"column": "customer"}},
-        {"expect_column_values_to_not_be_null": {"column": "note", "mostly": 0.5}},  # fails on 1 of 14: passes
-    ]}
+    suite = {
+        "expectations": [
+            {"expect_column_values_to_be_unique": {"column": "order_id"}},
+            {"expect_column_values_to_be_between": {"column": "amount", "min_value": 0, "max_value": 100, "strict_max": True}},
+            {"expect_column_values_to_match_regex": {"column": "customer", "regex": "^c[0-9]+$"}},
+            {"expect_column_values_to_not_match_regex": {"column": "customer", "regex": "^test"}},
+            {"expect_column_values_to_be_in_set": {"column": "currency", "value_set": ["EUR", "USD", "BTC"]}},
+            {"expect_column_values_to_not_be_in_set": {"column": "currency", "value_set": ["BTC"]}},
+            {"expect_column_values_to_not_be_null": {"column": "customer"}},
+            {"expect_column_values_to_not_be_null": {"column": "note", "mostly": 0.5}},  # fails on 1 of 14: passes
+        ]
+    }
     (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
     config = pipeline.write(validation={"on_failure": "quarantine"})
     good = (1, "c1", 10.0, "EUR", "n")
-    data = {0: good, 1: (2, "c2", 0.0, "USD", "n"), 2: (3, "c3", 99.5, "EUR", None),
-            3: (7, "c4", 1.0, "EUR", "n"), 4: (7, "c5", 1.0, "EUR", "n"),  # duplicate order_id: both
-            5: (None, "c6", 1.0, "EUR", "n"), 6: (8, "c7", 100.0, "EUR", "n"),  # strict max: 100 fails
-            7: (9, "c8", None, "EUR", "n"), 8: (10, "bad", 1.0, "EUR", "n"), 9: (11, None, 1.0, "EUR", "n"),
-            10: (12, "c9", 1.0, "XXX", "n"), 11: (13, "c10", 1.0, "BTC", "n"), 12: (14, "test1", 1.0, "EUR", "n"),
-            13: (15, "c11", 1.0, None, "n")}
+    data = {
+        0: good,
+        1: (2, "c2", 0.0, "USD", "n"),
+        2: (3, "c3", 99.5, "EUR", None),
+        3: (7, "c4", 1.0, "EUR", "n"),
+        4: (7, "c5", 1.0, "EUR", "n"),  # duplicate order_id: both
+        5: (None, "c6", 1.0, "EUR", "n"),
+        6: (8, "c7", 100.0, "EUR", "n"),  # strict max: 100 fails
+        7: (9, "c8", None, "EUR", "n"),
+        8: (10, "bad", 1.0, "EUR", "n"),
+        9: (11, None, 1.0, "EUR", "n"),
+        10: (12, "c9", 1.0, "XXX", "n"),
+        11: (13, "c10", 1.0, "BTC", "n"),
+        12: (14, "test1", 1.0, "EUR", "n"),
+        13: (15, "c11", 1.0, None, "n"),
+    }
     rows = spark.createDataFrame(
         [(pipeline.topic, 0, offset, *values) for offset, values in data.items()],
         "_kafka_topic string, _kafka_partition int, _kafka_offset long, order_id long, customer string, amount double, "
@@ -212,18 +237,20 @@ def test_quarantine_flags_exactly_the_rows_great_expectations_counts(pipeline, s
     assert validation.summary["outcome"] == "quarantined"
     by_label = {e["expectation"]: e for e in validation.summary["expectations"]}
     assert by_label["expect_column_values_to_not_be_null(column=note, mostly=0.5)"]["success"] is True
-    flagged = {r["_kafka_offset"]: r["_offsetlake_failed_expectations"]
-               for r in quarantine_reasons(rows, validation.quarantine, validation.summary).collect()}
+    flagged = {
+        r["_kafka_offset"]: r["_offsetlake_failed_expectations"]
+        for r in quarantine_reasons(rows, validation.quarantine, validation.summary).collect()
+    }
     assert flagged == {
         3: "expect_column_values_to_be_unique(column=order_id)",
         4: "expect_column_values_to_be_unique(column=order_id)",
         6: "expect_column_values_to_be_between(column=amount, min_value=0, max_value=100, strict_max=true)",
         8: "expect_column_values_to_match_regex(column=customer, regex=^c[0-9]+$)",
         9: "expect_column_values_to_not_be_null(column=customer)",
-        10: "expect_column_values_to_be_in_set(column=currency, value_set=[\"EUR\", \"USD\", \"BTC\"])",
-        11: "expect_column_values_to_not_be_in_set(column=currency, value_set=[\"BTC\"])",
+        10: 'expect_column_values_to_be_in_set(column=currency, value_set=["EUR", "USD", "BTC"])',
+        11: 'expect_column_values_to_not_be_in_set(column=currency, value_set=["BTC"])',
         12: "expect_column_values_to_match_regex(column=customer, regex=^c[0-9]+$); "
-            "expect_column_values_to_not_match_regex(column=customer, regex=^test)",
+        "expect_column_values_to_not_match_regex(column=customer, regex=^test)",
     }
     rows.unpersist()
 
@@ -233,21 +260,32 @@ def test_a_gx_json_suite_loads_and_its_errors_name_the_entry(pipeline):
     from offsetlake.validation import load_suite
 
     suite_file = pipeline.folder / "orders_suite.json"
-    suite_file.write_text(json.dumps({"name": "orders_suite", "expectations": [
-        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "customer"}, "meta": {}},
-        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}},
-    ]}))
+    suite_file.write_text(
+        json.dumps(
+            {
+                "name": "orders_suite",
+                "expectations": [
+                    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "customer"}, "meta": {}},
+                    {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}},
+                ],
+            }
+        )
+    )
     config = pipeline.write(validation={"suite": "orders_suite.json"})
     suite = load_suite(config)
     assert suite.name == "orders_suite"
     assert [(e.type, e.row_level) for e in suite.expectations] == [
-        ("expect_column_values_to_not_be_null", True), ("expect_table_row_count_to_be_between", False)]
-    suite_file.write_text(json.dumps({"expectations": [{"type": "expect_table_row_count_to_be_between",
-                                                         "kwargs": {"min_value": 1, "maximum": 3}}]}))
+        ("expect_column_values_to_not_be_null", True),
+        ("expect_table_row_count_to_be_between", False),
+    ]
+    suite_file.write_text(
+        json.dumps({"expectations": [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1, "maximum": 3}}]})
+    )
     try:
         load_suite(pipeline.config())
     except SuiteError as err:
-        assert str(err) == (f"{suite_file}: expectations[0] expect_table_row_count_to_be_between: "
-                            "bad kwargs: maximum: extra fields not permitted")
+        assert str(err) == (
+            f"{suite_file}: expectations[0] expect_table_row_count_to_be_between: bad kwargs: maximum: extra fields not permitted"
+        )
     else:
         raise AssertionError("a suite entry with an unknown kwarg must not load")

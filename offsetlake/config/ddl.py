@@ -8,8 +8,24 @@ import re
 
 # Spark SQL's type names (its DDL grammar; char/varchar read as string)
 _PRIMITIVE_TYPES = {
-    "string", "long", "bigint", "int", "integer", "short", "smallint", "byte", "tinyint", "double", "float", "real",
-    "boolean", "timestamp", "timestamp_ltz", "timestamp_ntz", "date", "binary",
+    "string",
+    "long",
+    "bigint",
+    "int",
+    "integer",
+    "short",
+    "smallint",
+    "byte",
+    "tinyint",
+    "double",
+    "float",
+    "real",
+    "boolean",
+    "timestamp",
+    "timestamp_ltz",
+    "timestamp_ntz",
+    "date",
+    "binary",
 }
 PARTITION_COLUMN_TYPES = {"string", "date", "int", "integer", "long", "bigint", "boolean"}
 
@@ -57,7 +73,7 @@ class _TypeParser:
         if self.peek():
             raise ValueError(f"unexpected text {self.where()}")
 
-    def type(self) -> None:
+    def type(self) -> None:  # noqa: C901 -- to be split (issue 36)
         name = self.take().lower()
         if name in _PRIMITIVE_TYPES:
             return
@@ -111,12 +127,13 @@ class _TypeParser:
                     continue
                 self.take(">")
                 return
-        raise ValueError(f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
-                         "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)")
+        raise ValueError(
+            f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
+            "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)"
+        )
 
     def number(self) -> int:
         token = self.take()
         if not token.isdigit():
             raise ValueError(f"a number expected, not '{token}'")
         return int(token)
-

@@ -34,8 +34,7 @@ class LakeLayout:
     validation: Location
 
     @classmethod
-    def of(cls, pipeline: str, lake: str, sink_table: str | None, options: Mapping[str, str],
-           base_dir: Path) -> LakeLayout:
+    def of(cls, pipeline: str, lake: str, sink_table: str | None, options: Mapping[str, str], base_dir: Path) -> LakeLayout:
         """The layout of ``pipeline``: relative locations resolve against ``base_dir`` (the folder
         above ``pipelines/``), a relative ``sink_table`` under the lake (default ``<lake>/<pipeline>``)."""
         lake_path = storage.resolve_location(lake, base_dir)

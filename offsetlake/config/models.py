@@ -91,7 +91,6 @@ class JsonFormat(_Strict):
         return ", ".join(f"`{name}` {type_name}" for name, type_name in self.schema_.items())
 
 
-
 class _RegistryFormat(_Strict):
     """What every registry-backed format has: the registry's client options (or the Airflow
     connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), the subject and the
@@ -236,7 +235,6 @@ def key_columns(key: KeyFormat) -> dict[str, str]:
     if key.type == "json":
         return {f"{key.prefix}{name}": kind for name, kind in key.schema_.items()}
     return {}
-
 
 
 class SinkSettings(_Strict):
@@ -387,8 +385,10 @@ class PipelineConfig(_Strict):
         if value is None:
             return value
         if re.match(r"^[A-Za-z_][\w]*\.[\w.]*:", value):
-            raise ValueError(f"'{value}' names a module in a package; a transform is one module file next to the "
-                             "YAML (module:function, the module without dots), which Spark ships to its tasks")
+            raise ValueError(
+                f"'{value}' names a module in a package; a transform is one module file next to the "
+                "YAML (module:function, the module without dots), which Spark ships to its tasks"
+            )
         if not re.match(r"^[A-Za-z_]\w*:[A-Za-z_]\w*$", value):
             raise ValueError(f"'{value}' must look like module:function")
         return value
@@ -475,10 +475,12 @@ class PipelineConfig(_Strict):
         """This config with Kafka settings from elsewhere (e.g. an Airflow connection) on top."""
         if not bootstrap_servers and not options:
             return self
-        kafka = KafkaSettings.model_validate({
-            "bootstrap_servers": bootstrap_servers or self.kafka.bootstrap_servers,
-            "options": {**self.kafka.options, **options},
-        })
+        kafka = KafkaSettings.model_validate(
+            {
+                "bootstrap_servers": bootstrap_servers or self.kafka.bootstrap_servers,
+                "options": {**self.kafka.options, **options},
+            }
+        )
         return self.model_copy(update={"kafka": kafka})
 
     def with_storage_overrides(self, options: dict[str, str]) -> PipelineConfig:
@@ -525,7 +527,6 @@ class PipelineConfig(_Strict):
     __str__ = __repr__
 
 
-
 FIELD_PROBLEM = "field_problem"  # a cross-field rule's error: its message names the field itself
 
 
@@ -535,10 +536,8 @@ def _locations_problem(config: PipelineConfig) -> tuple[str, str] | None:
         problem = storage.location_problem(location)
         if problem:
             return field_name, f"{location} {problem}"
-    if config.storage and not any(storage.is_uri(loc) and not loc.startswith("file://")
-                                  for loc in (config.lake_path, config.sink_path)):
-        return "storage", (f"settings for object storage, but lake {config.lake_path} is a local folder "
-                           "(use lake: s3://bucket/prefix)")
+    if config.storage and not any(storage.is_uri(loc) and not loc.startswith("file://") for loc in (config.lake_path, config.sink_path)):
+        return "storage", (f"settings for object storage, but lake {config.lake_path} is a local folder (use lake: s3://bucket/prefix)")
     return None
 
 
@@ -556,8 +555,9 @@ def _files_problem(config: PipelineConfig) -> tuple[str, str] | None:
         fields = set(config.format.schema_) | set(key_columns(config.key_format or KeyFormat()))
         missing = [c for c in config.sink.partition_by if c not in fields]
         if missing:
-            return "sink.partition_by", (f"column '{missing[0]}' is not a field of format.schema "
-                                         "or a key column (without a transform the rows have only those)")
+            return "sink.partition_by", (
+                f"column '{missing[0]}' is not a field of format.schema or a key column (without a transform the rows have only those)"
+            )
     if isinstance(config.format, AvroFormat) and config.format.schema_file:
         avsc = config.transform_dir / config.format.schema_file
         if not avsc.is_file():
@@ -571,6 +571,7 @@ def _partition_columns_problem(config: PipelineConfig) -> tuple[str, str] | None
         declared = config.format.schema_.get(column) if isinstance(config.format, JsonFormat) else None
         declared = declared or key_columns(config.key_format or KeyFormat()).get(column)
         if declared is not None and declared.lower() not in PARTITION_COLUMN_TYPES:
-            return "sink.partition_by", (f"column '{column}' has type {declared}; "
-                                         f"partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}")
+            return "sink.partition_by", (
+                f"column '{column}' has type {declared}; partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}"
+            )
     return None

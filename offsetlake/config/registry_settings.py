@@ -9,10 +9,23 @@ from typing import Any
 # Schema Registry client options offsetlake passes on (confluent-kafka's SchemaRegistryClient);
 # numbers are given to it as numbers.
 REGISTRY_OPTIONS = {
-    "url", "basic.auth.user.info", "basic.auth.credentials.source", "bearer.auth.credentials.source",
-    "bearer.auth.token", "bearer.auth.logical.cluster", "bearer.auth.identity.pool.id", "ssl.ca.location",
-    "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "proxy", "timeout", "max.retries",
-    "retries.wait.ms", "retries.max.wait.ms", "cache.latest.ttl.sec",
+    "url",
+    "basic.auth.user.info",
+    "basic.auth.credentials.source",
+    "bearer.auth.credentials.source",
+    "bearer.auth.token",
+    "bearer.auth.logical.cluster",
+    "bearer.auth.identity.pool.id",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "proxy",
+    "timeout",
+    "max.retries",
+    "retries.wait.ms",
+    "retries.max.wait.ms",
+    "cache.latest.ttl.sec",
 }
 _REGISTRY_SECRET = re.compile(r"(user\.info|password|token|secret)", re.I)
 
@@ -47,4 +60,3 @@ def registry_options(value: Any) -> dict[str, str]:
     if problem:
         raise ValueError(problem)
     return value
-

@@ -45,8 +45,7 @@ class Overrides:
         """The environment variables that hand these settings to a child process."""
         env = {}
         if self.bootstrap_servers or self.kafka_options:
-            env[KAFKA_OVERRIDES_ENV] = json.dumps({"bootstrap_servers": self.bootstrap_servers,
-                                                   "options": self.kafka_options})
+            env[KAFKA_OVERRIDES_ENV] = json.dumps({"bootstrap_servers": self.bootstrap_servers, "options": self.kafka_options})
         if self.storage:
             env[STORAGE_OVERRIDES_ENV] = json.dumps(self.storage)
         if self.schema_registry:
@@ -81,8 +80,9 @@ def _json_from_env(env: Mapping[str, str], name: str) -> dict:
         raise ConfigError(f"${name} is not JSON") from None
 
 
-def resolve_pipeline(name_or_path: str, directory: Path | None = None,
-                     overrides: OverridesSource = environment_overrides) -> PipelineConfig:
+def resolve_pipeline(
+    name_or_path: str, directory: Path | None = None, overrides: OverridesSource = environment_overrides
+) -> PipelineConfig:
     """A pipeline's settings as every command uses them: ``load_pipeline`` (YAML, ``${ENV}``,
     every field and rule checked), then ``overrides`` for it on top (by default those in this
     process's environment). Raises ConfigError naming the file, field or variable."""

@@ -54,13 +54,22 @@ class LocalBroker:
 
     def start(self, timeout_s: float = 60) -> LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [_binary(), "start", "--only", "kafka", "--host", "127.0.0.1",
-                   "--kafka-port", str(self.port), "--data-dir", str(self.data_dir)]
+        command = [
+            _binary(),
+            "start",
+            "--only",
+            "kafka",
+            "--host",
+            "127.0.0.1",
+            "--kafka-port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+        ]
         deadline = time.monotonic() + timeout_s
         while True:
             log = open(self.log_path, "ab")
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
             if self._wait_ready(deadline):
                 return self
@@ -82,7 +91,7 @@ class LocalBroker:
                     pass
                 AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=5)
                 return True
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 time.sleep(0.2)
         return False
 

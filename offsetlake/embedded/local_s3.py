@@ -48,8 +48,11 @@ class LocalS3:
     def options(self) -> dict[str, str]:
         """The ``storage:`` settings of a pipeline whose lake is on this server."""
         return {
-            "AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": REGION, "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_ALLOW_HTTP": "true",
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ALLOW_HTTP": "true",
         }
 
     def start(self, timeout_s: float = 60) -> LocalS3:
@@ -61,7 +64,11 @@ class LocalS3:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "offsetlake.embedded.local_s3", str(self.port), str(self.clock_file)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -82,11 +89,16 @@ class LocalS3:
             self._create_user()
         return self
 
-    def _client(self, service: str):  # noqa: ANN202 - boto3 clients are untyped
+    def _client(self, service: str):
         import boto3
 
-        return boto3.client(service, endpoint_url=self.endpoint, region_name=REGION,
-                            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
 
     def _create_user(self) -> None:
         iam = self._client("iam")
@@ -124,7 +136,7 @@ def _serve(port: str, clock_file: str) -> None:
 
     clock = Path(clock_file)
 
-    def shifted():  # noqa: ANN202 - moto's own utcnow type
+    def shifted():
         try:
             offset = float(clock.read_text() or 0)
         except (OSError, ValueError):

@@ -17,8 +17,9 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 CURRENCIES = ("EUR", "USD", "GBP", "INR")
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, extra: dict[str, str] | None = None,
-                 config: dict[str, str] | None = None) -> None:
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int, extra: dict[str, str] | None = None, config: dict[str, str] | None = None
+) -> None:
     """Create ``topic`` with ``partitions`` (and the topic ``config``), or add partitions up to
     that many; ``extra`` is admin-client config."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
@@ -70,8 +71,11 @@ def produce_orders(
         order_id = first_id + i
         malformed = malformed_every and i % malformed_every == malformed_every - 1
         no_customer = bool(null_customer_every) and i % null_customer_every == 0
-        value = b'{"order_id": ' + str(order_id).encode() + b', "broken' if malformed else order_event(
-            order_id, rng, base, customer=not no_customer)
+        value = (
+            b'{"order_id": ' + str(order_id).encode() + b', "broken'
+            if malformed
+            else order_event(order_id, rng, base, customer=not no_customer)
+        )
         key = f"c{order_id % 997}".encode()
         kwargs: dict[str, Any] = {"partition": partition} if partition is not None else {}
         while True:

@@ -115,8 +115,7 @@ def _value_reader_schema(config: PipelineConfig) -> ReaderSchema:
     return avro_reader_schema(config)
 
 
-def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = None,
-                sink_columns: set[str] | None = None) -> Decoder:
+def decoder_for(config: PipelineConfig, reader_schema: ReaderSchema | None = None, sink_columns: set[str] | None = None) -> Decoder:
     """The decoder of the pipeline's ``format`` and ``key_format``, decoding into ``reader_schema``
     (a plan's; the one a new plan would record when None)."""
     from offsetlake.formats.keys import KeyedDecoder, key_decoder_for
@@ -144,8 +143,7 @@ def value_decoder_for(config: PipelineConfig, reader_schema: ReaderSchema) -> De
         fmt = json_format_of(reader_schema, config.format)
         if config.format.envelope == "debezium":
             fields = list(fmt.schema_)
-            return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), fields, list(fmt.required), where,
-                                   needs_before(fields))
+            return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), fields, list(fmt.required), where, needs_before(fields))
         return JsonDecoder(fmt)
     inner = _registry_value_decoder(config, reader_schema)
     if config.format.envelope == "debezium":

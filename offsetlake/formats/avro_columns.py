@@ -26,11 +26,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_PRIMITIVE = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-              "double": pa.float64(), "string": pa.string(), "bytes": pa.binary()}
+_PRIMITIVE = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "bytes": pa.binary(),
+}
 # writer type -> reader types it resolves to (Avro's promotions)
-_PROMOTES = {"int": {"long", "float", "double"}, "long": {"float", "double"}, "float": {"double"},
-             "string": {"bytes"}, "bytes": {"string"}}
+_PROMOTES = {"int": {"long", "float", "double"}, "long": {"float", "double"}, "float": {"double"}, "string": {"bytes"}, "bytes": {"string"}}
 
 
 @dataclass
@@ -99,9 +105,10 @@ class _Chunk:
             total = int(offsets[-1])
             data = self.buffer[np.repeat(pos - offsets[:-1], size) + np.arange(total)] if total else np.zeros(0, np.uint8)
             large = total >= 2**31 - 1
-            arrow_type = (pa.large_binary() if large else pa.binary())
-            array = pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                                          pa.py_buffer(data)])
+            arrow_type = pa.large_binary() if large else pa.binary()
+            array = pa.Array.from_buffers(
+                arrow_type, n, [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(data)]
+            )
             if node.kind == "string":
                 array = _as_text(array, ok)
             return array, pos + size
@@ -133,7 +140,6 @@ class _Chunk:
             rank = np.cumsum(present) - 1
             return values.take(pa.array(rank, mask=~present)), pos
         raise AssertionError(node.kind)
-
 
     def skip(self, node: _Node, pos: np.ndarray, end: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """Positions after ``node``'s values, checked like ``decode`` but not built."""
@@ -186,8 +192,7 @@ def _node(schema: Any, named: dict[str, _Node], namespace: str | None) -> _Node 
         if len(schema) == 2 and "null" in schema:
             other = schema[1 - schema.index("null")]
             child = _node(other, named, namespace)
-            return None if child is None or child.kind == "nullable" else _Node("nullable", child=child,
-                                                                                  null_branch=schema.index("null"))
+            return None if child is None or child.kind == "nullable" else _Node("nullable", child=child, null_branch=schema.index("null"))
         return None
     if not isinstance(schema, dict):
         return None
@@ -225,7 +230,7 @@ def full_name(schema: dict, namespace: str | None) -> str:
 Resolve = Callable[[pa.Array], pa.Array]
 
 
-def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[str, Any], namespace: str | None) -> Resolve | None:
+def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[str, Any], namespace: str | None) -> Resolve | None:  # noqa: C901 -- to be split (issue 36)
     """How a writer column becomes the reader's raw column (``reader_type``), or None when Avro's
     resolution of the two is not one of the simple cases handled here."""
     if isinstance(reader, list):
@@ -284,8 +289,9 @@ def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[
             for i, (position, resolve, default) in enumerate(plan):
                 field_type = reader_type.field(i).type
                 if position is None:
-                    children.append(pa.nulls(len(array), field_type) if default is None
-                                    else pa.repeat(pa.scalar(default).cast(field_type), len(array)))
+                    children.append(
+                        pa.nulls(len(array), field_type) if default is None else pa.repeat(pa.scalar(default).cast(field_type), len(array))
+                    )
                 else:
                     assert resolve is not None
                     children.append(resolve(array.field(position)))

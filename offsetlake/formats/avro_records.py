@@ -43,8 +43,14 @@ _SINGLE_OBJECT = b"\xc3\x01"
 # Logical types decoded as their underlying number and converted in Arrow (one cast per chunk
 # instead of a Python datetime per value: fastavro's datetimes cost more than the decode itself).
 _CAST_IN_ARROW = {"date", "timestamp-millis", "timestamp-micros"}
-_KEPT_AS_NUMBER = {"time-millis", "time-micros", "timestamp-nanos", "local-timestamp-millis",
-                   "local-timestamp-micros", "local-timestamp-nanos"}
+_KEPT_AS_NUMBER = {
+    "time-millis",
+    "time-micros",
+    "timestamp-nanos",
+    "local-timestamp-millis",
+    "local-timestamp-micros",
+    "local-timestamp-nanos",
+}
 _UTC_MICROS = pa.timestamp("us", tz="UTC")
 _STREAM_NAME = re.compile(r" from <_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
@@ -102,17 +108,18 @@ class ArrowTypes:
         if isinstance(schema, list):
             members = [s for s in schema if s != "null"]
             if len(members) != 1:
-                raise ConfigError(f"{self.where}: field '{path}' is a union of {len(members)} non-null types "
-                                  f"({', '.join(_type_name(m) for m in members)}); a sink column has one type. "
-                                  "Ways forward: a [null, T] union in the reader schema, or a transform")
+                raise ConfigError(
+                    f"{self.where}: field '{path}' is a union of {len(members)} non-null types "
+                    f"({', '.join(_type_name(m) for m in members)}); a sink column has one type. "
+                    "Ways forward: a [null, T] union in the reader schema, or a transform"
+                )
             return self.of(members[0], path, namespace)
         kind = schema.get("type")
         logical = schema.get("logicalType")
         if kind == "record" or kind == "error":
             name = full_name(schema, namespace)
             ns = name.rpartition(".")[0] or None
-            fields = [(f["name"], self.of(f["type"], f"{path}.{f['name']}" if path else f["name"], ns))
-                      for f in schema["fields"]]
+            fields = [(f["name"], self.of(f["type"], f"{path}.{f['name']}" if path else f["name"], ns)) for f in schema["fields"]]
             result = (pa.struct([(n, t[0]) for n, t in fields]), pa.struct([(n, t[1]) for n, t in fields]))
             self.named[name] = result
             return result
@@ -141,13 +148,19 @@ class ArrowTypes:
     def _decimal(self, schema: dict, path: str) -> tuple[pa.DataType, pa.DataType]:
         precision, scale = int(schema.get("precision", 0)), int(schema.get("scale", 0))
         if not 1 <= precision <= 38:
-            raise ConfigError(f"{self.where}: field '{path}' is a decimal of precision {precision}; Delta's decimals hold "
-                              "1 to 38 digits")
+            raise ConfigError(f"{self.where}: field '{path}' is a decimal of precision {precision}; Delta's decimals hold 1 to 38 digits")
         return pa.decimal128(precision, scale), pa.decimal128(precision, scale)
 
     def _named_or_primitive(self, name: str, path: str, namespace: str | None) -> tuple[pa.DataType, pa.DataType]:
-        primitive = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-                     "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}.get(name)
+        primitive = {
+            "boolean": pa.bool_(),
+            "int": pa.int32(),
+            "long": pa.int64(),
+            "float": pa.float32(),
+            "double": pa.float64(),
+            "bytes": pa.binary(),
+            "string": pa.string(),
+        }.get(name)
         if primitive is not None:
             return primitive, primitive
         if name == "null":
@@ -190,8 +203,7 @@ class AvroDecoder:
         types = ArrowTypes(f"{self.where}: reader schema {reader.describe()}")
         schema = json.loads(self._reader_text)
         if not isinstance(schema, dict) or schema.get("type") != "record":
-            raise ConfigError(f"{self.where}: reader schema {reader.describe()} is not an Avro record; a sink row needs "
-                              "named fields")
+            raise ConfigError(f"{self.where}: reader schema {reader.describe()} is not an Avro record; a sink row needs named fields")
         final, raw = types.of(schema, "")
         assert isinstance(final, pa.StructType) and isinstance(raw, pa.StructType)
         self._final, self._raw = final, raw
@@ -259,7 +271,7 @@ class AvroDecoder:
                     stripped = strip_logical_types(json.loads(_with_references(self.pipeline, self.settings, found)))
                     try:
                         parsed = fastavro.parse_schema(stripped, named_schemas={})
-                    except Exception as err:  # noqa: BLE001 - fastavro's schema errors come in several types
+                    except Exception as err:
                         writers[schema_id] = _Writer(None, f"writer schema id {schema_id} is not a schema Avro reads: {err}")
                     else:
                         columns = ColumnReader.plan(stripped, state["reader_json"], self._raw)
@@ -341,7 +353,7 @@ class AvroDecoder:
             return None, f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}"
         except EOFError:
             return None, f"payload ends before the Avro record does ({described})"
-        except Exception as err:  # noqa: BLE001 - a bad payload fails in many ways inside fastavro
+        except Exception as err:
             said = _STREAM_NAME.sub("", str(err))  # the same reason for the same bytes, run after run
             return None, f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}"
         left = len(payload) - stream.tell()
@@ -351,8 +363,7 @@ class AvroDecoder:
             return None, f"payload does not decode to an Avro record with {described}"
         return decoded, None
 
-    def _assemble(self, count: int, pieces: list[tuple[pa.StructArray, list[int | None]]],
-                  problems: list[str | None]) -> pa.StructArray:
+    def _assemble(self, count: int, pieces: list[tuple[pa.StructArray, list[int | None]]], problems: list[str | None]) -> pa.StructArray:
         """The chunk's records in their order, in the reader's final type (null for a dead letter),
         out of raw pieces whose rows belong to the given records; a record whose value the final
         type cannot hold (a timestamp past what microseconds hold) gets its reason in ``problems``."""

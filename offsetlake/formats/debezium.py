@@ -56,8 +56,7 @@ class EnvelopeDecoder:
 
     rows_in_read = False
 
-    def __init__(self, inner: Decoder, row_fields: list[str], required: list[str], where: str,
-                 delete_needs_before: bool = True) -> None:
+    def __init__(self, inner: Decoder, row_fields: list[str], required: list[str], where: str, delete_needs_before: bool = True) -> None:
         self.inner = inner
         self.row_fields = row_fields
         self.required = required
@@ -75,9 +74,11 @@ class EnvelopeDecoder:
         names = inner.fields()
         missing = [n for n in _ENVELOPE if n not in names]
         if missing or read_type is None:
-            raise ConfigError(f"{where}: format.envelope is debezium but the value schema has no "
-                              f"{', '.join(missing) or 'decodable'} field{'s' if len(missing) > 1 else ''}; a Debezium "
-                              f"envelope has before, after, op and source (its fields: {', '.join(names)})")
+            raise ConfigError(
+                f"{where}: format.envelope is debezium but the value schema has no "
+                f"{', '.join(missing) or 'decodable'} field{'s' if len(missing) > 1 else ''}; a Debezium "
+                f"envelope has before, after, op and source (its fields: {', '.join(names)})"
+            )
         after = read_type.field("after").type
         if not pa.types.is_struct(after):
             raise ConfigError(f"{where}: format.envelope is debezium but 'after' is {after}, not a record")
@@ -118,31 +119,39 @@ class EnvelopeDecoder:
         before, after = part("before"), part("after")
         tombstone = F.col("value").isNull()
         if "read_problem" in decoded.columns:  # a read task may have called the tombstone a dead letter
-            decoded = decoded.withColumn("read_problem", F.when(tombstone & (F.col("read_problem") == TOMBSTONE), F.lit(None))
-                                         .otherwise(F.col("read_problem")))
+            decoded = decoded.withColumn(
+                "read_problem", F.when(tombstone & (F.col("read_problem") == TOMBSTONE), F.lit(None)).otherwise(F.col("read_problem"))
+            )
             decoded = decoded.withColumn(REASON, F.when(tombstone, F.lit(TOMBSTONE)).otherwise(F.col(REASON)))
         problem = (
             F.when(F.col(REASON).isNotNull(), F.col(REASON))
             .when(op.isNull(), F.lit("debezium envelope: no op (not a change event)"))
-            .when(~op.isin("c", "r", "u", "d"),
-                  F.concat(F.lit("debezium envelope: op '"), op, F.lit("' is not c, r, u or d")))
-            .when(op.isin("c", "r", "u") & after.isNull(),
-                  F.concat(F.lit("debezium envelope: op '"), op, F.lit("' without after")))
-            .when((op == "d") & before.isNull() & F.lit(self.delete_needs_before), F.lit(
-                "debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)"))
+            .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("debezium envelope: op '"), op, F.lit("' is not c, r, u or d")))
+            .when(op.isin("c", "r", "u") & after.isNull(), F.concat(F.lit("debezium envelope: op '"), op, F.lit("' without after")))
+            .when(
+                (op == "d") & before.isNull() & F.lit(self.delete_needs_before),
+                F.lit("debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)"),
+            )
         )
         row = F.when(op == "d", before).otherwise(after)
         for name in self.required:
-            problem = problem.when(op.isin("c", "r", "u") & row.getField(name).isNull(),
-                                   F.lit(f"required field '{name}' is missing or null in after"))
+            problem = problem.when(
+                op.isin("c", "r", "u") & row.getField(name).isNull(), F.lit(f"required field '{name}' is missing or null in after")
+            )
         out = decoded.withColumn("_row", row).withColumn(OP, op)
         return out.select(
             *[c for c in decoded.columns if c not in (PARSED, REASON, CHANGE)],
-            F.struct(*[F.col(f"_row.`{n}`").alias(n) for n in self.row_fields], F.col(OP).alias(OP),
-                     source("ts_ms").alias(SOURCE_TS), source("lsn").alias(LSN)).alias(PARSED),
+            F.struct(
+                *[F.col(f"_row.`{n}`").alias(n) for n in self.row_fields],
+                F.col(OP).alias(OP),
+                source("ts_ms").alias(SOURCE_TS),
+                source("lsn").alias(LSN),
+            ).alias(PARSED),
             F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(None)).otherwise(problem).alias(REASON),
             F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(SKIP))
-            .when(op == "d", F.lit(DELETE)).otherwise(F.lit(UPSERT)).alias(CHANGE),
+            .when(op == "d", F.lit(DELETE))
+            .otherwise(F.lit(UPSERT))
+            .alias(CHANGE),
         )
 
 

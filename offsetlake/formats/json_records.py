@@ -43,9 +43,18 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 # Spark types whose JSON reading pyarrow does the same way, or refuses (then Spark parses).
 _ARROW_TYPES = {
-    "string": pa.string(), "long": pa.int64(), "bigint": pa.int64(), "int": pa.int32(), "integer": pa.int32(),
-    "short": pa.int16(), "byte": pa.int8(), "double": pa.float64(), "float": pa.float32(), "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ltz": pa.timestamp("us", tz="UTC"),
+    "string": pa.string(),
+    "long": pa.int64(),
+    "bigint": pa.int64(),
+    "int": pa.int32(),
+    "integer": pa.int32(),
+    "short": pa.int16(),
+    "byte": pa.int8(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ltz": pa.timestamp("us", tz="UTC"),
 }
 
 
@@ -116,7 +125,7 @@ class JsonDecoder:
         for name, type_name in self.schema.items():
             try:
                 _parse_datatype_string(type_name)
-            except Exception as err:  # noqa: BLE001 - Spark's parse errors come in several types
+            except Exception as err:
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ConfigError(f"{where}: format.schema.{name}: Spark cannot read the type '{type_name}': {first}") from None
 
@@ -194,8 +203,7 @@ def _has_lone_surrogate(parsed: object) -> bool:
 
 def _too_deep(piece: list[bytes]) -> bool:
     """Whether a record of ``piece`` may nest deeper than MAX_DEPTH (pyarrow would parse it)."""
-    return any(len(v) > MAX_DEPTH and v.count(b"{") + v.count(b"[") > MAX_DEPTH and nesting_depth(v) > MAX_DEPTH
-               for v in piece)
+    return any(len(v) > MAX_DEPTH and v.count(b"{") + v.count(b"[") > MAX_DEPTH and nesting_depth(v) > MAX_DEPTH for v in piece)
 
 
 def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.StructArray:
@@ -268,8 +276,7 @@ def spark_json_options(corrupt_column: str) -> dict[str, str]:
     from offsetlake.config import MAX_RECORD_BYTES_CEILING
 
     ceiling = str(MAX_RECORD_BYTES_CEILING)
-    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt_column, "maxStringLen": ceiling,
-            "maxNumLen": ceiling}
+    return {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": corrupt_column, "maxStringLen": ceiling, "maxNumLen": ceiling}
 
 
 def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
@@ -284,8 +291,7 @@ def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
 
     text = F.col("value").cast("string")
     # a record with a read problem (too large among them) is a dead letter already: never parsed
-    from_json = F.when(F.col("read_problem").isNull(),
-                       F.from_json(text, f"{ddl}, `{_CORRUPT}` string", spark_json_options(_CORRUPT)))
+    from_json = F.when(F.col("read_problem").isNull(), F.from_json(text, f"{ddl}, `{_CORRUPT}` string", spark_json_options(_CORRUPT)))
     in_read = PARSED_IN_READ in raw.columns
     parsed = raw.withColumn(PARSED, F.coalesce(F.col(PARSED_IN_READ), from_json) if in_read else from_json)
     by_spark = F.col(PARSED_IN_READ).isNull() if in_read else F.lit(True)

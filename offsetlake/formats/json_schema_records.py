@@ -47,8 +47,10 @@ def spark_type(schema: Any, path: str, where: str) -> str:
         raise ConfigError(f"{where}: field '{path}' has no schema object")
     for keyword in ("$ref", "oneOf", "anyOf", "allOf"):
         if keyword in schema:
-            raise ConfigError(f"{where}: field '{path}' uses {keyword}, which has no single column type; "
-                              "give it a plain type in the reader schema, or use a transform")
+            raise ConfigError(
+                f"{where}: field '{path}' uses {keyword}, which has no single column type; "
+                "give it a plain type in the reader schema, or use a transform"
+            )
     kind = schema.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
@@ -78,8 +80,7 @@ def json_format_of(schema: Any, where: str) -> JsonFormat:
     from offsetlake.config import JsonFormat
 
     if not isinstance(schema, dict) or schema.get("type") != "object" or not schema.get("properties"):
-        raise ConfigError(f"{where}: the reader schema is not a JSON Schema object with properties; a sink row "
-                          "needs named fields")
+        raise ConfigError(f"{where}: the reader schema is not a JSON Schema object with properties; a sink row needs named fields")
     columns = {name: spark_type(s, name, where) for name, s in schema["properties"].items()}
     required = [name for name in schema.get("required", []) if name in columns]
     return JsonFormat.model_validate({"type": "json", "schema": columns, "required": required})

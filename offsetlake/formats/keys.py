@@ -77,12 +77,16 @@ def registry_settings(config: PipelineConfig) -> dict[str, str]:
 def _key_config(config: PipelineConfig, key: KeyFormat) -> PipelineConfig:
     """The pipeline as if its values were its keys: what the value decoders take."""
     if not key.subject and config.topic is None:
-        raise ConfigError(f"pipeline {config.name}: key_format.subject is needed: the pipeline reads "
-                          f"{config.topic_label}, so there is no one <topic>-key subject to default to")
-    fields: dict[str, Any] = {"schema_registry": registry_settings(config), "subject": key.subject or f"{config.topic}-key",
-                              "version": key.version}
-    fmt = AvroFormat(type="avro", **fields) if key.type == "avro" else \
-        ProtobufFormat(type="protobuf", message=key.message, **fields)
+        raise ConfigError(
+            f"pipeline {config.name}: key_format.subject is needed: the pipeline reads "
+            f"{config.topic_label}, so there is no one <topic>-key subject to default to"
+        )
+    fields: dict[str, Any] = {
+        "schema_registry": registry_settings(config),
+        "subject": key.subject or f"{config.topic}-key",
+        "version": key.version,
+    }
+    fmt = AvroFormat(type="avro", **fields) if key.type == "avro" else ProtobufFormat(type="protobuf", message=key.message, **fields)
     return config.model_copy(update={"format": fmt})
 
 
@@ -118,9 +122,11 @@ def key_decoder_for(config: PipelineConfig, schema: ReaderSchema | None) -> KeyD
         return JsonKey(json.loads(schema.text or "{}").get("schema", {}), prefix)
     key = config.key_format
     if key is None or not key.uses_registry:
-        raise ConfigError(f"pipeline {config.name}: the batch's plan decodes keys with {schema.describe()}, but "
-                          f"key_format is now {key.type if key else 'not set'}; restore key_format (avro or protobuf) "
-                          "to finish the batch as planned")
+        raise ConfigError(
+            f"pipeline {config.name}: the batch's plan decodes keys with {schema.describe()}, but "
+            f"key_format is now {key.type if key else 'not set'}; restore key_format (avro or protobuf) "
+            "to finish the batch as planned"
+        )
     from offsetlake.formats import value_decoder_for
 
     return RecordKey(value_decoder_for(_key_config(config, key), schema), key.prefix)
@@ -153,8 +159,7 @@ class TextKey:
                         texts.append(k.decode("utf-8") if k is not None else None)
                     except UnicodeDecodeError as err:
                         texts.append(None)
-                        problems[i] = (f"key: is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as "
-                                       "they are")
+                        problems[i] = f"key: is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as they are"
                 column = pa.array(texts, pa.string())
         else:
             column = raw
@@ -229,8 +234,9 @@ class JsonKey:
         # a record with a read problem (too large among them) is a dead letter already: never parsed
         out = decoded.withColumn(KEY_PARSED, F.when(F.col("key").isNotNull() & F.col("read_problem").isNull(), parsed))
         utf8_ok = F.try_validate_utf8(text).isNotNull() if hasattr(F, "try_validate_utf8") else F.lit(True)
-        bad = F.col("key").isNotNull() & (~utf8_ok | F.col(KEY_PARSED).isNull() | ~text.rlike(r"^\s*\{")
-                                          | F.col(f"{KEY_PARSED}.{_JSON_CORRUPT}").isNotNull())
+        bad = F.col("key").isNotNull() & (
+            ~utf8_ok | F.col(KEY_PARSED).isNull() | ~text.rlike(r"^\s*\{") | F.col(f"{KEY_PARSED}.{_JSON_CORRUPT}").isNotNull()
+        )
         problem = F.when(bad, F.lit("key: does not parse as a JSON object matching key_format.schema"))
         return out.withColumn(REASON, F.coalesce(F.col(REASON), problem))
 
@@ -241,11 +247,14 @@ class KeyedDecoder:
     def __init__(self, value: Decoder, key: KeyDecoder, pipeline: str) -> None:
         self.value = value
         self.key = key
-        clash = [column for column, _ in key.columns()
-                 if column in value.fields() or column in (TOPIC, PARTITION, OFFSET, TIMESTAMP, ROW_INDEX)]
+        clash = [
+            column for column, _ in key.columns() if column in value.fields() or column in (TOPIC, PARTITION, OFFSET, TIMESTAMP, ROW_INDEX)
+        ]
         if clash:
-            raise ConfigError(f"pipeline {pipeline}: key column '{clash[0]}' is also a value field or a coordinate "
-                              "column; set key_format.prefix (e.g. key_) to name the key's columns apart")
+            raise ConfigError(
+                f"pipeline {pipeline}: key column '{clash[0]}' is also a value field or a coordinate "
+                "column; set key_format.prefix (e.g. key_) to name the key's columns apart"
+            )
 
     def fields(self) -> list[str]:
         return [*self.value.fields(), *(column for column, _ in self.key.columns())]

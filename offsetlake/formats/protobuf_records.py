@@ -52,10 +52,14 @@ _NO_HEADER = "value does not start with the Confluent wire-format header (magic 
 _UTC_MICROS = pa.timestamp("us", tz="UTC")
 _TIMESTAMP = "google.protobuf.Timestamp"
 _WRAPPERS = {
-    "google.protobuf.DoubleValue": pa.float64(), "google.protobuf.FloatValue": pa.float32(),
-    "google.protobuf.Int64Value": pa.int64(), "google.protobuf.UInt64Value": pa.decimal128(20, 0),
-    "google.protobuf.Int32Value": pa.int32(), "google.protobuf.UInt32Value": pa.int64(),
-    "google.protobuf.BoolValue": pa.bool_(), "google.protobuf.StringValue": pa.string(),
+    "google.protobuf.DoubleValue": pa.float64(),
+    "google.protobuf.FloatValue": pa.float32(),
+    "google.protobuf.Int64Value": pa.int64(),
+    "google.protobuf.UInt64Value": pa.decimal128(20, 0),
+    "google.protobuf.Int32Value": pa.int32(),
+    "google.protobuf.UInt32Value": pa.int64(),
+    "google.protobuf.BoolValue": pa.bool_(),
+    "google.protobuf.StringValue": pa.string(),
     "google.protobuf.BytesValue": pa.binary(),
 }
 _AS_JSON = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
@@ -65,11 +69,24 @@ _WIDENS = {(pa.int32(), pa.int64()), (pa.float32(), pa.float64())}
 def _scalars() -> dict[int, pa.DataType]:
     from google.protobuf.descriptor import FieldDescriptor as F
 
-    return {F.TYPE_DOUBLE: pa.float64(), F.TYPE_FLOAT: pa.float32(), F.TYPE_INT64: pa.int64(),
-            F.TYPE_SINT64: pa.int64(), F.TYPE_SFIXED64: pa.int64(), F.TYPE_UINT64: pa.decimal128(20, 0),
-            F.TYPE_FIXED64: pa.decimal128(20, 0), F.TYPE_INT32: pa.int32(), F.TYPE_SINT32: pa.int32(),
-            F.TYPE_SFIXED32: pa.int32(), F.TYPE_UINT32: pa.int64(), F.TYPE_FIXED32: pa.int64(),
-            F.TYPE_BOOL: pa.bool_(), F.TYPE_STRING: pa.string(), F.TYPE_BYTES: pa.binary(), F.TYPE_ENUM: pa.string()}
+    return {
+        F.TYPE_DOUBLE: pa.float64(),
+        F.TYPE_FLOAT: pa.float32(),
+        F.TYPE_INT64: pa.int64(),
+        F.TYPE_SINT64: pa.int64(),
+        F.TYPE_SFIXED64: pa.int64(),
+        F.TYPE_UINT64: pa.decimal128(20, 0),
+        F.TYPE_FIXED64: pa.decimal128(20, 0),
+        F.TYPE_INT32: pa.int32(),
+        F.TYPE_SINT32: pa.int32(),
+        F.TYPE_SFIXED32: pa.int32(),
+        F.TYPE_UINT32: pa.int64(),
+        F.TYPE_FIXED32: pa.int64(),
+        F.TYPE_BOOL: pa.bool_(),
+        F.TYPE_STRING: pa.string(),
+        F.TYPE_BYTES: pa.binary(),
+        F.TYPE_ENUM: pa.string(),
+    }
 
 
 def _is_message(field: FieldDescriptor) -> bool:
@@ -92,8 +109,10 @@ def arrow_type(message: Descriptor, where: str, path: str = "", within: tuple[st
     """The Arrow struct a message's fields become (the table in docs/guides/formats-and-registry.md); ConfigError naming the
     field for a message that contains itself (a column type is finite)."""
     if message.full_name in within:
-        raise ConfigError(f"{where}: field '{path}' is a {message.full_name}, which contains itself; a column type "
-                          "cannot nest without end. Ways forward: a reader message without the recursion, or a transform")
+        raise ConfigError(
+            f"{where}: field '{path}' is a {message.full_name}, which contains itself; a column type "
+            "cannot nest without end. Ways forward: a reader message without the recursion, or a transform"
+        )
     inside = (*within, message.full_name)
     return pa.struct([pa.field(f.name, _field_type(f, where, _join(path, f.name), inside)) for f in message.fields])
 
@@ -120,7 +139,7 @@ def _value_type(field: FieldDescriptor, where: str, path: str, within: tuple[str
     return arrow_type(field.message_type, where, path, within)
 
 
-class _Unresolvable(Exception):  # noqa: N818 - a verdict about a writer schema, kept as its records' reason
+class _Unresolvable(Exception):
     pass
 
 
@@ -132,8 +151,10 @@ class _Resolver:
         self.reader = reader
 
     def _mismatch(self, path: str, writer: str, reader: pa.DataType) -> _Unresolvable:
-        return _Unresolvable(f"{self.described} does not resolve to the reader schema ({self.reader}): field '{path}' "
-                             f"is {writer} in the writer and {_type_text(reader)} in the reader")
+        return _Unresolvable(
+            f"{self.described} does not resolve to the reader schema ({self.reader}): field '{path}' "
+            f"is {writer} in the writer and {_type_text(reader)} in the reader"
+        )
 
     def getters(self, message: Descriptor, reader: pa.StructType, path: str = "") -> list[Callable[[Message], Any]]:
         out: list[Callable[[Message], Any]] = []
@@ -275,8 +296,18 @@ def _pool() -> Any:
     from google.protobuf.descriptor_pool import DescriptorPool
 
     pool = DescriptorPool()
-    for module in (any_pb2, source_context_pb2, type_pb2, api_pb2, duration_pb2, empty_pb2, field_mask_pb2,
-                   struct_pb2, timestamp_pb2, wrappers_pb2):
+    for module in (
+        any_pb2,
+        source_context_pb2,
+        type_pb2,
+        api_pb2,
+        duration_pb2,
+        empty_pb2,
+        field_mask_pb2,
+        struct_pb2,
+        timestamp_pb2,
+        wrappers_pb2,
+    ):
         pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
     return pool
 
@@ -367,8 +398,9 @@ class ProtobufDecoder:
             raise ConfigError(f"{where}: declares no message; a sink row needs a message's fields")
         self.message = fmt.message or everything[0]
         if self.message not in everything:
-            raise ConfigError(f"{where}: format.message {self.message} is not a message of it (it has: "
-                              f"{', '.join(str(n) for n in everything)})")
+            raise ConfigError(
+                f"{where}: format.message {self.message} is not a message of it (it has: {', '.join(str(n) for n in everything)})"
+            )
         self._final = arrow_type(loaded.pool.FindMessageTypeByName(self.message), where)
         if not len(self._final):
             raise ConfigError(f"{where}: message {self.message} has no fields; a sink row needs named fields")
@@ -412,8 +444,7 @@ class ProtobufDecoder:
             if name is None:
                 self._writers[key] = _Writer(None, None, f"message indexes {list(indexes)} name no message in {described}")
             elif name != self.message:
-                self._writers[key] = _Writer(None, None, f"{described} message {name} is not the reader's message "
-                                                         f"{self.message}")
+                self._writers[key] = _Writer(None, None, f"{described} message {name} is not the reader's message {self.message}")
             else:
                 descriptor = loaded.pool.FindMessageTypeByName(name)
                 try:
@@ -456,8 +487,7 @@ class ProtobufDecoder:
                 continue
             rows[i] = tuple(get(message) for get in writer.getters)  # type: ignore[union-attr]
         parsed = self._columns(rows, problems)
-        return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None,
-                            [p is None for p in problems])
+        return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, [p is None for p in problems])
 
     def _columns(self, rows: list[tuple | None], problems: list[str | None]) -> pa.StructArray:
         """The rows as the reader's struct, one Arrow array per column; a row whose value its
@@ -477,8 +507,7 @@ class ProtobufDecoder:
 
     def _struct(self, rows: list[tuple | None]) -> pa.StructArray:
         mask = pa.array([row is None for row in rows], pa.bool_())
-        columns = [pa.array([row[n] if row is not None else None for row in rows], column.type)
-                   for n, column in enumerate(self._final)]
+        columns = [pa.array([row[n] if row is not None else None for row in rows], column.type) for n, column in enumerate(self._final)]
         return pa.StructArray.from_arrays(columns, fields=list(self._final), mask=mask)
 
 
@@ -486,8 +515,7 @@ def _message_paths(messages: Any, prefix: tuple[int, ...] = ()) -> list[tuple[in
     """Index paths of every message in a file, top-level first, map entries left out."""
     out = [(*prefix, i) for i in range(len(messages))]
     for i, message in enumerate(messages):
-        out += [p for p in _message_paths(message.nested_type, (*prefix, i))
-                if not _entry(messages[i], p[len(prefix) + 1:])]
+        out += [p for p in _message_paths(message.nested_type, (*prefix, i)) if not _entry(messages[i], p[len(prefix) + 1 :])]
     return out
 
 

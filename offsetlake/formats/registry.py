@@ -49,7 +49,7 @@ class RegisteredText:
     import_name: str | None = None  # as a reference: the name the referencing schema imports it by
 
 
-class SchemaNotFound(Exception):  # noqa: N818 - an answer, not a failure: the caller decides
+class SchemaNotFound(Exception):
     """The registry answered that the schema (id, or subject/version) does not exist."""
 
 
@@ -63,8 +63,7 @@ def _client(settings: dict[str, str]) -> Any:
     # first when authlib.deprecate is imported, so ours is added after that import.
     import authlib.deprecate
 
-    warnings.filterwarnings("ignore", message="The httpx module is deprecated",
-                            category=authlib.deprecate.AuthlibDeprecationWarning)
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated", category=authlib.deprecate.AuthlibDeprecationWarning)
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     key = tuple(sorted(settings.items()))
@@ -91,16 +90,17 @@ def _call(pipeline: str, settings: dict[str, str], what: str, call: Any) -> Any:
         raise SchemaRegistryUnavailableError(
             f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} answered HTTP {err.http_status_code} "
             f"(error {err.error_code}: {err.error_message}) while {what}; nothing was committed, run again once it "
-            "answers") from None
-    except Exception as err:  # noqa: BLE001 - connection errors come from httpx in many types
+            "answers"
+        ) from None
+    except Exception as err:
         raise SchemaRegistryUnavailableError(
             f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} could not be reached while {what} "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); nothing was committed, run again "
-            "once it answers") from None
+            "once it answers"
+        ) from None
 
 
-def subject_version(pipeline: str, settings: dict[str, str], subject: str, version: int | str,
-                    fmt: str | None = None) -> RegisteredText:
+def subject_version(pipeline: str, settings: dict[str, str], subject: str, version: int | str, fmt: str | None = None) -> RegisteredText:
     """The subject's ``version`` (a number, or ``latest``) with its global schema id; ``fmt``
     ``serialized`` asks for a Protobuf schema as a base64 ``FileDescriptorProto``."""
     client = _client(settings)
@@ -108,9 +108,13 @@ def subject_version(pipeline: str, settings: dict[str, str], subject: str, versi
     found = _call(pipeline, settings, what, lambda: client.get_version(subject, version, fmt=fmt))
     schema = found.schema
     return RegisteredText(
-        schema_id=found.schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
+        schema_id=found.schema_id,
+        schema_type=schema.schema_type or "AVRO",
+        text=schema.schema_str,
         references=tuple((r.name, r.subject, r.version) for r in schema.references or ()),
-        subject=found.subject, version=found.version)
+        subject=found.subject,
+        version=found.version,
+    )
 
 
 def schema_by_id(pipeline: str, settings: dict[str, str], schema_id: int, fmt: str | None = None) -> RegisteredText:
@@ -121,16 +125,18 @@ def schema_by_id(pipeline: str, settings: dict[str, str], schema_id: int, fmt: s
     if cached is not None:
         return cached
     client = _client(settings)
-    schema = _call(pipeline, settings, f"fetching schema id {schema_id}",
-                   lambda: client.get_schema(schema_id, fmt=fmt))
-    found = RegisteredText(schema_id=schema_id, schema_type=schema.schema_type or "AVRO", text=schema.schema_str,
-                           references=tuple((r.name, r.subject, r.version) for r in schema.references or ()))
+    schema = _call(pipeline, settings, f"fetching schema id {schema_id}", lambda: client.get_schema(schema_id, fmt=fmt))
+    found = RegisteredText(
+        schema_id=schema_id,
+        schema_type=schema.schema_type or "AVRO",
+        text=schema.schema_str,
+        references=tuple((r.name, r.subject, r.version) for r in schema.references or ()),
+    )
     _by_id[key] = found
     return found
 
 
-def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText,
-               fmt: str | None = None) -> list[RegisteredText]:
+def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText, fmt: str | None = None) -> list[RegisteredText]:
     """The schemas ``schema`` references, depth first (each before the schemas that use it), each
     with the name the referencing schema imports it by in ``import_name``."""
     out: list[RegisteredText] = []
@@ -146,7 +152,8 @@ def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText,
             except SchemaNotFound as err:
                 raise SchemaRegistryUnavailableError(
                     f"pipeline {pipeline}: schema id {schema.schema_id} references subject {subject} version {version}, "
-                    f"which the Schema Registry at {registry_url(settings)} does not hold ({err})") from None
+                    f"which the Schema Registry at {registry_url(settings)} does not hold ({err})"
+                ) from None
             visit(found.references)
             out.append(replace(found, import_name=name))
 
@@ -154,29 +161,36 @@ def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText,
     return out
 
 
-def registry_reader_schema(config: PipelineConfig, schema_type: str, fingerprint: Callable[[str], str],
-                           alternative: str = "", field: str = "format") -> ReaderSchema:
+def registry_reader_schema(
+    config: PipelineConfig, schema_type: str, fingerprint: Callable[[str], str], alternative: str = "", field: str = "format"
+) -> ReaderSchema:
     """The reader schema a new plan of a registry-backed format records: the subject's latest or
     pinned version, with its global id. Raises ConfigError (no registry set, no such subject or
     version, a schema of another type) and SchemaRegistryUnavailableError."""
     fmt: Any = config.format
     kind = fmt.type
     if not fmt.schema_registry.get("url"):
-        raise ConfigError(f"pipeline {config.name}: {field} {kind} reads through a Schema Registry but none is set: "
-                          f"give {field}.schema_registry.url, an Airflow connection schema_registry_{config.name} "
-                          f"(or schema_registry_default){', ' + alternative if alternative else ''}")
+        raise ConfigError(
+            f"pipeline {config.name}: {field} {kind} reads through a Schema Registry but none is set: "
+            f"give {field}.schema_registry.url, an Airflow connection schema_registry_{config.name} "
+            f"(or schema_registry_default){', ' + alternative if alternative else ''}"
+        )
     if not fmt.subject and config.topic is None:
-        raise ConfigError(f"pipeline {config.name}: {field}.subject is needed: the pipeline reads {config.topic_label}, "
-                          "so there is no one <topic>-value subject to default to")
+        raise ConfigError(
+            f"pipeline {config.name}: {field}.subject is needed: the pipeline reads {config.topic_label}, "
+            "so there is no one <topic>-value subject to default to"
+        )
     subject = fmt.subject or f"{config.topic}-value"
     try:
         found = subject_version(config.name, fmt.schema_registry, subject, fmt.version)
     except SchemaNotFound as err:
-        raise ConfigError(f"pipeline {config.name}: the Schema Registry at {registry_url(fmt.schema_registry)} has "
-                          f"no subject {subject} version {fmt.version} ({err}); set {field}.subject / {field}.version, "
-                          "or register the schema first") from None
+        raise ConfigError(
+            f"pipeline {config.name}: the Schema Registry at {registry_url(fmt.schema_registry)} has "
+            f"no subject {subject} version {fmt.version} ({err}); set {field}.subject / {field}.version, "
+            "or register the schema first"
+        ) from None
     if found.schema_type != schema_type:
-        raise ConfigError(f"pipeline {config.name}: subject {subject} version {found.version} is a "
-                          f"{found.schema_type} schema; {field}.type is {kind}")
-    return ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject,
-                        version=found.version, id=found.schema_id)
+        raise ConfigError(
+            f"pipeline {config.name}: subject {subject} version {found.version} is a {found.schema_type} schema; {field}.type is {kind}"
+        )
+    return ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject, version=found.version, id=found.schema_id)
