@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup debian test test-fast torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
 
@@ -22,8 +22,11 @@ $(STAMP): requirements.lock pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: setup lint ## lint, then the whole suite: starts its own broker, one Spark session, temp lakes
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+test: setup lint test-fast ## lint, the fast tier, then the rest of the suite: starts its own broker, one Spark session, temp lakes
+	$(PY) -m pytest tests -m "not fast" $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the fast tier (a minute or two, no broker, Spark, S3 or Airflow): planner arithmetic, Selection, the DDL parser, ledger entry round trips, file stats, config validation, docs and CLI reference
+	$(PY) -m pytest tests -m fast -p no:cacheprovider $(PYTEST_ARGS)
 
 SEED ?= 1
 STEPS ?= 200

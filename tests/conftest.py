@@ -211,12 +211,26 @@ TEST_LAKE = os.environ.get("OFFSETLAKE_TEST_LAKE", "local")  # "s3": every pipel
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "fast: needs no service (set by pytest_collection_modifyitems); make test-fast runs these")
+    config.addinivalue_line("markers", "slow: needs no session service but starts something itself; kept out of the fast tier")
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
     config.addinivalue_line(
         "markers",
         "also_on_s3: the test runs twice, its lake local and on the embedded S3 "
         "(with long=True the S3 run belongs to make torture: OFFSETLAKE_LONG_S3_VARIANTS=1)",
     )
+
+
+SERVICES = frozenset({"broker", "own_broker", "schema_registry", "spark", "spark_server", "s3", "running_airflow", "pipeline"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that needs none of the session's services (broker, registry, Spark, S3, Airflow) is
+    in the fast tier (``make test-fast``, run first by ``.ci/run``) unless it is marked ``slow``
+    (it starts something itself)."""
+    for item in items:
+        if not SERVICES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / ".compose-test" / "result.json"
 
-pytestmark = pytest.mark.timeout(2700)
+pytestmark = [pytest.mark.timeout(2700), pytest.mark.slow]
 
 
 def test_the_stack_builds_runs_and_lands_a_scheduled_run_a_backfill_and_a_cleared_rerun_exactly_once() -> None:

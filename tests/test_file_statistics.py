@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from offsetlake.entry import AppliedChange
 from offsetlake.file_stats import may_hold_any, may_hold_between, values_of
 from offsetlake.sink import CommitActions, StagedFile, add_actions_for, commit, create_table_once, live_files
 
@@ -102,7 +103,12 @@ def _live_files(folder: Path, kind: str, files: list[list]) -> list[dict]:
         pq.write_table(pa.table({"v": pa.array(values, column_type)}), folder / relative)
         staged.append(StagedFile(relative, rows=len(values), counts={}, size=(folder / relative).stat().st_size))
     table = create_table_once(str(folder), schema, [], "file statistics test")
-    commit(table, CommitActions(files=add_actions_for(str(folder), staged).actions), {"test": "file_stats"}, partition_by=None)
+    commit(
+        table,
+        CommitActions(files=add_actions_for(str(folder), staged).actions),
+        AppliedChange(pipeline="file_stats", batch_id="test", sink_version=0),
+        partition_by=None,
+    )
     table.update_incremental()
     return sorted(live_files(table), key=lambda f: f["path"])
 
