@@ -5,6 +5,8 @@ pipeline loads, naming the field, before anything is planned or read."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import ClassVar
 
 # Spark SQL's type names (its DDL grammar; char/varchar read as string)
 _PRIMITIVE_TYPES = {
@@ -73,64 +75,83 @@ class _TypeParser:
         if self.peek():
             raise ValueError(f"unexpected text {self.where()}")
 
-    def type(self) -> None:  # noqa: C901 -- to be split (issue 36)
+    def type(self) -> None:
+        """One data type; its name decides the grammar of what follows it."""
         name = self.take().lower()
         if name in _PRIMITIVE_TYPES:
             return
-        if name in ("decimal", "dec", "numeric"):
-            if self.peek() == "(":
-                self.take("(")
-                precision = self.number()
-                scale = 0
-                if self.peek() == ",":
-                    self.take(",")
-                    scale = self.number()
-                self.take(")")
-                if not 1 <= precision <= 38:
-                    raise ValueError(f"precision {precision}: Spark's decimals hold 1 to 38 digits")
-                if scale > precision:
-                    raise ValueError(f"scale {scale} is above the precision {precision}")
+        parse_rest = self._COMPOSITES.get(name)
+        if parse_rest is None:
+            raise ValueError(
+                f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
+                "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)"
+            )
+        parse_rest(self)
+
+    def _decimal(self) -> None:
+        if self.peek() != "(":
             return
-        if name in ("char", "varchar"):
-            self.take("(")
-            self.number()
-            self.take(")")
-            return
-        if name == "array":
-            self.take("<")
-            self.type()
-            self.take(">")
-            return
-        if name == "map":
-            self.take("<")
-            self.type()
+        self.take("(")
+        precision = self.number()
+        scale = 0
+        if self.peek() == ",":
             self.take(",")
-            self.type()
+            scale = self.number()
+        self.take(")")
+        if not 1 <= precision <= 38:
+            raise ValueError(f"precision {precision}: Spark's decimals hold 1 to 38 digits")
+        if scale > precision:
+            raise ValueError(f"scale {scale} is above the precision {precision}")
+
+    def _char(self) -> None:
+        self.take("(")
+        self.number()
+        self.take(")")
+
+    def _array(self) -> None:
+        self.take("<")
+        self.type()
+        self.take(">")
+
+    def _map(self) -> None:
+        self.take("<")
+        self.type()
+        self.take(",")
+        self.type()
+        self.take(">")
+
+    def _struct(self) -> None:
+        self.take("<")
+        if self.peek() == ">":
             self.take(">")
             return
-        if name == "struct":
-            self.take("<")
-            if self.peek() == ">":
+        while True:
+            self._struct_field()
+            if self.peek() != ",":
                 self.take(">")
                 return
-            while True:
-                field_name = self.take()
-                if not (field_name.startswith("`") or re.match(r"^[A-Za-z_]\w*$", field_name)):
-                    raise ValueError(f"struct field name '{field_name}' is not one Spark reads")
-                if self.peek() == ":":
-                    self.take(":")
-                if self.peek() in (",", ">", ""):
-                    raise ValueError(f"struct field '{field_name.strip('`')}' has no type")
-                self.type()
-                if self.peek() == ",":
-                    self.take(",")
-                    continue
-                self.take(">")
-                return
-        raise ValueError(
-            f"unknown type '{name}' (Spark SQL types are e.g. string, long, double, boolean, "
-            "timestamp, date, decimal(p,s), array<..>, map<..,..>, struct<name: type, ..>)"
-        )
+            self.take(",")
+
+    def _struct_field(self) -> None:
+        field_name = self.take()
+        if not (field_name.startswith("`") or re.match(r"^[A-Za-z_]\w*$", field_name)):
+            raise ValueError(f"struct field name '{field_name}' is not one Spark reads")
+        if self.peek() == ":":
+            self.take(":")
+        if self.peek() in (",", ">", ""):
+            raise ValueError(f"struct field '{field_name.strip('`')}' has no type")
+        self.type()
+
+    _COMPOSITES: ClassVar[dict[str, Callable[[_TypeParser], None]]] = {
+        "decimal": _decimal,
+        "dec": _decimal,
+        "numeric": _decimal,
+        "char": _char,
+        "varchar": _char,
+        "array": _array,
+        "map": _map,
+        "struct": _struct,
+    }
 
     def number(self) -> int:
         token = self.take()
