@@ -230,7 +230,7 @@ def full_name(schema: dict, namespace: str | None) -> str:
 Resolve = Callable[[pa.Array], pa.Array]
 
 
-def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[str, Any], namespace: str | None) -> Resolve | None:  # noqa: C901 -- to be split (issue 36)
+def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[str, Any], namespace: str | None) -> Resolve | None:
     """How a writer column becomes the reader's raw column (``reader_type``), or None when Avro's
     resolution of the two is not one of the simple cases handled here."""
     if isinstance(reader, list):
@@ -253,52 +253,59 @@ def _resolver(writer: _Node, reader: Any, reader_type: pa.DataType, named: dict[
         if kind != writer.kind and kind not in _PROMOTES.get(writer.kind, set()):
             return None
         return lambda array: array if array.type == reader_type else array.cast(reader_type)
-    if writer.kind == "enum":
-        if kind != "enum" or not set(writer.symbols) <= set(reader["symbols"]):
-            return None
-        named[full_name(reader, namespace)] = reader
-        return lambda array: array
-    if writer.kind == "record":
-        if kind != "record":
-            return None
-        taken = {n for field in reader["fields"] for n in [field["name"], *field.get("aliases", [])]}
-        writer.unused = frozenset(n for n, _ in writer.fields if n not in taken)
-        name = full_name(reader, namespace)
-        named[name] = reader
-        scope = name.rpartition(".")[0] or None
-        by_name = {field_name: child for field_name, child in writer.fields}
-        assert isinstance(reader_type, pa.StructType)
-        plan: list[tuple[int | None, Resolve | None, Any]] = []
-        positions = {field_name: i for i, (field_name, _) in enumerate(writer.fields)}
-        for i, field in enumerate(reader["fields"]):
-            names = [field["name"], *field.get("aliases", [])]
-            found = next((n for n in names if n in by_name), None)
-            field_type = reader_type.field(i).type
-            if found is None:
-                if "default" not in field or isinstance(field["default"], (dict, list)):
-                    return None
-                plan.append((None, None, field["default"]))
-                continue
-            resolve = _resolver(by_name[found], field["type"], field_type, named, scope)
-            if resolve is None:
-                return None
-            plan.append((positions[found], resolve, None))
-
-        def record(array: pa.Array) -> pa.Array:
-            children = []
-            for i, (position, resolve, default) in enumerate(plan):
-                field_type = reader_type.field(i).type
-                if position is None:
-                    children.append(
-                        pa.nulls(len(array), field_type) if default is None else pa.repeat(pa.scalar(default).cast(field_type), len(array))
-                    )
-                else:
-                    assert resolve is not None
-                    children.append(resolve(array.field(position)))
-            return pa.StructArray.from_arrays(children, fields=list(reader_type), mask=array.is_null())
-
-        return record
+    if writer.kind == "enum" and kind == "enum":
+        return _enum_resolver(writer, reader, named, namespace)
+    if writer.kind == "record" and kind == "record":
+        return _record_resolver(writer, reader, reader_type, named, namespace)
     return None
+
+
+def _enum_resolver(writer: _Node, reader: dict, named: dict[str, Any], namespace: str | None) -> Resolve | None:
+    """An enum read as an enum whose symbols include every writer symbol: unchanged."""
+    if not set(writer.symbols) <= set(reader["symbols"]):
+        return None
+    named[full_name(reader, namespace)] = reader
+    return lambda array: array
+
+
+def _record_resolver(writer: _Node, reader: dict, reader_type: pa.DataType, named: dict[str, Any], namespace: str | None) -> Resolve | None:
+    """A record read as a record: each reader field from the writer field of its name or alias
+    (resolved in turn), else its scalar default; None if a field has neither."""
+    taken = {n for field in reader["fields"] for n in [field["name"], *field.get("aliases", [])]}
+    writer.unused = frozenset(n for n, _ in writer.fields if n not in taken)
+    name = full_name(reader, namespace)
+    named[name] = reader
+    scope = name.rpartition(".")[0] or None
+    by_name = {field_name: child for field_name, child in writer.fields}
+    positions = {field_name: i for i, (field_name, _) in enumerate(writer.fields)}
+    assert isinstance(reader_type, pa.StructType)
+    plan: list[tuple[int | None, Resolve | None, Any]] = []
+    for i, field in enumerate(reader["fields"]):
+        found = next((n for n in [field["name"], *field.get("aliases", [])] if n in by_name), None)
+        if found is None:
+            if "default" not in field or isinstance(field["default"], (dict, list)):
+                return None
+            plan.append((None, None, field["default"]))
+            continue
+        resolve = _resolver(by_name[found], field["type"], reader_type.field(i).type, named, scope)
+        if resolve is None:
+            return None
+        plan.append((positions[found], resolve, None))
+
+    def record(array: pa.Array) -> pa.Array:
+        children = []
+        for i, (position, resolve, default) in enumerate(plan):
+            field_type = reader_type.field(i).type
+            if position is None:
+                children.append(
+                    pa.nulls(len(array), field_type) if default is None else pa.repeat(pa.scalar(default).cast(field_type), len(array))
+                )
+            else:
+                assert resolve is not None
+                children.append(resolve(array.field(position)))
+        return pa.StructArray.from_arrays(children, fields=list(reader_type), mask=array.is_null())
+
+    return record
 
 
 class ChunkBuffer:
