@@ -68,6 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=argparse.SUPPRESS, help="logging level for stderr (default INFO)")
 
+    _add_run_command(commands, common)
+    _add_stream_command(commands, common)
+    _add_backfill_command(commands, common)
+    _add_rewind_command(commands, common)
+    _add_topic_command(commands, common)
+    _add_status_command(commands, common)
+    _add_ledger_command(commands, common)
+    _add_audit_command(commands, common)
+    _add_maintenance_command(commands, common)
+    _add_spark_server_command(commands, common)
+    return parser
+
+
+def _add_run_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     run = commands.add_parser(
         "run",
         parents=[common],
@@ -83,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="run id recorded in the ledger (default: cli-<utc time>-<random>); an earlier run's id reruns it")
     _add_spark_options(run)
 
+
+def _add_stream_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     stream = commands.add_parser(
         "stream",
         parents=[common],
@@ -126,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--dag-id", help=argparse.SUPPRESS)
     _add_spark_options(stream)
 
+
+def _add_backfill_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     backfill = commands.add_parser(
         "backfill",
         parents=[common],
@@ -145,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
     _add_spark_options(backfill)
 
+
+def _add_rewind_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     rewind = commands.add_parser(
         "rewind",
         parents=[common],
@@ -169,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rewind.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+
+def _add_topic_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     topic = commands.add_parser(
         "topic",
         parents=[common],
@@ -195,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reset.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
+
+def _add_status_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     status = commands.add_parser(
         "status",
         parents=[common],
@@ -206,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+
+def _add_ledger_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     ledger = commands.add_parser(
         "ledger",
         parents=[common],
@@ -218,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     ledger.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
     ledger.add_argument("--limit", type=int, default=50, help="show the last N rows (default 50, 0 = all)")
 
+
+def _add_audit_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     audit = commands.add_parser(
         "audit",
         parents=[common],
@@ -239,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         "records without rows are transformed again on Spark to tell filtered from lost",
     )
 
+
+def _add_maintenance_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     maintenance = commands.add_parser(
         "maintenance",
         parents=[common],
@@ -256,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     maintenance.add_argument("--no-vacuum", action="store_true", help="compact and checkpoint only, delete nothing")
     maintenance.add_argument("--json", action="store_true", help="print one JSON line per table")
+
+
+def _add_spark_server_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     server = commands.add_parser(
         "spark-server",
         parents=[common],
@@ -272,7 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     server.add_argument("--port", type=int, default=15002, help="port to listen on (default 15002, Spark Connect's)")
     server.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
-    return parser
 
 
 def _configure_logging(level: str) -> None:
