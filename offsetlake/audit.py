@@ -19,6 +19,7 @@ are decoded and transformed again on Spark, and the ones that do give rows are l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC, TOPIC_EPOCH
-from offsetlake.history import epoch_at, epoch_starts, rewound_batches, sink_commits
+from offsetlake.history import SinkCommit, epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
 from offsetlake.ledger import Ledger
@@ -142,7 +143,10 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
     return counted.filter(pc.field("count_all") > 1)
 
 
-def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:  # noqa: C901 -- to be split (issue 36)
+def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
+    """The independent check (``offsetlake audit``): reads the sink, its history, the dead letters
+    and the ledger (and Kafka with ``against_kafka``) and reports every problem it finds; it
+    changes nothing."""
     config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.layout.sink)
@@ -154,9 +158,21 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     if config.sink.mode == "upsert" and sink is not None:
         report.hidden_rows = rows.num_rows - current_rows(sink, [TOPIC]).num_rows
         report.rows -= report.hidden_rows
+    records = _check_once(config, rows, dead, report)
+    rewound = rewound_batches(commits)
+    ranges = _committed_ranges(commits, rewound, starts, report)
+    _check_inside_ranges(records, dead, ranges.covered, report)
+    _check_txn_versions(config, sink, commits, starts, set(ranges.by_tp), report)
+    if config.sink.mode == "append":
+        _check_counts_match_entries(commits, rewound, starts, rows, dead, report)
+    if against_kafka:
+        _check_kafka(config, sink, starts, records, dead, ranges, report)
+    return report
 
-    # 1. each (record, row index) at most once in the sink, each record at most once in the dead
-    # letters, and no record in both
+
+def _check_once(config: PipelineConfig, rows: pa.Table, dead: pa.Table, report: AuditReport) -> pa.Table:
+    """Check 1: each (record, row index) at most once in the sink, each record at most once in
+    the dead letters, no record in both (and, keyed, each key once). Returns the sink's records."""
     for label, table, columns in (("sink", rows, [*_KEY, ROW_INDEX]), ("dead letters", dead, _KEY)):
         dupes = _duplicates(table, columns)
         for d in dupes.slice(0, _SHOW).to_pylist():
@@ -172,24 +188,44 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     both = records.join(dead.select(_KEY).cast(records.schema), _KEY, join_type="inner")
     for d in both.slice(0, _SHOW).to_pylist():
         report.problems.append(f"{d[TOPIC]}[{d[PARTITION]}] offset {d[OFFSET]} is both a sink row and a dead letter")
+    return records
 
-    # 2. committed ranges per partition (and epoch of its topic) are contiguous with no overlap
-    # (ingest, stream and gap batches, from the epoch commit that opened the epoch if any; batches
-    # a later rewind commit undid no longer count: their offsets are read again)
-    rewound = rewound_batches(commits)
-    by_tp: dict[tuple[str, int, int], list[tuple[int, int, str, str]]] = {}
+
+_Span = tuple[int, int]
+_TopicPartitionEpoch = tuple[str, int, int]
+
+
+@dataclass
+class _CommittedRanges:
+    """The committed ranges per (topic, partition, epoch of the topic): every batch's, the
+    covered (non-gap) spans and the recorded gaps."""
+
+    by_tp: dict[_TopicPartitionEpoch, list[tuple[int, int, str, str]]] = field(default_factory=dict)
+    covered: dict[_TopicPartitionEpoch, list[_Span]] = field(default_factory=dict)
+    gaps: dict[_TopicPartitionEpoch, list[_Span]] = field(default_factory=dict)
+
+    def current(self, spans: dict[_TopicPartitionEpoch, list[_Span]], starts: dict[str, list[int]]) -> dict[tuple[str, int], list[_Span]]:
+        """``spans`` of each topic's current epoch, by (topic, partition)."""
+        return {(t, p): g for (t, p, e), g in spans.items() if e == len(starts.get(t, []))}
+
+
+def _committed_ranges(
+    commits: list[SinkCommit], rewound: Mapping[str, SinkCommit], starts: dict[str, list[int]], report: AuditReport
+) -> _CommittedRanges:
+    """Check 2: committed ranges per partition (and epoch of its topic) are contiguous with no
+    overlap (ingest, stream and gap batches, from the epoch commit that opened the epoch if any;
+    batches a later rewind commit undid no longer count: their offsets are read again)."""
+    ranges = _CommittedRanges()
     for c in commits:
         if (c.kind not in OFFSET_MOVING_KINDS and c.kind != BatchKind.EPOCH) or c.batch_id in rewound:
             continue
         for r in c.entry.ranges:
             epoch = epoch_at(starts.get(r.topic, []), c.version)
-            by_tp.setdefault((r.topic, r.partition, epoch), []).append((r.start, r.end, c.batch_id, c.kind))
-    covered: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-    gaps: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-    for tp, ranges in by_tp.items():
-        ranges.sort()
+            ranges.by_tp.setdefault((r.topic, r.partition, epoch), []).append((r.start, r.end, c.batch_id, c.kind))
+    for tp, spans in ranges.by_tp.items():
+        spans.sort()
         previous = None
-        for start, end, batch, kind in ranges:
+        for start, end, batch, kind in spans:
             if previous is not None and start != previous[1]:
                 word = "overlap" if start < previous[1] else "gap"
                 which = f" (epoch {tp[2]} of the topic)" if tp[2] else ""
@@ -197,10 +233,13 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
                     f"{word} in committed ranges of {tp[0]}[{tp[1]}]{which}: batch {previous[2]} ends "
                     f"at {previous[1]}, batch {batch} starts at {start}"
                 )
-            (gaps if kind == BatchKind.GAP else covered).setdefault(tp, []).append((start, end))
+            (ranges.gaps if kind == BatchKind.GAP else ranges.covered).setdefault(tp, []).append((start, end))
             previous = (start, end, batch)
+    return ranges
 
-    # 3. every sink row and dead letter lies inside a committed (non-gap) range
+
+def _check_inside_ranges(records: pa.Table, dead: pa.Table, covered: dict[_TopicPartitionEpoch, list[_Span]], report: AuditReport) -> None:
+    """Check 3: every sink row and dead letter lies inside a committed (non-gap) range."""
     for label, table in (("sink row", records), ("dead letter", dead)):
         for (topic, partition, epoch), group in _group_offsets(table, [EPOCH_OF]).items():
             stray = _outside(group, covered.get((topic, partition, epoch), []))
@@ -210,10 +249,19 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
                     f"e.g. offsets {', '.join(map(str, stray[:5]))}"
                 )
 
-    # 4. txn versions equal the ledger's last committed ends (of each topic's current epoch)
+
+def _check_txn_versions(
+    config: PipelineConfig,
+    sink: DeltaTable | None,
+    commits: list[SinkCommit],
+    starts: dict[str, list[int]],
+    committed: set[_TopicPartitionEpoch],
+    report: AuditReport,
+) -> None:
+    """Check 4: txn versions equal the ledger's last committed ends (of each topic's current epoch).
+    The batches of an earlier sink table (a new sink.table, a sink re-created) stay in the ledger
+    as history; only this table's count (invariant 16)."""
     ledger_ends: dict[tuple[str, int], int] = {}
-    # the batches of an earlier sink table (a new sink.table, a sink re-created) stay in the
-    # ledger as history; only this table's count (invariant 16)
     in_table = {c.batch_id for c in commits}
     for row in Ledger.of(config).batches_as_reconciled(commits):  # a ledger write a crash left out is not a problem
         if not BatchStatus(row["status"]).committed or (row["kind"] not in OFFSET_MOVING_KINDS and row["kind"] != BatchKind.EPOCH):
@@ -224,7 +272,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
         if epoch_at(topic_starts, row["sink_version"] if row["sink_version"] is not None else -1) == len(topic_starts):
             key = (row["topic"], row["partition"])
             ledger_ends[key] = max(ledger_ends.get(key, -1), row["end_offset"])
-    for key in sorted({(t, p) for t, p, _ in by_tp} | set(ledger_ends)):
+    for key in sorted({(t, p) for t, p, _ in committed} | set(ledger_ends)):
         txn = committed_end(sink, config, *key)
         if txn is not None:
             report.committed[key] = txn
@@ -234,28 +282,33 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
                 f"{ledger_ends.get(key)} (run `offsetlake ledger rebuild {config.name}` if the ledger was lost)"
             )
 
-    # 5. the rows and dead letters each batch's range holds are what its entry says it wrote
-    if config.sink.mode == "append":
-        _check_counts_match_entries(commits, rewound, starts, rows, dead, report)
 
-    if against_kafka:
-        # invariant 16: offsets are compared with records only where they mean the same records
-        check_pipeline_identity(config, sink, current_offsets(config))
-        current = {(t, p): spans for (t, p, e), spans in covered.items() if e == len(starts.get(t, []))}
-        earlier = sum(e - s for (t, _, epoch), spans in covered.items() if epoch < len(starts.get(t, [])) for s, e in spans)
-        if config.sink.mode == "upsert":
-            _check_keyed_against_kafka(config, report, current, earlier, starts)
-        else:
-            _check_against_kafka(
-                config,
-                report,
-                _current_epoch_only(records, starts),
-                _current_epoch_only(dead, starts),
-                current,
-                {(t, p): g for (t, p, e), g in gaps.items() if e == len(starts.get(t, []))},
-            )
-        report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
-    return report
+def _check_kafka(
+    config: PipelineConfig,
+    sink: DeltaTable | None,
+    starts: dict[str, list[int]],
+    records: pa.Table,
+    dead: pa.Table,
+    ranges: _CommittedRanges,
+    report: AuditReport,
+) -> None:
+    """``--against-kafka``: the current epoch's committed ranges read back from Kafka. Offsets are
+    compared with records only where they mean the same records (invariant 16)."""
+    check_pipeline_identity(config, sink, current_offsets(config))
+    current = ranges.current(ranges.covered, starts)
+    earlier = sum(e - s for (t, _, epoch), spans in ranges.covered.items() if epoch < len(starts.get(t, [])) for s, e in spans)
+    if config.sink.mode == "upsert":
+        _check_keyed_against_kafka(config, report, current, earlier, starts)
+    else:
+        _check_against_kafka(
+            config,
+            report,
+            _current_epoch_only(records, starts),
+            _current_epoch_only(dead, starts),
+            current,
+            ranges.current(ranges.gaps, starts),
+        )
+    report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
 
 
 # ---- counts against the entries --------------------------------------------------------------
@@ -324,7 +377,7 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more keys with several {what}")
 
 
-def _check_keyed_against_kafka(  # noqa: C901 -- to be split (issue 36)
+def _check_keyed_against_kafka(
     config: PipelineConfig,
     report: AuditReport,
     covered: dict[tuple[str, int], list[tuple[int, int]]],
@@ -338,20 +391,37 @@ def _check_keyed_against_kafka(  # noqa: C901 -- to be split (issue 36)
     Records of a re-created topic's earlier epochs are gone from Kafka: the sink's state rows of
     those epochs (visible or hidden; a ``deleted`` one is a delete) are their only witness, so
     they join the replay as the key's last records of their topic-partition in that epoch."""
-    from pyspark.sql import functions as F
-
-    from offsetlake.formats import CHANGE, DELETE, REASON, decoder_for, good_rows
-    from offsetlake.keyed import mark_tombstones
-    from offsetlake.reader import raw_dataframe
-    from offsetlake.spark import spark_session
-    from offsetlake.transform import apply_transform
-
     found = {"records": 0, "keys": 0, "rows_checked": 0, "deleted_keys": 0, "past_retention": 0}
     report.against_kafka = found
+    chunks, unreadable = _read_committed(config, covered, found, report)
+    sink = open_table(config.layout.sink)
+    actual: dict[tuple, list[dict]] = {}
+    for r in current_rows(sink).to_pylist() if sink is not None else []:
+        actual.setdefault(_key_of(r, config.sink.key), []).append(r)
+    expected = _replayed(config, sink, chunks, unreadable, {t: len(v) for t, v in (starts or {}).items()}) if chunks else {}
+    deleted = {k for k, r in expected.items() if r is None}
+    found["deleted_keys"] = len(deleted)
+    found["keys"] = len(expected) - len(deleted)
+    wrong = [problem for key, row in expected.items() for problem in _key_problems(config, key, row, actual.get(key), found)]
+    # with records past retention or of a topic's earlier epoch, a row's record may be gone from Kafka
+    if not found["past_retention"] and not earlier_epochs:
+        for key in actual:
+            if key not in expected:
+                wrong.append(f"key {_shown(config, key)} has a row but no committed record of it is in Kafka")
+    report.problems.extend(wrong[:_SHOW])
+    if len(wrong) > _SHOW:
+        report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
+
+
+def _read_committed(
+    config: PipelineConfig, covered: dict[tuple[str, int], list[tuple[int, int]]], found: dict[str, int], report: AuditReport
+) -> tuple[list[tuple[str, int, list]], dict[tuple[str, int], int]]:
+    """The committed records Kafka still holds, in chunks per topic-partition, and the log start
+    of each topic-partition where committed offsets lie below it (retention took them)."""
     offsets = current_offsets(config)
     client = config.kafka_client_config()
     chunks: list[tuple[str, int, list]] = []
-    unreadable: dict[tuple[str, int], int] = {}  # topic-partition -> its log start, where committed offsets lie below it
+    unreadable: dict[tuple[str, int], int] = {}
     for (topic, partition), spans in sorted(covered.items()):
         if (topic, partition) not in offsets:
             report.problems.append(f"{topic}[{partition}] has committed ranges but is not a partition of {config.topic_label} any more")
@@ -363,60 +433,68 @@ def _check_keyed_against_kafka(  # noqa: C901 -- to be split (issue 36)
             for chunk in read_range(client, config.name, topic, partition, start, end, config.read_timeout_seconds):
                 chunks.append((topic, partition, list(chunk)))
                 found["records"] += len(chunk)
-    sink = open_table(config.layout.sink)
-    actual: dict[tuple, list[dict]] = {}
-    for r in current_rows(sink).to_pylist() if sink is not None else []:
-        actual.setdefault(_key_of(r, config.sink.key), []).append(r)
-    expected: dict[tuple, dict | None] = {}
-    if chunks:
-        spark = spark_session()
-        decoder = decoder_for(config, sink_columns=sink_columns(sink))
-        decoded = decoder.decode_in_spark(raw_dataframe(spark, chunks, decoder, max_record_bytes=config.max_record_bytes))
-        decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
-        if config.sink.delete_on_tombstone:
-            decoded = mark_tombstones(decoded)
-        rows = apply_transform(good_rows(decoded, decoder), config)
-        current = {t: len(v) for t, v in (starts or {}).items()}
-        readable = [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
-        readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
-        expected = _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
-    deleted = {k for k, r in expected.items() if r is None}
-    found["deleted_keys"] = len(deleted)
-    found["keys"] = len(expected) - len(deleted)
-    wrong: list[str] = []
-    for key, row in expected.items():
-        shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
-        if row is None:
-            for have in actual.get(key, []):
-                wrong.append(
-                    f"key {shown} was deleted by its newest record but has a row (from "
-                    f"{have[TOPIC]}[{have[PARTITION]}] offset {have[OFFSET]})"
-                )
-            continue
-        if key not in actual:
-            wrong.append(f"key {shown} has no row; its newest record is {row[TOPIC]}[{row[PARTITION]}] offset {row[OFFSET]}")
-            continue
-        for have in actual[key]:
-            found["rows_checked"] += 1
-            # a row written before a column was added reads null there: only values it holds compare
-            differs = [c for c in row if c in have and c not in (CHANGE, HIDDEN, TOPIC_EPOCH) and not _holds(have[c], row[c])]
-            if _record_of(have) != _record_of(row):
-                differs.insert(0, "its record")
-            if differs:
-                wrong.append(
-                    f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
-                    f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
-                    f"{have[OFFSET]})"
-                )
-    # with records past retention or of a topic's earlier epoch, a row's record may be gone from Kafka
-    if not found["past_retention"] and not earlier_epochs:
-        for key in actual:
-            if key not in expected:
-                shown = ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
-                wrong.append(f"key {shown} has a row but no committed record of it is in Kafka")
-    report.problems.extend(wrong[:_SHOW])
-    if len(wrong) > _SHOW:
-        report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
+    return chunks, unreadable
+
+
+def _replayed(
+    config: PipelineConfig,
+    sink: DeltaTable | None,
+    chunks: list[tuple[str, int, list]],
+    unreadable: dict[tuple[str, int], int],
+    current: dict[str, int],
+) -> dict[tuple, dict | None]:
+    """Each key's newest record (None: a delete), from the records read back, decoded and
+    transformed as the pipeline does, plus the sink's state where Kafka no longer has the records."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.formats import CHANGE, DELETE, REASON, decoder_for, good_rows
+    from offsetlake.keyed import mark_tombstones
+    from offsetlake.reader import raw_dataframe
+    from offsetlake.spark import spark_session
+    from offsetlake.transform import apply_transform
+
+    decoder = decoder_for(config, sink_columns=sink_columns(sink))
+    decoded = decoder.decode_in_spark(raw_dataframe(spark_session(), chunks, decoder, max_record_bytes=config.max_record_bytes))
+    decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
+    if config.sink.delete_on_tombstone:
+        decoded = mark_tombstones(decoded)
+    rows = apply_transform(good_rows(decoded, decoder), config)
+    readable = [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
+    readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
+    return _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
+
+
+def _shown(config: PipelineConfig, key: tuple) -> str:
+    return ", ".join(f"{c}={v!r}" for c, v in zip(config.sink.key, key, strict=True))
+
+
+def _key_problems(config: PipelineConfig, key: tuple, row: dict | None, have_rows: list[dict] | None, found: dict[str, int]) -> list[str]:
+    """What is wrong with one key's rows (``have_rows``) given its newest record (``row``; None:
+    deleted)."""
+    from offsetlake.formats import CHANGE
+
+    shown = _shown(config, key)
+    if row is None:
+        return [
+            f"key {shown} was deleted by its newest record but has a row (from {have[TOPIC]}[{have[PARTITION]}] offset {have[OFFSET]})"
+            for have in have_rows or []
+        ]
+    if not have_rows:
+        return [f"key {shown} has no row; its newest record is {row[TOPIC]}[{row[PARTITION]}] offset {row[OFFSET]}"]
+    problems = []
+    for have in have_rows:
+        found["rows_checked"] += 1
+        # a row written before a column was added reads null there: only values it holds compare
+        differs = [c for c in row if c in have and c not in (CHANGE, HIDDEN, TOPIC_EPOCH) and not _holds(have[c], row[c])]
+        if _record_of(have) != _record_of(row):
+            differs.insert(0, "its record")
+        if differs:
+            problems.append(
+                f"key {shown}: a row differs from its newest record {row[TOPIC]}[{row[PARTITION]}] offset "
+                f"{row[OFFSET]} in {', '.join(differs[:5])} (row from {have[TOPIC]}[{have[PARTITION]}] offset "
+                f"{have[OFFSET]})"
+            )
+    return problems
 
 
 def _unreadable_state(
