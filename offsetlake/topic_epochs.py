@@ -41,7 +41,7 @@ from deltalake.exceptions import CommitFailedError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
-from offsetlake.entry import EpochChange, for_plan
+from offsetlake.entry import EpochChange, LedgerEntry, for_plan
 from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
     SinkCommit,
@@ -188,14 +188,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     mine = sorted({r.partition for c in commits for r in c.entry.ranges if r.topic == topic})
     if table is None or not mine:
         raise TopicEpochError(f"pipeline {config.name}: it has committed nothing of topic {topic}; nothing to reset")
-    try:
-        offsets = {key: o for key, o in current_offsets(config).items() if key[0] == topic}
-    except KafkaUnavailableError as err:
-        raise TopicEpochError(f"pipeline {config.name}: topic {topic} must exist in Kafka to start a new epoch: {err}") from None
-    if not offsets:
-        raise TopicEpochError(
-            f"pipeline {config.name}: Kafka does not list topic {topic} for this pipeline; create it (or fix topic_pattern) first"
-        )
+    offsets = _topic_offsets(config, topic)
     current = topic_ids(config, [topic]).get(topic)
     ends = {(topic, p): committed_end(table, config, topic, p) for p in mine}
     problems = identity_problems(ends, offsets, recorded_topic_ids(commits), {topic: current})
@@ -226,7 +219,30 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
         + ("; ".join(problems) if problems else "forced: the check saw nothing wrong"),
         epoch=EpochChange(topic, result.previous_topic_id, current, tuple(moves), tuple(problems)),
     )
-    actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
+    _commit_epoch(config, table, plan, entry, CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items()))))
+    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
+    reconcile_ledger(config, Ledger.of(config))
+    return result
+
+
+def _topic_offsets(config: PipelineConfig, topic: str) -> dict[tuple[str, int], PartitionOffsets]:
+    """Kafka's offsets of ``topic``'s partitions now; TopicEpochError if Kafka cannot say or does
+    not list the topic (a new epoch starts only on a topic that exists)."""
+    try:
+        offsets = {key: o for key, o in current_offsets(config).items() if key[0] == topic}
+    except KafkaUnavailableError as err:
+        raise TopicEpochError(f"pipeline {config.name}: topic {topic} must exist in Kafka to start a new epoch: {err}") from None
+    if not offsets:
+        raise TopicEpochError(
+            f"pipeline {config.name}: Kafka does not list topic {topic} for this pipeline; create it (or fix topic_pattern) first"
+        )
+    return offsets
+
+
+def _commit_epoch(config: PipelineConfig, table: DeltaTable, plan: BatchPlan, entry: LedgerEntry, actions: CommitActions) -> None:
+    """The epoch commit (txns only, the schema gains the epoch column), on this pipeline's own
+    table (invariant 16); CommitConflictError if a concurrent commit won and ours did not land."""
+    topic = plan.ranges[0].topic
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
     try:
         commit(
@@ -243,9 +259,6 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
                 f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
                 f"nothing was changed, run it again while no run of the pipeline is going on: {err}"
             ) from None
-    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
-    reconcile_ledger(config, Ledger.of(config))
-    return result
 
 
 def _with_epoch_column(schema: pa.Schema) -> pa.Schema | None:
