@@ -225,45 +225,87 @@ def merged_rows(
     visible row is then its newest state row by (timestamp, topic, partition, epoch, offset), unless that
     one is a delete; every other state row is written hidden (``HIDDEN``). Rows of keys the batch
     does not touch are written as they were."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StringType
 
-    key = config.sink.key
-    where = [*key, TOPIC, PARTITION]
     batch = states.drop(CHANGE, LATER)
-    stored = None
-    if table is not None and files:
-        # the stored rows in the sink's schema with the batch's new nested fields (null in old files)
-        schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC", prefers_large_types=False)).merged
-        stored = staging.read_files(spark, config.layout.sink, files, _spark_safe(schema), config.sink.partition_by)
-    have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
-    new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
-    if HIDDEN not in have:
-        new[HIDDEN] = StringType()
-    types = {**have, **new}
-    order = [*have, *new]
+    stored = _stored_rows(spark, config, table, batch, files)
+    shape = _StateShape.of(batch, stored)
+    where = [*config.sink.key, TOPIC, PARTITION]
+    joined = _applied(_batch_against_stored(states, batch, stored, shape, where, replaces), shape, where)
+    joined = _visible_chosen(joined, config.sink.key, shape).persist()
+    counts, written = _merge_counts(joined, len(files))
+    state, delete = F.col("_state"), F.col("_delete")
+    hidden_as = F.when(F.col("_visible"), F.lit(None)).when(delete, F.lit(DELETED)).otherwise(F.lit(SUPERSEDED))
+    rows = joined.where(state.isNotNull()).select(state.withField(HIDDEN, hidden_as).alias("_row")).select("_row.*")
+    return MergedRows(rows, counts, written, [joined], _lost_state(joined, config.sink.key))
 
-    def struct(frame: DataFrame) -> Column:
+
+def _stored_rows(
+    spark: SparkSession, config: PipelineConfig, table: DeltaTable | None, batch: DataFrame, files: list[dict[str, Any]]
+) -> DataFrame | None:
+    """The stored rows of ``files`` in the sink's schema with the batch's new nested fields (null
+    in old files); None when there are none."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if table is None or not files:
+        return None
+    schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC", prefers_large_types=False)).merged
+    return staging.read_files(spark, config.layout.sink, files, _spark_safe(schema), config.sink.partition_by)
+
+
+@dataclass(frozen=True)
+class _StateShape:
+    """The columns of a state row (the stored ones, then the batch's new ones, then ``HIDDEN``)
+    with their types: batch records and stored rows are compared as structs of this shape."""
+
+    types: dict[str, Any]
+    order: list[str]
+
+    @staticmethod
+    def of(batch: DataFrame, stored: DataFrame | None) -> _StateShape:
+        from pyspark.sql.types import StringType
+
+        have = {f.name: f.dataType for f in stored.schema.fields} if stored is not None else {}
+        new = {f.name: f.dataType for f in batch.schema.fields if f.name not in have}
+        if HIDDEN not in have:
+            new[HIDDEN] = StringType()
+        return _StateShape({**have, **new}, [*have, *new])
+
+    def struct(self, frame: DataFrame) -> Column:
+        from pyspark.sql import functions as F
+
         present = set(frame.columns)
         return F.struct(
             *[
                 (
-                    staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, types[c])
+                    staging.conformed_column(F.col(f"`{c}`"), frame.schema[c].dataType, self.types[c])
                     if c in present
-                    else F.lit(None).cast(types[c])
+                    else F.lit(None).cast(self.types[c])
                 ).alias(c)
-                for c in order
+                for c in self.order
             ]
         )
 
-    def epoch(state: Column) -> Column:  # a record's topic epoch (invariant 16; null: epoch 0)
-        return F.coalesce(state[TOPIC_EPOCH], F.lit(0)) if TOPIC_EPOCH in types else F.lit(0)
+    def epoch(self, state: Column) -> Column:
+        """A record's topic epoch (invariant 16; null: epoch 0)."""
+        from pyspark.sql import functions as F
+
+        return F.coalesce(state[TOPIC_EPOCH], F.lit(0)) if TOPIC_EPOCH in self.types else F.lit(0)
+
+
+def _batch_against_stored(
+    states: DataFrame, batch: DataFrame, stored: DataFrame | None, shape: _StateShape, where: list[str], replaces: Selection | None
+) -> DataFrame:
+    """The batch's records (``_b``) full-outer-joined with the stored state rows (``_s``) per key
+    and topic-partition."""
+    from pyspark.sql import functions as F
 
     later = F.col(LATER) if LATER in states.columns else F.lit(False)
     b = states.select(
-        *[F.col(f"`{c}`") for c in where], struct(batch).alias("_b"), (F.col(CHANGE) == DELETE).alias("_b_delete"), later.alias("_b_later")
+        *[F.col(f"`{c}`") for c in where],
+        shape.struct(batch).alias("_b"),
+        (F.col(CHANGE) == DELETE).alias("_b_delete"),
+        later.alias("_b_later"),
     )
     if stored is None:  # nothing stored: an empty frame of the same shape keeps one code path
         s = b.select(
@@ -274,24 +316,32 @@ def merged_rows(
             F.lit(False).alias("_s_replaced"),
         ).where(F.lit(False))
     else:
-        hidden = F.col(HIDDEN) if HIDDEN in have else F.lit(None).cast("string")
+        hidden = F.col(HIDDEN) if HIDDEN in stored.columns else F.lit(None).cast("string")
         s = stored.select(
             *[F.col(f"`{c}`") for c in where],
-            struct(stored).alias("_s"),
+            shape.struct(stored).alias("_s"),
             F.coalesce(hidden == DELETED, F.lit(False)).alias("_s_delete"),
             hidden.isNull().alias("_s_visible"),
             (replaces.spark() if replaces is not None else F.lit(False)).alias("_s_replaced"),
         )
-    joined = b.join(s, where, "full_outer")
+    return b.join(s, where, "full_outer")
+
+
+def _applied(joined: DataFrame, shape: _StateShape, where: list[str]) -> DataFrame:
+    """Per key and topic-partition, the state after the batch (``_state``): the batch's record
+    where it is at least as new by (epoch, offset), or replaces a row a backfill selects; a
+    replaced row no record replaces is lost (``_lost``)."""
+    from pyspark.sql import functions as F
+
     bt, st = F.col("_b"), F.col("_s")
     replaced = F.coalesce(F.col("_s_replaced"), F.lit(False))
     # a candidate a later record of its key replaced is never applied, and the key's state row
     # there came from (or will come from) that later record: it is not lost
     # in one topic-partition a later epoch is a later log: (epoch, offset) orders its records
-    at_least_as_new = (epoch(bt) > epoch(st)) | ((epoch(bt) == epoch(st)) & (bt[OFFSET] >= st[OFFSET]))
+    at_least_as_new = (shape.epoch(bt) > shape.epoch(st)) | ((shape.epoch(bt) == shape.epoch(st)) & (bt[OFFSET] >= st[OFFSET]))
     take_b = bt.isNotNull() & ~F.col("_b_later") & (st.isNull() | replaced | at_least_as_new)
     lost = bt.isNull() & replaced
-    joined = joined.select(
+    return joined.select(
         *where,
         F.when(take_b, bt).when(lost, F.lit(None)).otherwise(st).alias("_state"),
         F.when(take_b, F.col("_b_delete")).otherwise(F.coalesce(F.col("_s_delete"), F.lit(False))).alias("_delete"),
@@ -301,6 +351,14 @@ def merged_rows(
         lost.alias("_lost"),
         st[OFFSET].alias("_stored_offset"),
     )
+
+
+def _visible_chosen(joined: DataFrame, key: list[str], shape: _StateShape) -> DataFrame:
+    """Each key's visible row: its newest state row by (timestamp, topic, partition, epoch,
+    offset) unless that one is a delete; with what the key was before and after, for the counts."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     state, delete, from_batch = F.col("_state"), F.col("_delete"), F.col("_from_batch")
     far_past = F.lit("0001-01-01 00:00:00").cast("timestamp")
     per_key = Window.partitionBy(*[F.col(f"`{c}`") for c in key])
@@ -309,13 +367,13 @@ def merged_rows(
         F.coalesce(state[TIMESTAMP], far_past).desc(),
         state[TOPIC].desc(),
         state[PARTITION].desc(),
-        epoch(state).desc(),
+        shape.epoch(state).desc(),
         state[OFFSET].desc(),
     )
     joined = joined.withColumn("_first", F.row_number().over(newest) == 1)
     winner = F.col("_first") & state.isNotNull()
     visible = winner & ~delete
-    joined = joined.select(
+    return joined.select(
         "*",
         visible.alias("_visible"),
         F.max(F.col("_in_batch")).over(per_key).alias("_touched"),
@@ -323,7 +381,14 @@ def merged_rows(
         F.max(visible).over(per_key).alias("_after"),
         F.max(winner & from_batch).over(per_key).alias("_batch_won"),
         F.max(visible & F.col("_was_visible") & ~from_batch).over(per_key).alias("_kept_visible"),
-    ).persist()
+    )
+
+
+def _merge_counts(joined: DataFrame, files_rewritten: int) -> tuple[MergeCounts, int]:
+    """What the merge did per touched key (inserted, updated, deleted, older) and to the rows it
+    rewrote, and how many rows it writes."""
+    from pyspark.sql import functions as F
+
     touched, before, after = F.col("_touched"), F.col("_before"), F.col("_after")
     once = F.col("_first") & touched  # one row per touched key
     inserted = once & after & ~before
@@ -345,18 +410,23 @@ def merged_rows(
         updated=int(found["updated"] or 0),
         deleted=int(found["deleted"] or 0),
         older=int(found["older"] or 0),
-        files_rewritten=len(files),
+        files_rewritten=files_rewritten,
         rows_rewritten=int(found["kept"] or 0),
         hidden=int(found["hidden"] or 0),
     )
+    return counts, int(found["written"] or 0)
+
+
+def _lost_state(joined: DataFrame, key: list[str]) -> list[dict[str, Any]]:
+    """Stored rows a backfill selects that no record of it replaced, per topic-partition: how
+    many, and one of them (see ``refuse_lost_state``)."""
+    from pyspark.sql import functions as F
+
     example = F.first(F.struct(*[F.col(f"`{c}`") for c in key], F.col("_stored_offset").alias(OFFSET)))
-    lost_state = [
+    return [
         {TOPIC: r[TOPIC], PARTITION: r[PARTITION], "count": r["count"], **r["example"].asDict()}
         for r in joined.where(F.col("_lost")).groupBy(TOPIC, PARTITION).agg(F.count("*").alias("count"), example.alias("example")).collect()
     ]
-    hidden_as = F.when(F.col("_visible"), F.lit(None)).when(delete, F.lit(DELETED)).otherwise(F.lit(SUPERSEDED))
-    rows = joined.where(live).select(state.withField(HIDDEN, hidden_as).alias("_row")).select("_row.*")
-    return MergedRows(rows, counts, int(found["written"] or 0), [joined], lost_state)
 
 
 def refuse_lost_state(

@@ -217,27 +217,7 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
         if failing
         else {}
     )
-    results = []
-    for e in suite.expectations:
-        r = details.get(e.index) or verdicts[e.index]
-        outcome = r.get("result") or {}
-        info = r.get("exception_info") or {}
-        results.append(
-            {
-                "expectation": e.label,
-                "type": e.type,
-                "kwargs": _jsonable(e.kwargs),
-                "row_level": e.row_level,
-                "success": bool(r.get("success")),
-                "element_count": outcome.get("element_count"),
-                "unexpected_count": outcome.get("unexpected_count"),
-                "unexpected_percent": _round(outcome.get("unexpected_percent")),
-                "missing_count": outcome.get("missing_count"),
-                "observed_value": _jsonable(outcome.get("observed_value")),
-                "examples": [_jsonable(v) for v in (outcome.get("partial_unexpected_list") or [])[: config.validation.examples]],
-                "error": info.get("exception_message") if info.get("raised_exception") else None,
-            }
-        )
+    results = [_result(e, details.get(e.index) or verdicts[e.index], config.validation.examples) for e in suite.expectations]
     failed = [e for e, r in zip(suite.expectations, results, strict=True) if not r["success"]]
     policy = config.validation.on_failure
     blocking = (
@@ -260,6 +240,26 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
         summary["report"] = write_report(config, plan, summary)
         raise ValidationFailedError(failure_message(config, plan, summary, blocking), summary)
     return Validation(summary, [] if not failed else failed)
+
+
+def _result(e: Expectation, r: dict, examples: int) -> dict[str, Any]:
+    """One expectation's outcome as the validation summary records it (JSON-safe)."""
+    outcome = r.get("result") or {}
+    info = r.get("exception_info") or {}
+    return {
+        "expectation": e.label,
+        "type": e.type,
+        "kwargs": _jsonable(e.kwargs),
+        "row_level": e.row_level,
+        "success": bool(r.get("success")),
+        "element_count": outcome.get("element_count"),
+        "unexpected_count": outcome.get("unexpected_count"),
+        "unexpected_percent": _round(outcome.get("unexpected_percent")),
+        "missing_count": outcome.get("missing_count"),
+        "observed_value": _jsonable(outcome.get("observed_value")),
+        "examples": [_jsonable(v) for v in (outcome.get("partial_unexpected_list") or [])[:examples]],
+        "error": info.get("exception_message") if info.get("raised_exception") else None,
+    }
 
 
 def _run_gx(rows, suite: Suite, expectations: list[Expectation], result_format: dict) -> dict[int, dict]:
