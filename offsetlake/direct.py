@@ -38,7 +38,7 @@ from offsetlake.plan import BatchPlan, OffsetRange
 from offsetlake.reader import decided_columns, read_schemas, split_ranges
 from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
-from offsetlake.staging import file_name, open_output, partition_folder, read_files, staged_file
+from offsetlake.staging import file_name, open_output, read_files, staged_file
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -238,7 +238,7 @@ class _TaskFiles:
             if file is None:
                 if len(self.open) >= self.max_open:
                     self.closed.append(self.open.pop(next(iter(self.open))).close())
-                sub = "/".join(partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
+                sub = "/".join(storage.partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
                 name = file_name(self.attempt, self.made)
                 self.made += 1
                 file = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)

@@ -233,12 +233,6 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
     return rows
 
 
-# A partition value becomes a folder name `<column>=<value>`, which Linux (and most filesystems)
-# caps at 255 bytes; Spark escapes these ASCII characters as %XX and writes the rest as UTF-8.
-MAX_FOLDER_NAME_BYTES = 255
-_ESCAPED_BY_SPARK = "\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32))
-
-
 def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, decoder: Decoder) -> bool:
     """Whether a record that decoded well may still become a dead letter (so its bytes are kept):
     quarantined by the suite, or a string partition value too long for a folder name."""
@@ -280,7 +274,7 @@ def _split_unwritable(
     null_key = keyed.null_key_reason(config)
     if not columns and null_key is None:
         return rows, None
-    pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in _ESCAPED_BY_SPARK) + "]"
+    pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in sorted(storage.PARTITION_ESCAPES)) + "]"
     reasons = [null_key] if null_key is not None else []
     for c in columns:
         value = F.col(f"`{c}`")
@@ -291,11 +285,11 @@ def _split_unwritable(
         )
         reasons.append(
             F.when(
-                size > MAX_FOLDER_NAME_BYTES,
+                size > storage.MAX_FOLDER_NAME_BYTES,
                 F.concat(
                     F.lit(f"partition value of column '{c}' is "),
                     size.cast("string"),
-                    F.lit(f" bytes as a folder name ({c}=...); at most {MAX_FOLDER_NAME_BYTES} fit"),
+                    F.lit(f" bytes as a folder name ({c}=...); at most {storage.MAX_FOLDER_NAME_BYTES} fit"),
                 ),
             )
         )

@@ -5,7 +5,7 @@ Maven download that nothing here, nor many users' clusters, can install).
 Each task sorts nothing and shuffles nothing: the rows arrive sorted by the partition columns
 (``sortWithinPartitions``, as Spark's own writer does), so a task has one file open at a time
 and writes one file per partition value it sees, under Hive-style ``column=value/`` folders
-escaped exactly as Spark escapes them (``PARTITION_ESCAPES``). A task returns the files it
+escaped exactly as Spark escapes them (``storage.partition_folder``). A task returns the files it
 wrote (path under the table, rows, and rows per topic-partition inside the plan's ranges); the
 driver commits exactly those files. Files of a failed or speculative task attempt are never
 returned, so they are never committed (they are inert, and vacuum removes them later), and a
@@ -18,7 +18,6 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -34,8 +33,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
 
-# The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder.
-PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
 _RESULT_SCHEMA = "path string, rows long, size long, empty_as_null long, counts string"
 
 
@@ -44,32 +41,6 @@ def file_name(attempt: str, sequence: int) -> str:
     two runs of rows may map to one folder (null and "" both to the default partition) and a
     second file of the same name would overwrite the first (issue 35, finding 1)."""
     return f"part-{attempt}-{sequence:04d}.c000.snappy.parquet"
-
-
-def stores_as_null(value: Any) -> bool:
-    """Whether a partition value is stored as null: Delta's protocol reads an empty partition
-    value as null and Spark writes "" to the default partition, so "" cannot be kept; such
-    rows are counted (``StagedFile.empty_as_null``) and the YAML reference says so."""
-    return value is None or value == ""
-
-
-def escape_partition_value(value: str) -> str:
-    return "".join(f"%{ord(c):02X}" if c in PARTITION_ESCAPES else c for c in value)
-
-
-def partition_folder(column: str, value: Any) -> str:
-    """``column=value`` as Spark names the folder (null and "" both as Hive's default partition)."""
-    if stores_as_null(value):
-        text = storage.HIVE_NULL
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, datetime):
-        text = value.isoformat(sep=" ")
-    elif isinstance(value, date):
-        text = value.isoformat()
-    else:
-        text = escape_partition_value(str(value))
-    return f"{escape_partition_value(column)}={text}"
 
 
 def write_rows(
@@ -94,7 +65,7 @@ def write_rows(
                 if current is None or current.key != key:
                     if current is not None:
                         done.append(current.close())
-                    sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
+                    sub = "/".join(storage.partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
                     relative = "/".join(p for p in (relative_folder, sub, file_name(attempt, len(done))) if p)
                     current = _OpenFile(
                         key, relative, open_output(fs, root, relative), pa.schema([f for f in part.schema if f.name not in partition_by])
