@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from offsetlake import storage
+from offsetlake.config import PipelineConfig, spark_only_reason
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
@@ -43,8 +44,6 @@ from offsetlake.staging import file_name, open_output, read_files, staged_file
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from offsetlake.config import PipelineConfig
-
 ROW_GROUP_ROWS = 65_536  # rows a task gathers per partition value before writing a row group
 # Files a task keeps open at once: each holds a row group's rows and, on object storage, an upload
 # buffer. A task that meets more partition values closes the least recently written file (its
@@ -54,15 +53,13 @@ _RESULT_SCHEMA = "kind string, path string, rows long, size long, empty_as_null 
 _FILE, _UNDECIDED, _READ = "file", "undecided", "read"
 
 
-def problem(config: PipelineConfig, plan: BatchPlan, has_suite: bool, decoder: Decoder) -> str | None:
+def problem(config: PipelineConfig, plan: BatchPlan, decoder: Decoder) -> str | None:
     """Why this batch takes the Spark path, or None when its read tasks may write its files
-    (then ``schema_problem`` has the last word)."""
-    if config.sink.mode != "append":
-        return "a keyed sink merges in Spark"
-    if config.transform:
-        return "a transform runs in Spark"
-    if has_suite:
-        return "the suite validates the rows in Spark"
+    (then ``schema_problem`` has the last word; ``process.choose_data_path`` asks both): what
+    the configuration alone says (``config.spark_only_reason``), then the plan and the format."""
+    reason = spark_only_reason(config)
+    if reason is not None:
+        return reason
     if plan.window is not None:
         return "a backfill by record time"
     if not decoder.rows_in_read or decoder.read_type() is None:
