@@ -88,13 +88,9 @@ def _files(location: str) -> list[Path]:
 
 
 @pytest.mark.local_lake
-def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_path, caplog, monkeypatch):
+def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_path, caplog):
     pipeline.spark = spark
     produced = _produce_every_kind(pipeline.bootstrap, pipeline.topic)
-
-    # one open file per task: each new partition value closes the previous file (the path that
-    # bounds a task's memory when it meets many partition values)
-    monkeypatch.setattr(direct, "MAX_OPEN_FILES", 1)
 
     direct_config, direct_results, direct_log = _run(pipeline, tmp_path / "direct", caplog, data_path="direct")
     assert "step=path" in direct_log and "path=direct" in direct_log
