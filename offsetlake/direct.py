@@ -137,7 +137,7 @@ def read_and_write(
 
         attempt = task_attempt()
         rows = TaskFiles(table_root, relative, rows_schema, partition_by, attempt=attempt)
-        undecided = TaskFiles(table_root, relative, raw_schema, [], attempt=attempt, prefix="undecided", counted_by=("topic", "partition"))
+        undecided = TaskFiles(table_root, relative, raw_schema, [], attempt=attempt, prefix="undecided")
         read: Counter[tuple[str, int]] = Counter()
         was_enabled = gc.isenabled()
         gc.disable()  # as in reader.read_ranges: the chunks hold no cycles
@@ -190,8 +190,8 @@ class _SplitReader:
             )
             records = pa.RecordBatch.from_arrays(columns, schema=self.raw_schema)
             mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
-            rows.write(_sink_rows(records.filter(mask), sources, self.rows_schema, self.epochs))
-            undecided.write(pa.Table.from_batches([records.filter(pc.invert(mask))]))
+            rows.write(_sink_rows(records.filter(mask), sources, self.rows_schema, self.epochs), source=(topic, partition))
+            undecided.write(pa.Table.from_batches([records.filter(pc.invert(mask))]), source=(topic, partition))
         return read
 
 

@@ -102,13 +102,18 @@ class TaskFiles:
         self.closed: list[_File] = []
         self.made = 0
 
-    def write(self, rows: pa.Table) -> None:
-        """Rows into the file of their partition value (opened when it has none open)."""
+    def write(self, rows: pa.Table, source: tuple[str, int] | None = None) -> None:
+        """Rows into the file of their partition value (opened when it has none open). ``source``:
+        the one topic-partition every row comes from, when the caller knows it (a read task's
+        chunk) and counts every row: they are counted without grouping them."""
         for key, part in _by_partition(rows, self.partition_by):
             file = self.open.pop(key, None) or self._new_file(key)
             self.open[key] = file  # now the most recently written
-            counted = part if self.inside is None else part.filter(self.inside)
-            file.add(part.drop_columns(self.partition_by) if self.partition_by else part, _counts(counted, self.counted_by))
+            if source is not None and self.inside is None:
+                counts = Counter({source: part.num_rows})
+            else:
+                counts = _counts(part if self.inside is None else part.filter(self.inside), self.counted_by)
+            file.add(part.drop_columns(self.partition_by) if self.partition_by else part, counts)
             if any(v == "" for v in key):  # "" is stored as null (``storage.stores_as_null``)
                 file.empty_as_null += part.num_rows
 

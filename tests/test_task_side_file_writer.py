@@ -55,6 +55,12 @@ def test_partition_values_beyond_the_open_files_go_to_new_files_and_every_row_is
         pq.ParquetFile(tmp_path / n).metadata.num_rows == f.rows for n, f in zip(names, done, strict=True)
     )
 
+    # a read task knows each chunk's topic-partition: the same counts without grouping
+    known = TaskFiles(storage.Location.of(str(tmp_path)), "data/b-3", SCHEMA, ["region"], attempt="00004-abc")
+    for partition, offsets, region in writes:
+        known.write(_rows(partition, offsets, region), source=("t", partition))
+    assert sum((Counter(f.counts) for f in known.close()), Counter()) == Counter({("t", 0): 11, ("t", 1): 4})
+
     # what the task returns is what the driver commits
     staged = [staged_file(r) for r in result_batch((ROWS, f) for f in done).to_pylist()]
     assert [(s.path, s.rows, s.size) for s in staged] == [(f.relative, f.rows, (tmp_path / f.relative).stat().st_size) for f in done]
