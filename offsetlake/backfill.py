@@ -338,6 +338,7 @@ def _merge_once(
             f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"
         ),
         staged=processed.dead_letter_files,
+        data_path=str(processed.path.path),
         merge=c.as_dict(),
     )
     version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
@@ -377,6 +378,7 @@ def _replace_once(
         processed.validation,
         message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
         staged=processed.dead_letter_files,
+        data_path=str(processed.path.path),
     )
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.

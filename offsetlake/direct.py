@@ -19,18 +19,16 @@ where that is decided; ``test_direct_path.py`` holds the two paths to the same f
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from offsetlake import storage
+from offsetlake.config import PipelineConfig, spark_only_reason
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
@@ -38,31 +36,31 @@ from offsetlake.plan import BatchPlan, OffsetRange
 from offsetlake.reader import decided_columns, read_schemas, split_ranges
 from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
-from offsetlake.staging import file_name, open_output, partition_folder, read_files, staged_file
+from offsetlake.staging import (
+    READ,
+    RESULT_SCHEMA,
+    ROWS,
+    UNDECIDED,
+    TaskFiles,
+    read_files,
+    relative_folder,
+    result_batch,
+    result_counts,
+    staged_file,
+    task_attempt,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from offsetlake.config import PipelineConfig
 
-ROW_GROUP_ROWS = 65_536  # rows a task gathers per partition value before writing a row group
-# Files a task keeps open at once: each holds a row group's rows and, on object storage, an upload
-# buffer. A task that meets more partition values closes the least recently written file (its
-# later rows of that value go to a new file), so memory does not follow the partitions' number.
-MAX_OPEN_FILES = 16
-_RESULT_SCHEMA = "kind string, path string, rows long, size long, empty_as_null long, counts string"
-_FILE, _UNDECIDED, _READ = "file", "undecided", "read"
-
-
-def problem(config: PipelineConfig, plan: BatchPlan, has_suite: bool, decoder: Decoder) -> str | None:
+def problem(config: PipelineConfig, plan: BatchPlan, decoder: Decoder) -> str | None:
     """Why this batch takes the Spark path, or None when its read tasks may write its files
-    (then ``schema_problem`` has the last word)."""
-    if config.sink.mode != "append":
-        return "a keyed sink merges in Spark"
-    if config.transform:
-        return "a transform runs in Spark"
-    if has_suite:
-        return "the suite validates the rows in Spark"
+    (then ``schema_problem`` has the last word; ``process.choose_data_path`` asks both): what
+    the configuration alone says (``config.spark_only_reason``), then the plan and the format."""
+    reason = spark_only_reason(config)
+    if reason is not None:
+        return reason
     if plan.window is not None:
         return "a backfill by record time"
     if not decoder.rows_in_read or decoder.read_type() is None:
@@ -124,61 +122,77 @@ def read_and_write(
     epochs: dict[str, int] | None = None,
 ) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
-    under ``folder`` (inside ``table_root``), and the rest of its records to an undecided file
-    (a record above ``max_record_bytes`` among them: the Spark path's rule, ``reader.decided_columns``).
-    ``epochs``: each topic's current epoch, which its rows carry as the Spark path's do
-    (``coordinates.TOPIC_EPOCH``, when ``rows_schema`` has it)."""
+    under ``folder`` (inside ``table_root``) with the task-side writer (``staging.TaskFiles``),
+    and the rest of its records to an undecided file (a record above ``max_record_bytes`` among
+    them: the Spark path's rule, ``reader.decided_columns``). ``epochs``: each topic's current
+    epoch, which its rows carry as the Spark path's do (``coordinates.TOPIC_EPOCH``, when
+    ``rows_schema`` has it)."""
     splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
-    relative_folder = folder[len(table_root.path.rstrip("/")) + 1 :]
-    file_schema = pa.schema([f for f in rows_schema if f.name not in partition_by])
-    sources = [(column, inner) for column, _, inner in _sources(decoder)]
-    max_open = MAX_OPEN_FILES
-    epochs = dict(epochs or {})
+    relative = relative_folder(table_root, folder)
+    reader = _SplitReader(dict(client_config), pipeline, timeout_s, decoder, max_record_bytes, raw_schema, rows_schema, dict(epochs or {}))
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
 
-        from pyspark import TaskContext
-
-        from offsetlake.kafka import read_range
-
-        context = TaskContext.get()
-        attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
-        fs, root = storage.filesystem(table_root)
-        files = _TaskFiles(fs, root, relative_folder, attempt, file_schema, partition_by, max_open)
+        attempt = task_attempt()
+        rows = TaskFiles(table_root, relative, rows_schema, partition_by, attempt=attempt)
+        undecided = TaskFiles(table_root, relative, raw_schema, [], attempt=attempt, prefix="undecided")
         read: Counter[tuple[str, int]] = Counter()
         was_enabled = gc.isenabled()
         gc.disable()  # as in reader.read_ranges: the chunks hold no cycles
         try:
             for batch in batches:
                 for index in batch.column("id").to_pylist():
-                    topic, partition, start, end = splits[index]
-                    for chunk in read_range(client_config, pipeline, topic, partition, start, end, timeout_s):
-                        read[(topic, partition)] += len(chunk)
-                        columns, settled = decided_columns(
-                            chunk, topic, partition, decoder, headers_of_rows=False, max_record_bytes=max_record_bytes
-                        )
-                        records = pa.RecordBatch.from_arrays(columns, schema=raw_schema)
-                        mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
-                        files.add_rows(_sink_rows(records.filter(mask), sources, rows_schema, epochs), (topic, partition))
-                        files.add_undecided(records.filter(pc.invert(mask)), (topic, partition))
-            yield from files.close(read)
+                    read.update(reader.read(splits[index], rows, undecided))
+            yield result_batch([*((ROWS, f) for f in rows.close()), *((UNDECIDED, f) for f in undecided.close())], read)
         finally:
             if was_enabled:
                 gc.enable()
 
-    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(tasks, _RESULT_SCHEMA)
+    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(tasks, RESULT_SCHEMA)
     result = DirectResult([], [], Counter())
     for row in job.collect():
-        counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
-        if row["kind"] == _READ:
-            result.records_read.update(counts)
-        elif row["kind"] == _UNDECIDED:
+        if row["kind"] == READ:
+            result.records_read.update(result_counts(row))
+        elif row["kind"] == UNDECIDED:
             result.undecided.append(row["path"])
         else:
             result.files.append(staged_file(row))
     return result
+
+
+@dataclass(frozen=True)
+class _SplitReader:
+    """What a read task needs to read one split and write it (shipped to the tasks with the job)."""
+
+    client_config: dict[str, str]
+    pipeline: str
+    timeout_s: float
+    decoder: Decoder
+    max_record_bytes: int
+    raw_schema: pa.Schema
+    rows_schema: pa.Schema
+    epochs: dict[str, int]
+
+    def read(self, split: tuple[str, int, int, int], rows: TaskFiles, undecided: TaskFiles) -> Counter[tuple[str, int]]:
+        """Consume ``[start, end)`` of one partition (``kafka.read_range``); the settled records'
+        rows into ``rows``, the others into ``undecided``; the records read."""
+        from offsetlake.kafka import read_range
+
+        topic, partition, start, end = split
+        sources = [(column, inner) for column, _, inner in _sources(self.decoder)]
+        read: Counter[tuple[str, int]] = Counter()
+        for chunk in read_range(self.client_config, self.pipeline, topic, partition, start, end, self.timeout_s):
+            read[(topic, partition)] += len(chunk)
+            columns, settled = decided_columns(
+                chunk, topic, partition, self.decoder, headers_of_rows=False, max_record_bytes=self.max_record_bytes
+            )
+            records = pa.RecordBatch.from_arrays(columns, schema=self.raw_schema)
+            mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
+            rows.write(_sink_rows(records.filter(mask), sources, self.rows_schema, self.epochs), source=(topic, partition))
+            undecided.write(pa.Table.from_batches([records.filter(pc.invert(mask))]), source=(topic, partition))
+        return read
 
 
 def undecided_frame(spark: SparkSession, table_root: storage.Location, paths: list[str], decoder: Decoder) -> DataFrame | None:
@@ -213,111 +227,3 @@ def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_sch
         topic = records.column("topic")[0].as_py() if records.num_rows else ""
         columns.append(topic_epoch_array(topic, records.num_rows, epochs))
     return pa.Table.from_arrays(columns, schema=rows_schema)
-
-
-class _TaskFiles:
-    """A task's open files: one parquet file per partition value (rows gathered into row groups
-    of ``ROW_GROUP_ROWS``, at most ``max_open`` open) and one for its undecided records."""
-
-    def __init__(self, fs: Any, root: str, folder: str, attempt: str, schema: pa.Schema, partition_by: list[str], max_open: int) -> None:
-        self.fs, self.root, self.folder, self.attempt = fs, root, folder, attempt
-        self.schema, self.partition_by, self.max_open = schema, partition_by, max_open
-        self.open: dict[tuple, _Buffered] = {}  # least recently written first
-        self.closed: list[_Buffered] = []
-        self.made = 0
-        self.undecided: _Buffered | None = None
-
-    def _create(self, relative: str, schema: pa.Schema) -> _Buffered:
-        return _Buffered(relative, open_output(self.fs, self.root, relative), schema)
-
-    def add_rows(self, rows: pa.Table, source: tuple[str, int]) -> None:
-        if rows.num_rows == 0:
-            return
-        for key, part in _by_partition(rows, self.partition_by):
-            file = self.open.pop(key, None)
-            if file is None:
-                if len(self.open) >= self.max_open:
-                    self.closed.append(self.open.pop(next(iter(self.open))).close())
-                sub = "/".join(partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
-                name = file_name(self.attempt, self.made)
-                self.made += 1
-                file = self._create("/".join(p for p in (self.folder, sub, name) if p), self.schema)
-            self.open[key] = file  # now the most recently written
-            file.add(part.drop_columns(self.partition_by) if self.partition_by else part, source)
-            if any(v == "" for v in key):
-                file.empty_as_null += part.num_rows
-
-    def add_undecided(self, records: pa.RecordBatch, source: tuple[str, int]) -> None:
-        if records.num_rows == 0:
-            return
-        if self.undecided is None:
-            self.undecided = self._create(f"{self.folder}/undecided-{self.attempt}.parquet", records.schema)
-        self.undecided.add(pa.Table.from_batches([records]), source)
-
-    def close(self, read: Counter[tuple[str, int]]) -> Iterator[pa.RecordBatch]:
-        """Close every file; one result row per file, then the records read per topic-partition."""
-        results = [(_FILE, f) for f in self.closed] + [(_FILE, f.close()) for f in self.open.values()]
-        if self.undecided is not None:
-            results.append((_UNDECIDED, self.undecided.close()))
-        yield pa.RecordBatch.from_pydict(
-            {
-                "kind": [k for k, _ in results] + [_READ],
-                "path": [f.relative for _, f in results] + [""],
-                "rows": [f.rows for _, f in results] + [sum(read.values())],
-                "size": [f.size for _, f in results] + [0],
-                "empty_as_null": [f.empty_as_null for _, f in results] + [0],
-                "counts": [_counts_json(c) for c in [*(f.counts for _, f in results), read]],
-            }
-        )
-
-
-class _Buffered:
-    """One parquet file being written: rows gathered into row groups, and rows per topic-partition."""
-
-    def __init__(self, relative: str, stream: Any, schema: pa.Schema) -> None:
-        self.relative, self.stream = relative, stream
-        self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
-        self.rows = 0
-        self.size = 0
-        self.empty_as_null = 0
-        self.counts: Counter[tuple[str, int]] = Counter()
-
-    def add(self, data: pa.Table, source: tuple[str, int]) -> None:
-        """Rows (or records) of one consumed chunk, so all of one topic-partition."""
-        self.pending.append(data)
-        self.pending_rows += data.num_rows
-        self.rows += data.num_rows
-        self.counts[source] += data.num_rows
-        if self.pending_rows >= ROW_GROUP_ROWS:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.pending:
-            self.writer.write_table(pa.concat_tables(self.pending))
-            self.pending, self.pending_rows = [], 0
-
-    def close(self) -> _Buffered:
-        self._flush()
-        self.writer.close()
-        self.size = self.stream.tell()
-        self.stream.close()
-        return self
-
-
-def _counts_json(counts: Counter[tuple[str, int]]) -> str:
-    return json.dumps([[t, p, n] for (t, p), n in counts.items()])
-
-
-def _by_partition(rows: pa.Table, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
-    """``rows`` split by the values of the partition columns (one piece, key ``()``, without any)."""
-    if not partition_by:
-        yield (), rows
-        return
-    keys = list(zip(*(rows.column(c).to_pylist() for c in partition_by), strict=True))
-    where: dict[tuple, list[int]] = {}
-    for i, key in enumerate(keys):
-        where.setdefault(key, []).append(i)
-    for key, indices in where.items():
-        yield key, rows.take(pa.array(indices, pa.int64()))

@@ -244,6 +244,9 @@ class RowsEntry(LedgerEntry):
 
     staged: tuple[DeadLetterFile, ...] | None = None  # None: an entry written before staged dead letters
     merge: Mapping[str, int] | None = None
+    # the data path that wrote its rows (``offsetlake.process.DataPath``: "spark", "direct");
+    # None: a gap, or an entry written before the path was recorded
+    data_path: str | None = None
 
     @property
     def dead_letter_change(self) -> bool:

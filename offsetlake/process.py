@@ -5,18 +5,30 @@ committed, and how, is the caller's (``offsetlake.runs``, ``offsetlake.backfill`
 logs one structured line (``offsetlake.log_lines``). Nothing here commits to the sink: staged
 files are inert until a commit names them (invariant 2), and a batch that fails validation
 (invariant 9) raises before anything is staged or replaced.
+
+Every batch takes one data path (``DataPath``), chosen once before anything is read
+(``choose_data_path``) and logged with its reason (``step=path``); the ledger entry records it
+(``RowsEntry.data_path``). On the Spark path the read tasks hand every record to Spark, which
+decodes, transforms, validates and writes the rows (``stage_files``); on the direct path the read
+tasks write the rows of the records they decide alone (``offsetlake.direct``) and only the rest
+go through the Spark steps. The seam for another path (issue 37: Spark's own Kafka source) is
+``DataPath`` and ``_READS``: a member, a read function that returns a ``_Read``, and a rule in
+``choose_data_path`` saying when it is taken.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from offsetlake import dead_letters, direct, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.entry import DeadLetterFile
+from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
@@ -29,75 +41,192 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+class DataPath(StrEnum):
+    """How a batch's records become its staged files (the pipeline's ``data_path`` picks among
+    them, or ``auto``); the value is what the log and the ledger entry say."""
+
+    SPARK = "spark"  # the read tasks hand every record to Spark, which writes the rows
+    DIRECT = "direct"  # the read tasks write the rows of the records they decide (``offsetlake.direct``)
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    """The data path a batch takes and why, decided before anything is read."""
+
+    path: DataPath
+    reason: str
+    rows_schema: Any = None  # the direct path: pyarrow schema of the rows the read tasks write
+
+
+@dataclass
+class WrittenInRead:
+    """The files a batch's read tasks wrote (the direct path; none on the Spark path): its rows'
+    files in the staging ``folder``, and the files of the records they left to the Spark steps,
+    removed once those are decided (a crash leaves them, uncommitted and inert, for vacuum)."""
+
+    folder: str | None = None
+    files: list[StagedFile] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)  # paths under ``table_root``
+    table_root: storage.Location | None = None
+
+    def remove_undecided(self) -> None:
+        if self.undecided and self.table_root is not None:
+            direct.remove_undecided(self.table_root, self.undecided)
+        self.undecided = []
+
+
 @dataclass
 class ProcessedBatch:
-    """A batch after read -> decode -> transform -> validate -> dead letters: rows ready to be staged."""
+    """A batch after read -> decode -> transform -> validate -> dead letters: ``stage_files``
+    writes ``rows`` next to the files the read tasks already wrote."""
 
-    rows: Any  # pyspark DataFrame of sink rows; None when the read tasks wrote them all (``direct``)
-    cached: list[Any]  # persisted DataFrames; ``release`` when the batch is done
+    path: PathChoice
     per_range: dict[tuple[str, int], RangeCounts]
-    timings_ms: dict[str, int]
+    timings_ms: dict[str, int] = field(default_factory=dict)
+    # pyspark DataFrame of the sink rows Spark writes: every row on the Spark path, the rows of the
+    # records the read tasks left undecided on the direct path; None when there are none
+    rows: Any = None
+    rows_schema: Any = None  # pyarrow schema of the batch's sink rows, whoever writes them
+    written: WrittenInRead = field(default_factory=WrittenInRead)
+    cached: list[Any] = field(default_factory=list)  # persisted DataFrames; ``release`` when the batch is done
     validation: dict | None = None  # the Great Expectations summary, None without a suite
     dead_letter_files: tuple[DeadLetterFile, ...] = ()  # staged; the sink commit's entry lists them
-    rows_schema: Any = None  # pyarrow schema of the sink rows (also when ``rows`` is None)
-    direct: Direct | None = None  # the files the read tasks wrote (``offsetlake.direct``), if they did
 
     def release(self) -> None:
         for frame in self.cached:
             frame.unpersist()
         self.cached.clear()
-        if self.direct is not None:
-            self.direct.remove_undecided()
-
-
-@dataclass
-class Direct:
-    """A batch whose read tasks wrote its rows' files (``offsetlake.direct``): the staging folder,
-    those files, and the files of the records they left to Spark (removed once decided)."""
-
-    table_root: storage.Location
-    folder: str
-    files: list[StagedFile]
-    undecided: list[str]
-
-    def remove_undecided(self) -> None:
-        if self.undecided:
-            direct.remove_undecided(self.table_root, self.undecided)
-            self.undecided = []
+        self.written.remove_undecided()
 
 
 def process_ranges(
     config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None, write_in_read: bool = False
 ) -> ProcessedBatch:
-    """Read the plan's ranges once, count them, decode, transform, validate (invariant 9), then
-    stage their dead letters (undecodable and quarantined records): files no commit names yet,
-    that the dead-letter table takes after the batch's sink commit (``offsetlake.dead_letters``).
+    """Read the plan's ranges once on the batch's data path (``choose_data_path``; ``write_in_read``:
+    the caller commits new files, an ingest or stream batch, so the direct path is open), count
+    them, decode, transform, validate (invariant 9), then stage their dead letters (undecodable
+    and quarantined records): files no commit names yet, that the dead-letter table takes after
+    the batch's sink commit (``offsetlake.dead_letters``).
 
-    ``write_in_read``: the caller commits new files (an ingest or stream batch); when the batch
-    allows (``direct.problem``), the read tasks write the rows' files themselves and only the
-    records they did not decide go through Spark (``ProcessedBatch.direct``).
-
-    Raises ValidationFailedError when the batch must not commit; nothing was staged then.
+    Raises ValidationFailedError when the batch must not commit (nothing was staged then), and
+    ConfigError when ``data_path: direct`` meets a batch that needs Spark (nothing was read).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from offsetlake.reader import read_ranges
-
-    timings: dict[str, int] = {}
-    per_range: dict[tuple[str, int], RangeCounts] = {
-        (r.topic, r.partition): {"records_read": 0, "dead_letters": 0, "rows_written": 0} for r in plan.ranges
-    }
-    sized = [r for r in plan.ranges if r.size > 0]
+    t = time.monotonic()
     if config.transform:
         add_python_file(spark, str(config.transform_dir / f"{config.transform.split(':')[0]}.py"))
-
-    t = time.monotonic()
     decoder = decoder_for(config, plan.reader_schema)  # the plan's schema: a rerun decodes identically
     decoder.check_types(config.source_file or config.name)  # before anything is read
     keep_raw = _may_dead_letter_good_records(config, suite, decoder)
+    choice = choose_data_path(config, plan, spark, decoder, adds_files=write_in_read)
+    log_step("path", plan, t, path=choice.path, reason=choice.reason)
+    per_range = {(r.topic, r.partition): {"records_read": 0, "dead_letters": 0, "rows_written": 0} for r in plan.ranges}
+    processed = ProcessedBatch(choice, per_range, rows_schema=choice.rows_schema)
+    try:
+        read = _READS[choice.path](config, plan, spark, decoder, keep_raw, processed)
+        decoded = _decoded_and_counted(config, plan, decoder, read, keep_raw, processed) if read.frame is not None else None
+        processed.timings_ms["read"] = log_step(
+            "read",
+            plan,
+            t,
+            records=_total(processed, "records_read"),
+            files=len(processed.written.files) if processed.written.folder else None,
+        )
+        failpoints.failpoint("after_read")
+        if decoded is None:  # the read tasks decided every record: every one is a row they wrote
+            return processed
+        rows, dead = _checked_rows(config, plan, suite, decoder, decoded, processed)
+    except Exception:
+        processed.release()
+        raise
+    t = time.monotonic()
+    table = dead.toArrow() if dead is not None else dead_letters.DEAD_LETTER_SCHEMA.empty_table()
+    processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
+    processed.timings_ms["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
+    # after validation (a suite checks the record's own columns): each row's topic epoch (invariant 16)
+    processed.rows = with_topic_epochs(rows, plan.topic_epochs)
+    if processed.rows_schema is None:
+        processed.rows_schema = _arrow_schema(processed.rows.drop(CHANGE))
+        if config.sink.mode == "upsert":  # the merge writes hidden state rows (``keyed.HIDDEN``)
+            processed.rows_schema = keyed.with_hidden_column(processed.rows_schema)
+    return processed
+
+
+def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, *, adds_files: bool) -> PathChoice:
+    """The batch's data path and the reason, decided once, before anything is read.
+
+    Spark for a batch that replaces rows (a backfill: ``adds_files`` False), reads nothing, or
+    whose pipeline says ``data_path: spark``. Otherwise direct when nothing after the read needs
+    Spark (``direct.problem``: the configuration, the plan, the format) and the read tasks decode
+    every column with the type the Spark steps would give it (``direct.schema_problem``). Both are
+    known before reading: the decoded types come from the plan's reader schema (invariant 12), and
+    the Spark steps' types from analysing them over an empty read (no job runs). What only
+    decoding tells is decided per record, not per batch: a record the read tasks cannot decide
+    alone goes through the Spark steps on the direct path too (``offsetlake.direct``), so a batch
+    never falls back from one path to the other once chosen.
+
+    Raises ConfigError (naming the pipeline, the batch and the reason) when the pipeline says
+    ``data_path: direct`` and this batch needs Spark; the configuration refuses ``direct`` earlier
+    for what it alone tells (``config.spark_only_reason``).
+    """
+    if not adds_files:
+        return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
+    if plan.is_empty:
+        return PathChoice(DataPath.SPARK, "the batch reads no records")
+    if config.data_path == "spark":
+        return PathChoice(DataPath.SPARK, "the pipeline says data_path: spark")
+    rows_schema = None
+    why_not = direct.problem(config, plan, decoder)
+    if why_not is None:
+        rows_schema = _rows_schema_before_reading(config, plan, spark, decoder)
+        why_not = direct.schema_problem(config, decoder, rows_schema)
+    if why_not is None:
+        return PathChoice(DataPath.DIRECT, "nothing after the read needs Spark", rows_schema)
+    if config.data_path == "direct":
+        raise ConfigError(
+            f"pipeline {config.name}: batch {plan.batch_id} cannot take the direct path its data_path asks for: {why_not}; "
+            "use data_path: auto (or spark)"
+        )
+    return PathChoice(DataPath.SPARK, why_not)
+
+
+def _rows_schema_before_reading(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder) -> Any:
+    """The pyarrow schema the Spark steps give the rows of this batch (an append sink without a
+    transform), from analysing them over a read of no ranges: no job runs, nothing is read."""
+    from offsetlake.reader import read_ranges
+
+    nothing = read_ranges(
+        spark, [], config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder, max_record_bytes=config.max_record_bytes
+    )
+    return _arrow_schema(
+        with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True)), plan.topic_epochs)
+    )
+
+
+def _arrow_schema(frame: DataFrame) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(frame.schema, timezone="UTC", prefers_large_types=False)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What a data path's read step leaves to the Spark steps: the records to decode (the read
+    frame, ``reader.read_ranges``'s columns; None: none), and whether the read tasks already
+    counted every record read (``records_read`` per range)."""
+
+    frame: DataFrame | None
+    counted: bool
+
+
+def _read_in_spark(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, keep_raw: bool, processed: ProcessedBatch
+) -> _Read:
+    """The Spark path: every record of the plan's ranges, lazily (``reader.read_ranges``)."""
+    from offsetlake.reader import read_ranges
+
+    sized = [r for r in plan.ranges if r.size > 0]
     client = config.kafka_client_config()
-    read = read_ranges(
+    frame = read_ranges(
         spark,
         sized,
         client,
@@ -107,44 +236,54 @@ def process_ranges(
         headers_of_rows=keep_raw,
         max_record_bytes=config.max_record_bytes,
     )
-    raw: DataFrame | None = read
-    processed = ProcessedBatch(None, [], per_range, timings)
-    if write_in_read and sized:
-        why_not = direct.problem(config, plan, suite is not None, decoder)
-        if why_not is None:
-            # the schema the Spark path gives the rows (analysis only, nothing runs)
-            spark_rows = with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, read, keep_raw)), plan.topic_epochs)
-            rows_schema = to_arrow_schema(spark_rows.schema, timezone="UTC", prefers_large_types=False)
-            why_not = direct.schema_problem(config, decoder, rows_schema)
-        if why_not is None:
-            folder = staging_dir(config, plan.batch_id)
-            wrote = direct.read_and_write(
-                spark,
-                sized,
-                client,
-                config.name,
-                config.read_timeout_seconds,
-                decoder,
-                rows_schema,
-                config.layout.sink,
-                folder,
-                config.sink.partition_by,
-                max_record_bytes=config.max_record_bytes,
-                epochs=plan.topic_epochs,
-            )
-            processed.direct = Direct(config.layout.sink, folder, wrote.files, wrote.undecided)
-            processed.rows_schema = rows_schema
-            for key, count in wrote.records_read.items():
-                per_range[key]["records_read"] = count
-            raw = direct.undecided_frame(spark, config.layout.sink, wrote.undecided, decoder)
-        log_step("path", plan, t, direct="true" if why_not is None else "false", why_not=why_not)
-    if raw is None:  # the read tasks decided every record: every one is a row they wrote
-        records = sum(v["records_read"] for v in per_range.values())
-        timings["read"] = log_step("read", plan, t, records=records, files=len(processed.direct.files) if processed.direct else 0)
-        failpoints.failpoint("after_read")
-        return processed
+    return _Read(frame, counted=False)
 
-    decoded = _decoded(config, plan, decoder, raw, keep_raw).persist()
+
+def _read_direct(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, keep_raw: bool, processed: ProcessedBatch
+) -> _Read:
+    """The direct path: one Spark job whose read tasks write the rows they decide and count every
+    record; the records they left undecided, for the Spark steps."""
+    folder = staging_dir(config, plan.batch_id)
+    wrote = direct.read_and_write(
+        spark,
+        [r for r in plan.ranges if r.size > 0],
+        config.kafka_client_config(),
+        config.name,
+        config.read_timeout_seconds,
+        decoder,
+        processed.path.rows_schema,
+        config.layout.sink,
+        folder,
+        config.sink.partition_by,
+        max_record_bytes=config.max_record_bytes,
+        epochs=plan.topic_epochs,
+    )
+    processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, config.layout.sink)
+    for key, count in wrote.records_read.items():
+        processed.per_range[key]["records_read"] = count
+    return _Read(direct.undecided_frame(spark, config.layout.sink, wrote.undecided, decoder), counted=True)
+
+
+_READS: dict[DataPath, Callable[[PipelineConfig, BatchPlan, Any, Decoder, bool, ProcessedBatch], _Read]] = {
+    DataPath.SPARK: _read_in_spark,
+    DataPath.DIRECT: _read_direct,
+}
+
+
+def _total(processed: ProcessedBatch, key: str) -> int:
+    return sum(v.get(key, 0) for v in processed.per_range.values())
+
+
+def _decoded_and_counted(
+    config: PipelineConfig, plan: BatchPlan, decoder: Decoder, read: _Read, keep_raw: bool, processed: ProcessedBatch
+) -> DataFrame:
+    """The read records decoded and cached; counted per range (records read, unless the read
+    tasks counted them, and dead letters so far)."""
+    from pyspark.sql import functions as F
+
+    assert read.frame is not None
+    decoded = _decoded(config, plan, decoder, read.frame, keep_raw).persist()
     processed.cached.append(decoded)
     counts = (
         decoded.groupBy("topic", "partition")
@@ -153,43 +292,37 @@ def process_ranges(
     )
     for row in counts:
         key = (row["topic"], row["partition"])
-        if processed.direct is None:  # else the read tasks counted every record, these included
-            per_range[key]["records_read"] = int(row["records_read"])
-        per_range[key]["dead_letters"] = int(row["dead_letters"] or 0)
-    records = sum(v["records_read"] for v in per_range.values())
-    timings["read"] = log_step("read", plan, t, records=records, files=len(processed.direct.files) if processed.direct else None)
-    failpoints.failpoint("after_read")
+        if not read.counted:
+            processed.per_range[key]["records_read"] = int(row["records_read"])
+        processed.per_range[key]["dead_letters"] = int(row["dead_letters"] or 0)
+    return decoded
+
+
+def _checked_rows(
+    config: PipelineConfig, plan: BatchPlan, suite: Suite | None, decoder: Decoder, decoded: DataFrame, processed: ProcessedBatch
+) -> tuple[DataFrame, DataFrame | None]:
+    """The decoded records' rows after the suite (invariant 9) and the rows no folder or key can
+    hold; and the batch's dead letters (undecodable, quarantined, unwritable), or None."""
+    from pyspark.sql import functions as F
 
     upsert = config.sink.mode == "upsert"
     rows = _rows(config, decoder, decoded)
-    dead = dead_letter_rows(decoded, config.name, plan.batch_id) if any(v["dead_letters"] for v in per_range.values()) else None
-    try:
-        if suite is not None and records:
-            # a keyed sink's deletes write no row: the suite sees the rows that are written
-            deletes = rows.where(F.col(CHANGE) == DELETE) if upsert else None
-            checked = rows.where(F.col(CHANGE) != DELETE).drop(CHANGE) if upsert else rows
-            checked, quarantined = _validate(config, plan, suite, checked, decoded, processed)
-            rows = checked.withColumn(CHANGE, F.lit(UPSERT)).unionByName(deletes) if deletes is not None else checked
-            dead = quarantined if dead is None else (dead if quarantined is None else dead.unionByName(quarantined))
-        rows, unwritable = _split_unwritable(config, plan, rows, decoded, processed)
-        if unwritable is not None:
-            dead = unwritable if dead is None else dead.unionByName(unwritable)
-    except Exception:
-        processed.release()
-        raise
+    dead = dead_letter_rows(decoded, config.name, plan.batch_id) if _total(processed, "dead_letters") else None
+    if suite is not None and _total(processed, "records_read"):
+        # a keyed sink's deletes write no row: the suite sees the rows that are written
+        deletes = rows.where(F.col(CHANGE) == DELETE) if upsert else None
+        checked = rows.where(F.col(CHANGE) != DELETE).drop(CHANGE) if upsert else rows
+        checked, quarantined = _validate(config, plan, suite, checked, decoded, processed)
+        rows = checked.withColumn(CHANGE, F.lit(UPSERT)).unionByName(deletes) if deletes is not None else checked
+        dead = _union(dead, quarantined)
+    rows, unwritable = _split_unwritable(config, plan, rows, decoded, processed)
+    return rows, _union(dead, unwritable)
 
-    t = time.monotonic()
-    table = dead.toArrow() if dead is not None else dead_letters.DEAD_LETTER_SCHEMA.empty_table()
-    processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
-    timings["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
-    # after validation (a suite checks the record's own columns): each row's topic epoch (invariant 16)
-    rows = with_topic_epochs(rows, plan.topic_epochs)
-    processed.rows = rows
-    if processed.rows_schema is None:
-        processed.rows_schema = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
-        if upsert:  # the merge writes hidden state rows (``keyed.HIDDEN``)
-            processed.rows_schema = keyed.with_hidden_column(processed.rows_schema)
-    return processed
+
+def _union(first: DataFrame | None, then: DataFrame | None) -> DataFrame | None:
+    if first is None or then is None:
+        return first if then is None else then
+    return first.unionByName(then)
 
 
 def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: DataFrame, keep_raw: bool) -> DataFrame:
@@ -233,12 +366,6 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
     return rows
 
 
-# A partition value becomes a folder name `<column>=<value>`, which Linux (and most filesystems)
-# caps at 255 bytes; Spark escapes these ASCII characters as %XX and writes the rest as UTF-8.
-MAX_FOLDER_NAME_BYTES = 255
-_ESCAPED_BY_SPARK = "\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32))
-
-
 def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, decoder: Decoder) -> bool:
     """Whether a record that decoded well may still become a dead letter (so its bytes are kept):
     quarantined by the suite, or a string partition value too long for a folder name."""
@@ -280,7 +407,7 @@ def _split_unwritable(
     null_key = keyed.null_key_reason(config)
     if not columns and null_key is None:
         return rows, None
-    pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in _ESCAPED_BY_SPARK) + "]"
+    pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in sorted(storage.PARTITION_ESCAPES)) + "]"
     reasons = [null_key] if null_key is not None else []
     for c in columns:
         value = F.col(f"`{c}`")
@@ -291,11 +418,11 @@ def _split_unwritable(
         )
         reasons.append(
             F.when(
-                size > MAX_FOLDER_NAME_BYTES,
+                size > storage.MAX_FOLDER_NAME_BYTES,
                 F.concat(
                     F.lit(f"partition value of column '{c}' is "),
                     size.cast("string"),
-                    F.lit(f" bytes as a folder name ({c}=...); at most {MAX_FOLDER_NAME_BYTES} fit"),
+                    F.lit(f" bytes as a folder name ({c}=...); at most {storage.MAX_FOLDER_NAME_BYTES} fit"),
                 ),
             )
         )
@@ -371,16 +498,15 @@ def stage_files(
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
     storage alike); counts the rows written per range of the plan. When the read tasks wrote
-    the batch's files (``processed.direct``), ``rows`` are those of the records they left to
-    Spark (None: none), written next to theirs."""
+    files (``processed.written``, the direct path), ``rows`` are those of the records they left
+    to Spark (None: none), written next to theirs."""
     t = time.monotonic()
-    done = processed.direct
-    folder = done.folder if done is not None else staging_dir(config, plan.batch_id)
-    staged = list(done.files) if done is not None else []
+    written = processed.written
+    folder = written.folder or staging_dir(config, plan.batch_id)
+    staged = list(written.files)
     if rows is not None:
         staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
-    if done is not None:
-        done.remove_undecided()
+    written.remove_undecided()
     files = add_actions_for(config.layout.sink, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0

@@ -194,7 +194,15 @@ def _execute_forward(
                 return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
             schema = evolved_schema(table, config, rows_schema, plan)
         t = time.monotonic()
-        entry = for_plan(plan, processed.per_range, started, processed.validation, staged=processed.dead_letter_files, merge=merged)
+        entry = for_plan(
+            plan,
+            processed.per_range,
+            started,
+            processed.validation,
+            staged=processed.dead_letter_files,
+            merge=merged,
+            data_path=str(processed.path.path),
+        )
         before_commit()
         version = commit_batch(table, config, plan, files, entry, schema, removed=removed)
         processed.timings_ms["commit"] = log_step(

@@ -61,7 +61,7 @@ class StagedFile:
     rows: int
     counts: dict[tuple[str, int], int]  # rows inside the plan's ranges, per topic-partition
     size: int  # bytes the task wrote
-    empty_as_null: int = 0  # rows whose "" partition value the folder stores as null (``staging.partition_folder``)
+    empty_as_null: int = 0  # rows whose "" partition value the folder stores as null (``storage.partition_folder``)
 
 
 @dataclass(frozen=True)

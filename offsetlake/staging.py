@@ -2,14 +2,18 @@
 local lake and for object storage, with no Hadoop filesystem connector (``hadoop-aws`` is a
 Maven download that nothing here, nor many users' clusters, can install).
 
-Each task sorts nothing and shuffles nothing: the rows arrive sorted by the partition columns
-(``sortWithinPartitions``, as Spark's own writer does), so a task has one file open at a time
-and writes one file per partition value it sees, under Hive-style ``column=value/`` folders
-escaped exactly as Spark escapes them (``PARTITION_ESCAPES``). A task returns the files it
-wrote (path under the table, rows, and rows per topic-partition inside the plan's ranges); the
-driver commits exactly those files. Files of a failed or speculative task attempt are never
-returned, so they are never committed (they are inert, and vacuum removes them later), and a
-file returned but missing makes the commit refuse (``sink.add_actions_for``).
+``TaskFiles`` is the one task-side file writer of every data path: the Spark path's tasks
+(``write_rows``: rows that arrive sorted by the partition columns, ``sortWithinPartitions`` as
+Spark's own writer does, so one file open at a time) and the direct path's read tasks
+(``offsetlake.direct``: rows in Kafka order, up to ``MAX_OPEN_FILES`` open). It writes one file
+per partition value it meets (Hive-style ``column=value/`` folders escaped exactly as Spark
+escapes them, ``storage.partition_folder``), gathers rows into row groups of ``ROW_GROUP_ROWS``,
+names every file after its task attempt (``task_attempt``, ``file_name``) and counts rows per
+topic-partition inside the plan's ranges. A task returns the files it wrote as result rows
+(``RESULT_SCHEMA``, read back by ``staged_files``); the driver commits exactly those files. Files
+of a failed or speculative task attempt are never returned, so they are never committed (they are
+inert, and vacuum removes them later), and a file returned but missing makes the commit refuse
+(``sink.add_actions_for``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from datetime import date, datetime
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -34,98 +37,221 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
 
-# The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder.
-PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
-_RESULT_SCHEMA = "path string, rows long, size long, empty_as_null long, counts string"
+ROW_GROUP_ROWS = 65_536  # rows a file gathers before writing a row group
+# Files a task keeps open at once: each holds a row group's rows and, on object storage, an upload
+# buffer. A task that meets more partition values closes the least recently written file (its
+# later rows of that value go to a new file), so memory does not follow the partitions' number.
+MAX_OPEN_FILES = 16
+# What a task returns: one row per file it wrote (``kind`` ROWS, or UNDECIDED for the direct path's
+# records left to Spark) and any rows of its own kind (the direct path's records READ per range).
+RESULT_SCHEMA = "kind string, path string, rows long, size long, empty_as_null long, counts string"
+ROWS, UNDECIDED, READ = "file", "undecided", "read"
 
 
-def file_name(attempt: str, sequence: int) -> str:
+def task_attempt() -> str:
+    """The running task attempt's id for its file names: the Spark partition and a random part,
+    so a retried or speculative attempt never writes over another attempt's files."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
+
+
+def file_name(attempt: str, sequence: int, prefix: str = "part") -> str:
     """The name of a task's ``sequence``-th file: unique per file, never per task alone, because
     two runs of rows may map to one folder (null and "" both to the default partition) and a
     second file of the same name would overwrite the first (issue 35, finding 1)."""
-    return f"part-{attempt}-{sequence:04d}.c000.snappy.parquet"
+    return f"{prefix}-{attempt}-{sequence:04d}.c000.snappy.parquet"
 
 
-def stores_as_null(value: Any) -> bool:
-    """Whether a partition value is stored as null: Delta's protocol reads an empty partition
-    value as null and Spark writes "" to the default partition, so "" cannot be kept; such
-    rows are counted (``StagedFile.empty_as_null``) and the YAML reference says so."""
-    return value is None or value == ""
+def relative_folder(table_root: storage.Location, folder: str) -> str:
+    """``folder`` (a staging folder inside the table) relative to the table root."""
+    return folder[len(table_root.path.rstrip("/")) + 1 :]
 
 
-def escape_partition_value(value: str) -> str:
-    return "".join(f"%{ord(c):02X}" if c in PARTITION_ESCAPES else c for c in value)
+class TaskFiles:
+    """One task's files under ``folder`` (relative to ``table_root``): one parquet file of
+    ``schema`` (without the partition columns) per value of ``partition_by``, at most
+    ``max_open`` open (the least recently written is closed first), rows gathered into row groups
+    of ``ROW_GROUP_ROWS``. Each file counts its rows per topic-partition (the columns
+    ``counted_by``) among those ``inside`` keeps (None: all of them).
+
+    Raises what pyarrow raises (a full disk, a store refusing a write): the task fails and none of
+    its files is returned, so none is committed.
+    """
+
+    def __init__(
+        self,
+        table_root: storage.Location,
+        folder: str,
+        schema: pa.Schema,
+        partition_by: list[str],
+        *,
+        max_open: int = MAX_OPEN_FILES,
+        attempt: str | None = None,
+        prefix: str = "part",
+        inside: Any = None,
+        counted_by: tuple[str, str] = (TOPIC, PARTITION),
+    ) -> None:
+        self.fs, self.root = storage.filesystem(table_root)
+        self.folder, self.partition_by, self.max_open, self.prefix = folder, partition_by, max_open, prefix
+        self.schema = pa.schema([f for f in schema if f.name not in partition_by])
+        self.attempt = attempt or task_attempt()
+        self.inside, self.counted_by = inside, counted_by
+        self.open: dict[tuple, _File] = {}  # least recently written first
+        self.closed: list[_File] = []
+        self.made = 0
+
+    def write(self, rows: pa.Table, source: tuple[str, int] | None = None) -> None:
+        """Rows into the file of their partition value (opened when it has none open). ``source``:
+        the one topic-partition every row comes from, when the caller knows it (a read task's
+        chunk) and counts every row: they are counted without grouping them."""
+        for key, part in _by_partition(rows, self.partition_by):
+            file = self.open.pop(key, None) or self._new_file(key)
+            self.open[key] = file  # now the most recently written
+            if source is not None and self.inside is None:
+                counts = Counter({source: part.num_rows})
+            else:
+                counts = _counts(part if self.inside is None else part.filter(self.inside), self.counted_by)
+            file.add(part.drop_columns(self.partition_by) if self.partition_by else part, counts)
+            if any(v == "" for v in key):  # "" is stored as null (``storage.stores_as_null``)
+                file.empty_as_null += part.num_rows
+
+    def _new_file(self, key: tuple) -> _File:
+        if len(self.open) >= self.max_open:
+            self.closed.append(self.open.pop(next(iter(self.open))).close())
+        sub = "/".join(storage.partition_folder(c, v) for c, v in zip(self.partition_by, key, strict=True))
+        relative = "/".join(p for p in (self.folder, sub, file_name(self.attempt, self.made, self.prefix)) if p)
+        self.made += 1
+        return _File(relative, open_output(self.fs, self.root, relative), self.schema)
+
+    def close(self) -> list[_File]:
+        """Close every file; the files written, in the order they were opened or closed."""
+        done = self.closed + [f.close() for f in self.open.values()]
+        self.open, self.closed = {}, []
+        return done
 
 
-def partition_folder(column: str, value: Any) -> str:
-    """``column=value`` as Spark names the folder (null and "" both as Hive's default partition)."""
-    if stores_as_null(value):
-        text = storage.HIVE_NULL
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, datetime):
-        text = value.isoformat(sep=" ")
-    elif isinstance(value, date):
-        text = value.isoformat()
-    else:
-        text = escape_partition_value(str(value))
-    return f"{escape_partition_value(column)}={text}"
+class _File:
+    """One parquet file being written: rows gathered into row groups, rows per topic-partition."""
+
+    def __init__(self, relative: str, stream: Any, schema: pa.Schema) -> None:
+        self.relative, self.stream = relative, stream
+        self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.rows = 0
+        self.size = 0
+        self.empty_as_null = 0
+        self.counts: Counter[tuple[str, int]] = Counter()
+
+    def add(self, data: pa.Table, counts: Counter[tuple[str, int]]) -> None:
+        self.pending.append(data)
+        self.pending_rows += data.num_rows
+        self.rows += data.num_rows
+        self.counts.update(counts)
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending))
+            self.pending, self.pending_rows = [], 0
+
+    def close(self) -> _File:
+        self._flush()
+        self.writer.close()
+        self.size = self.stream.tell()
+        self.stream.close()
+        return self
+
+
+def _counts(rows: pa.Table, columns: tuple[str, str]) -> Counter[tuple[str, int]]:
+    if rows.num_rows == 0:
+        return Counter()
+    grouped = rows.group_by(list(columns)).aggregate([([], "count_all")]).to_pylist()
+    return Counter({(r[columns[0]], r[columns[1]]): r["count_all"] for r in grouped})
+
+
+def _by_partition(rows: pa.Table, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
+    """``rows`` split by the values of the partition columns, in the order each value first comes
+    (one piece, key ``()``, without any): rows sorted by them come out as their runs."""
+    if rows.num_rows == 0:
+        return
+    if not partition_by:
+        yield (), rows
+        return
+    keys = list(zip(*(rows.column(c).to_pylist() for c in partition_by), strict=True))
+    where: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
+        where.setdefault(key, []).append(i)
+    if len(where) == 1:  # the common case of sorted rows: one value per batch, no copy
+        yield keys[0], rows
+        return
+    for key, indices in where.items():
+        yield key, rows.take(pa.array(indices, pa.int64()))
+
+
+def result_batch(files: Iterable[tuple[str, _File]], read: Counter[tuple[str, int]] | None = None) -> pa.RecordBatch:
+    """A task's result rows (``RESULT_SCHEMA``): one per file with its kind, then, when given, one
+    READ row with the records the task read per topic-partition."""
+    rows = [(kind, f.relative, f.rows, f.size, f.empty_as_null, f.counts) for kind, f in files]
+    if read is not None:
+        rows.append((READ, "", sum(read.values()), 0, 0, read))
+    return pa.RecordBatch.from_pydict(
+        {
+            "kind": [r[0] for r in rows],
+            "path": [r[1] for r in rows],
+            "rows": [r[2] for r in rows],
+            "size": [r[3] for r in rows],
+            "empty_as_null": [r[4] for r in rows],
+            "counts": [json.dumps([[t, p, n] for (t, p), n in r[5].items()]) for r in rows],
+        },
+        schema=pa.schema(
+            [
+                ("kind", pa.string()),
+                ("path", pa.string()),
+                ("rows", pa.int64()),
+                ("size", pa.int64()),
+                ("empty_as_null", pa.int64()),
+                ("counts", pa.string()),
+            ]
+        ),
+    )
+
+
+def result_counts(row: Any) -> dict[tuple[str, int], int]:
+    """The per topic-partition counts of a task's result row."""
+    return {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
+
+
+def staged_file(row: Any) -> StagedFile:
+    """A task's result row of a file it wrote as a ``StagedFile``."""
+    return StagedFile(
+        path=row["path"], rows=int(row["rows"]), counts=result_counts(row), size=int(row["size"]), empty_as_null=int(row["empty_as_null"])
+    )
 
 
 def write_rows(
     rows: DataFrame, table_root: storage.Location, folder: str, partition_by: list[str], selection: Selection, sort_by: tuple[str, ...] = ()
 ) -> list[StagedFile]:
     """Write ``rows`` as parquet files under ``folder`` (inside ``table_root``) from the Spark
-    tasks; the files written, for one commit. ``sort_by``: columns each file is sorted by after
-    the partition columns (a keyed sink's key, so file statistics bound each file's keys)."""
-    relative_folder = folder[len(table_root.path.rstrip("/")) + 1 :]
+    tasks; the files written, for one commit, each counting its rows inside ``selection`` (a
+    backfill rewrites rows outside its ranges too). ``sort_by``: columns each file is sorted by
+    after the partition columns (a keyed sink's key, so file statistics bound each file's keys)."""
+    relative = relative_folder(table_root, folder)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        attempt = f"{context.partitionId() if context else 0:05d}-{uuid.uuid4().hex[:12]}"
-        fs, root = storage.filesystem(table_root)
-        inside = selection.arrow()
-        done: list[_OpenFile] = []
-        current: _OpenFile | None = None
+        files: TaskFiles | None = None
         for batch in batches:
-            for key, part in _runs(batch, partition_by):
-                if current is None or current.key != key:
-                    if current is not None:
-                        done.append(current.close())
-                    sub = "/".join(partition_folder(c, v) for c, v in zip(partition_by, key, strict=True))
-                    relative = "/".join(p for p in (relative_folder, sub, file_name(attempt, len(done))) if p)
-                    current = _OpenFile(
-                        key, relative, open_output(fs, root, relative), pa.schema([f for f in part.schema if f.name not in partition_by])
-                    )
-                current.write(part.drop_columns(partition_by) if partition_by else part, part if inside is None else part.filter(inside))
-        if current is not None:
-            done.append(current.close())
-        if done:
-            yield pa.RecordBatch.from_pydict(
-                {
-                    "path": [f.relative for f in done],
-                    "rows": [f.rows for f in done],
-                    "size": [f.size for f in done],
-                    "empty_as_null": [f.rows if any(v == "" for v in f.key) else 0 for f in done],
-                    "counts": [json.dumps([[t, p, n] for (t, p), n in f.counts.items()]) for f in done],
-                }
-            )
+            if files is None:  # sorted by the partition columns: each value's rows come together
+                files = TaskFiles(table_root, relative, batch.schema, partition_by, max_open=1, inside=selection.arrow())
+            files.write(pa.Table.from_batches([batch]))
+        if files is not None:
+            yield result_batch((ROWS, f) for f in files.close())
 
     ordered = rows.sortWithinPartitions(*partition_by, *sort_by) if partition_by or sort_by else rows
-    files = []
-    for row in ordered.mapInArrow(write, _RESULT_SCHEMA).collect():
-        files.append(staged_file(row))
-    return files
-
-
-def staged_file(row: Any) -> StagedFile:
-    """A task's result row (``path, rows, size, empty_as_null, counts``) as a ``StagedFile``."""
-    counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}
-    return StagedFile(
-        path=row["path"], rows=int(row["rows"]), counts=counts, size=int(row["size"]), empty_as_null=int(row["empty_as_null"])
-    )
+    return [staged_file(row) for row in ordered.mapInArrow(write, RESULT_SCHEMA).collect()]
 
 
 def open_output(fs: Any, root: str, relative: str) -> Any:
@@ -134,46 +260,6 @@ def open_output(fs: Any, root: str, relative: str) -> Any:
     if isinstance(fs, LocalFileSystem):  # object stores have no folders to make
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     return fs.open_output_stream(path)
-
-
-class _OpenFile:
-    """One parquet file a task is writing: its partition key, path, rows and per-range counts."""
-
-    def __init__(self, key: tuple, relative: str, stream: Any, schema: pa.Schema) -> None:
-        self.key, self.relative, self.stream = key, relative, stream
-        self.writer = pq.ParquetWriter(stream, schema, compression="snappy")
-        self.rows = 0
-        self.size = 0
-        self.counts: Counter[tuple[str, int]] = Counter()
-
-    def write(self, data: pa.Table, inside: pa.Table) -> None:
-        self.writer.write_table(data)
-        self.rows += data.num_rows
-        if inside.num_rows:
-            for row in inside.group_by([TOPIC, PARTITION]).aggregate([([], "count_all")]).to_pylist():
-                self.counts[(row[TOPIC], row[PARTITION])] += row["count_all"]
-
-    def close(self) -> _OpenFile:
-        self.writer.close()
-        self.size = self.stream.tell()
-        self.stream.close()
-        return self
-
-
-def _runs(batch: pa.RecordBatch, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
-    """Consecutive slices of ``batch`` with one value of the partition columns each."""
-    if batch.num_rows == 0:
-        return
-    table = pa.Table.from_batches([batch])
-    if not partition_by:
-        yield (), table
-        return
-    keys = list(zip(*(table.column(c).to_pylist() for c in partition_by), strict=True))
-    start = 0
-    for i in range(1, len(keys) + 1):
-        if i == len(keys) or keys[i] != keys[start]:
-            yield keys[start], table.slice(start, i - start)
-            start = i
 
 
 # ---- reading files back (a keyed sink's merge rewrites the files holding touched keys) ---------

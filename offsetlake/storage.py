@@ -26,7 +26,7 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -341,6 +341,43 @@ def log_path_from_file_path(relative: str) -> str:
 def data_file(table_root: Location, log_path: str) -> Location:
     """The location of one data file from its path as the log stores it."""
     return table_root.child(file_path_from_log(log_path))
+
+
+# The characters Spark's ExternalCatalogUtils.escapePathName escapes as %XX in a partition folder
+# name; it writes the rest as UTF-8. Every data path names folders with these (``partition_folder``)
+# and the Spark path sizes a value's folder name with them before writing (``process``).
+PARTITION_ESCAPES = frozenset("\"#%'*/:=?\\\x7f{[]^" + "".join(chr(c) for c in range(1, 32)))
+# A partition value becomes a folder name ``<column>=<value>``, which Linux (and most filesystems)
+# caps at 255 bytes.
+MAX_FOLDER_NAME_BYTES = 255
+
+
+def escape_partition_value(value: str) -> str:
+    """``value`` as Spark writes it in a folder name: each of ``PARTITION_ESCAPES`` as ``%XX``."""
+    return "".join(f"%{ord(c):02X}" if c in PARTITION_ESCAPES else c for c in value)
+
+
+def stores_as_null(value: Any) -> bool:
+    """Whether a partition value is stored as null: Delta's protocol reads an empty partition
+    value as null and Spark writes "" to the default partition, so "" cannot be kept; such
+    rows are counted (``StagedFile.empty_as_null``) and the YAML reference says so."""
+    return value is None or value == ""
+
+
+def partition_folder(column: str, value: Any) -> str:
+    """``column=value`` as Spark names the folder (null and "" both as Hive's default partition);
+    ``partition_values_from_path`` reads it back."""
+    if stores_as_null(value):
+        text = HIVE_NULL
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, datetime):
+        text = value.isoformat(sep=" ")
+    elif isinstance(value, date):
+        text = value.isoformat()
+    else:
+        text = escape_partition_value(str(value))
+    return f"{escape_partition_value(column)}={text}"
 
 
 def partition_values_from_path(relative: str) -> dict[str, str | None]:

@@ -20,7 +20,10 @@ from confluent_kafka import Producer
 from offsetlake import direct, storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.sample_data import ensure_topic
+from offsetlake.errors import ConfigError
+from offsetlake.history import sink_commits
 from offsetlake.plan import RunContext
+from offsetlake.process import DataPath, choose_data_path
 from offsetlake.runs import run_pipeline
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp", "region": "int"}
@@ -85,21 +88,19 @@ def _files(location: str) -> list[Path]:
 
 
 @pytest.mark.local_lake
-def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_path, caplog, monkeypatch):
+def test_the_read_tasks_write_what_the_spark_path_writes(pipeline, spark, tmp_path, caplog):
     pipeline.spark = spark
     produced = _produce_every_kind(pipeline.bootstrap, pipeline.topic)
 
-    # one open file per task: each new partition value closes the previous file (the path that
-    # bounds a task's memory when it meets many partition values)
-    monkeypatch.setattr(direct, "MAX_OPEN_FILES", 1)
-    direct_config, direct_results, direct_log = _run(pipeline, tmp_path / "direct", caplog)
-    assert "step=path" in direct_log and "direct=true" in direct_log
-    with monkeypatch.context() as patched:
-        patched.setattr(direct, "problem", lambda *_: "the test asks for the Spark path")
-        spark_config, spark_results, spark_log = _run(pipeline, tmp_path / "spark", caplog)
-    assert "direct=false" in spark_log and "the test asks for the Spark path" in spark_log
+    direct_config, direct_results, direct_log = _run(pipeline, tmp_path / "direct", caplog, data_path="direct")
+    assert "step=path" in direct_log and "path=direct" in direct_log
+    spark_config, spark_results, spark_log = _run(pipeline, tmp_path / "spark", caplog, data_path="spark")
+    assert "path=spark" in spark_log and "the pipeline says data_path: spark" in spark_log
 
     [d], [s] = direct_results, spark_results
+    # the ledger entry records the path each batch took
+    assert [c.entry.data_path for c in sink_commits(storage.table(direct_config.layout.sink), direct_config.name)] == ["direct"]
+    assert [c.entry.data_path for c in sink_commits(storage.table(spark_config.layout.sink), spark_config.name)] == ["spark"]
     assert d.per_range == s.per_range
     assert d.total("records_read") == produced
     # 8 odd records (every 400th of 3,000) over 7 kinds, so "{broken" twice: 5 dead letters among
@@ -141,11 +142,40 @@ def test_what_keeps_a_batch_on_the_spark_path(pipeline):
 
     plan = BatchPlan(pipeline.name, "b-1", "ingest", (), RunContext("t"))
     plain = pipeline.write()
-    assert direct.problem(plain, plan, False, decoder_for(plain)) is None
-    assert direct.problem(plain, plan, True, decoder_for(plain)) == "the suite validates the rows in Spark"
+    assert direct.problem(plain, plan, decoder_for(plain)) is None
     by_time = BatchPlan(pipeline.name, "b-2", "backfill", (), RunContext("t"), window=RecordTimeWindow(0, 1))
-    assert direct.problem(plain, by_time, False, decoder_for(plain)) == "a backfill by record time"
+    assert direct.problem(plain, by_time, decoder_for(plain)) == "a backfill by record time"
     upsert = pipeline.write(sink={"mode": "upsert", "key": ["order_id"]})
-    assert direct.problem(upsert, plan, False, decoder_for(upsert)) == "a keyed sink merges in Spark"
+    assert direct.problem(upsert, plan, decoder_for(upsert)) == "a keyed sink merges in Spark"
     shipped = load_pipeline(str(Path(__file__).parents[1] / "pipelines" / "orders.yaml"))
-    assert direct.problem(shipped, plan, False, decoder_for(shipped)) == "a transform runs in Spark"
+    assert direct.problem(shipped, plan, decoder_for(shipped)) == "a transform runs in Spark"
+    (pipeline.file.parent / f"{pipeline.name}.expectations.yaml").write_text("expectations: []\n")
+    with_suite = pipeline.write()
+    assert direct.problem(with_suite, plan, decoder_for(with_suite)) == "the suite validates the rows in Spark"
+
+
+def test_data_path_direct_is_refused_for_a_pipeline_that_needs_spark(pipeline):
+    """The configuration check names the pipeline and the reason; auto and spark load."""
+    with pytest.raises(ConfigError) as refused:
+        pipeline.write(sink={"mode": "upsert", "key": ["order_id"]}, data_path="direct")
+    assert f"data_path: pipeline {pipeline.name} cannot take the direct path: a keyed sink merges in Spark" in str(refused.value)
+    assert pipeline.write(sink={"mode": "upsert", "key": ["order_id"]}, data_path="spark").data_path == "spark"
+    assert pipeline.write().data_path == "auto"
+
+
+def test_a_batch_that_needs_spark_fails_under_data_path_direct_before_reading(pipeline, spark):
+    """What only the decoder's types tell (a string partition column) fails the batch under
+    ``direct`` with the reason, and takes Spark under ``auto``; a backfill takes Spark."""
+    from offsetlake.formats import decoder_for
+    from offsetlake.plan import BatchPlan, OffsetRange
+
+    plan = BatchPlan(pipeline.name, "b-1", "ingest", (OffsetRange(pipeline.topic, 0, 0, 10),), RunContext("t"))
+    forced = pipeline.write(sink={"partition_by": ["customer"]}, data_path="direct")
+    with pytest.raises(ConfigError, match=f"pipeline {pipeline.name}: batch b-1 cannot take the direct path .*partition column customer"):
+        choose_data_path(forced, plan, spark, decoder_for(forced), adds_files=True)
+    auto = pipeline.write(sink={"partition_by": ["customer"]})
+    choice = choose_data_path(auto, plan, spark, decoder_for(auto), adds_files=True)
+    assert choice.path is DataPath.SPARK and "partition column customer" in choice.reason
+    plain = pipeline.write(data_path="direct")
+    assert choose_data_path(plain, plan, spark, decoder_for(plain), adds_files=True).path is DataPath.DIRECT
+    assert choose_data_path(plain, plan, spark, decoder_for(plain), adds_files=False).path is DataPath.SPARK

@@ -149,8 +149,9 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
     assert first_starts == expected["committed_ends"], "the continued run must start at the old committed ends"
     new_commits = sink_commits(storage.table(config.sink_path), config.name)[len(commits) :]
     assert {c.entry.format_version for c in new_commits} == {FORMAT_VERSION}
-    # what the old code reads: a new entry holds the old keys and format_version, nothing renamed
-    assert all(keys <= old_keys | {"format_version"} for keys in _raw_keys(config, crashed.version + 1))
+    # what the old code reads: a new entry holds the old keys, format_version and optional keys added
+    # since (data_path: an old reader keeps it as an unknown key), nothing renamed
+    assert all(keys <= old_keys | {"format_version", "data_path"} for keys in _raw_keys(config, crashed.version + 1))
 
     good, bad = _decoded(manifest)
     for (p, o), r in topic_records(broker.bootstrap).items():  # the new records, read with a plain consumer

@@ -20,7 +20,7 @@ import yaml
 from confluent_kafka import Producer
 from kafka_truth import TopicTruth, assert_exactly_once, last_stable_offsets, read_records
 
-from offsetlake import direct, storage
+from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.config import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, load_pipeline
 from offsetlake.embedded.sample_data import ensure_topic
@@ -79,18 +79,18 @@ def _truth(bootstrap: str, topic: str, records: list[Sent]) -> TopicTruth:
     return TopicTruth(good, bad, last_stable_offsets(bootstrap, topic))
 
 
-def _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch, **overrides):
+def _run_both_paths(pipeline, spark, tmp_path, caplog, **overrides):
     """The same topic into two lakes: the direct path (read tasks write the rows), then the
-    Spark path (as ``test_direct_path`` selects it); the two configs."""
+    Spark path (``data_path``); the two configs."""
     configs = []
     for path in ("direct", "spark"):
-        config = pipeline.write(lake=str(tmp_path / path), format={"type": "json", "schema": SCHEMA, "required": ["order_id"]}, **overrides)
-        with monkeypatch.context() as patched, caplog.at_level(logging.INFO, logger="offsetlake.batch"):
-            if path == "spark":
-                patched.setattr(direct, "problem", lambda *_: "the test asks for the Spark path")
+        config = pipeline.write(
+            lake=str(tmp_path / path), format={"type": "json", "schema": SCHEMA, "required": ["order_id"]}, data_path=path, **overrides
+        )
+        with caplog.at_level(logging.INFO, logger="offsetlake.batch"):
             caplog.clear()
             [result] = run_pipeline(config, RunContext(f"large-{path}"), lambda: spark)
-            assert f"direct={'true' if path == 'direct' else 'false'}" in caplog.text, path
+            assert f"path={path}" in caplog.text, path
         configs.append((path, config, result))
     return configs
 
@@ -149,7 +149,7 @@ def test_a_value_longer_than_a_parse_block_is_parsed_with_its_neighbours():
 
 
 @pytest.mark.local_lake
-def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch):
+def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pipeline, spark, tmp_path, caplog):
     """The issue's partition (small, 50 MB, small, 95 MB, small) and a 30 MB record, all valid,
     in one consume call: every one a row under the default max_record_bytes, on both paths."""
     sizes = [10, 50 * MB, 10, 95 * MB, 10, 30 * MB, 10]
@@ -158,13 +158,13 @@ def test_large_valid_records_are_rows_whatever_their_neighbours_on_both_paths(pi
     _produce(pipeline.bootstrap, pipeline.topic, records)
     truth = _truth(pipeline.bootstrap, pipeline.topic, records)
 
-    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch):
+    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog):
         assert result.total("rows_written") == len(records) and result.total("dead_letters") == 0, path
         _check(config, truth, records, path)
 
 
 @pytest.mark.local_lake
-def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch):
+def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_both_paths(pipeline, spark, tmp_path, caplog):
     """Above the pipeline's limit (key and value together) a dead letter saying both sizes; at
     the limit and below, rows, also those only Spark's ``from_json`` parses (single quotes) with
     strings longer than Jackson's default limit; the small neighbours unaffected."""
@@ -192,7 +192,7 @@ def test_a_record_over_max_record_bytes_is_a_record_too_large_dead_letter_on_bot
     _produce(pipeline.bootstrap, pipeline.topic, records)
     truth = _truth(pipeline.bootstrap, pipeline.topic, records)
 
-    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, monkeypatch, max_record_bytes=limit):
+    for path, config, result in _run_both_paths(pipeline, spark, tmp_path, caplog, max_record_bytes=limit):
         assert result.total("rows_written") == 7 and result.total("dead_letters") == 3, path
         _check(config, truth, records, path)
         amounts = storage.table(config.layout.sink).to_pyarrow_table(columns=["order_id", "amount"]).to_pylist()

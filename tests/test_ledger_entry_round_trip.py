@@ -151,6 +151,18 @@ def test_a_new_entry_is_version_2_and_keeps_the_old_keys():
         for_plan(plan, to_batch="x")
 
 
+def test_the_data_path_is_recorded_and_an_older_entry_reads_it_as_not_known():
+    plan = BatchPlan("p", "d", BatchKind.INGEST, (OffsetRange("t", 0, 0, 5),), RunContext("r"))
+    entry = for_plan(plan, {("t", 0): {"records_read": 5}}, staged=(), data_path="direct")
+    written = json.loads(entry.to_json())
+    assert written["data_path"] == "direct" and written["format_version"] == FORMAT_VERSION
+    assert from_dict(written) == entry and from_dict(written).data_path == "direct"
+    old = parse(json.dumps(VERSION_1[1]))
+    assert isinstance(old, IngestEntry) and old.data_path is None and "data_path" not in json.loads(old.to_json())
+    gap = for_plan(BatchPlan("p", "g", BatchKind.GAP, (), RunContext("r")), staged=())
+    assert "data_path" not in json.loads(gap.to_json())
+
+
 def test_what_is_not_an_entry_or_is_too_new():
     assert parse(None) is None and parse("not json") is None and parse('{"offsetlake_sink_of": "p"}') is None
     applied = AppliedChange(pipeline="p", batch_id="i", sink_version=4, sink_table_id="tab")

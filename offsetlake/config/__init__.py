@@ -30,6 +30,7 @@ from offsetlake.config.models import (
     SinkSettings,
     ValidationSettings,
     key_columns,
+    spark_only_reason,
 )
 from offsetlake.config.registry_settings import (
     REGISTRY_OPTIONS,
@@ -77,6 +78,7 @@ __all__ = [
     "environment_overrides",
     "find_pipeline_file",
     "key_columns",
+    "spark_only_reason",
     "load_pipeline",
     "pipelines_dir",
     "redacted_registry_settings",

@@ -307,6 +307,11 @@ class PipelineConfig(_Strict):
     # batch's commit) or fail (the batch fails naming the change; nothing is committed).
     on_schema_change: Literal["evolve", "fail"] = "evolve"
     transform: str | None = None  # "module:function" found next to the YAML file
+    # Which data path writes an ingest or stream batch's rows (``offsetlake.process.choose_data_path``):
+    # auto (the read tasks write them when nothing in the batch needs Spark), spark, or direct
+    # (refused here when the pipeline needs Spark, ``spark_only_reason``; a batch that turns out to
+    # need Spark fails instead of falling back). A backfill replaces rows: always Spark.
+    data_path: Literal["auto", "spark", "direct"] = "auto"
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     source_file: str = ""  # filled in by load_pipeline
@@ -334,7 +339,7 @@ class PipelineConfig(_Strict):
     def _fields_agree(self) -> PipelineConfig:
         """The rules between fields and the files beside the YAML, in the order a user fixes them;
         the first broken one is reported as ``<field>: <problem>``."""
-        for check in (_locations_problem, _files_problem, _partition_columns_problem):
+        for check in (_locations_problem, _files_problem, _partition_columns_problem, _data_path_problem):
             found = check(self)
             if found:
                 raise PydanticCustomError(FIELD_PROBLEM, "{field}: {problem}", {"field": found[0], "problem": found[1]})
@@ -575,3 +580,26 @@ def _partition_columns_problem(config: PipelineConfig) -> tuple[str, str] | None
                 f"column '{column}' has type {declared}; partition columns must be one of {', '.join(sorted(PARTITION_COLUMN_TYPES))}"
             )
     return None
+
+
+def spark_only_reason(config: PipelineConfig) -> str | None:
+    """Why every batch of this pipeline takes the Spark path, known from its configuration alone
+    (a step after the read runs in Spark), or None. ``offsetlake.direct.problem`` adds what only a
+    batch's plan and decoder tell; this is the part ``data_path: direct`` is checked against."""
+    if config.sink.mode != "append":
+        return "a keyed sink merges in Spark"
+    if config.transform:
+        return "a transform runs in Spark"
+    if config.suite_file is not None:
+        return "the suite validates the rows in Spark"
+    if getattr(config.format, "envelope", None) == "debezium":
+        return "the format finishes decoding in Spark"
+    return None
+
+
+def _data_path_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """``data_path: direct`` for a pipeline whose batches need Spark."""
+    reason = spark_only_reason(config) if config.data_path == "direct" else None
+    if reason is None:
+        return None
+    return "data_path", f"pipeline {config.name} cannot take the direct path: {reason} (use auto or spark)"
