@@ -220,8 +220,9 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
         )
         return True
     raise OffsetlakeError(
-        f"pipeline {config.name}: the dead letters of batch {change.batch_id} (sink version "
-        f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again"
+        f"the dead letters of batch {change.batch_id} (sink version "
+        f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again",
+        pipeline=config.name,
     )
 
 
@@ -252,9 +253,10 @@ def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
     version = 0 if applied < 0 else _version_as_of(table, sink, applied)
     if version is None:
         raise OffsetlakeError(
-            f"pipeline {config.name}: the dead letters at {config.dead_letter_path} cannot be restored as they were "
+            f"the dead letters at {config.dead_letter_path} cannot be restored as they were "
             f"after sink version {applied} of {config.sink_path}: their history holds writes of an old scheme that "
-            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters"
+            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters",
+            pipeline=config.name,
         )
     files = _diff_to(config, table, version)
     entry = AppliedChange(pipeline=config.name, batch_id=f"follow-{sink.table_id}", sink_version=applied, sink_table_id=sink.table_id)
@@ -352,8 +354,8 @@ def _add_files(config: PipelineConfig, staged: Iterable[DeadLetterFile]) -> list
                 metadata = pq.read_metadata(handle)
         except FileNotFoundError:
             raise OffsetlakeError(
-                f"pipeline {config.name}: staged dead-letter file {path} is gone (vacuumed before it was applied?); "
-                "its batch's dead letters cannot be applied"
+                f"staged dead-letter file {path} is gone (vacuumed before it was applied?); its batch's dead letters cannot be applied",
+                pipeline=config.name,
             ) from None
         actions.append(
             AddAction(

@@ -97,7 +97,7 @@ class JsonSchemaDecoder:
         self.settings = dict(fmt.schema_registry)
         self.reader = reader
         if reader.id is None:
-            raise ConfigError(f"pipeline {config.name}: a registry reader schema without an id")
+            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
         where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
         text = sr.schema_by_id(self.pipeline, self.settings, reader.id).text
         self.inner = JsonDecoder(json_format_of(json.loads(text), where))

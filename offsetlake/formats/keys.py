@@ -78,8 +78,8 @@ def _key_config(config: PipelineConfig, key: KeyFormat) -> PipelineConfig:
     """The pipeline as if its values were its keys: what the value decoders take."""
     if not key.subject and config.topic is None:
         raise ConfigError(
-            f"pipeline {config.name}: key_format.subject is needed: the pipeline reads "
-            f"{config.topic_label}, so there is no one <topic>-key subject to default to"
+            f"key_format.subject is needed: the pipeline reads {config.topic_label}, so there is no one <topic>-key subject to default to",
+            pipeline=config.name,
         )
     fields: dict[str, Any] = {
         "schema_registry": registry_settings(config),
@@ -123,9 +123,10 @@ def key_decoder_for(config: PipelineConfig, schema: ReaderSchema | None) -> KeyD
     key = config.key_format
     if key is None or not key.uses_registry:
         raise ConfigError(
-            f"pipeline {config.name}: the batch's plan decodes keys with {schema.describe()}, but "
+            f"the batch's plan decodes keys with {schema.describe()}, but "
             f"key_format is now {key.type if key else 'not set'}; restore key_format (avro or protobuf) "
-            "to finish the batch as planned"
+            "to finish the batch as planned",
+            pipeline=config.name,
         )
     from offsetlake.formats import value_decoder_for
 
@@ -252,8 +253,9 @@ class KeyedDecoder:
         ]
         if clash:
             raise ConfigError(
-                f"pipeline {pipeline}: key column '{clash[0]}' is also a value field or a coordinate "
-                "column; set key_format.prefix (e.g. key_) to name the key's columns apart"
+                f"key column '{clash[0]}' is also a value field or a coordinate "
+                "column; set key_format.prefix (e.g. key_) to name the key's columns apart",
+                pipeline=pipeline,
             )
 
     def fields(self) -> list[str]:

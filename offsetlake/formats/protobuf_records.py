@@ -388,7 +388,7 @@ class ProtobufDecoder:
         self.settings = dict(fmt.schema_registry)
         self.reader = reader
         if reader.id is None:
-            raise ConfigError(f"pipeline {config.name}: a registry reader schema without an id")
+            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
         where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
         loaded = _load(self.pipeline, self.settings, reader.id)
         if isinstance(loaded, str):
