@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from offsetlake import storage
+from offsetlake import errors, storage
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
@@ -168,7 +168,7 @@ def read_and_write(
             if was_enabled:
                 gc.enable()
 
-    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(tasks, _RESULT_SCHEMA)
+    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(errors.reported_as_data(tasks), _RESULT_SCHEMA)
     result = DirectResult([], [], Counter())
     for row in job.collect():
         counts = {(t, int(p)): int(n) for t, p, n in json.loads(row["counts"])}

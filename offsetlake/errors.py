@@ -13,13 +13,17 @@ rewound by ..."), so ``batch_id``, ``field`` and a topic without a partition are
 can succeed (an outage); ``is_transient`` reads it for any exception, and the stream's back-off
 follows it.
 
-All classes live here so that an error raised inside a Spark task can be re-raised as itself in
-the driver (``offsetlake.reader.errors_from_spark_tasks``). ``exit_code`` is what the CLI exits with: 2 for
+All classes live here so that an error raised inside a Spark task can be rebuilt as itself in
+the driver from its data: the task reports it as class name, text and fields
+(``reported_as_data``), the driver rebuilds it (``from_task_failure``, used by
+``offsetlake.reader.errors_from_spark_tasks``). ``exit_code`` is what the CLI exits with: 2 for
 errors, 1 for an audit that found problems, 3 for a failed validation.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # the keyword fields an error may carry, in the order the formatter shows them
@@ -98,6 +102,55 @@ def rebuild(kind: str, text: str, fields: dict[str, Any]) -> OffsetlakeError:
     err = cls.__new__(cls)
     OffsetlakeError.__init__(err, text, **{k: v for k, v in fields.items() if k in FIELDS})
     return err
+
+
+# ---- errors raised inside Spark tasks -----------------------------------------------------------
+# A Python exception raised in a Spark task reaches the driver only as text (the worker's
+# traceback inside a PythonException, classic or Spark Connect alike). So a task reports its
+# OffsetlakeError as data: this marker, then one line of JSON (class name, text, fields).
+TASK_FAILURE = "offsetlake-task-failure:"
+
+
+class TaskFailure(Exception):
+    """What a Spark task raises for an OffsetlakeError: the error as data (``TASK_FAILURE`` and
+    its JSON), rebuilt in the driver by ``from_task_failure``."""
+
+
+def task_failure(err: OffsetlakeError) -> TaskFailure:
+    """``err`` as the exception a Spark task raises instead (raise it ``from err``)."""
+    data = {"error": type(err).__name__, "text": err.text, "fields": err.fields}
+    return TaskFailure(TASK_FAILURE + json.dumps(data, separators=(",", ":")))
+
+
+def reported_as_data(task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """``task`` (a Spark task's function, e.g. for ``mapInArrow``) that lets an OffsetlakeError
+    leave the task as data (``task_failure``), for ``from_task_failure`` in the driver; other
+    exceptions pass as they are."""
+
+    def reporting(batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from task(batches)
+        except OffsetlakeError as err:
+            raise task_failure(err) from err
+
+    return reporting
+
+
+def from_task_failure(err: BaseException) -> OffsetlakeError | None:
+    """The OffsetlakeError a Spark task reported (``task_failure``) somewhere in ``err``'s text,
+    rebuilt as itself; None when ``err`` carries none. The last report wins (the task's own; the
+    driver's wrappers only quote it)."""
+    text = str(err)
+    at = text.rfind(TASK_FAILURE)
+    if at < 0:
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text, at + len(TASK_FAILURE))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+        return None
+    return rebuild(str(data.get("error")), str(data.get("text", "")), data["fields"])
 
 
 # ---- configuration ----------------------------------------------------------------------------

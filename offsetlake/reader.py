@@ -8,7 +8,6 @@ are ``offsetlake.kafka.read_range``'s) and decodes what it read with the pipelin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -69,7 +68,6 @@ _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
 TIMESTAMP_MIN_MS, TIMESTAMP_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 NO_TIMESTAMP = -1
 RECORD_TOO_LARGE = "record_too_large"  # how the reason of a record above max_record_bytes begins
-_TASK_ERROR = re.compile(r"offsetlake\.errors\.(\w+): (.+)")
 
 
 @contextmanager
@@ -77,20 +75,20 @@ def errors_from_spark_tasks() -> Iterator[None]:
     """Re-raise an OffsetlakeError that a Spark task raised as itself, without the JVM trace.
 
     A range read inside a task fails with our own errors (offsets lost, read timeout, broker
-    unreachable); Spark hands them to the driver as a PythonException whose text is a worker
-    traceback. The user should see the one line that names pipeline, topic, partition and
-    offsets, and the CLI its exit code, as if the read had run in the driver.
+    unreachable); the task reports it as data (``errors.reported_as_data``: class name, text,
+    fields) and Spark hands that to the driver inside a PythonException. The user sees the one
+    line that names pipeline, topic, partition and offsets, the CLI its exit code, and the caller
+    its class and fields (``errors.is_transient`` included), as if the read had run in the driver.
     """
     try:
         yield
     except errors.OffsetlakeError:
         raise
     except Exception as err:
-        found = _TASK_ERROR.findall(str(err))
-        kind = getattr(errors, found[-1][0], None) if found else None
-        if isinstance(kind, type) and issubclass(kind, errors.OffsetlakeError):
-            raise kind(found[-1][1].strip()) from err
-        raise
+        reported = errors.from_task_failure(err)
+        if reported is None:
+            raise
+        raise reported from err
 
 
 def split_ranges(ranges: list[OffsetRange], parallelism: int, min_split: int = 20_000) -> list[OffsetRange]:
@@ -159,7 +157,7 @@ def read_ranges(
             if was_enabled:
                 gc.enable()
 
-    return split_df.mapInArrow(consume, spark_schema)
+    return split_df.mapInArrow(errors.reported_as_data(consume), spark_schema)
 
 
 def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder, *, max_record_bytes: int) -> DataFrame:

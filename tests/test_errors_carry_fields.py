@@ -28,7 +28,8 @@ from offsetlake.errors import (
 )
 from offsetlake.history import refuse_foreign_sink
 from offsetlake.kafka import check_log_start, current_offsets, read_range
-from offsetlake.plan import RunContext
+from offsetlake.plan import OffsetRange, RunContext
+from offsetlake.reader import errors_from_spark_tasks, read_ranges
 from offsetlake.runs import execute_recorded_batch, plan_for_dag_run, run_pipeline
 from offsetlake.sink import evolved_schema, open_table, table_schema
 from offsetlake.topic_epochs import check_topic_identity
@@ -63,6 +64,26 @@ def test_an_error_pickles_with_its_fields_and_what_its_class_adds():
     assert (staged.table, staged.path, staged.problem) == ("sink", "part-0.parquet", "other bytes")
 
 
+def test_a_task_failure_is_data_that_rebuilds_the_error():
+    sent = ReadTimeoutError("no progress for 5s at offset 7", pipeline="p", topic="t", partition=1, start=0, end=9)
+
+    def task(batches):
+        yield from batches
+        raise sent
+
+    with pytest.raises(errors.TaskFailure) as in_task:
+        list(errors.reported_as_data(task)(iter([1])))
+    # what the driver gets: the worker's traceback text around the report
+    quoted = f"PythonException: Traceback (most recent call last):\n  ...\n{type(in_task.value).__name__}: {in_task.value}\n"
+    rebuilt = errors.from_task_failure(RuntimeError(quoted))
+    assert type(rebuilt) is ReadTimeoutError and rebuilt.fields == sent.fields and str(rebuilt) == str(sent)
+    assert errors.is_transient(rebuilt)
+    # prose alone is not parsed: an error's class name and message in a traceback rebuild nothing
+    assert errors.from_task_failure(RuntimeError("offsetlake.errors.ReadTimeoutError: pipeline p: no progress")) is None
+    unknown = errors.from_task_failure(RuntimeError(errors.TASK_FAILURE + '{"error":"NewerError","text":"x","fields":{"pipeline":"p"}}'))
+    assert type(unknown) is errors.OffsetlakeError and str(unknown) == "pipeline p: x"
+
+
 # ---- raised by the real services ---------------------------------------------------------------
 def test_lost_offsets_name_the_partition_and_range_as_fields(pipeline):
     config = pipeline.write()
@@ -81,6 +102,22 @@ def test_lost_offsets_name_the_partition_and_range_as_fields(pipeline):
             pass
     assert read.value.fields == {"pipeline": config.name, "topic": pipeline.topic, "partition": 0, "start": 100, "end": 250}
     assert not errors.is_transient(read.value)
+
+
+def test_an_error_inside_a_spark_read_task_comes_back_typed_with_its_fields(pipeline, spark):
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 300, partition=0)
+    admin = AdminClient({"bootstrap.servers": pipeline.bootstrap})  # kept until answered: a collected client cancels
+    for future in admin.delete_records([TopicPartition(pipeline.topic, 0, 200)]).values():
+        future.result(30)
+    rows = read_ranges(
+        spark, [OffsetRange(pipeline.topic, 0, 100, 300)], config.kafka_client_config(), config.name, 10, max_record_bytes=1 << 20
+    )
+    with pytest.raises(OffsetsLostError) as lost, errors_from_spark_tasks():
+        rows.count()
+    assert lost.value.fields == {"pipeline": config.name, "topic": pipeline.topic, "partition": 0, "start": 100, "end": 300}
+    assert str(lost.value).startswith(f"pipeline {config.name}: {pipeline.topic}[0] range [100, 300): offsets from 100 are no longer")
 
 
 def test_a_committed_end_past_the_log_end_names_pipeline_and_topic(pipeline):
