@@ -25,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 from offsetlake import errors
-from offsetlake.formats import PARSED_IN_READ, Decoder
+from offsetlake.formats import PARSED_IN_READ, Decoder, reasons
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.kafka import record_headers
 from offsetlake.plan import OffsetRange
@@ -229,9 +229,7 @@ def decided_columns(
         for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
             if us is None and kind and s != NO_TIMESTAMP:
                 problems = problems or [None] * len(chunk)
-                problems[i] = problems[i] or (
-                    f"record timestamp {s} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
-                )
+                problems[i] = problems[i] or reasons.timestamp_range(s)
     decoded = decoder.decode_chunk(values_to_decode) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
         problems = _merge(problems, decoded.problems)
@@ -277,12 +275,7 @@ def record_size_problems(keys: list[bytes | None], values: list[bytes | None], l
     if _longest(keys) + _longest(values) <= limit:  # the common chunk: one pass at C speed each
         return None
     sizes = [len(k or b"") + len(v or b"") for k, v in zip(keys, values, strict=True)]
-    return [
-        f"{RECORD_TOO_LARGE}: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
-        if size > limit
-        else None
-        for size in sizes
-    ]
+    return [reasons.record_too_large(size, limit) if size > limit else None for size in sizes]
 
 
 def _longest(items: list[bytes | None]) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import pyarrow as pa
 
 from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC
+from offsetlake.formats import reasons
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -22,10 +23,10 @@ if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
     from offsetlake.plan import ReaderSchema
 
-REASON = "_dead_letter_reason"  # null for a good record, else why it is a dead letter
+REASON = "_dead_letter_reason"  # null for a good record, else why it is a dead letter (``formats.reasons``)
 PARSED = "_parsed"  # the decoded value: a struct of the format's fields
 PARSED_IN_READ = "_parsed_in_read"  # what the read task decoded (null: left to Spark)
-TOMBSTONE = "tombstone: record has a null value"  # the dead-letter reason of a null value
+TOMBSTONE = reasons.TOMBSTONE  # the dead-letter reason of a null value
 # What a good record does to a keyed sink (``offsetlake.keyed``): null (or "upsert") writes its
 # row, "delete" removes its key's row, "skip" does nothing (a Debezium tombstone after a delete).
 # Set by an envelope decoder or by ``keyed.mark_tombstones``; never a sink column.
@@ -192,7 +193,8 @@ def good_rows(decoded: DataFrame, decoder: Decoder) -> DataFrame:
 
 
 def dead_letter_rows(decoded: DataFrame, pipeline: str, batch_id: str) -> DataFrame:
-    """Records with a REASON as dead-letter rows (raw key, value and headers kept)."""
+    """Records with a REASON as dead-letter rows (raw key, value and headers kept), the reason
+    split into its text and its code (``formats.reasons``)."""
     from pyspark.sql import functions as F
 
     return decoded.where(F.col(REASON).isNotNull()).select(
@@ -203,7 +205,8 @@ def dead_letter_rows(decoded: DataFrame, pipeline: str, batch_id: str) -> DataFr
         "key",
         "value",
         "headers",
-        F.col(REASON).alias("reason"),
+        reasons.text_column(F.col(REASON)).alias("reason"),
         F.lit(pipeline).alias("pipeline"),
         F.lit(batch_id).alias("batch_id"),
+        reasons.code_column(F.col(REASON)).alias("reason_code"),
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import TOMBSTONE, DecodedChunk
+from offsetlake.formats import TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_records import fingerprint
 from offsetlake.formats.json_records import JsonDecoder
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from offsetlake.config import JsonFormat, JsonSchemaFormat, PipelineConfig
 
 _HEADER = 5
-_NO_HEADER = "value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)"
+_NO_HEADER = reasons.undecodable("value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)")
 
 
 def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
@@ -133,10 +133,13 @@ class JsonSchemaDecoder:
             try:
                 found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
             except sr.SchemaNotFound:
-                self._validators[schema_id] = (None, f"schema id {schema_id} is not in the Schema Registry")
+                self._validators[schema_id] = (None, reasons.schema_mismatch(f"schema id {schema_id} is not in the Schema Registry"))
             else:
                 if found.schema_type != "JSON":
-                    self._validators[schema_id] = (None, f"schema id {schema_id} is a {found.schema_type} schema, not JSON")
+                    self._validators[schema_id] = (
+                        None,
+                        reasons.schema_mismatch(f"schema id {schema_id} is a {found.schema_type} schema, not JSON"),
+                    )
                 else:
                     schema = json.loads(found.text)
                     self._validators[schema_id] = (validator_for(schema)(schema), None)
@@ -169,7 +172,7 @@ class JsonSchemaDecoder:
             error = best_match(validator.iter_errors(instance))
             if error is not None:
                 at = "/".join(str(p) for p in error.absolute_path) or "(the value)"
-                problems[i] = f"value does not match writer schema id {schema_id} at {at}: {error.message}"[:1000]
+                problems[i] = reasons.schema_mismatch(f"value does not match writer schema id {schema_id} at {at}: {error.message}"[:1000])
         inner = self.inner.decode_chunk(texts)
         if inner.problems is not None:
             problems = [mine if mine is not None else theirs for mine, theirs in zip(problems, inner.problems, strict=True)]

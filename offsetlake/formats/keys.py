@@ -24,7 +24,7 @@ import pyarrow as pa
 from offsetlake.config import KEY_COLUMN, AvroFormat, KeyFormat, ProtobufFormat
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC
 from offsetlake.errors import ConfigError
-from offsetlake.formats import REASON, DecodedChunk, Decoder
+from offsetlake.formats import REASON, DecodedChunk, Decoder, reasons
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -160,7 +160,9 @@ class TextKey:
                         texts.append(k.decode("utf-8") if k is not None else None)
                     except UnicodeDecodeError as err:
                         texts.append(None)
-                        problems[i] = f"key: is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as they are"
+                        problems[i] = reasons.key_undecodable(
+                            f"is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as they are"
+                        )
                 column = pa.array(texts, pa.string())
         else:
             column = raw
@@ -200,8 +202,9 @@ class RecordKey:
         if inner.problems is not None:
             problems = [None] * len(keys)
             for n, i in enumerate(present):
-                if inner.problems[n] is not None:
-                    problems[i] = f"key: {inner.problems[n]}"
+                problem = inner.problems[n]
+                if problem is not None:
+                    problems[i] = reasons.key_undecodable(problem)
         return DecodedChunk(parsed, problems)
 
     def decode_in_spark(self, decoded: DataFrame) -> DataFrame:
@@ -238,7 +241,7 @@ class JsonKey:
         bad = F.col("key").isNotNull() & (
             ~utf8_ok | F.col(KEY_PARSED).isNull() | ~text.rlike(r"^\s*\{") | F.col(f"{KEY_PARSED}.{_JSON_CORRUPT}").isNotNull()
         )
-        problem = F.when(bad, F.lit("key: does not parse as a JSON object matching key_format.schema"))
+        problem = F.when(bad, F.lit(reasons.key_undecodable("does not parse as a JSON object matching key_format.schema")))
         return out.withColumn(REASON, F.coalesce(F.col(REASON), problem))
 
 
