@@ -32,6 +32,7 @@ from offsetlake.errors import ConfigError
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader, full_name
+from offsetlake.formats.base import Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -454,3 +455,6 @@ def _with_references(pipeline: str, settings: dict[str, str], schema: sr.Registe
     if isinstance(top, dict) and "fields" in top:
         top["fields"] = [{**f, "type": inline(f["type"])} for f in top["fields"]]
     return json.dumps(top)
+
+
+register_format(Format("avro", resolve_reader_schema, AvroDecoder))

@@ -28,12 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
+from offsetlake.formats.base import Decoder, Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame
 
-    from offsetlake.config import JsonFormat
+    from offsetlake.config import JsonFormat, PipelineConfig
 
 _CORRUPT = "_corrupt_record"
 _MIN_PIECE = 64  # below this a failing piece of a chunk is left to Spark's from_json
@@ -310,3 +313,19 @@ def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
         reason = reason.when(F.col(f"{PARSED}.`{name}`").isNull(), F.lit(reasons.required_missing(name)))
     parsed = parsed.withColumn(REASON, reason)
     return parsed.drop(PARSED_IN_READ) if in_read else parsed
+
+
+def _decoder(config: PipelineConfig, reader: ReaderSchema) -> JsonDecoder:
+    return JsonDecoder(json_format_of(reader, config.format))  # type: ignore[arg-type]
+
+
+def _envelope_decoder(config: PipelineConfig, reader: ReaderSchema, where: str, needs_before: Callable[[list[str]], bool]) -> Decoder:
+    """Debezium envelopes in JSON: the envelope's own JSON schema around the rows' (``debezium``)."""
+    from offsetlake.formats.debezium import EnvelopeDecoder, envelope_json_format
+
+    fmt = json_format_of(reader, config.format)  # type: ignore[arg-type]
+    fields = list(fmt.schema_)
+    return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), fields, list(fmt.required), where, needs_before(fields))
+
+
+register_format(Format("json", lambda config: yaml_reader_schema(config.format), _decoder, _envelope_decoder))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from offsetlake.errors import ConfigError
 from offsetlake.formats import TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_records import fingerprint
+from offsetlake.formats.base import Format, register_format
 from offsetlake.formats.json_records import JsonDecoder
 from offsetlake.plan import ReaderSchema
 
@@ -180,3 +181,6 @@ class JsonSchemaDecoder:
         if settled is not None:
             settled = [s and p is None for s, p in zip(settled, problems, strict=True)]
         return DecodedChunk(inner.parsed, problems if any(p is not None for p in problems) else None, settled)
+
+
+register_format(Format("json_schema", resolve_reader_schema, JsonSchemaDecoder))

@@ -39,6 +39,7 @@ from offsetlake.errors import ConfigError
 from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_records import fingerprint
+from offsetlake.formats.base import Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -531,3 +532,6 @@ def _entry(message: Any, path: tuple[int, ...]) -> bool:
     for index in path:
         message = message.nested_type[index]
     return bool(message.options.map_entry)
+
+
+register_format(Format("protobuf", resolve_reader_schema, ProtobufDecoder))
