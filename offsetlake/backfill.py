@@ -259,9 +259,12 @@ def commit_replace(
     moved = sorted({r.topic for r in plan.ranges if now.get(r.topic, 0) != plan.topic_epochs.get(r.topic, 0)})
     if moved:
         raise StalePlanError(
-            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: topic {moved[0]} started a new epoch "
+            f"backfill {plan.batch_id} of {plan.describe()}: topic {moved[0]} started a new epoch "
             f"(`offsetlake topic reset-epoch`) while the backfill ran; its offsets name other records now, so nothing "
-            "was committed; plan the backfill anew against the current topic"
+            "was committed; plan the backfill anew against the current topic",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            topic=moved[0],
         )
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     try:

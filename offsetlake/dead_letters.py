@@ -90,8 +90,11 @@ DEAD_LETTER_SCHEMA = pa.schema(
         ("reason", pa.string()),
         ("pipeline", pa.string()),
         ("batch_id", pa.string()),
+        # what ``reason`` says, as a code (``formats.reasons.CODES``); null in rows written before it
+        ("reason_code", pa.string()),
     ]
 )
+REASON_CODE = "reason_code"
 SINK_APP_ID = "sink"  # txn appId prefix: "sink:<table id>" = the last version of that sink table applied
 _ATTEMPTS = 10
 
@@ -125,7 +128,7 @@ def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> tuple[DeadLe
     no commit yet; returns what the batch's ledger entry lists (``()`` for no rows)."""
     if rows.num_rows == 0:
         return ()
-    rows = rows.cast(DEAD_LETTER_SCHEMA)
+    rows = conformed(rows)
     relative = f"staged/{batch_id}-{uuid.uuid4().hex[:8]}.parquet"
     fs, path = storage.filesystem(config.layout.dead_letters.child(relative))
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
@@ -136,8 +139,30 @@ def stage(config: PipelineConfig, batch_id: str, rows: pa.Table) -> tuple[DeadLe
 
 
 # ---- after it ---------------------------------------------------------------------------------
+def conformed(rows: pa.Table) -> pa.Table:
+    """``rows`` as DEAD_LETTER_SCHEMA; rows written before ``reason_code`` (an older offsetlake's
+    staged or table files) get it null."""
+    if REASON_CODE not in rows.column_names:
+        rows = rows.append_column(REASON_CODE, pa.nulls(rows.num_rows, pa.string()))
+    return rows.select(DEAD_LETTER_SCHEMA.names).cast(DEAD_LETTER_SCHEMA)
+
+
 def _table(config: PipelineConfig) -> DeltaTable:
-    return create_table_once(config.layout.dead_letters, DEAD_LETTER_SCHEMA, [], f"dead letters of {config.name}")
+    """The dead-letter table, created with DEAD_LETTER_SCHEMA if there is none. A table an older
+    offsetlake created gets the nullable ``reason_code`` first, in a metadata-only commit (its
+    rows read null there); two processes racing to add it both go on with the column."""
+    table = create_table_once(config.layout.dead_letters, DEAD_LETTER_SCHEMA, [], f"dead letters of {config.name}")
+    if REASON_CODE in table.schema().to_arrow().names:
+        return table
+    from deltalake.schema import Field as DeltaField
+
+    try:
+        table.alter.add_columns([DeltaField.from_arrow(DEAD_LETTER_SCHEMA.field(REASON_CODE))])
+    except Exception:
+        table = storage.table(config.layout.dead_letters)
+        if REASON_CODE not in table.schema().to_arrow().names:
+            raise
+    return table
 
 
 def applied_through(table: DeltaTable | None, sink: SinkTable) -> int:
@@ -220,8 +245,9 @@ def _apply(config: PipelineConfig, change: SinkCommit, sink: SinkTable) -> bool:
         )
         return True
     raise OffsetlakeError(
-        f"pipeline {config.name}: the dead letters of batch {change.batch_id} (sink version "
-        f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again"
+        f"the dead letters of batch {change.batch_id} (sink version "
+        f"{change.version}) could not be applied in {_ATTEMPTS} attempts; run again",
+        pipeline=config.name,
     )
 
 
@@ -252,9 +278,10 @@ def _follow(config: PipelineConfig, table: DeltaTable, sink: SinkTable) -> None:
     version = 0 if applied < 0 else _version_as_of(table, sink, applied)
     if version is None:
         raise OffsetlakeError(
-            f"pipeline {config.name}: the dead letters at {config.dead_letter_path} cannot be restored as they were "
+            f"the dead letters at {config.dead_letter_path} cannot be restored as they were "
             f"after sink version {applied} of {config.sink_path}: their history holds writes of an old scheme that "
-            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters"
+            "name no sink version. Nothing was changed; backfill the sink's ranges to rewrite its dead letters",
+            pipeline=config.name,
         )
     files = _diff_to(config, table, version)
     entry = AppliedChange(pipeline=config.name, batch_id=f"follow-{sink.table_id}", sink_version=applied, sink_table_id=sink.table_id)
@@ -338,7 +365,7 @@ def _rows_outside(config: PipelineConfig, files: list[dict[str, Any]], kept: pc.
         with fs.open_input_file(path) as handle:
             rows = pq.read_table(handle)
         parts.append(rows.filter(kept) if kept is not None else rows)
-    return pa.concat_tables([p.cast(DEAD_LETTER_SCHEMA) for p in parts]) if parts else DEAD_LETTER_SCHEMA.empty_table()
+    return pa.concat_tables([conformed(p) for p in parts]) if parts else DEAD_LETTER_SCHEMA.empty_table()
 
 
 def _add_files(config: PipelineConfig, staged: Iterable[DeadLetterFile]) -> list:
@@ -352,8 +379,8 @@ def _add_files(config: PipelineConfig, staged: Iterable[DeadLetterFile]) -> list
                 metadata = pq.read_metadata(handle)
         except FileNotFoundError:
             raise OffsetlakeError(
-                f"pipeline {config.name}: staged dead-letter file {path} is gone (vacuumed before it was applied?); "
-                "its batch's dead letters cannot be applied"
+                f"staged dead-letter file {path} is gone (vacuumed before it was applied?); its batch's dead letters cannot be applied",
+                pipeline=config.name,
             ) from None
         actions.append(
             AddAction(
@@ -449,7 +476,7 @@ def _legacy_delete_actions(config: PipelineConfig, table: DeltaTable, batch_ids:
             rows = pq.read_table(handle)
         if rows.filter(gone).num_rows:
             touched.append(f)
-            kept_parts.append(rows.filter(~gone).cast(DEAD_LETTER_SCHEMA))
+            kept_parts.append(conformed(rows.filter(~gone)))
     actions: list = remove_actions(touched, [])
     kept = pa.concat_tables(kept_parts) if kept_parts else DEAD_LETTER_SCHEMA.empty_table()
     if kept.num_rows:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import storage
+from offsetlake import errors, storage
 from offsetlake.config import PipelineConfig, spark_only_reason
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
@@ -150,7 +150,7 @@ def read_and_write(
             if was_enabled:
                 gc.enable()
 
-    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(tasks, RESULT_SCHEMA)
+    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(errors.reported_as_data(tasks), RESULT_SCHEMA)
     result = DirectResult([], [], Counter())
     for row in job.collect():
         if row["kind"] == READ:

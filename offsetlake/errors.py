@@ -2,18 +2,155 @@
 
 Messages name the pipeline, topic, partition and offsets involved, because the reader is a
 data platform engineer looking at an Airflow task log or a terminal, not at a stack trace.
-All classes live here so that an error raised inside a Spark task can be re-raised by name in
-the driver (``offsetlake.reader.errors_from_spark_tasks``). ``exit_code`` is what the CLI exits
-with: 2 for errors, 1 for an audit that found problems, 3 for a failed validation.
+
+An error carries what it is about as data too: the keyword fields ``pipeline``, ``batch_id``,
+``topic``, ``partition``, ``start``, ``end`` and ``field`` (only those that apply) are kept as
+attributes (``err.fields``) and the message is made of them by one formatter (``message``):
+``pipeline P: T[p] range [start, end): <text>`` — where, then the raise site's sentence. A
+batch, a field or a whole topic is named by that sentence (it is its subject: "batch B was
+rewound by ..."), so ``batch_id``, ``field`` and a topic without a partition are data only.
+``transient`` says whether running the same thing again later, with nothing changed by anyone,
+can succeed (an outage); ``is_transient`` reads it for any exception, and the stream's back-off
+follows it.
+
+All classes live here so that an error raised inside a Spark task can be rebuilt as itself in
+the driver from its data: the task reports it as class name, text and fields
+(``reported_as_data``), the driver rebuilds it (``from_task_failure``, used by
+``offsetlake.reader.errors_from_spark_tasks``). ``exit_code`` is what the CLI exits with: 2 for
+errors, 1 for an audit that found problems, 3 for a failed validation.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# the keyword fields an error may carry, in the order the formatter shows them
+FIELDS = ("pipeline", "batch_id", "topic", "partition", "start", "end", "field")
+
 
 class OffsetlakeError(Exception):
-    """Base class; the CLI prints ``str(err)`` and exits with ``exit_code``."""
+    """Base class; the CLI prints ``str(err)`` and exits with ``exit_code``.
+
+    ``text`` is the raise site's sentence; the keyword fields say what the error is about and are
+    shown before it the same way for every error (``message``). Unset fields are None.
+    """
 
     exit_code = 2
+    transient = False
+
+    def __init__(
+        self,
+        text: str = "",
+        *,
+        pipeline: str | None = None,
+        batch_id: str | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.text = text
+        self.pipeline, self.batch_id, self.field = pipeline, batch_id, field
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        super().__init__(message(text, self.fields))
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The fields that are set, by name (``FIELDS`` order)."""
+        return {name: getattr(self, name) for name in FIELDS if getattr(self, name, None) is not None}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # keyword fields do not survive Exception's default pickling (it replays ``args`` only)
+        # (and what a subclass adds, e.g. a validation summary, travels as the instance's state)
+        return (rebuild, (type(self).__name__, self.text, self.fields), dict(self.__dict__))
+
+
+def message(text: str, fields: dict[str, Any]) -> str:
+    """The one way an error shows its fields: ``pipeline P: T[p] range [start, end): text``.
+
+    Each part appears when its fields are set: the pipeline; the partition ``T[p]`` (topic and
+    partition), with ``range [start, end)`` when both offsets are set. ``batch_id``, ``field`` and
+    a topic without a partition are not shown here: the sentence names them.
+    """
+    parts = []
+    if fields.get("pipeline") is not None:
+        parts.append(f"pipeline {fields['pipeline']}")
+    topic, partition, start, end = (fields.get(name) for name in ("topic", "partition", "start", "end"))
+    if topic is not None and partition is not None:
+        parts.append(f"{topic}[{partition}]" + (f" range [{start}, {end})" if start is not None and end is not None else ""))
+    where = ": ".join(parts)
+    if not where:
+        return text
+    return f"{where}: {text}" if text else where
+
+
+def is_transient(err: BaseException) -> bool:
+    """True when ``err`` is an outage that the same run, tried again later, can get past with
+    nothing changed by anyone (the class's ``transient``); False for every other exception."""
+    return isinstance(err, OffsetlakeError) and err.transient
+
+
+def rebuild(kind: str, text: str, fields: dict[str, Any]) -> OffsetlakeError:
+    """The error of class ``kind`` (a name in this module) with ``text`` and ``fields``, as its
+    raise site made it. An unknown name (an older or newer offsetlake) gives an OffsetlakeError."""
+    cls = globals().get(kind)
+    if not (isinstance(cls, type) and issubclass(cls, OffsetlakeError)):
+        cls = OffsetlakeError
+    err = cls.__new__(cls)
+    OffsetlakeError.__init__(err, text, **{k: v for k, v in fields.items() if k in FIELDS})
+    return err
+
+
+# ---- errors raised inside Spark tasks -----------------------------------------------------------
+# A Python exception raised in a Spark task reaches the driver only as text (the worker's
+# traceback inside a PythonException, classic or Spark Connect alike). So a task reports its
+# OffsetlakeError as data: this marker, then one line of JSON (class name, text, fields).
+TASK_FAILURE = "offsetlake-task-failure:"
+
+
+class TaskFailure(Exception):
+    """What a Spark task raises for an OffsetlakeError: the error as data (``TASK_FAILURE`` and
+    its JSON), rebuilt in the driver by ``from_task_failure``."""
+
+
+def task_failure(err: OffsetlakeError) -> TaskFailure:
+    """``err`` as the exception a Spark task raises instead (raise it ``from err``)."""
+    data = {"error": type(err).__name__, "text": err.text, "fields": err.fields}
+    return TaskFailure(TASK_FAILURE + json.dumps(data, separators=(",", ":")))
+
+
+def reported_as_data(task: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """``task`` (a Spark task's function, e.g. for ``mapInArrow``) that lets an OffsetlakeError
+    leave the task as data (``task_failure``), for ``from_task_failure`` in the driver; other
+    exceptions pass as they are."""
+
+    def reporting(batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from task(batches)
+        except OffsetlakeError as err:
+            raise task_failure(err) from err
+
+    return reporting
+
+
+def from_task_failure(err: BaseException) -> OffsetlakeError | None:
+    """The OffsetlakeError a Spark task reported (``task_failure``) somewhere in ``err``'s text,
+    rebuilt as itself; None when ``err`` carries none. The last report wins (the task's own; the
+    driver's wrappers only quote it)."""
+    text = str(err)
+    at = text.rfind(TASK_FAILURE)
+    if at < 0:
+        return None
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text, at + len(TASK_FAILURE))
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("fields"), dict):
+        return None
+    return rebuild(str(data.get("error")), str(data.get("text", "")), data["fields"])
 
 
 # ---- configuration ----------------------------------------------------------------------------
@@ -28,21 +165,29 @@ class SuiteError(ConfigError):
 # ---- Kafka -----------------------------------------------------------------------------------
 class StorageError(OffsetlakeError):
     """The lake's object store cannot be used (unknown bucket, credentials refused, unreachable
-    endpoint) or cannot commit safely (no put-if-absent); raised before anything is read."""
+    endpoint) or cannot commit safely (no put-if-absent); raised before anything is read.
+
+    Not transient: most of its causes (a refused credential, no put-if-absent) need a change."""
 
 
 class SchemaRegistryUnavailableError(OffsetlakeError):
     """The Schema Registry could not be reached or answered an error while a batch was planned or
     read; nothing was committed and no record became a dead letter for it. Run again later."""
 
+    transient = True  # an outage: the registry answers again
+
 
 class SparkServerUnavailableError(OffsetlakeError):
     """The Spark Connect server a run was told to attach to (--remote, $OFFSETLAKE_SPARK_REMOTE)
     cannot be reached; nothing was planned on it. Start it, or run without it."""
 
+    transient = True  # the same run attaches once the server is up; nothing of the run is wrong
+
 
 class KafkaUnavailableError(OffsetlakeError):
     """The broker cannot be reached or does not know the topic."""
+
+    transient = True  # an outage (a broker restarting, a leader moving) that the same run waits out
 
 
 class OffsetsLostError(OffsetlakeError):
@@ -65,14 +210,20 @@ class TopicEpochError(OffsetlakeError):
 class ReadTimeoutError(OffsetlakeError):
     """A range could not be read to its end within the configured bound."""
 
+    transient = True  # a stalled broker: the same range reads once it serves again
+
 
 # ---- planning and committing -----------------------------------------------------------------
 class StalePlanError(OffsetlakeError):
-    """Invariant 3: another batch moved a partition's committed end past this plan's start."""
+    """Invariant 3: another batch moved a partition's committed end past this plan's start.
+    Not transient: only a new plan applies (``superseded``)."""
 
 
 class CommitConflictError(OffsetlakeError):
-    """Invariant 10: another writer committed the same range first."""
+    """Invariant 10: another writer committed the same range first.
+
+    Not transient: this plan can never apply again; a new plan can (``superseded``, like
+    StalePlanError)."""
 
 
 class SinkOwnedError(OffsetlakeError):

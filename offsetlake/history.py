@@ -140,10 +140,11 @@ def refuse_foreign_sink(table: DeltaTable | None, pipeline: str) -> None:
     name, since = min(others.items(), key=lambda item: item[1])
     more = f" (and {', '.join(sorted(set(others) - {name}))})" if len(others) > 1 else ""
     raise SinkOwnedError(
-        f"pipeline {pipeline}: the sink table {storage.table_location(table)} belongs to pipeline {name}{more}: its "
+        f"the sink table {storage.table_location(table)} belongs to pipeline {name}{more}: its "
         f"history holds {name}'s commits from version {since}. A sink table belongs to one pipeline: a rewind, "
         f"backfill or maintenance of one would change the other's rows. Nothing was committed. To write several "
-        f"topics into one table, use one pipeline with `topics:`; otherwise give pipeline {pipeline} its own sink.table"
+        f"topics into one table, use one pipeline with `topics:`; otherwise give pipeline {pipeline} its own sink.table",
+        pipeline=pipeline,
     )
 
 

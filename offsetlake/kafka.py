@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -57,7 +57,7 @@ def describe_topics(
         metadata = (client or _admin(client_config)).list_topics(timeout=METADATA_TIMEOUT_S)
     except KafkaException as err:
         raise KafkaUnavailableError(
-            f"pipeline {config.name}: cannot reach Kafka at {servers} to describe {config.topic_label}: {err.args[0]}"
+            f"cannot reach Kafka at {servers} to describe {config.topic_label}: {err.args[0]}", pipeline=config.name
         ) from None
     if config.topic_pattern is not None:
         pattern = re.compile(config.topic_pattern)
@@ -69,7 +69,7 @@ def describe_topics(
         described = metadata.topics.get(topic)
         if described is None or described.error is not None or not described.partitions:
             reason = described.error.str() if described is not None and described.error else "unknown topic"
-            raise KafkaUnavailableError(f"pipeline {config.name}: topic '{topic}' is not available on {servers}: {reason}")
+            raise KafkaUnavailableError(f"topic '{topic}' is not available on {servers}: {reason}", pipeline=config.name, topic=topic)
         out[topic] = sorted(described.partitions)
     return out
 
@@ -94,7 +94,7 @@ def topic_ids(config: PipelineConfig, topics: list[str]) -> dict[str, str | None
             described = future.result(METADATA_TIMEOUT_S)
         except (KafkaException, TimeoutError) as err:
             raise KafkaUnavailableError(
-                f"pipeline {config.name}: cannot describe topic '{topic}' on {servers} for its topic id: {err}"
+                f"cannot describe topic '{topic}' on {servers} for its topic id: {err}", pipeline=config.name, topic=topic
             ) from None
         uuid = described.topic_id
         known = uuid is not None and (uuid.get_most_significant_bits() or uuid.get_least_significant_bits())
@@ -116,7 +116,9 @@ def partition_offsets(
         try:
             start, stable = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT_S, cached=False)
         except KafkaException as err:
-            raise KafkaUnavailableError(f"pipeline {pipeline}: ListOffsets for {topic}[{p}] on {servers} failed: {err.args[0]}") from None
+            raise KafkaUnavailableError(
+                f"ListOffsets on {servers} failed: {err.args[0]}", pipeline=pipeline, topic=topic, partition=p
+            ) from None
         out[p] = PartitionOffsets(topic, p, start, stable)
     return out
 
@@ -127,7 +129,7 @@ def offsets_for_time(client_config: dict[str, str], topic: str, partitions: list
     try:
         found = consumer.offsets_for_times([TopicPartition(topic, p, timestamp_ms) for p in partitions], timeout=METADATA_TIMEOUT_S)
     except KafkaException as err:
-        raise KafkaUnavailableError(f"pipeline {pipeline}: offsets_for_times on '{topic}' failed: {err.args[0]}") from None
+        raise KafkaUnavailableError(f"offsets_for_times on '{topic}' failed: {err.args[0]}", pipeline=pipeline, topic=topic) from None
     finally:
         consumer.close()
     return {tp.partition: tp.offset if tp.offset is not None else -1 for tp in found}
@@ -183,7 +185,7 @@ def read_range(
         return
     consumer = Consumer(_consumer_config(client_config, pipeline))
     tp = TopicPartition(topic, partition, start)
-    where = f"pipeline {pipeline}: {topic}[{partition}] range [{start}, {end})"
+    where: dict[str, Any] = {"pipeline": pipeline, "topic": topic, "partition": partition, "start": start, "end": end}
     try:
         consumer.assign([tp])
         position = start
@@ -199,8 +201,9 @@ def read_range(
                     break
                 if time.monotonic() - last_progress > timeout_s:
                     raise ReadTimeoutError(
-                        f"{where}: no progress for {timeout_s:.0f}s at offset {position}; "
-                        "the broker is unreachable or the range is no longer readable"
+                        f"no progress for {timeout_s:.0f}s at offset {position}; "
+                        "the broker is unreachable or the range is no longer readable",
+                        **where,
                     )
                 continue
             last_progress = time.monotonic()
@@ -224,9 +227,10 @@ def _offset(message: Message) -> int:
     return offset if offset is not None else -1
 
 
-def _raise_or_skip_errors(messages: list[Message], position: int, where: str) -> int:
+def _raise_or_skip_errors(messages: list[Message], position: int, where: dict[str, Any]) -> int:
     """Raise for the error events of one consume call that end the read; skip the retriable
-    ones. Returns the position an end-of-partition event reports (or ``position``)."""
+    ones; ``where`` holds the fields of the errors (pipeline, topic, partition, the range).
+    Returns the position an end-of-partition event reports (or ``position``)."""
     for message in messages:
         error = message.error()
         if error is None:
@@ -236,11 +240,11 @@ def _raise_or_skip_errors(messages: list[Message], position: int, where: str) ->
             continue
         if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
             raise OffsetsLostError(
-                f"{where}: offsets from {position} are no longer in the log (retention or delete_records removed them): {error.str()}"
+                f"offsets from {position} are no longer in the log (retention or delete_records removed them): {error.str()}", **where
             )
         if error.retriable() or error.code() == KafkaError._TRANSPORT:
             continue
-        raise KafkaUnavailableError(f"{where}: read failed at offset {position}: {error.str()}")
+        raise KafkaUnavailableError(f"read failed at offset {position}: {error.str()}", **where)
     return position
 
 
@@ -256,10 +260,14 @@ def check_log_start(offsets: PartitionOffsets, start: int, pipeline: str) -> Non
     """Invariant 7: refuse to plan from below the log start offset."""
     if start < offsets.log_start:
         raise OffsetsLostError(
-            f"pipeline {pipeline}: {offsets.topic}[{offsets.partition}] offsets [{start}, {offsets.log_start}) "
-            f"are gone from Kafka (log start offset is {offsets.log_start}, the pipeline's committed end is "
+            f"these offsets are gone from Kafka (log start offset is {offsets.log_start}, the pipeline's committed end is "
             f"{start}); {offsets.log_start - start} offsets were removed by retention or delete_records "
-            "before they were ingested. Set on_offsets_lost: skip to record a gap and continue."
+            "before they were ingested. Set on_offsets_lost: skip to record a gap and continue.",
+            pipeline=pipeline,
+            topic=offsets.topic,
+            partition=offsets.partition,
+            start=start,
+            end=offsets.log_start,
         )
 
 

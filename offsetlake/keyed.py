@@ -64,7 +64,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.file_stats import may_hold_any, values_of
-from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE
+from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE, reasons
 from offsetlake.plan import BatchPlan, PartitionOffsets
 from offsetlake.sink import live_files, schema_diff, table_schema
 
@@ -129,7 +129,7 @@ def null_key_reason(config: PipelineConfig) -> Column | None:
         return None
     reason = None
     for column in config.sink.key:
-        this = F.when(F.col(f"`{column}`").isNull(), F.lit(f"sink.key column '{column}' is null; an upsert row needs its key"))
+        this = F.when(F.col(f"`{column}`").isNull(), F.lit(reasons.key_null(column)))
         reason = this if reason is None else F.coalesce(reason, this)
     return reason
 

@@ -127,7 +127,7 @@ class StreamLease:
 
     def __init__(self, config: PipelineConfig, owner: str, label: str, ttl_seconds: float = DEFAULT_TTL_SECONDS):
         if ttl_seconds < 3:
-            raise OffsetlakeError(f"pipeline {config.name}: a stream lease must last at least 3 s, not {ttl_seconds}")
+            raise OffsetlakeError(f"a stream lease must last at least 3 s, not {ttl_seconds}", pipeline=config.name)
         self.config, self.owner, self.label, self.ttl = config, owner, label, ttl_seconds
         self.path = config.layout.stream_leases
         self.state: LeaseState | None = None

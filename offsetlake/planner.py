@@ -106,10 +106,11 @@ def check_no_topic_gone(config: PipelineConfig, table: object, present: set[str]
     gone = sorted(t for t in committed - present if pattern.fullmatch(t))
     if gone:
         raise KafkaUnavailableError(
-            f"pipeline {config.name}: topic {gone[0]} matches topic_pattern {config.topic_pattern} and has committed "
+            f"topic {gone[0]} matches topic_pattern {config.topic_pattern} and has committed "
             f"ranges in the sink, but Kafka does not list it any more{f' ({len(gone) - 1} more)' if len(gone) > 1 else ''}. "
             "Its committed rows and ranges stay in the sink and its history. If it was retired on purpose, narrow "
-            "topic_pattern so it no longer matches it; if it should exist, restore it"
+            "topic_pattern so it no longer matches it; if it should exist, restore it",
+            pipeline=config.name,
         )
 
 

@@ -30,6 +30,7 @@ from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epoch
 from offsetlake.entry import DeadLetterFile
 from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
+from offsetlake.formats import reasons as dead_letter_reasons
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import StagedFile, WrittenFiles, add_actions_for, staging_dir
@@ -414,15 +415,21 @@ def _split_unwritable(
         escaped = F.octet_length(value) + 2 * (F.length(value) - F.length(F.regexp_replace(value, pattern, "")))
         size = F.lit(len(c.encode()) + 1) + escaped
         reasons.append(
-            F.when(F.instr(value, "\u0000") > 0, F.lit(f"partition value of column '{c}' holds a NUL character, which no folder name may"))
+            F.when(
+                F.instr(value, "\u0000") > 0,
+                F.lit(dead_letter_reasons.partition_value_nul(c)),
+            )
         )
         reasons.append(
             F.when(
                 size > storage.MAX_FOLDER_NAME_BYTES,
-                F.concat(
-                    F.lit(f"partition value of column '{c}' is "),
-                    size.cast("string"),
-                    F.lit(f" bytes as a folder name ({c}=...); at most {storage.MAX_FOLDER_NAME_BYTES} fit"),
+                dead_letter_reasons.coded(
+                    "partition_value",
+                    F.concat(
+                        F.lit(f"partition value of column '{c}' is "),
+                        size.cast("string"),
+                        F.lit(f" bytes as a folder name ({c}=...); at most {storage.MAX_FOLDER_NAME_BYTES} fit"),
+                    ),
                 ),
             )
         )

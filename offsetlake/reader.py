@@ -8,7 +8,6 @@ are ``offsetlake.kafka.read_range``'s) and decodes what it read with the pipelin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -26,7 +25,7 @@ from pyspark.sql.types import (
 )
 
 from offsetlake import errors
-from offsetlake.formats import PARSED_IN_READ, Decoder
+from offsetlake.formats import PARSED_IN_READ, Decoder, reasons
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.kafka import record_headers
 from offsetlake.plan import OffsetRange
@@ -69,7 +68,6 @@ _TIMESTAMP = _ARROW_SCHEMA.field("timestamp").type
 TIMESTAMP_MIN_MS, TIMESTAMP_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 NO_TIMESTAMP = -1
 RECORD_TOO_LARGE = "record_too_large"  # how the reason of a record above max_record_bytes begins
-_TASK_ERROR = re.compile(r"offsetlake\.errors\.(\w+): (.+)")
 
 
 @contextmanager
@@ -77,20 +75,20 @@ def errors_from_spark_tasks() -> Iterator[None]:
     """Re-raise an OffsetlakeError that a Spark task raised as itself, without the JVM trace.
 
     A range read inside a task fails with our own errors (offsets lost, read timeout, broker
-    unreachable); Spark hands them to the driver as a PythonException whose text is a worker
-    traceback. The user should see the one line that names pipeline, topic, partition and
-    offsets, and the CLI its exit code, as if the read had run in the driver.
+    unreachable); the task reports it as data (``errors.reported_as_data``: class name, text,
+    fields) and Spark hands that to the driver inside a PythonException. The user sees the one
+    line that names pipeline, topic, partition and offsets, the CLI its exit code, and the caller
+    its class and fields (``errors.is_transient`` included), as if the read had run in the driver.
     """
     try:
         yield
     except errors.OffsetlakeError:
         raise
     except Exception as err:
-        found = _TASK_ERROR.findall(str(err))
-        kind = getattr(errors, found[-1][0], None) if found else None
-        if isinstance(kind, type) and issubclass(kind, errors.OffsetlakeError):
-            raise kind(found[-1][1].strip()) from err
-        raise
+        reported = errors.from_task_failure(err)
+        if reported is None:
+            raise
+        raise reported from err
 
 
 def split_ranges(ranges: list[OffsetRange], parallelism: int, min_split: int = 20_000) -> list[OffsetRange]:
@@ -159,7 +157,7 @@ def read_ranges(
             if was_enabled:
                 gc.enable()
 
-    return split_df.mapInArrow(consume, spark_schema)
+    return split_df.mapInArrow(errors.reported_as_data(consume), spark_schema)
 
 
 def raw_dataframe(spark: SparkSession, chunks: list[tuple[str, int, list]], decoder: Decoder, *, max_record_bytes: int) -> DataFrame:
@@ -231,9 +229,7 @@ def decided_columns(
         for i, ((kind, s), us) in enumerate(zip(stamps, micros, strict=True)):
             if us is None and kind and s != NO_TIMESTAMP:
                 problems = problems or [None] * len(chunk)
-                problems[i] = problems[i] or (
-                    f"record timestamp {s} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
-                )
+                problems[i] = problems[i] or reasons.timestamp_range(s)
     decoded = decoder.decode_chunk(values_to_decode) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
         problems = _merge(problems, decoded.problems)
@@ -279,12 +275,7 @@ def record_size_problems(keys: list[bytes | None], values: list[bytes | None], l
     if _longest(keys) + _longest(values) <= limit:  # the common chunk: one pass at C speed each
         return None
     sizes = [len(k or b"") + len(v or b"") for k, v in zip(keys, values, strict=True)]
-    return [
-        f"{RECORD_TOO_LARGE}: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
-        if size > limit
-        else None
-        for size in sizes
-    ]
+    return [reasons.record_too_large(size, limit) if size > limit else None for size in sizes]
 
 
 def _longest(items: list[bytes | None]) -> int:

@@ -406,8 +406,10 @@ def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
     rewind = rewound_batches(sink_commits(open_table(config.layout.sink), config.name)).get(plan.batch_id)
     if rewind is not None:
         raise StalePlanError(
-            f"pipeline {config.name}: batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
-            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends"
+            f"batch {plan.batch_id} was rewound by {rewind.batch_id} (sink version "
+            f"{rewind.version}); its plan is stale and was not applied again, plan anew from the committed ends",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
 
 

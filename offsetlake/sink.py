@@ -107,9 +107,11 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
     if plan.sink_table_id is not None and table_id(table) != plan.sink_table_id:
         now = f"table {table_id(table)}" if table is not None else "no table"
         raise StalePlanError(
-            f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}) was planned on sink table "
+            f"batch {plan.batch_id} ({plan.describe()}) was planned on sink table "
             f"{plan.sink_table_id} at {config.sink_path}, which now holds {now} (deleted, re-created or replaced); "
-            "its ranges start from that table's committed ends, so it was not applied; plan anew"
+            "its ranges start from that table's committed ends, so it was not applied; plan anew",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
     done = 0
     for r in plan.ranges:
@@ -121,8 +123,14 @@ def check_plan_applies(table: DeltaTable | None, config: PipelineConfig, plan: B
             continue
         winner = covering_batch(sink_commits(table, config.name), r.topic, r.partition, r.start)
         raise StalePlanError(
-            f"pipeline {config.name}: batch {plan.batch_id} planned {r} but the committed end is now "
-            f"{committed} (moved by batch {winner or 'unknown'}); the plan is stale and was not applied"
+            f"batch {plan.batch_id} planned this range but the committed end is now "
+            f"{committed} (moved by batch {winner or 'unknown'}); the plan is stale and was not applied",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            topic=r.topic,
+            partition=r.partition,
+            start=r.start,
+            end=r.end,
         )
     sized = [r for r in plan.ranges if r.size > 0]
     return not (sized and done == len(sized))
@@ -389,17 +397,23 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
         schemas = _schemas_involved(table, config, plan)  # the history is read only to explain a refusal
         what = "nested field" if len(path) > 1 else "column"
         raise SchemaChangeError(
-            f"pipeline {config.name}: batch {plan.batch_id} writes {what} '{_dotted(path)}' as {new_type}, but the sink "
+            f"batch {plan.batch_id} writes {what} '{_dotted(path)}' as {new_type}, but the sink "
             f"{config.sink_path} holds it as {old_type}{more}{schemas}; Delta cannot change a {what}'s type in place and "
             "offsetlake never casts silently. Nothing was committed. Ways forward: a new sink table (sink.table), or a "
-            f"transform that casts the {what} back to the sink's type"
+            f"transform that casts the {what} back to the sink's type",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            field=_dotted(path),
         )
     if diff.required_missing:
         raise SchemaChangeError(
-            f"pipeline {config.name}: batch {plan.batch_id} has no {_listed('nested field', diff.required_missing)}, "
+            f"batch {plan.batch_id} has no {_listed('nested field', diff.required_missing)}, "
             f"which the sink {config.sink_path} holds as required (not null){_schemas_involved(table, config, plan)}; "
             "its rows could not be read back. Nothing was committed. Ways forward: keep the field in the schema, or a "
-            "new sink table (sink.table)"
+            "new sink table (sink.table)",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            field=_dotted(diff.required_missing[0]),
         )
     if config.on_schema_change == "fail" and (diff.added or diff.missing):
         schemas = _schemas_involved(table, config, plan)
@@ -414,7 +428,7 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
             if part
         )
         raise SchemaChangeError(
-            f"pipeline {config.name}: batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
+            f"batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
             "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
             "or nested field is added in the batch's own commit), pin format.version to the schema the sink has, or a "
             "new sink table"
@@ -422,7 +436,10 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
                 f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink without it"
                 if (KEY_COLUMN,) in diff.added
                 else ""
-            )
+            ),
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            field=_dotted([*diff.added, *diff.missing][0]),
         )
     return diff.merged if diff.added else None
 

@@ -13,9 +13,10 @@ abandons the batch in flight at once: its Spark jobs are cancelled and, if its c
 started, it commits nothing (recorded ``failed``, reason "abandoned"); the next run re-reads
 those offsets.
 
-A broker that is unreachable or stops serving a range (KafkaUnavailableError, ReadTimeoutError)
-is waited out: the batch in flight is recorded ``failed``, the stream backs off (1 s doubling to
-30 s, up to 8 times in a row) and plans again from the committed ends. Any other batch error
+A broker that is unreachable or stops serving a range (KafkaUnavailableError, ReadTimeoutError),
+or any other transient error (``errors.is_transient``), is waited out: the batch in flight is
+recorded ``failed``, the stream backs off (1 s doubling to 30 s, up to 8 times in a row) and
+plans again from the committed ends. Any other batch error
 (validation, lost offsets, a transform bug) stops the stream with that error.
 """
 
@@ -32,13 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import (
-    KafkaUnavailableError,
-    LeaseLostError,
-    ReadTimeoutError,
-    SchemaRegistryUnavailableError,
-    StreamAbandoned,
-)
+from offsetlake.errors import LeaseLostError, StreamAbandoned, is_transient
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
 from offsetlake.ledger import Ledger
@@ -52,10 +47,9 @@ from offsetlake.validation import load_suite
 log = logging.getLogger("offsetlake.stream")
 
 
-# A broker that is down or stalls is waited out: the batch is recorded failed, the stream sleeps
-# 1, 2, 4 … 30 s and plans again from the committed ends. Any other error stops the stream.
-# outages a stream waits out (with backoff) instead of stopping: the broker, a slow read, the registry
-TRANSIENT = (KafkaUnavailableError, ReadTimeoutError, SchemaRegistryUnavailableError)
+# An outage (``errors.is_transient``: the broker, a slow read, the registry) is waited out: the
+# batch is recorded failed, the stream sleeps 1, 2, 4 … 30 s and plans again from the committed
+# ends. Any other error stops the stream.
 MAX_TRANSIENT_RETRIES = 8
 
 
@@ -210,7 +204,9 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
             lease.check()
             try:
                 plan = plan_next_batch(config, run, kind=BatchKind.STREAM)
-            except TRANSIENT as err:
+            except Exception as err:
+                if not is_transient(err):
+                    raise
                 wait_out(err)
                 continue
             if plan is None:
@@ -243,7 +239,7 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
                 if record_outcome(ledger, plan, err) == BatchStatus.SUPERSEDED:
                     log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
                     continue
-                if isinstance(err, TRANSIENT):
+                if is_transient(err):
                     wait_out(err)
                     continue
                 raise

@@ -123,11 +123,13 @@ def check_topic_identity(
         return
     topics = sorted({p.split("[", 1)[0] for p in problems})
     raise TopicIdentityError(
-        f"pipeline {config.name}: the topic was re-created or truncated; {'; '.join(problems)}. The offsets below the "
+        f"the topic was re-created or truncated; {'; '.join(problems)}. The offsets below the "
         "committed end now name other records than the ones committed, so nothing was read. If the topic was deleted "
         "and created again, the cluster changed or the log was truncated, record it and go on from the new log start "
         f"with `offsetlake topic reset-epoch {config.name} --topic {topics[0]} --reason '...'` (one commit that moves "
-        "its committed ends; the rows already in the sink stay); otherwise point the pipeline back at the right cluster"
+        "its committed ends; the rows already in the sink stay); otherwise point the pipeline back at the right cluster",
+        pipeline=config.name,
+        topic=topics[0] if len(topics) == 1 else None,
     )
 
 

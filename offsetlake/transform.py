@@ -35,10 +35,10 @@ def load_transform(config: PipelineConfig) -> Callable[[DataFrame], DataFrame] |
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # import errors of user code: say which file
-        raise TransformError(f"pipeline {config.name}: cannot import transform module '{module_name}' from {folder}: {err}") from None
+        raise TransformError(f"cannot import transform module '{module_name}' from {folder}: {err}", pipeline=config.name) from None
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise TransformError(f"pipeline {config.name}: {module_name}.py has no function '{function_name}'")
+        raise TransformError(f"{module_name}.py has no function '{function_name}'", pipeline=config.name)
     return function
 
 
@@ -50,22 +50,24 @@ def apply_transform(rows: DataFrame, config: PipelineConfig) -> DataFrame:
     try:
         result = function(rows)
     except Exception as err:
-        raise TransformError(f"pipeline {config.name}: transform {config.transform} failed: {err}") from err
+        raise TransformError(f"transform {config.transform} failed: {err}", pipeline=config.name) from err
     if not isinstance(result, DataFrame):
         kind = f"{type(result).__module__.split('.')[0]}.{type(result).__name__}"
         raise TransformError(
-            f"pipeline {config.name}: transform {config.transform} returned a {kind}; a transform "
-            "returns a Spark DataFrame (pyspark.sql.DataFrame), e.g. rows.withColumn(...)"
+            f"transform {config.transform} returned a {kind}; a transform "
+            "returns a Spark DataFrame (pyspark.sql.DataFrame), e.g. rows.withColumn(...)",
+            pipeline=config.name,
         )
     missing = [c for c in COORDINATE_COLUMNS if c not in result.columns]
     if missing:
         raise TransformError(
-            f"pipeline {config.name}: transform {config.transform} dropped {', '.join(missing)}; transforms are "
-            "record-level and must keep the Kafka coordinate columns"
+            f"transform {config.transform} dropped {', '.join(missing)}; transforms are "
+            "record-level and must keep the Kafka coordinate columns",
+            pipeline=config.name,
         )
     for column in config.sink.partition_by:
         if column not in result.columns:
-            raise TransformError(f"pipeline {config.name}: partition column '{column}' is not in the transformed rows")
+            raise TransformError(f"partition column '{column}' is not in the transformed rows", pipeline=config.name)
     return result
 
 

@@ -405,7 +405,7 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
     """
     from pyspark.sql import functions as F
 
-    from offsetlake.formats import REASON, dead_letter_rows
+    from offsetlake.formats import REASON, dead_letter_rows, reasons
 
     bad = quarantine_reasons(rows, validation.quarantine, validation.summary).persist()
     per_partition = {
@@ -417,7 +417,7 @@ def apply_quarantine(rows, parsed, validation: Validation, config: PipelineConfi
         F.col("_kafka_topic").alias("topic"),
         F.col("_kafka_partition").alias("partition"),
         F.col("_kafka_offset").alias("offset"),
-        F.concat(F.lit("failed expectation: "), F.col(QUARANTINE_REASON)).alias("_q"),
+        reasons.coded("quarantined", F.concat(F.lit("failed expectation: "), F.col(QUARANTINE_REASON))).alias("_q"),
     )
     quarantined = parsed.drop(REASON).join(coordinates, ["topic", "partition", "offset"]).withColumnRenamed("_q", REASON)
     validation.summary["quarantined_records"] = sum(per_partition.values())

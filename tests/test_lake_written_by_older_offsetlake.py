@@ -175,6 +175,12 @@ def test_a_lake_written_before_format_versions_is_read_and_continued_exactly_onc
     dead_coordinates = list(zip(dead["_kafka_partition"].to_pylist(), dead["_kafka_offset"].to_pylist(), strict=True))
     assert len(dead_coordinates) == len(set(dead_coordinates)), "a dead letter is in the table twice"
     assert set(dead_coordinates) == {c for c in bad if not lost(c)}, "the crashed batch's dead letters applied once"
+    # dead letters gained reason_code (issue 36 item 5): null in what the old code wrote, a code in the new
+    coded = storage.table(config.dead_letter_path).to_pyarrow_table(columns=["_kafka_partition", "_kafka_offset", "reason_code"])
+    codes = {(p, o): c for p, o, c in zip(*(coded[n].to_pylist() for n in coded.column_names), strict=True)}
+    old_end = {int(p): int(e) for p, e in expected["committed_ends"].items()}
+    assert {c for (p, o), c in codes.items() if o < old_end[p]} == {None}
+    assert {c for (p, o), c in codes.items() if o >= old_end[p]} == {"undecodable"}
     assert dead_letters.pending(config) == []
     audit = cli("audit")
     assert audit.returncode == 0, audit.stdout + audit.stderr

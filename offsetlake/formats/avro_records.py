@@ -29,9 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_columns import ChunkBuffer, ColumnReader, full_name
+from offsetlake.formats.base import Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -263,16 +264,20 @@ class AvroDecoder:
             try:
                 found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
             except sr.SchemaNotFound:
-                writers[schema_id] = _Writer(None, f"schema id {schema_id} is not in the Schema Registry")
+                writers[schema_id] = _Writer(None, reasons.schema_mismatch(f"schema id {schema_id} is not in the Schema Registry"))
             else:
                 if found.schema_type != "AVRO":
-                    writers[schema_id] = _Writer(None, f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
+                    writers[schema_id] = _Writer(
+                        None, reasons.schema_mismatch(f"schema id {schema_id} is a {found.schema_type} schema, not Avro")
+                    )
                 else:
                     stripped = strip_logical_types(json.loads(_with_references(self.pipeline, self.settings, found)))
                     try:
                         parsed = fastavro.parse_schema(stripped, named_schemas={})
                     except Exception as err:
-                        writers[schema_id] = _Writer(None, f"writer schema id {schema_id} is not a schema Avro reads: {err}")
+                        writers[schema_id] = _Writer(
+                            None, reasons.schema_mismatch(f"writer schema id {schema_id} is not a schema Avro reads: {err}")
+                        )
                     else:
                         columns = ColumnReader.plan(stripped, state["reader_json"], self._raw)
                         writers[schema_id] = _Writer(parsed, None, columns)
@@ -294,15 +299,19 @@ class AvroDecoder:
         if self.encoding == "confluent":
             good = (chunk.sizes >= 5) & (chunk.byte(0) == 0)
             keys = np.where(good, chunk.big_endian_u32(1), -1)
-            bad_reason = "value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)"
+            bad_reason = reasons.undecodable(
+                "value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)"
+            )
         elif self.encoding == "single_object":
             good = (chunk.sizes >= 10) & (chunk.byte(0) == 0xC3) & (chunk.byte(1) == 0x01)
             keys = np.where(good, -1, -2)
-            bad_reason = "value does not start with the Avro single-object header (C3 01 and a fingerprint)"
+            bad_reason = reasons.undecodable("value does not start with the Avro single-object header (C3 01 and a fingerprint)")
             wrong = good & ~chunk.equals(2, state["fingerprint"])
             for j in np.flatnonzero(wrong):
                 found = values[rows[j]][2:10]
-                problems[rows[j]] = f"writer schema fingerprint {found.hex()} is not the schema file's ({state['fingerprint'].hex()})"
+                problems[rows[j]] = reasons.schema_mismatch(
+                    f"writer schema fingerprint {found.hex()} is not the schema file's ({state['fingerprint'].hex()})"
+                )
             keys = np.where(wrong, -2, keys)
             good &= ~wrong
         else:
@@ -350,17 +359,17 @@ class AvroDecoder:
         try:
             decoded = schemaless_reader(stream, writer, reader)
         except SchemaResolutionError as err:
-            return None, f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}"
+            return None, reasons.schema_mismatch(f"{described} does not resolve to the reader schema ({self.reader.describe()}): {err}")
         except EOFError:
-            return None, f"payload ends before the Avro record does ({described})"
+            return None, reasons.undecodable(f"payload ends before the Avro record does ({described})")
         except Exception as err:
             said = _STREAM_NAME.sub("", str(err))  # the same reason for the same bytes, run after run
-            return None, f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}"
+            return None, reasons.undecodable(f"payload does not decode as Avro with {described}: {type(err).__name__}: {said}")
         left = len(payload) - stream.tell()
         if left:
-            return None, f"payload has {left} bytes left after the Avro record ({described})"
+            return None, reasons.undecodable(f"payload has {left} bytes left after the Avro record ({described})")
         if not isinstance(decoded, dict):
-            return None, f"payload does not decode to an Avro record with {described}"
+            return None, reasons.undecodable(f"payload does not decode to an Avro record with {described}")
         return decoded, None
 
     def _assemble(self, count: int, pieces: list[tuple[pa.StructArray, list[int | None]]], problems: list[str | None]) -> pa.StructArray:
@@ -406,7 +415,7 @@ class AvroDecoder:
                 try:
                     raw.slice(row, 1).cast(self._final)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                    bad[row] = f"a value does not fit its sink column type: {err}"
+                    bad[row] = reasons.value_range(f"a value does not fit its sink column type: {err}")
             keep = pa.array([row not in bad for row in range(len(raw))], pa.bool_())
             return _cast_valid(raw, self._final, keep), bad
 
@@ -446,3 +455,6 @@ def _with_references(pipeline: str, settings: dict[str, str], schema: sr.Registe
     if isinstance(top, dict) and "fields" in top:
         top["fields"] = [{**f, "type": inline(f["type"])} for f in top["fields"]]
     return json.dumps(top)
+
+
+register_format(Format("avro", resolve_reader_schema, AvroDecoder))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from offsetlake.formats import CHANGE, DELETE, PARSED, REASON, SKIP, TOMBSTONE, UPSERT, DecodedChunk, Decoder
+from offsetlake.formats import CHANGE, DELETE, PARSED, REASON, SKIP, TOMBSTONE, UPSERT, DecodedChunk, Decoder, reasons
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -125,19 +125,23 @@ class EnvelopeDecoder:
             decoded = decoded.withColumn(REASON, F.when(tombstone, F.lit(TOMBSTONE)).otherwise(F.col(REASON)))
         problem = (
             F.when(F.col(REASON).isNotNull(), F.col(REASON))
-            .when(op.isNull(), F.lit("debezium envelope: no op (not a change event)"))
-            .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("debezium envelope: op '"), op, F.lit("' is not c, r, u or d")))
-            .when(op.isin("c", "r", "u") & after.isNull(), F.concat(F.lit("debezium envelope: op '"), op, F.lit("' without after")))
+            .when(op.isNull(), F.lit(reasons.envelope("no op (not a change event)")))
+            .when(
+                ~op.isin("c", "r", "u", "d"),
+                reasons.coded("envelope", F.concat(F.lit("debezium envelope: op '"), op, F.lit("' is not c, r, u or d"))),
+            )
+            .when(
+                op.isin("c", "r", "u") & after.isNull(),
+                reasons.coded("envelope", F.concat(F.lit("debezium envelope: op '"), op, F.lit("' without after"))),
+            )
             .when(
                 (op == "d") & before.isNull() & F.lit(self.delete_needs_before),
-                F.lit("debezium envelope: op 'd' without before (the table's REPLICA IDENTITY gives no key)"),
+                F.lit(reasons.envelope("op 'd' without before (the table's REPLICA IDENTITY gives no key)")),
             )
         )
         row = F.when(op == "d", before).otherwise(after)
         for name in self.required:
-            problem = problem.when(
-                op.isin("c", "r", "u") & row.getField(name).isNull(), F.lit(f"required field '{name}' is missing or null in after")
-            )
+            problem = problem.when(op.isin("c", "r", "u") & row.getField(name).isNull(), F.lit(reasons.required_missing(name, " in after")))
         out = decoded.withColumn("_row", row).withColumn(OP, op)
         return out.select(
             *[c for c in decoded.columns if c not in (PARSED, REASON, CHANGE)],

@@ -27,13 +27,16 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
+from offsetlake.formats.base import Decoder, Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column, DataFrame
 
-    from offsetlake.config import JsonFormat
+    from offsetlake.config import JsonFormat, PipelineConfig
 
 _CORRUPT = "_corrupt_record"
 _MIN_PIECE = 64  # below this a failing piece of a chunk is left to Spark's from_json
@@ -153,21 +156,21 @@ def structure_problem(value: bytes | None) -> str | None:
     if len(value) > MAX_DEPTH and value.count(b"{") + value.count(b"[") > MAX_DEPTH:
         depth = nesting_depth(value)
         if depth > MAX_DEPTH:
-            return f"value nests JSON {depth} levels deep, more than the {MAX_DEPTH} the sink's parser reads"
+            return reasons.undecodable(f"value nests JSON {depth} levels deep, more than the {MAX_DEPTH} the sink's parser reads")
     limit = sys.getrecursionlimit()
     try:
         sys.setrecursionlimit(max(limit, MAX_DEPTH * 3))
         parsed = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg == "Extra data":
-            return f"value holds more than one JSON value (more text after character {err.pos})"
+            return reasons.undecodable(f"value holds more than one JSON value (more text after character {err.pos})")
         return None  # not JSON by Python's rules (single quotes, ...): Spark's rules decide
     except (RecursionError, ValueError):
         return None
     finally:
         sys.setrecursionlimit(limit)
     if _SURROGATE_ESCAPE.search(value) and _has_lone_surrogate(parsed):
-        return "value holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which UTF-8 text cannot hold"
+        return reasons.undecodable("value holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which UTF-8 text cannot hold")
     return None
 
 
@@ -298,15 +301,31 @@ def parse_json(raw: DataFrame, ddl: str, required: list[str]) -> DataFrame:
     utf8_ok = F.try_validate_utf8(text).isNotNull() if hasattr(F, "try_validate_utf8") else F.lit(True)
     reason: Column = (
         F.when(F.col("value").isNull(), F.lit(TOMBSTONE))
-        .when(by_spark & ~utf8_ok, F.lit("value is not valid UTF-8"))
+        .when(by_spark & ~utf8_ok, F.lit(reasons.undecodable("value is not valid UTF-8")))
         # from_json turns an array or plain text into a "corrupt" object, not a null: say what it is
-        .when(by_spark & (F.col(PARSED).isNull() | ~text.rlike(r"^\s*\{")), F.lit("value is not a JSON object"))
+        .when(by_spark & (F.col(PARSED).isNull() | ~text.rlike(r"^\s*\{")), F.lit(reasons.undecodable("value is not a JSON object")))
         .when(
             F.col(f"{PARSED}.{_CORRUPT}").isNotNull(),
-            F.lit("value does not parse as JSON matching the declared schema"),
+            F.lit(reasons.undecodable("value does not parse as JSON matching the declared schema")),
         )
     )
     for name in required:
-        reason = reason.when(F.col(f"{PARSED}.`{name}`").isNull(), F.lit(f"required field '{name}' is missing or null"))
+        reason = reason.when(F.col(f"{PARSED}.`{name}`").isNull(), F.lit(reasons.required_missing(name)))
     parsed = parsed.withColumn(REASON, reason)
     return parsed.drop(PARSED_IN_READ) if in_read else parsed
+
+
+def _decoder(config: PipelineConfig, reader: ReaderSchema) -> JsonDecoder:
+    return JsonDecoder(json_format_of(reader, config.format))  # type: ignore[arg-type]
+
+
+def _envelope_decoder(config: PipelineConfig, reader: ReaderSchema, where: str, needs_before: Callable[[list[str]], bool]) -> Decoder:
+    """Debezium envelopes in JSON: the envelope's own JSON schema around the rows' (``debezium``)."""
+    from offsetlake.formats.debezium import EnvelopeDecoder, envelope_json_format
+
+    fmt = json_format_of(reader, config.format)  # type: ignore[arg-type]
+    fields = list(fmt.schema_)
+    return EnvelopeDecoder(JsonDecoder(envelope_json_format(fmt)), fields, list(fmt.required), where, needs_before(fields))
+
+
+register_format(Format("json", lambda config: yaml_reader_schema(config.format), _decoder, _envelope_decoder))  # type: ignore[arg-type]

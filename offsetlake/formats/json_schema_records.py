@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import TOMBSTONE, DecodedChunk
+from offsetlake.formats import TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_records import fingerprint
+from offsetlake.formats.base import Format, register_format
 from offsetlake.formats.json_records import JsonDecoder
 from offsetlake.plan import ReaderSchema
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from offsetlake.config import JsonFormat, JsonSchemaFormat, PipelineConfig
 
 _HEADER = 5
-_NO_HEADER = "value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)"
+_NO_HEADER = reasons.undecodable("value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)")
 
 
 def resolve_reader_schema(config: PipelineConfig) -> ReaderSchema:
@@ -97,7 +98,7 @@ class JsonSchemaDecoder:
         self.settings = dict(fmt.schema_registry)
         self.reader = reader
         if reader.id is None:
-            raise ConfigError(f"pipeline {config.name}: a registry reader schema without an id")
+            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
         where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
         text = sr.schema_by_id(self.pipeline, self.settings, reader.id).text
         self.inner = JsonDecoder(json_format_of(json.loads(text), where))
@@ -133,10 +134,13 @@ class JsonSchemaDecoder:
             try:
                 found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
             except sr.SchemaNotFound:
-                self._validators[schema_id] = (None, f"schema id {schema_id} is not in the Schema Registry")
+                self._validators[schema_id] = (None, reasons.schema_mismatch(f"schema id {schema_id} is not in the Schema Registry"))
             else:
                 if found.schema_type != "JSON":
-                    self._validators[schema_id] = (None, f"schema id {schema_id} is a {found.schema_type} schema, not JSON")
+                    self._validators[schema_id] = (
+                        None,
+                        reasons.schema_mismatch(f"schema id {schema_id} is a {found.schema_type} schema, not JSON"),
+                    )
                 else:
                     schema = json.loads(found.text)
                     self._validators[schema_id] = (validator_for(schema)(schema), None)
@@ -169,7 +173,7 @@ class JsonSchemaDecoder:
             error = best_match(validator.iter_errors(instance))
             if error is not None:
                 at = "/".join(str(p) for p in error.absolute_path) or "(the value)"
-                problems[i] = f"value does not match writer schema id {schema_id} at {at}: {error.message}"[:1000]
+                problems[i] = reasons.schema_mismatch(f"value does not match writer schema id {schema_id} at {at}: {error.message}"[:1000])
         inner = self.inner.decode_chunk(texts)
         if inner.problems is not None:
             problems = [mine if mine is not None else theirs for mine, theirs in zip(problems, inner.problems, strict=True)]
@@ -177,3 +181,6 @@ class JsonSchemaDecoder:
         if settled is not None:
             settled = [s and p is None for s, p in zip(settled, problems, strict=True)]
         return DecodedChunk(inner.parsed, problems if any(p is not None for p in problems) else None, settled)
+
+
+register_format(Format("json_schema", resolve_reader_schema, JsonSchemaDecoder))

@@ -24,7 +24,7 @@ import pyarrow as pa
 from offsetlake.config import KEY_COLUMN, AvroFormat, KeyFormat, ProtobufFormat
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC
 from offsetlake.errors import ConfigError
-from offsetlake.formats import REASON, DecodedChunk, Decoder
+from offsetlake.formats import REASON, DecodedChunk, Decoder, reasons
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -78,8 +78,8 @@ def _key_config(config: PipelineConfig, key: KeyFormat) -> PipelineConfig:
     """The pipeline as if its values were its keys: what the value decoders take."""
     if not key.subject and config.topic is None:
         raise ConfigError(
-            f"pipeline {config.name}: key_format.subject is needed: the pipeline reads "
-            f"{config.topic_label}, so there is no one <topic>-key subject to default to"
+            f"key_format.subject is needed: the pipeline reads {config.topic_label}, so there is no one <topic>-key subject to default to",
+            pipeline=config.name,
         )
     fields: dict[str, Any] = {
         "schema_registry": registry_settings(config),
@@ -123,9 +123,10 @@ def key_decoder_for(config: PipelineConfig, schema: ReaderSchema | None) -> KeyD
     key = config.key_format
     if key is None or not key.uses_registry:
         raise ConfigError(
-            f"pipeline {config.name}: the batch's plan decodes keys with {schema.describe()}, but "
+            f"the batch's plan decodes keys with {schema.describe()}, but "
             f"key_format is now {key.type if key else 'not set'}; restore key_format (avro or protobuf) "
-            "to finish the batch as planned"
+            "to finish the batch as planned",
+            pipeline=config.name,
         )
     from offsetlake.formats import value_decoder_for
 
@@ -159,7 +160,9 @@ class TextKey:
                         texts.append(k.decode("utf-8") if k is not None else None)
                     except UnicodeDecodeError as err:
                         texts.append(None)
-                        problems[i] = f"key: is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as they are"
+                        problems[i] = reasons.key_undecodable(
+                            f"is not UTF-8 text (byte {err.start}); key_format: bytes keeps keys as they are"
+                        )
                 column = pa.array(texts, pa.string())
         else:
             column = raw
@@ -199,8 +202,9 @@ class RecordKey:
         if inner.problems is not None:
             problems = [None] * len(keys)
             for n, i in enumerate(present):
-                if inner.problems[n] is not None:
-                    problems[i] = f"key: {inner.problems[n]}"
+                problem = inner.problems[n]
+                if problem is not None:
+                    problems[i] = reasons.key_undecodable(problem)
         return DecodedChunk(parsed, problems)
 
     def decode_in_spark(self, decoded: DataFrame) -> DataFrame:
@@ -237,7 +241,7 @@ class JsonKey:
         bad = F.col("key").isNotNull() & (
             ~utf8_ok | F.col(KEY_PARSED).isNull() | ~text.rlike(r"^\s*\{") | F.col(f"{KEY_PARSED}.{_JSON_CORRUPT}").isNotNull()
         )
-        problem = F.when(bad, F.lit("key: does not parse as a JSON object matching key_format.schema"))
+        problem = F.when(bad, F.lit(reasons.key_undecodable("does not parse as a JSON object matching key_format.schema")))
         return out.withColumn(REASON, F.coalesce(F.col(REASON), problem))
 
 
@@ -252,8 +256,9 @@ class KeyedDecoder:
         ]
         if clash:
             raise ConfigError(
-                f"pipeline {pipeline}: key column '{clash[0]}' is also a value field or a coordinate "
-                "column; set key_format.prefix (e.g. key_) to name the key's columns apart"
+                f"key column '{clash[0]}' is also a value field or a coordinate "
+                "column; set key_format.prefix (e.g. key_) to name the key's columns apart",
+                pipeline=pipeline,
             )
 
     def fields(self) -> list[str]:

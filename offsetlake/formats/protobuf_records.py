@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from offsetlake.errors import ConfigError
-from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk
+from offsetlake.formats import PARSED, PARSED_IN_READ, REASON, TOMBSTONE, DecodedChunk, reasons
 from offsetlake.formats import registry as sr
 from offsetlake.formats.avro_records import fingerprint
+from offsetlake.formats.base import Format, register_format
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -48,7 +49,9 @@ if TYPE_CHECKING:
 
     from offsetlake.config import PipelineConfig, ProtobufFormat
 
-_NO_HEADER = "value does not start with the Confluent wire-format header (magic byte 0, a 4-byte schema id, message indexes)"
+_NO_HEADER = reasons.undecodable(
+    "value does not start with the Confluent wire-format header (magic byte 0, a 4-byte schema id, message indexes)"
+)
 _UTC_MICROS = pa.timestamp("us", tz="UTC")
 _TIMESTAMP = "google.protobuf.Timestamp"
 _WRAPPERS = {
@@ -388,7 +391,7 @@ class ProtobufDecoder:
         self.settings = dict(fmt.schema_registry)
         self.reader = reader
         if reader.id is None:
-            raise ConfigError(f"pipeline {config.name}: a registry reader schema without an id")
+            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
         where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
         loaded = _load(self.pipeline, self.settings, reader.id)
         if isinstance(loaded, str):
@@ -438,19 +441,23 @@ class ProtobufDecoder:
             loaded = self._files[schema_id]
             described = f"writer schema id {schema_id}"
             if isinstance(loaded, str):
-                self._writers[key] = _Writer(None, None, loaded)
+                self._writers[key] = _Writer(None, None, reasons.schema_mismatch(loaded))
                 return self._writers[key]
             name = message_name(loaded.proto, indexes)
             if name is None:
-                self._writers[key] = _Writer(None, None, f"message indexes {list(indexes)} name no message in {described}")
+                self._writers[key] = _Writer(
+                    None, None, reasons.schema_mismatch(f"message indexes {list(indexes)} name no message in {described}")
+                )
             elif name != self.message:
-                self._writers[key] = _Writer(None, None, f"{described} message {name} is not the reader's message {self.message}")
+                self._writers[key] = _Writer(
+                    None, None, reasons.schema_mismatch(f"{described} message {name} is not the reader's message {self.message}")
+                )
             else:
                 descriptor = loaded.pool.FindMessageTypeByName(name)
                 try:
                     getters = _Resolver(described, self.reader.describe()).getters(descriptor, self._final)
                 except _Unresolvable as err:
-                    self._writers[key] = _Writer(None, None, str(err))
+                    self._writers[key] = _Writer(None, None, reasons.schema_mismatch(str(err)))
                 else:
                     self._writers[key] = _Writer(GetMessageClass(descriptor), getters, None)
         return self._writers[key]
@@ -473,7 +480,7 @@ class ProtobufDecoder:
             schema_id = int.from_bytes(value[1:5], "big")
             found = _indexes(value, 5)
             if found is None:
-                problems[i] = f"the message indexes after schema id {schema_id} are cut short or malformed"
+                problems[i] = reasons.undecodable(f"the message indexes after schema id {schema_id} are cut short or malformed")
                 continue
             indexes, start = found
             writer = self._writer(schema_id, indexes)
@@ -483,7 +490,9 @@ class ProtobufDecoder:
             try:
                 message = writer.message.FromString(value[start:])
             except DecodeError as err:
-                problems[i] = f"payload does not parse as Protobuf message {self.message} with writer schema id {schema_id}: {err}"
+                problems[i] = reasons.undecodable(
+                    f"payload does not parse as Protobuf message {self.message} with writer schema id {schema_id}: {err}"
+                )
                 continue
             rows[i] = tuple(get(message) for get in writer.getters)  # type: ignore[union-attr]
         parsed = self._columns(rows, problems)
@@ -501,7 +510,7 @@ class ProtobufDecoder:
                 try:
                     self._struct([row])
                 except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as err:
-                    problems[i] = f"a value does not fit its sink column type: {err}"
+                    problems[i] = reasons.value_range(f"a value does not fit its sink column type: {err}")
                     rows[i] = None
             return self._struct(rows)
 
@@ -523,3 +532,6 @@ def _entry(message: Any, path: tuple[int, ...]) -> bool:
     for index in path:
         message = message.nested_type[index]
     return bool(message.options.map_entry)
+
+
+register_format(Format("protobuf", resolve_reader_schema, ProtobufDecoder))

@@ -88,15 +88,17 @@ def _call(pipeline: str, settings: dict[str, str], what: str, call: Any) -> Any:
         if err.http_status_code == 404 and err.error_code in (40401, 40402, 40403):
             raise SchemaNotFound(err.error_message) from None
         raise SchemaRegistryUnavailableError(
-            f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} answered HTTP {err.http_status_code} "
+            f"the Schema Registry at {registry_url(settings)} answered HTTP {err.http_status_code} "
             f"(error {err.error_code}: {err.error_message}) while {what}; nothing was committed, run again once it "
-            "answers"
+            "answers",
+            pipeline=pipeline,
         ) from None
     except Exception as err:
         raise SchemaRegistryUnavailableError(
-            f"pipeline {pipeline}: the Schema Registry at {registry_url(settings)} could not be reached while {what} "
+            f"the Schema Registry at {registry_url(settings)} could not be reached while {what} "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); nothing was committed, run again "
-            "once it answers"
+            "once it answers",
+            pipeline=pipeline,
         ) from None
 
 
@@ -151,8 +153,9 @@ def referenced(pipeline: str, settings: dict[str, str], schema: RegisteredText, 
                 found = subject_version(pipeline, settings, subject, version, fmt)
             except SchemaNotFound as err:
                 raise SchemaRegistryUnavailableError(
-                    f"pipeline {pipeline}: schema id {schema.schema_id} references subject {subject} version {version}, "
-                    f"which the Schema Registry at {registry_url(settings)} does not hold ({err})"
+                    f"schema id {schema.schema_id} references subject {subject} version {version}, "
+                    f"which the Schema Registry at {registry_url(settings)} does not hold ({err})",
+                    pipeline=pipeline,
                 ) from None
             visit(found.references)
             out.append(replace(found, import_name=name))
@@ -171,26 +174,28 @@ def registry_reader_schema(
     kind = fmt.type
     if not fmt.schema_registry.get("url"):
         raise ConfigError(
-            f"pipeline {config.name}: {field} {kind} reads through a Schema Registry but none is set: "
+            f"{field} {kind} reads through a Schema Registry but none is set: "
             f"give {field}.schema_registry.url, an Airflow connection schema_registry_{config.name} "
-            f"(or schema_registry_default){', ' + alternative if alternative else ''}"
+            f"(or schema_registry_default){', ' + alternative if alternative else ''}",
+            pipeline=config.name,
         )
     if not fmt.subject and config.topic is None:
         raise ConfigError(
-            f"pipeline {config.name}: {field}.subject is needed: the pipeline reads {config.topic_label}, "
-            "so there is no one <topic>-value subject to default to"
+            f"{field}.subject is needed: the pipeline reads {config.topic_label}, so there is no one <topic>-value subject to default to",
+            pipeline=config.name,
         )
     subject = fmt.subject or f"{config.topic}-value"
     try:
         found = subject_version(config.name, fmt.schema_registry, subject, fmt.version)
     except SchemaNotFound as err:
         raise ConfigError(
-            f"pipeline {config.name}: the Schema Registry at {registry_url(fmt.schema_registry)} has "
+            f"the Schema Registry at {registry_url(fmt.schema_registry)} has "
             f"no subject {subject} version {fmt.version} ({err}); set {field}.subject / {field}.version, "
-            "or register the schema first"
+            "or register the schema first",
+            pipeline=config.name,
         ) from None
     if found.schema_type != schema_type:
         raise ConfigError(
-            f"pipeline {config.name}: subject {subject} version {found.version} is a {found.schema_type} schema; {field}.type is {kind}"
+            f"subject {subject} version {found.version} is a {found.schema_type} schema; {field}.type is {kind}", pipeline=config.name
         )
     return ReaderSchema(source="registry", fingerprint=fingerprint(found.text), subject=subject, version=found.version, id=found.schema_id)

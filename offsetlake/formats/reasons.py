@@ -1,0 +1,131 @@
+"""Why a record is a dead letter: one constructor per cause, each giving a code and the text.
+
+Invariant 8: nothing is dropped, and a dead letter says why. The dead-letter table keeps both: the
+text ``reason`` (what a person reads: the field, the sizes, the parser's words) and its
+``reason_code`` (what a query groups by and an alert counts; ``CODES``, listed in
+docs/reference/dead-letters.md). The cause is known where the record is decided — a read task, a
+decoder, a Spark expression, the validation gate — so the constructors live here, below every one
+of them (formats is the lowest layer that decides records), and the dead-letter table
+(``offsetlake.dead_letters``) only splits what they made (``code_column``, ``text_column``,
+through ``formats.dead_letter_rows``).
+
+A reason travels from where it is found to the dead-letter row as one string (the read frame's
+``read_problem``, the decoders' ``REASON`` column, Arrow lists in the read tasks), so a
+constructor's value is ``<code>`` + ``SEPARATOR`` + ``<text>``: no column is added to any frame
+on the way, and the two are split in one place. ``SEPARATOR`` (the ASCII unit separator) is in
+no code; a reason without it (never made here) keeps its whole text and has no code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+SEPARATOR = "\x1f"
+
+# the codes, each with what it means (docs/reference/dead-letters.md lists the same)
+CODES = {
+    "tombstone": "the record has a null value and the sink does not delete with it",
+    "undecodable": "the value does not decode as the pipeline's format (no wire-format header, does not parse, bytes over)",
+    "schema_mismatch": "the value's writer schema is unknown, unreadable, not the expected one, or the value breaks it",
+    "required_missing": "a required field is missing or null",
+    "value_range": "a decoded value does not fit its sink column's type",
+    "envelope": "a Debezium event without what its op needs",
+    "key_undecodable": "the record key does not decode as key_format",
+    "key_null": "a key column of an upsert sink is null",
+    "record_too_large": "key and value hold more bytes than max_record_bytes",
+    "timestamp_range": "the record timestamp is outside what the sink's timestamp type holds",
+    "partition_value": "a string partition value cannot be a folder name",
+    "quarantined": "the record failed a row-level expectation under validation.on_failure: quarantine",
+}
+
+
+def reason(code: str, text: str) -> str:
+    """The dead-letter reason ``text`` with its ``code`` (one of ``CODES``)."""
+    if code not in CODES:
+        raise ValueError(f"unknown dead-letter reason code {code!r}")
+    return f"{code}{SEPARATOR}{text}"
+
+
+def code_of(value: str | None) -> str | None:
+    """The code of a reason made here (None for none)."""
+    return value.split(SEPARATOR, 1)[0] if value is not None and SEPARATOR in value else None
+
+
+def text_of(value: str | None) -> str | None:
+    """The text of a reason, without its code."""
+    return value.split(SEPARATOR, 1)[1] if value is not None and SEPARATOR in value else value
+
+
+# ---- one constructor per cause ------------------------------------------------------------------
+TOMBSTONE = reason("tombstone", "tombstone: record has a null value")
+
+
+def undecodable(text: str) -> str:
+    return reason("undecodable", text)
+
+
+def schema_mismatch(text: str) -> str:
+    return reason("schema_mismatch", text)
+
+
+def required_missing(name: str, where: str = "") -> str:
+    return reason("required_missing", f"required field '{name}' is missing or null{where}")
+
+
+def value_range(text: str) -> str:
+    return reason("value_range", text)
+
+
+def envelope(text: str) -> str:
+    return reason("envelope", f"debezium envelope: {text}")
+
+
+def key_undecodable(text: str) -> str:
+    """A key problem, said as ``key: <text>``; a reason made here keeps only its text."""
+    return reason("key_undecodable", f"key: {text_of(text)}")
+
+
+def record_too_large(size: int, limit: int) -> str:
+    return reason(
+        "record_too_large", f"record_too_large: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
+    )
+
+
+def timestamp_range(ms: int) -> str:
+    return reason(
+        "timestamp_range", f"record timestamp {ms} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
+    )
+
+
+def key_null(column: str) -> str:
+    return reason("key_null", f"sink.key column '{column}' is null; an upsert row needs its key")
+
+
+def partition_value_nul(column: str) -> str:
+    return reason("partition_value", f"partition value of column '{column}' holds a NUL character, which no folder name may")
+
+
+# ---- the same in Spark --------------------------------------------------------------------------
+def coded(code: str, text: Column) -> Column:
+    """A Spark column of reasons of one ``code`` whose text is ``text`` (null stays null)."""
+    from pyspark.sql import functions as F
+
+    return F.concat(F.lit(reason(code, "")), text)
+
+
+def code_column(value: Column) -> Column:
+    """The code of a column of reasons (null where none)."""
+    from pyspark.sql import functions as F
+
+    parts = F.split(value, SEPARATOR, 2)
+    return F.when(F.size(parts) == 2, parts.getItem(0))
+
+
+def text_column(value: Column) -> Column:
+    """The text of a column of reasons, without the code (all of a reason that has none)."""
+    from pyspark.sql import functions as F
+
+    return F.element_at(F.split(value, SEPARATOR, 2), -1)
