@@ -11,7 +11,8 @@ Stopping: the first SIGTERM/SIGINT lets the batch in flight finish (its commit, 
 abandonment if it fails), then the lease is released and the process exits 0. A second signal
 abandons the batch in flight at once: its Spark jobs are cancelled and, if its commit has not
 started, it commits nothing (recorded ``failed``, reason "abandoned"); the next run re-reads
-those offsets.
+those offsets. Either way no batch the stream planned is left without an outcome (docs/design.md,
+"How a batch ends"); only a killed stream leaves one, for the next run's reconcile.
 
 A broker that is unreachable or stops serving a range (KafkaUnavailableError, ReadTimeoutError)
 is waited out: the batch in flight is recorded ``failed``, the stream backs off (1 s doubling to
@@ -106,6 +107,7 @@ class StopControl:
         self.deadline = time.monotonic() + max_duration if max_duration else None
         self.parent_pid = parent_pid
         self.on_abandon: Callable[[], None] = lambda: None
+        self.handles_signals = False
 
     def request(self, reason: str) -> None:
         if self.requested.is_set():
@@ -119,8 +121,18 @@ class StopControl:
         self.requested.set()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT ask the stream to stop (main thread only, as Python requires)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: self.request(f"received {signal.Signals(signum).name}"))
+        self.handles_signals = True
+
+    def reclaim_signals(self) -> None:
+        """Install the handlers again if they were installed: a SparkContext starting in the main
+        thread replaces the SIGINT handler by its own (cancel every job, raise KeyboardInterrupt),
+        which would stop a batch between its plan and its outcome and leave it ``planned``
+        (docs/design.md, "How a batch ends"). Called once Spark has started."""
+        if self.handles_signals:
+            self.install_signal_handlers()
 
     def poll(self) -> bool:
         """True once a stop was asked for (checks the deadline and the parent too)."""
@@ -162,6 +174,7 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
     lease.start_heartbeats()
     try:
         spark = spark_factory()  # warm for the whole stream; idle loops run no job on it
+        stop.reclaim_signals()
         in_flight: dict[str, str] = {}  # the batch whose Spark jobs a second signal cancels
 
         def cancel_in_flight() -> None:
