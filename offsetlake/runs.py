@@ -24,7 +24,7 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import for_plan
-from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
+from offsetlake.errors import CommitConflictError, LeaseLostError, OffsetlakeError, StalePlanError, StorageError, StreamAbandoned
 from offsetlake.history import (
     SinkCommit,
     covering_batch,
@@ -74,19 +74,20 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
 
 # ---- how a batch ended ------------------------------------------------------------------------
 def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> BatchStatus:
-    """Record why ``plan`` did not commit; returns the status recorded.
+    """Record why ``plan`` did not commit; returns the status recorded. The only caller of
+    ``Ledger.record_outcome``: every batch that does not commit gets its row here, whoever ran it
+    (docs/design.md, "How a batch ends").
 
     Another writer won (CommitConflictError, invariant 10) or moved the committed ends past the
-    plan (StalePlanError, invariant 3): ``superseded`` — the plan can never apply again, a rerun
-    plans anew. Anything else: ``failed``, with our errors' message verbatim and, for a failed
-    validation, its summary and report.
+    plan or already holds its ranges (StalePlanError, invariant 3): ``superseded`` — the plan can
+    never apply again, a rerun plans anew. A stream that stopped or lost its lease before the
+    commit (StreamAbandoned, LeaseLostError): ``failed``, "abandoned: <why>". Anything else:
+    ``failed``, with our errors' message verbatim and, for a failed validation, its summary and
+    report.
     """
-    if isinstance(err, CommitConflictError | StalePlanError):
-        ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=str(err)[:4000])
-        return BatchStatus.SUPERSEDED
-    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    status, message, validation = _outcome_of(err)
     try:
-        ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000], validation=getattr(err, "summary", None) or None)
+        ledger.record_outcome(plan, status, message=message[:4000], validation=validation)
     except OSError as unrecorded:
         if not isinstance(err, StorageError):
             raise
@@ -94,7 +95,17 @@ def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> Batch
         # `planned` until the next run's reconcile marks it (its plan no longer applies, or it
         # committed after all); the store's error is the one to report.
         log_line(log, "unrecorded", plan=plan, level=logging.WARNING, reason=storage.describe_store_error(unrecorded))
-    return BatchStatus.FAILED
+    return status
+
+
+def _outcome_of(err: BaseException) -> tuple[BatchStatus, str, dict | None]:
+    """The status, message and validation summary ``record_outcome`` records for ``err``."""
+    if isinstance(err, CommitConflictError | StalePlanError):
+        return BatchStatus.SUPERSEDED, str(err), None
+    if isinstance(err, StreamAbandoned | LeaseLostError):
+        return BatchStatus.FAILED, f"abandoned: {err}", None
+    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    return BatchStatus.FAILED, message, getattr(err, "summary", None) or None
 
 
 # ---- one batch --------------------------------------------------------------------------------
@@ -267,11 +278,8 @@ def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, 
         return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
     first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
     winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
-    ledger.record_outcome(
-        plan,
-        BatchStatus.SUPERSEDED,
-        message=(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"),
-    )
+    held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch")
+    record_outcome(ledger, plan, held)
     log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
     return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
 

@@ -238,18 +238,12 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
             try:
                 result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
             except LeaseLostError as err:
-                ledger.record_outcome(plan, BatchStatus.FAILED, message=f"abandoned: {err}"[:4000])
+                record_outcome(ledger, plan, err)
                 raise
             except Exception as err:
                 if stop.abandon.is_set():
-                    ledger.record_outcome(
-                        plan,
-                        BatchStatus.FAILED,
-                        message=(
-                            f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
-                            f"nothing was committed, the next run reads these offsets again"
-                        ),
-                    )
+                    why = f"the stream was stopped ({stop.reason}) before this batch committed; nothing was committed"
+                    record_outcome(ledger, plan, StreamAbandoned(f"{why}, the next run reads these offsets again"))
                     report.abandoned.append(plan.batch_id)
                     log_line(log, "abandoned", plan=plan, level=logging.WARNING)
                     break
