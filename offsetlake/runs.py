@@ -56,7 +56,6 @@ from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.runs")
 MAX_CONFLICT_REPLANS = 5
-COMMITTED, ALREADY_COMMITTED, SUPERSEDED = "committed", "already_committed", "superseded"  # BatchResult.status
 
 
 # ---- projections of the sink's history --------------------------------------------------------
@@ -224,7 +223,7 @@ def _execute_forward(
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
 def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, before_commit: Callable[[], None]) -> BatchResult:
@@ -243,7 +242,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     log_line(log, "gap", plan=plan, level=logging.WARNING, lost=lost, sink_version=version)
-    return BatchResult(plan, COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
+    return BatchResult(plan, BatchStatus.COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
 
 
 def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
@@ -253,14 +252,14 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
     if plan.batch_id in done:
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
+        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
     version, entry, processed = execute_backfill(config, plan, spark_factory)
     failpoints.failpoint("after_commit")
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
 def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]) -> BatchResult:
@@ -275,13 +274,13 @@ def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, 
     if mine:
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
+        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
     first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
     winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
     held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch")
     record_outcome(ledger, plan, held)
     log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
-    return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
+    return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms=timings_ms)
 
 
 # ---- a run ------------------------------------------------------------------------------------
@@ -435,11 +434,11 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
     ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
     held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
     status = rows[0]["status"] if rows else "unknown"
-    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == SUPERSEDED and held)):
+    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == BatchStatus.SUPERSEDED and held)):
         states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
         why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
         raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
-    if status == SUPERSEDED:
+    if status == BatchStatus.SUPERSEDED:
         log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
     batch = summarize_batch(rows)
     summary = {

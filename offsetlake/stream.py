@@ -46,7 +46,7 @@ from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
-from offsetlake.runs import COMMITTED, execute_batch, reconcile, record_outcome
+from offsetlake.runs import execute_batch, reconcile, record_outcome
 from offsetlake.spark import cancel_tagged, keep_alive, release_memory, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
@@ -279,7 +279,7 @@ def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamRep
     report.records_read += result.total("records_read")
     report.rows_written += result.total("rows_written")
     emit(result.summary())
-    if result.status == COMMITTED:
+    if result.status == BatchStatus.COMMITTED:
         ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
         try:  # informational (lag tools); the txn versions are the truth
             commit_group_offsets(config.kafka_client_config(), config.name, ends)
