@@ -345,6 +345,31 @@ def run_pipeline(
 
 
 # ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----
+def plan_or_reuse(
+    ledger: Ledger, run: RunContext, kind: BatchKind, plan_new: Callable[[], BatchPlan | None]
+) -> tuple[BatchPlan | None, bool]:
+    """The plan of ``run`` for batches of ``kind``, and whether it was reused.
+
+    Invariant 3: the plan this run recorded, if it can still apply (``Ledger.run_plan``), so that
+    a retry, a clear or a rerun of the run executes exactly those ranges again; else
+    ``plan_new()``, recorded in the ledger before anything is read. The plan is None when
+    ``plan_new`` finds nothing to do. Errors of ``plan_new`` (bad parameters, a live stream owning
+    the pipeline) propagate with nothing recorded. The one place a run's plan is made or found
+    again, for the Airflow plan tasks (ingest, backfill, interval backfill) and ``offsetlake
+    backfill``.
+    """
+    started = time.monotonic()
+    recorded = ledger.run_plan(run, kind)
+    if recorded is not None:
+        log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
+        return recorded[0], True
+    plan = plan_new()
+    if plan is not None:
+        ledger.record_plan(plan)
+        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+    return plan, False
+
+
 def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | None:
     """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
 
@@ -359,20 +384,19 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     ledger = Ledger.of(config)
     started = time.monotonic()
     reconcile(config, ledger)
-    recorded = ledger.run_plan(run, BatchKind.INGEST)
-    if recorded is not None:
-        log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
-        return recorded[0]
-    refuse_if_stream_owns(config)  # a retry above still finishes its recorded plan
-    while True:
-        plan = plan_next_batch(config, run)
+
+    def plan_new() -> BatchPlan | None:
+        refuse_if_stream_owns(config)  # a retry (a recorded plan) still finishes its batch
+        return plan_next_batch(config, run)
+
+    while True:  # a gap batch is recorded with its own kind: the next turn plans past it
+        plan, reused = plan_or_reuse(ledger, run, BatchKind.INGEST, plan_new)
         if plan is None:
             log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
             return None
-        ledger.record_plan(plan)
-        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
         if plan.kind != BatchKind.GAP:
-            failpoints.failpoint("after_plan")
+            if not reused:
+                failpoints.failpoint("after_plan")
             return plan
         try:
             execute_batch(config, plan, ledger, lambda: None)
