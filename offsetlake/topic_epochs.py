@@ -37,14 +37,17 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
 from offsetlake.entry import EpochChange, for_plan
-from offsetlake.errors import KafkaUnavailableError, TopicEpochError, TopicIdentityError
+from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
     SinkCommit,
+    commit_version,
     epoch_change,
+    landed_version,
     refuse_foreign_sink,
     rewound_batches,
     sink_commits,
@@ -52,7 +55,7 @@ from offsetlake.history import (
 from offsetlake.kafka import current_offsets, topic_ids
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import CommitActions, commit_once, committed_end, open_table, table_schema, txns
+from offsetlake.sink import CommitActions, commit, committed_end, open_table, table_schema, txns
 
 TopicPartitionKey = tuple[str, int]
 
@@ -225,12 +228,22 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     )
     actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
-    lost = (
-        f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
-        "nothing was changed, run it again while no run of the pipeline is going on"
-    )
-    schema = _with_epoch_column(table_schema(table))
-    result.batch_id, result.sink_version = plan.batch_id, commit_once(table, config, actions, entry, conflict=lost, schema=schema)
+    try:
+        commit(
+            table,
+            actions,
+            entry,
+            partition_by=config.sink.partition_by,
+            max_commit_retries=0,
+            schema=_with_epoch_column(table_schema(table)),
+        )
+    except CommitFailedError as err:
+        if landed_version(config.layout.sink, plan.batch_id) is None:
+            raise CommitConflictError(
+                f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
+                f"nothing was changed, run it again while no run of the pipeline is going on: {err}"
+            ) from None
+    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
     reconcile_ledger(config, Ledger.of(config))
     return result
 
