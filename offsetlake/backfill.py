@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from offsetlake import keyed, storage
 from offsetlake.config import PipelineConfig
@@ -27,7 +26,7 @@ from offsetlake.coordinates import Selection
 from offsetlake.entry import LedgerEntry, for_plan
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import commit_version, current_epochs, landed_version, refuse_foreign_sink, sink_commits
+from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
@@ -36,7 +35,7 @@ from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
     add_columns_first,
-    commit,
+    commit_once,
     committed_end,
     committed_ends,
     evolved_schema,
@@ -267,15 +266,11 @@ def commit_replace(
             topic=moved[0],
         )
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
-    try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
-    except CommitFailedError as err:
-        if landed_version(config.layout.sink, plan.batch_id) is None:  # else: applied, its answer lost
-            raise CommitConflictError(
-                f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
-                f"that committed meanwhile; nothing was committed, run the backfill again: {err}"
-            ) from None
-    return commit_version(config.layout.sink, plan.batch_id)
+    lost = (
+        f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
+        "that committed meanwhile; nothing was committed, run the backfill again"
+    )
+    return commit_once(table, config, actions, entry, conflict=lost)
 
 
 COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit

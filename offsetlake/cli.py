@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -392,9 +391,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from offsetlake.backfill import plan_backfill
     from offsetlake.errors import BackfillParamsError
     from offsetlake.ledger import Ledger
-    from offsetlake.log_lines import log_step
-    from offsetlake.plan import RunContext
-    from offsetlake.runs import execute_recorded_batch
+    from offsetlake.plan import BatchKind, RunContext
+    from offsetlake.runs import execute_recorded_batch, plan_or_reuse
     from offsetlake.spark import spark_session, stop_spark
 
     config = _load(args, args.pipeline)
@@ -404,11 +402,14 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except ValueError:
         raise BackfillParamsError(f"pipeline {config.name} backfill: --partitions '{args.partitions}' is not a list like 0,2") from None
     run_id = args.run_id or f"cli-backfill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    plan = plan_backfill(
-        config, RunContext(run_id=run_id), partitions, args.from_offset, args.to_offset, args.from_time, args.to_time, topic=args.topic
+    run = RunContext(run_id=run_id)
+    plan, _ = plan_or_reuse(
+        Ledger.of(config),
+        run,
+        BatchKind.BACKFILL,
+        lambda: plan_backfill(config, run, partitions, args.from_offset, args.to_offset, args.from_time, args.to_time, topic=args.topic),
     )
-    Ledger.of(config).record_plan(plan)
-    log_step("plan", plan, time.monotonic(), kind=str(plan.kind), offsets=plan.offsets)
+    assert plan is not None  # plan_backfill plans or raises
     try:
         result = execute_recorded_batch(config, plan.batch_id, lambda: spark_session(args.master, remote=args.remote))
     finally:

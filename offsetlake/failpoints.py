@@ -5,7 +5,9 @@ names the step, it is deleted and the process dies. Airflow tests use it to fail
 first try of a task while the scheduler's environment stays the same.
 
 The kill is SIGKILL to ourselves, so no ``finally`` block, atexit hook or Spark shutdown runs:
-what the next run sees is exactly what a power cut would leave.
+what the next run sees is exactly what a power cut would leave. ``OFFSETLAKE_FAILPOINT_SIGNAL=SIGINT``
+(or ``SIGTERM``) sends that signal instead and carries on: the process is asked to stop at that
+step, as an operator's Ctrl-C or a supervisor's SIGTERM would, at a moment a test can name.
 
 In-process tests attach a callback to a failpoint with ``on(name, callback)``: it runs when the
 batch reaches that step (to stop a stream, run a compaction, or raise ``SimulatedCrash`` — a
@@ -35,11 +37,12 @@ def failpoint(name: str) -> None:
     for callback in list(_HOOKS.get(name, ())):
         callback(name)
     if os.environ.get("OFFSETLAKE_FAILPOINT") == name or _armed_once(name):
-        logging.getLogger("offsetlake.failpoint").error("failpoint %s reached: killing pid %d", name, os.getpid())
+        sig = signal.Signals[os.environ.get("OFFSETLAKE_FAILPOINT_SIGNAL") or "SIGKILL"]
+        logging.getLogger("offsetlake.failpoint").error("failpoint %s reached: sending %s to pid %d", name, sig.name, os.getpid())
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
 
 @contextmanager

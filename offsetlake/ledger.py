@@ -125,7 +125,8 @@ class Ledger:
         duration_ms: int | None = None,
         validation: dict | None = None,
     ) -> None:
-        """A batch that did not commit: ``failed`` (why, and its validation summary) or ``superseded``."""
+        """A batch that did not commit: ``failed`` (why, and its validation summary) or ``superseded``.
+        Called only by ``runs.record_outcome``, which decides the status from the error."""
         self._append(for_plan(plan, validation=validation).ledger_rows(status, duration_ms=duration_ms, message=message))
 
     def record_commit(self, commit: SinkCommit) -> None:

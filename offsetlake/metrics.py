@@ -16,11 +16,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from offsetlake.config import PipelineConfig
+from offsetlake.plan import LEDGER_OUTCOMES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "offsetlake_"
 # Statuses and outcomes always exported (0 when absent), so an alert rule has a series to watch.
-STATUSES = ("committed", "failed", "superseded", "rewound", "gap")
+STATUSES = tuple(str(s) for s in LEDGER_OUTCOMES)
 OUTCOMES = ("passed", "quarantined", "failed")
 
 

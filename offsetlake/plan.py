@@ -72,6 +72,9 @@ class BatchStatus(StrEnum):
     # A committed batch undone by a later rewind commit: it outranks committed, because the sink
     # commit that rewound it comes after the one that committed it.
     REWOUND = "rewound"
+    # A run's result only (``BatchResult.status``), never a ledger row: the sink already held the
+    # plan's commit when the batch ran again (a rerun after the commit).
+    ALREADY_COMMITTED = "already_committed"
 
     @property
     def rank(self) -> int:
@@ -80,7 +83,11 @@ class BatchStatus(StrEnum):
     @property
     def committed(self) -> bool:
         """The batch's commit is in the sink (and counts, unless rewound)."""
-        return self in (BatchStatus.COMMITTED, BatchStatus.GAP)
+        return self in (BatchStatus.COMMITTED, BatchStatus.GAP, BatchStatus.ALREADY_COMMITTED)
+
+
+# What a batch can end as in the ledger (what the metrics count, every one even at zero).
+LEDGER_OUTCOMES = (BatchStatus.COMMITTED, BatchStatus.FAILED, BatchStatus.SUPERSEDED, BatchStatus.REWOUND, BatchStatus.GAP)
 
 
 _RANK = {
@@ -90,6 +97,7 @@ _RANK = {
     BatchStatus.COMMITTED: 3,
     BatchStatus.GAP: 3,
     BatchStatus.REWOUND: 4,
+    BatchStatus.ALREADY_COMMITTED: 3,
 }
 
 
@@ -221,7 +229,7 @@ class BatchResult:
     """How a batch a run executed ended: committed, already committed, or superseded."""
 
     plan: BatchPlan
-    status: str  # committed | already_committed | superseded (another batch committed these ranges)
+    status: BatchStatus  # COMMITTED | ALREADY_COMMITTED | SUPERSEDED (another batch committed these ranges)
     sink_version: int | None = None
     per_range: dict[tuple[str, int], RangeCounts] = field(default_factory=dict)
     timings_ms: dict[str, int] = field(default_factory=dict)
@@ -235,7 +243,7 @@ class BatchResult:
             "pipeline": self.plan.pipeline,
             "batch_id": self.plan.batch_id,
             "kind": str(self.plan.kind),
-            "status": self.status,
+            "status": str(self.status),
             "run_id": self.plan.run.run_id,
             "ranges": ranges_with_counts(self.plan, self.per_range),
             "records_read": self.total("records_read"),

@@ -53,18 +53,15 @@ from datetime import UTC, datetime
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import LedgerEntry, RewindEntry, for_plan
-from offsetlake.errors import CommitConflictError, RewindError
+from offsetlake.errors import RewindError
 from offsetlake.history import (
     SinkCommit,
-    commit_version,
     current_epochs,
     epoch_change,
-    landed_version,
     latest_epoch_commit,
     refuse_foreign_sink,
     rewound_batches,
@@ -73,7 +70,7 @@ from offsetlake.history import (
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, RunContext, new_batch_id
-from offsetlake.sink import CommitActions, commit, committed_end, live_files, open_table, readd_actions, remove_actions, txns
+from offsetlake.sink import CommitActions, commit_once, committed_end, live_files, open_table, readd_actions, remove_actions, txns
 
 log = logging.getLogger("offsetlake.rewind")
 
@@ -351,15 +348,11 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
         ],
         txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
     )
-    try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0)
-    except CommitFailedError as err:
-        if landed_version(config.layout.sink, entry.batch_id) is None:  # else: applied, its answer lost
-            raise CommitConflictError(
-                f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
-                f"(version {plan.sink_version} was read); nothing was changed, run the rewind again: {err}"
-            ) from None
-    return commit_version(config.layout.sink, entry.batch_id)
+    lost = (
+        f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
+        f"(version {plan.sink_version} was read); nothing was changed, run the rewind again"
+    )
+    return commit_once(table, config, actions, entry, conflict=lost)
 
 
 def _files(table: DeltaTable) -> list[str]:

@@ -24,7 +24,7 @@ from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import for_plan
-from offsetlake.errors import CommitConflictError, OffsetlakeError, StalePlanError, StorageError
+from offsetlake.errors import CommitConflictError, LeaseLostError, OffsetlakeError, StalePlanError, StorageError, StreamAbandoned
 from offsetlake.history import (
     SinkCommit,
     covering_batch,
@@ -56,7 +56,6 @@ from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.runs")
 MAX_CONFLICT_REPLANS = 5
-COMMITTED, ALREADY_COMMITTED, SUPERSEDED = "committed", "already_committed", "superseded"  # BatchResult.status
 
 
 # ---- projections of the sink's history --------------------------------------------------------
@@ -74,19 +73,20 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
 
 # ---- how a batch ended ------------------------------------------------------------------------
 def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> BatchStatus:
-    """Record why ``plan`` did not commit; returns the status recorded.
+    """Record why ``plan`` did not commit; returns the status recorded. The only caller of
+    ``Ledger.record_outcome``: every batch that does not commit gets its row here, whoever ran it
+    (docs/design.md, "How a batch ends").
 
     Another writer won (CommitConflictError, invariant 10) or moved the committed ends past the
-    plan (StalePlanError, invariant 3): ``superseded`` — the plan can never apply again, a rerun
-    plans anew. Anything else: ``failed``, with our errors' message verbatim and, for a failed
-    validation, its summary and report.
+    plan or already holds its ranges (StalePlanError, invariant 3): ``superseded`` — the plan can
+    never apply again, a rerun plans anew. A stream that stopped or lost its lease before the
+    commit (StreamAbandoned, LeaseLostError): ``failed``, "abandoned: <why>". Anything else:
+    ``failed``, with our errors' message verbatim and, for a failed validation, its summary and
+    report.
     """
-    if isinstance(err, CommitConflictError | StalePlanError):
-        ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=str(err)[:4000])
-        return BatchStatus.SUPERSEDED
-    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    status, message, validation = _outcome_of(err)
     try:
-        ledger.record_outcome(plan, BatchStatus.FAILED, message=message[:4000], validation=getattr(err, "summary", None) or None)
+        ledger.record_outcome(plan, status, message=message[:4000], validation=validation)
     except OSError as unrecorded:
         if not isinstance(err, StorageError):
             raise
@@ -94,7 +94,17 @@ def record_outcome(ledger: Ledger, plan: BatchPlan, err: BaseException) -> Batch
         # `planned` until the next run's reconcile marks it (its plan no longer applies, or it
         # committed after all); the store's error is the one to report.
         log_line(log, "unrecorded", plan=plan, level=logging.WARNING, reason=storage.describe_store_error(unrecorded))
-    return BatchStatus.FAILED
+    return status
+
+
+def _outcome_of(err: BaseException) -> tuple[BatchStatus, str, dict | None]:
+    """The status, message and validation summary ``record_outcome`` records for ``err``."""
+    if isinstance(err, CommitConflictError | StalePlanError):
+        return BatchStatus.SUPERSEDED, str(err), None
+    if isinstance(err, StreamAbandoned | LeaseLostError):
+        return BatchStatus.FAILED, f"abandoned: {err}", None
+    message = str(err) if isinstance(err, OffsetlakeError) else f"{type(err).__name__}: {err}"
+    return BatchStatus.FAILED, message, getattr(err, "summary", None) or None
 
 
 # ---- one batch --------------------------------------------------------------------------------
@@ -221,7 +231,7 @@ def _execute_forward(
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
 def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, before_commit: Callable[[], None]) -> BatchResult:
@@ -240,7 +250,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     log_line(log, "gap", plan=plan, level=logging.WARNING, lost=lost, sink_version=version)
-    return BatchResult(plan, COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
+    return BatchResult(plan, BatchStatus.COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
 
 
 def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
@@ -250,14 +260,14 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
     if plan.batch_id in done:
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
+        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
     version, entry, processed = execute_backfill(config, plan, spark_factory)
     failpoints.failpoint("after_commit")
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, COMMITTED, version, processed.per_range, processed.timings_ms)
+    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
 
 
 def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]) -> BatchResult:
@@ -272,16 +282,13 @@ def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, 
     if mine:
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
+        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
     first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
     winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
-    ledger.record_outcome(
-        plan,
-        BatchStatus.SUPERSEDED,
-        message=(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch"),
-    )
+    held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch")
+    record_outcome(ledger, plan, held)
     log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
-    return BatchResult(plan, SUPERSEDED, timings_ms=timings_ms)
+    return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms=timings_ms)
 
 
 # ---- a run ------------------------------------------------------------------------------------
@@ -346,6 +353,31 @@ def run_pipeline(
 
 
 # ---- orchestrated runs (Airflow: plan task, then a spark-submit job for exactly that plan) ----
+def plan_or_reuse(
+    ledger: Ledger, run: RunContext, kind: BatchKind, plan_new: Callable[[], BatchPlan | None]
+) -> tuple[BatchPlan | None, bool]:
+    """The plan of ``run`` for batches of ``kind``, and whether it was reused.
+
+    Invariant 3: the plan this run recorded, if it can still apply (``Ledger.run_plan``), so that
+    a retry, a clear or a rerun of the run executes exactly those ranges again; else
+    ``plan_new()``, recorded in the ledger before anything is read. The plan is None when
+    ``plan_new`` finds nothing to do. Errors of ``plan_new`` (bad parameters, a live stream owning
+    the pipeline) propagate with nothing recorded. The one place a run's plan is made or found
+    again, for the Airflow plan tasks (ingest, backfill, interval backfill) and ``offsetlake
+    backfill``.
+    """
+    started = time.monotonic()
+    recorded = ledger.run_plan(run, kind)
+    if recorded is not None:
+        log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
+        return recorded[0], True
+    plan = plan_new()
+    if plan is not None:
+        ledger.record_plan(plan)
+        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+    return plan, False
+
+
 def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | None:
     """The ingest plan of one dag run: the recorded one if this run planned before, else a new one.
 
@@ -360,20 +392,19 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
     ledger = Ledger.of(config)
     started = time.monotonic()
     reconcile(config, ledger)
-    recorded = ledger.run_plan(run, BatchKind.INGEST)
-    if recorded is not None:
-        log_step("plan", recorded[0], started, reused="true", offsets=recorded[0].offsets)
-        return recorded[0]
-    refuse_if_stream_owns(config)  # a retry above still finishes its recorded plan
-    while True:
-        plan = plan_next_batch(config, run)
+
+    def plan_new() -> BatchPlan | None:
+        refuse_if_stream_owns(config)  # a retry (a recorded plan) still finishes its batch
+        return plan_next_batch(config, run)
+
+    while True:  # a gap batch is recorded with its own kind: the next turn plans past it
+        plan, reused = plan_or_reuse(ledger, run, BatchKind.INGEST, plan_new)
         if plan is None:
             log_step("caught_up", None, started, pipeline=config.name, run_id=run.run_id)
             return None
-        ledger.record_plan(plan)
-        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
         if plan.kind != BatchKind.GAP:
-            failpoints.failpoint("after_plan")
+            if not reused:
+                failpoints.failpoint("after_plan")
             return plan
         try:
             execute_batch(config, plan, ledger, lambda: None)
@@ -437,11 +468,11 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
     ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
     held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
     status = rows[0]["status"] if rows else "unknown"
-    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == SUPERSEDED and held)):
+    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == BatchStatus.SUPERSEDED and held)):
         states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
         why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
         raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
-    if status == SUPERSEDED:
+    if status == BatchStatus.SUPERSEDED:
         log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
     batch = summarize_batch(rows)
     summary = {

@@ -2,10 +2,11 @@
 
 Invariant 2: a batch's data files, its offset advance (one ``txn`` per topic-partition, version =
 exclusive end offset) and its ledger entry (``commitInfo.userMetadata``) are ONE Delta commit.
-``commit`` is the only function that commits to a sink, and ``commit_batch`` the only place
-offsets advance; ``committed_end`` is the only reader of txn versions. Invariant 10: the txn
-versions are checked on the same ``DeltaTable`` object the commit is made on, so a concurrent
-writer's commit of the same partitions makes delta-rs reject ours.
+``commit`` is the only function that commits to a sink, ``commit_once`` the one that applies the
+lost-answer rule around it for every kind, and ``commit_batch`` the only place offsets advance;
+``committed_end`` is the only reader of txn versions. Invariant 10: the txn versions are checked
+on the same ``DeltaTable`` object the commit is made on, so a concurrent writer's commit of the
+same partitions makes delta-rs reject ours.
 
 Every kind of batch composes its commit from the same parts — ``add_actions_for`` for the files it
 wrote, ``remove_actions`` / ``readd_actions`` for files it replaces or restores, ``txns`` for
@@ -337,7 +338,8 @@ def commit(
     removes nothing (checked here: rows, txns and userMetadata as for an append) and takes no
     remove actions.
 
-    Raises delta-rs's CommitFailedError on a conflict; callers say what that means for their kind.
+    Raises delta-rs's CommitFailedError on a conflict; sink commits go through ``commit_once``, which asks
+    whether it landed anyway and says what losing means for the caller's kind.
     """
     properties = CommitProperties(
         custom_metadata={"userMetadata": entry.to_json()},
@@ -367,6 +369,41 @@ def commit(
         commit_properties=properties,
         post_commithook_properties=hooks,
     )
+
+
+def commit_once(
+    table: DeltaTable,
+    config: PipelineConfig,
+    actions: CommitActions,
+    entry: LedgerEntry,
+    *,
+    conflict: str,
+    max_commit_retries: int = 0,
+    schema: pa.Schema | None = None,
+) -> int:
+    """Make one sink commit (``commit``) and return the version that holds ``entry``'s batch.
+
+    The lost-answer rule, for every commit on a sink (ingest, stream, gap, backfill, rewind,
+    epoch): when delta-rs reports a conflict, the table is asked whether the commit holding
+    ``entry.batch_id`` landed anyway (``history.landed_version``: on object storage a commit's
+    answer can be lost after the store applied it, and the client's retried put-if-absent then
+    fails as a conflict). If it landed, it stands; if not, nothing was committed and this raises
+    CommitConflictError with ``conflict`` (what losing means for the caller's kind) and delta-rs's
+    reason (invariant 10). ``max_commit_retries`` defaults to none: a commit that removes or
+    restores files, or moves txns backwards, must not be rebased onto a newer version.
+    """
+    try:
+        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=max_commit_retries, schema=schema)
+    except CommitFailedError as err:
+        if landed_version(config.layout.sink, entry.batch_id) is None:
+            raise CommitConflictError(f"{conflict}: {err}") from None
+        log.warning(
+            "pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
+            config.name,
+            entry.batch_id,
+            str(err).splitlines()[0],
+        )
+    return commit_version(config.layout.sink, entry.batch_id)
 
 
 def sink_columns(table: DeltaTable | None) -> set[str] | None:
@@ -588,29 +625,18 @@ def commit_batch(
 
     The only place offsets advance (invariant 2). ``table`` must be the object whose txn
     versions ``check_plan_applies`` just read: delta-rs then rejects this commit if another
-    writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError.
-    A commit with removes is never retried on a newer version: delta-rs does not flag removes of
-    files a concurrent commit already removed (see ``backfill.commit_replace``), so any commit
+    writer committed any of these appIds meanwhile (invariant 10), raising CommitConflictError
+    unless the commit landed and only its answer was lost (``commit_once``). A commit with
+    removes is never retried on a newer version: delta-rs does not flag removes of files a
+    concurrent commit already removed (see ``backfill.commit_replace``), so any commit
     since ``table``'s version fails it. Raises SinkOwnedError, committing nothing, when the table
     belongs to another pipeline (invariant 16). Returns the new table version.
     """
     refuse_foreign_sink(table, config.name)
     removes = remove_actions(removed or [], config.sink.partition_by)
     actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
-    try:
-        commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=0 if removes else 5, schema=schema)
-    except CommitFailedError as err:
-        if landed_version(config.layout.sink, plan.batch_id) is None:
-            raise CommitConflictError(
-                f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}: {err}"
-            ) from None
-        log.warning(
-            "pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
-            config.name,
-            plan.batch_id,
-            str(err).splitlines()[0],
-        )
-    version = commit_version(config.layout.sink, plan.batch_id)
+    lost = f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}"
+    version = commit_once(table, config, actions, entry, conflict=lost, max_commit_retries=0 if removes else 5, schema=schema)
     after = storage.table(config.layout.sink, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]
     if behind:

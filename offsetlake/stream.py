@@ -11,7 +11,8 @@ Stopping: the first SIGTERM/SIGINT lets the batch in flight finish (its commit, 
 abandonment if it fails), then the lease is released and the process exits 0. A second signal
 abandons the batch in flight at once: its Spark jobs are cancelled and, if its commit has not
 started, it commits nothing (recorded ``failed``, reason "abandoned"); the next run re-reads
-those offsets.
+those offsets. Either way no batch the stream planned is left without an outcome (docs/design.md,
+"How a batch ends"); only a killed stream leaves one, for the next run's reconcile.
 
 A broker that is unreachable or stops serving a range (KafkaUnavailableError, ReadTimeoutError),
 or any other transient error (``errors.is_transient``), is waited out: the batch in flight is
@@ -40,7 +41,7 @@ from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
-from offsetlake.runs import COMMITTED, execute_batch, reconcile, record_outcome
+from offsetlake.runs import execute_batch, reconcile, record_outcome
 from offsetlake.spark import cancel_tagged, keep_alive, release_memory, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
@@ -100,6 +101,7 @@ class StopControl:
         self.deadline = time.monotonic() + max_duration if max_duration else None
         self.parent_pid = parent_pid
         self.on_abandon: Callable[[], None] = lambda: None
+        self.handles_signals = False
 
     def request(self, reason: str) -> None:
         if self.requested.is_set():
@@ -113,8 +115,18 @@ class StopControl:
         self.requested.set()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT ask the stream to stop (main thread only, as Python requires)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: self.request(f"received {signal.Signals(signum).name}"))
+        self.handles_signals = True
+
+    def reclaim_signals(self) -> None:
+        """Install the handlers again if they were installed: a SparkContext starting in the main
+        thread replaces the SIGINT handler by its own (cancel every job, raise KeyboardInterrupt),
+        which would stop a batch between its plan and its outcome and leave it ``planned``
+        (docs/design.md, "How a batch ends"). Called once Spark has started."""
+        if self.handles_signals:
+            self.install_signal_handlers()
 
     def poll(self) -> bool:
         """True once a stop was asked for (checks the deadline and the parent too)."""
@@ -156,6 +168,7 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
     lease.start_heartbeats()
     try:
         spark = spark_factory()  # warm for the whole stream; idle loops run no job on it
+        stop.reclaim_signals()
         in_flight: dict[str, str] = {}  # the batch whose Spark jobs a second signal cancels
 
         def cancel_in_flight() -> None:
@@ -221,18 +234,12 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
             try:
                 result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
             except LeaseLostError as err:
-                ledger.record_outcome(plan, BatchStatus.FAILED, message=f"abandoned: {err}"[:4000])
+                record_outcome(ledger, plan, err)
                 raise
             except Exception as err:
                 if stop.abandon.is_set():
-                    ledger.record_outcome(
-                        plan,
-                        BatchStatus.FAILED,
-                        message=(
-                            f"abandoned: the stream was stopped ({stop.reason}) before this batch committed; "
-                            f"nothing was committed, the next run reads these offsets again"
-                        ),
-                    )
+                    why = f"the stream was stopped ({stop.reason}) before this batch committed; nothing was committed"
+                    record_outcome(ledger, plan, StreamAbandoned(f"{why}, the next run reads these offsets again"))
                     report.abandoned.append(plan.batch_id)
                     log_line(log, "abandoned", plan=plan, level=logging.WARNING)
                     break
@@ -268,7 +275,7 @@ def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamRep
     report.records_read += result.total("records_read")
     report.rows_written += result.total("rows_written")
     emit(result.summary())
-    if result.status == COMMITTED:
+    if result.status == BatchStatus.COMMITTED:
         ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
         try:  # informational (lag tools); the txn versions are the truth
             commit_group_offsets(config.kafka_client_config(), config.name, ends)

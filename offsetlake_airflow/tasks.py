@@ -17,7 +17,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.ledger import Ledger
-from offsetlake.plan import BatchKind, BatchStatus, RunContext
+from offsetlake.plan import BatchKind, BatchPlan, BatchStatus, RunContext
 from offsetlake.validation import load_suite
 from offsetlake_airflow.assets import announce, batch_extra
 from offsetlake_airflow.connections import load_config
@@ -65,21 +65,20 @@ def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) 
     None (downstream skipped, the run succeeds) when nothing committed falls in the interval.
     """
     from offsetlake.backfill import plan_interval_backfill
+    from offsetlake.runs import plan_or_reuse
 
     run = _run(context)
-    ledger = Ledger.of(config)
-    recorded = ledger.run_plan(run, BatchKind.BACKFILL)
-    if recorded is not None:
-        existing = recorded[0]
-        log.info("pipeline %s backfill run %s: reusing the recorded plan %s", config.name, run.run_id, existing.describe())
-        return existing.batch_id
     start, end = context["data_interval_start"], context["data_interval_end"]
-    if start is None or end is None:
-        raise BackfillParamsError(
-            f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
-            f"use the {config.name}_backfill DAG with offsets or times"
-        )
-    plan = plan_interval_backfill(config, run, start, end)
+
+    def plan_new() -> BatchPlan | None:
+        if start is None or end is None:
+            raise BackfillParamsError(
+                f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
+                f"use the {config.name}_backfill DAG with offsets or times"
+            )
+        return plan_interval_backfill(config, run, start, end)
+
+    plan, reused = plan_or_reuse(Ledger.of(config), run, BatchKind.BACKFILL, plan_new)
     if plan is None:
         log.info(
             "pipeline %s backfill run %s: no committed record falls in the data interval [%s, %s): nothing to reprocess, Spark not started",
@@ -89,15 +88,8 @@ def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) 
             end.isoformat(),
         )
         return None
-    ledger.record_plan(plan)
-    log.info(
-        "pipeline %s backfill %s of the data interval [%s, %s): %s",
-        config.name,
-        plan.batch_id,
-        start.isoformat(),
-        end.isoformat(),
-        plan.describe(),
-    )
+    what = "reusing the recorded plan" if reused else f"of the data interval [{start.isoformat()}, {end.isoformat()})"
+    log.info("pipeline %s backfill %s %s: %s", config.name, plan.batch_id, what, plan.describe())
     return plan.batch_id
 
 
@@ -107,29 +99,29 @@ def plan_backfill_run(pipeline: str, **context: Any) -> str:
     Bad Params fail here with a message that says what to fix; nothing is committed.
     """
     from offsetlake.backfill import plan_backfill
+    from offsetlake.runs import plan_or_reuse
 
     params = context["params"]
     run = _run(context)
     config = load_config(pipeline)
     load_suite(config)
-    ledger = Ledger.of(config)
-    recorded = ledger.run_plan(run, BatchKind.BACKFILL)
-    if recorded is not None:
-        existing = recorded[0]
-        log.info("pipeline %s backfill %s: reusing the recorded plan %s", pipeline, existing.batch_id, existing.describe())
-        return existing.batch_id
-    plan = plan_backfill(
-        config,
+    plan, reused = plan_or_reuse(
+        Ledger.of(config),
         run,
-        partitions=list(params.get("partitions") or []) or None,
-        from_offset=params.get("from_offset"),
-        to_offset=params.get("to_offset"),
-        from_time=params.get("from_time") or None,
-        to_time=params.get("to_time") or None,
-        topic=params.get("topic") or None,
+        BatchKind.BACKFILL,
+        lambda: plan_backfill(
+            config,
+            run,
+            partitions=list(params.get("partitions") or []) or None,
+            from_offset=params.get("from_offset"),
+            to_offset=params.get("to_offset"),
+            from_time=params.get("from_time") or None,
+            to_time=params.get("to_time") or None,
+            topic=params.get("topic") or None,
+        ),
     )
-    ledger.record_plan(plan)
-    log.info("pipeline %s backfill %s plan: %s", pipeline, plan.batch_id, plan.describe())
+    assert plan is not None  # plan_backfill plans or raises
+    log.info("pipeline %s backfill %s %s: %s", pipeline, plan.batch_id, "reusing the recorded plan" if reused else "plan", plan.describe())
     return plan.batch_id
 
 
