@@ -37,17 +37,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
 from offsetlake.entry import EpochChange, LedgerEntry, for_plan
-from offsetlake.errors import CommitConflictError, KafkaUnavailableError, TopicEpochError, TopicIdentityError
+from offsetlake.errors import KafkaUnavailableError, TopicEpochError, TopicIdentityError
 from offsetlake.history import (
     SinkCommit,
-    commit_version,
     epoch_change,
-    landed_version,
     refuse_foreign_sink,
     rewound_batches,
     sink_commits,
@@ -55,7 +52,7 @@ from offsetlake.history import (
 from offsetlake.kafka import current_offsets, topic_ids
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import CommitActions, commit, committed_end, open_table, table_schema, txns
+from offsetlake.sink import CommitActions, commit_once, committed_end, open_table, table_schema, txns
 
 TopicPartitionKey = tuple[str, int]
 
@@ -221,8 +218,8 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
         + ("; ".join(problems) if problems else "forced: the check saw nothing wrong"),
         epoch=EpochChange(topic, result.previous_topic_id, current, tuple(moves), tuple(problems)),
     )
-    _commit_epoch(config, table, plan, entry, CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items()))))
-    result.batch_id, result.sink_version = plan.batch_id, commit_version(config.layout.sink, plan.batch_id)
+    actions = CommitActions(txns=txns(config, (((topic, p), to) for p, to in targets.items())))
+    result.batch_id, result.sink_version = plan.batch_id, _commit_epoch(config, table, plan, entry, actions)
     reconcile_ledger(config, Ledger.of(config))
     return result
 
@@ -241,26 +238,21 @@ def _topic_offsets(config: PipelineConfig, topic: str) -> dict[tuple[str, int], 
     return offsets
 
 
-def _commit_epoch(config: PipelineConfig, table: DeltaTable, plan: BatchPlan, entry: LedgerEntry, actions: CommitActions) -> None:
+def _commit_epoch(config: PipelineConfig, table: DeltaTable, plan: BatchPlan, entry: LedgerEntry, actions: CommitActions) -> int:
     """The epoch commit (txns only, the schema gains the epoch column), on this pipeline's own
-    table (invariant 16); CommitConflictError if a concurrent commit won and ours did not land."""
+    table (invariant 16), under the lost-answer rule (``sink.commit_once``); CommitConflictError
+    if a concurrent commit won and ours did not land. Returns the sink version that holds it."""
     topic = plan.ranges[0].topic
     refuse_foreign_sink(table, config.name)  # invariant 16: the txns it moves are this pipeline's, on its own table
-    try:
-        commit(
-            table,
-            actions,
-            entry,
-            partition_by=config.sink.partition_by,
-            max_commit_retries=0,
-            schema=_with_epoch_column(table_schema(table)),
-        )
-    except CommitFailedError as err:
-        if landed_version(config.layout.sink, plan.batch_id) is None:
-            raise CommitConflictError(
-                f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
-                f"nothing was changed, run it again while no run of the pipeline is going on: {err}"
-            ) from None
+    return commit_once(
+        table,
+        config,
+        actions,
+        entry,
+        conflict=f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
+        "nothing was changed, run it again while no run of the pipeline is going on",
+        schema=_with_epoch_column(table_schema(table)),
+    )
 
 
 def _with_epoch_column(schema: pa.Schema) -> pa.Schema | None:
