@@ -453,32 +453,37 @@ def evolved_schema(table: DeltaTable, config: PipelineConfig, rows: pa.Schema, p
             field=_dotted(diff.required_missing[0]),
         )
     if config.on_schema_change == "fail" and (diff.added or diff.missing):
-        schemas = _schemas_involved(table, config, plan)
-        what = "; ".join(
-            part
-            for part in (
-                _listed("new column", [p for p in diff.added if len(p) == 1]),
-                _listed("new nested field", [p for p in diff.added if len(p) > 1]),
-                _listed("no column", [p for p in diff.missing if len(p) == 1], " any more"),
-                _listed("no nested field", [p for p in diff.missing if len(p) > 1], " any more"),
-            )
-            if part
-        )
-        raise SchemaChangeError(
-            f"batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
-            "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
-            "or nested field is added in the batch's own commit), pin format.version to the schema the sink has, or a "
-            "new sink table"
-            + (
-                f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink without it"
-                if (KEY_COLUMN,) in diff.added
-                else ""
-            ),
-            pipeline=config.name,
-            batch_id=plan.batch_id,
-            field=_dotted([*diff.added, *diff.missing][0]),
-        )
+        raise _refused_change(table, config, plan, diff)
     return diff.merged if diff.added else None
+
+
+def _refused_change(table: DeltaTable, config: PipelineConfig, plan: BatchPlan, diff: SchemaDiff) -> SchemaChangeError:
+    """The error of a batch that adds or drops a column or nested field under ``on_schema_change: fail``."""
+    schemas = _schemas_involved(table, config, plan)
+    what = "; ".join(
+        part
+        for part in (
+            _listed("new column", [p for p in diff.added if len(p) == 1]),
+            _listed("new nested field", [p for p in diff.added if len(p) > 1]),
+            _listed("no column", [p for p in diff.missing if len(p) == 1], " any more"),
+            _listed("no nested field", [p for p in diff.missing if len(p) > 1], " any more"),
+        )
+        if part
+    )
+    return SchemaChangeError(
+        f"batch {plan.batch_id} changes the sink {config.sink_path}'s schema ({what}){schemas}, "
+        "and on_schema_change is fail. Nothing was committed. Ways forward: on_schema_change: evolve (a new column "
+        "or nested field is added in the batch's own commit), pin format.version to the schema the sink has, or a "
+        "new sink table"
+        + (
+            f"; {KEY_COLUMN} is the record key (key_format, string unless set): key_format: none keeps the sink without it"
+            if (KEY_COLUMN,) in diff.added
+            else ""
+        ),
+        pipeline=config.name,
+        batch_id=plan.batch_id,
+        field=_dotted([*diff.added, *diff.missing][0]),
+    )
 
 
 def _dotted(path: tuple[str, ...]) -> str:
