@@ -182,6 +182,24 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
         raise RewindError(f"{where}: the sink {config.sink_path} does not exist")
     commits = sink_commits(table, config.name)
     undone = rewound_batches(commits)
+    target = _target(config, commits, undone, to_batch, where)
+    _refuse_past_epoch(config, commits, target, where)
+    plan = RewindPlan(config.name, to_batch, target.version, table.version())
+    later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND and c.batch_id not in undone]
+    plan.rewound = [{"batch_id": c.batch_id, "kind": str(c.kind), "version": c.version} for c in later]
+    plan.dead_letters = dead_letters.count_by_batch(config, [c.batch_id for c in later])
+    if plan.noop:
+        return plan
+
+    then = storage.table(config.layout.sink, version=target.version)
+    _plan_files(config, plan, table, then, where)
+    plan.txn = _txn_moves(config, table, then, commits)
+    return plan
+
+
+def _target(config: PipelineConfig, commits: list[SinkCommit], undone: dict[str, SinkCommit], to_batch: str, where: str) -> SinkCommit:
+    """The commit of ``to_batch``; RewindError if it is unknown, never committed, a rewind commit
+    or itself rewound."""
     target = next((c for c in commits if c.batch_id == to_batch), None)
     if target is None:
         status = _ledger_status(config, to_batch)
@@ -200,15 +218,12 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
             f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
             f"(sink version {undone[to_batch].version}); its data is no longer in the sink"
         )
-    _refuse_past_epoch(config, commits, target, where)
-    plan = RewindPlan(config.name, to_batch, target.version, table.version())
-    later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND and c.batch_id not in undone]
-    plan.rewound = [{"batch_id": c.batch_id, "kind": str(c.kind), "version": c.version} for c in later]
-    plan.dead_letters = dead_letters.count_by_batch(config, [c.batch_id for c in later])
-    if plan.noop:
-        return plan
+    return target
 
-    then = storage.table(config.layout.sink, version=target.version)
+
+def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, then: DeltaTable, where: str) -> None:
+    """The sink files and dead letters the rewind removes and re-adds (``plan`` gains them);
+    RewindError if a file of the target version is gone from disk (nothing could be restored whole)."""
     before = set(then.schema().to_arrow().names)
     plan.kept_columns = [name for name in table.schema().to_arrow().names if name not in before]
     now_files = _files(table)
@@ -218,10 +233,10 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.layout.sink, f))]
     if missing:
         raise RewindError(
-            f"{where}: {len(missing)} data files of sink version {target.version} are gone from disk "
+            f"{where}: {len(missing)} data files of sink version {plan.to_version} are gone from disk "
             f"(vacuumed?), e.g. {', '.join(missing[:5])}; nothing was changed"
         )
-    dead_version = dead_letters.version_as_of(config, target.version)
+    dead_version = dead_letters.version_as_of(config, plan.to_version)
     if dead_version is not None:
         gone = dead_letters.missing_files_as_of(config, dead_version)
         if gone:
@@ -230,8 +245,6 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
                 f"e.g. {', '.join(gone[:5])}; nothing was changed"
             )
         plan.dead_letters_readded = dead_letters.rows_readded_by_restore(config, dead_version)
-    plan.txn = _txn_moves(config, table, then, commits)
-    return plan
 
 
 def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target: SinkCommit, where: str) -> None:
