@@ -296,6 +296,17 @@ class AvroDecoder:
         rows = np.flatnonzero(present)
         chunk = ChunkBuffer([v for v in values if v is not None])
         header = {"confluent": 5, "single_object": 10}.get(self.encoding, 0)
+        good, keys = self._headers(state, values, rows, chunk, problems)
+        pieces = self._decoded_by_writer(state, values, rows, chunk, header, good, keys, problems)
+        parsed = self._assemble(count, pieces, problems)
+        settled = [p is None for p in problems]
+        return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, settled)
+
+    def _headers(
+        self, state: dict, values: list[bytes | None], rows: np.ndarray, chunk: ChunkBuffer, problems: list[str | None]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per present value: whether its header is good and its writer schema's key (-1: the
+        schema file's, -2: none); a bad header's or a wrong fingerprint's reason goes to ``problems``."""
         if self.encoding == "confluent":
             good = (chunk.sizes >= 5) & (chunk.byte(0) == 0)
             keys = np.where(good, chunk.big_endian_u32(1), -1)
@@ -320,7 +331,21 @@ class AvroDecoder:
             bad_reason = ""
         for j in np.flatnonzero(~good):
             problems[rows[j]] = problems[rows[j]] or bad_reason
+        return good, keys
 
+    def _decoded_by_writer(
+        self,
+        state: dict,
+        values: list[bytes | None],
+        rows: np.ndarray,
+        chunk: ChunkBuffer,
+        header: int,
+        good: np.ndarray,
+        keys: np.ndarray,
+        problems: list[str | None],
+    ) -> list[tuple[pa.StructArray, list[int | None]]]:
+        """The payloads of each writer schema together (``avro_columns``), with fastavro for what
+        that path does not take; each piece is raw arrays and each row's record."""
         pieces: list[tuple[pa.StructArray, list[int | None]]] = []  # raw arrays, each row's record
         slow_rows: list[int | None] = []
         slow_records: list[dict | None] = []
@@ -346,9 +371,7 @@ class AvroDecoder:
                         slow_records.append(record)
         if slow_records:
             pieces.append((self._raw_from_dicts(slow_records), slow_rows))
-        parsed = self._assemble(count, pieces, problems)
-        settled = [p is None for p in problems]
-        return DecodedChunk(parsed, problems if any(p is not None for p in problems) else None, settled)
+        return pieces
 
     def _decode_one(self, payload: bytes, writer: Any, reader: Any, described: str) -> tuple[dict | None, str | None]:
         """One payload through fastavro: its record, or why it is a dead letter."""
