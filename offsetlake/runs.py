@@ -17,7 +17,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake import dead_letters, failpoints, storage
@@ -39,7 +41,7 @@ from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
-from offsetlake.process import process_ranges, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     WrittenFiles,
     add_columns_first,
@@ -53,6 +55,9 @@ from offsetlake.sink import (
 )
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger("offsetlake.runs")
 MAX_CONFLICT_REPLANS = 5
@@ -182,27 +187,10 @@ def _execute_forward(
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite, write_in_read=True)
     try:
-        rows_schema = processed.rows_schema
-        removed: list[dict] = []
-        merged: dict[str, int] | None = None
-        if config.sink.mode == "upsert":
-            # the merge reads the table: the commit is made on that same snapshot (invariant 10)
-            table = ensure_table(config, rows_schema)
-            if not check_plan_applies(table, config, plan):
-                return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-            schema = evolved_schema(table, config, rows_schema, plan)
-            merge = stage_merge(config, plan, processed, spark, table)
-            files, removed = merge.files, merge.removed
-            merged = merge.counts.as_dict()
-            if schema is not None and removed:
-                table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-                schema = None
-        else:
-            files = stage_files(config, plan, processed, processed.rows, spark)
-            table = ensure_table(config, rows_schema)
-            if not check_plan_applies(table, config, plan):
-                return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-            schema = evolved_schema(table, config, rows_schema, plan)
+        staged = _stage(config, plan, processed, spark)
+        if staged is None:
+            return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
+        table, files, removed, merged, schema = staged
         t = time.monotonic()
         entry = for_plan(
             plan,
@@ -232,6 +220,31 @@ def _execute_forward(
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
     return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
+
+
+def _stage(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any
+) -> tuple[DeltaTable, WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None] | None:
+    """The batch's files staged for its commit, with the table snapshot to commit on, the files it
+    removes (a keyed merge), the merge's counts and the evolved schema; None if meanwhile the
+    sink already holds the plan (invariant 3)."""
+    rows_schema = processed.rows_schema
+    if config.sink.mode != "upsert":
+        files = stage_files(config, plan, processed, processed.rows, spark)
+        table = ensure_table(config, rows_schema)
+        if not check_plan_applies(table, config, plan):
+            return None
+        return table, files, [], None, evolved_schema(table, config, rows_schema, plan)
+    # the merge reads the table: the commit is made on that same snapshot (invariant 10)
+    table = ensure_table(config, rows_schema)
+    if not check_plan_applies(table, config, plan):
+        return None
+    schema = evolved_schema(table, config, rows_schema, plan)
+    merge = stage_merge(config, plan, processed, spark, table)
+    if schema is not None and merge.removed:
+        table = add_columns_first(table, config, schema, plan)  # a commit cannot both
+        schema = None
+    return table, merge.files, merge.removed, merge.counts.as_dict(), schema
 
 
 def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, before_commit: Callable[[], None]) -> BatchResult:
