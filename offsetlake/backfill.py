@@ -80,58 +80,21 @@ def plan_backfill(
     """
     config.check_storage()
     where = f"pipeline {config.name} backfill"
-    by_offset = from_offset is not None or to_offset is not None
-    by_time = bool(from_time) or bool(to_time)
-    if by_offset and by_time:
-        raise BackfillParamsError(f"{where}: give from_offset/to_offset or from_time/to_time, not both")
-    if not by_offset and not by_time:
-        raise BackfillParamsError(f"{where}: give from_offset and to_offset, or from_time and to_time")
-    if by_offset and (from_offset is None or to_offset is None):
-        raise BackfillParamsError(f"{where}: from_offset and to_offset are both required")
-    if by_time and not (from_time and to_time):
-        raise BackfillParamsError(f"{where}: from_time and to_time are both required")
-
-    every = current_offsets(config)
-    topics = sorted({t for t, _ in every})
-    if topic is None and len(topics) == 1:
-        topic = topics[0]
-    if topic is None or topic not in topics:
-        said = "give the topic to backfill" if topic is None else f"topic {topic} is not one of the pipeline's"
-        raise BackfillParamsError(f"{where}: {said} (its topics: {', '.join(topics) or 'none'})")
-    offsets = {p: o for (t, p), o in every.items() if t == topic}
-    known = sorted(offsets)
-    chosen = sorted(set(partitions)) if partitions else known
-    unknown = [p for p in chosen if p not in offsets]
-    if unknown:
-        raise BackfillParamsError(f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})")
+    by_time = _request_kind(where, from_offset, to_offset, from_time, to_time)
+    topic, offsets, chosen = _chosen_partitions(config, where, topic, partitions)
     table = open_table(config.layout.sink)
     ends = committed_ends(table, config, topic, chosen)
-
     window: RecordTimeWindow | None = None
     if by_time:
-        assert from_time and to_time  # checked above
+        assert from_time and to_time  # checked by _request_kind
         start_ms, stop_ms = _parse_time(from_time, "from_time", where), _parse_time(to_time, "to_time", where)
         if stop_ms <= start_ms:
             raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
         window = RecordTimeWindow(start_ms, stop_ms)
         ranges = _time_ranges(config, topic, {p: offsets[p] for p in chosen}, ends, window)
     else:
-        assert from_offset is not None and to_offset is not None  # checked above
-        if to_offset <= from_offset:
-            raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
-        ranges = []
-        for p in chosen:
-            lso, end = offsets[p].last_stable, ends[p]
-            limit = end if end is not None else 0
-            if to_offset > lso:
-                raise BackfillParamsError(f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]")
-            if to_offset > limit:
-                raise BackfillParamsError(
-                    f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
-                    f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
-                )
-            check_log_start(offsets[p], from_offset, config.name)
-            ranges.append(OffsetRange(topic, p, from_offset, to_offset))
+        assert from_offset is not None and to_offset is not None  # checked by _request_kind
+        ranges = _offset_ranges(config, where, topic, chosen, offsets, ends, from_offset, to_offset)
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
@@ -145,6 +108,72 @@ def plan_backfill(
         window=window,
         reader_schema=resolve_reader_schema(config, sink_columns(table)),
     )
+
+
+def _request_kind(where: str, from_offset: int | None, to_offset: int | None, from_time: str | None, to_time: str | None) -> bool:
+    """True for a backfill by time, False by offsets; BackfillParamsError for a mix or half a range."""
+    by_offset = from_offset is not None or to_offset is not None
+    by_time = bool(from_time) or bool(to_time)
+    if by_offset and by_time:
+        raise BackfillParamsError(f"{where}: give from_offset/to_offset or from_time/to_time, not both")
+    if not by_offset and not by_time:
+        raise BackfillParamsError(f"{where}: give from_offset and to_offset, or from_time and to_time")
+    if by_offset and (from_offset is None or to_offset is None):
+        raise BackfillParamsError(f"{where}: from_offset and to_offset are both required")
+    if by_time and not (from_time and to_time):
+        raise BackfillParamsError(f"{where}: from_time and to_time are both required")
+    return by_time
+
+
+def _chosen_partitions(
+    config: PipelineConfig, where: str, topic: str | None, partitions: list[int] | None
+) -> tuple[str, dict[int, PartitionOffsets], list[int]]:
+    """The topic (the only one when not given), Kafka's offsets of its partitions and the
+    partitions asked for (all when none are); BackfillParamsError naming what exists otherwise."""
+    every = current_offsets(config)
+    topics = sorted({t for t, _ in every})
+    if topic is None and len(topics) == 1:
+        topic = topics[0]
+    if topic is None or topic not in topics:
+        said = "give the topic to backfill" if topic is None else f"topic {topic} is not one of the pipeline's"
+        raise BackfillParamsError(f"{where}: {said} (its topics: {', '.join(topics) or 'none'})")
+    offsets = {p: o for (t, p), o in every.items() if t == topic}
+    known = sorted(offsets)
+    chosen = sorted(set(partitions)) if partitions else known
+    unknown = [p for p in chosen if p not in offsets]
+    if unknown:
+        raise BackfillParamsError(f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})")
+    return topic, offsets, chosen
+
+
+def _offset_ranges(
+    config: PipelineConfig,
+    where: str,
+    topic: str,
+    chosen: list[int],
+    offsets: dict[int, PartitionOffsets],
+    ends: dict[int, int | None],
+    from_offset: int,
+    to_offset: int,
+) -> list[OffsetRange]:
+    """``[from_offset, to_offset)`` of each chosen partition, refused past the last stable offset,
+    past the committed end (new offsets are the ingest run's) or below the log start."""
+    if to_offset <= from_offset:
+        raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
+    ranges = []
+    for p in chosen:
+        lso, end = offsets[p].last_stable, ends[p]
+        limit = end if end is not None else 0
+        if to_offset > lso:
+            raise BackfillParamsError(f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]")
+        if to_offset > limit:
+            raise BackfillParamsError(
+                f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
+                f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
+            )
+        check_log_start(offsets[p], from_offset, config.name)
+        ranges.append(OffsetRange(topic, p, from_offset, to_offset))
+    return ranges
 
 
 def _time_ranges(
