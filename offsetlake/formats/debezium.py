@@ -123,6 +123,29 @@ class EnvelopeDecoder:
                 "read_problem", F.when(tombstone & (F.col("read_problem") == TOMBSTONE), F.lit(None)).otherwise(F.col("read_problem"))
             )
             decoded = decoded.withColumn(REASON, F.when(tombstone, F.lit(TOMBSTONE)).otherwise(F.col(REASON)))
+        row = F.when(op == "d", before).otherwise(after)
+        problem = self._envelope_problem(op, before, after, row)
+        out = decoded.withColumn("_row", row).withColumn(OP, op)
+        return out.select(
+            *[c for c in decoded.columns if c not in (PARSED, REASON, CHANGE)],
+            F.struct(
+                *[F.col(f"_row.`{n}`").alias(n) for n in self.row_fields],
+                F.col(OP).alias(OP),
+                source("ts_ms").alias(SOURCE_TS),
+                source("lsn").alias(LSN),
+            ).alias(PARSED),
+            F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(None)).otherwise(problem).alias(REASON),
+            F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(SKIP))
+            .when(op == "d", F.lit(DELETE))
+            .otherwise(F.lit(UPSERT))
+            .alias(CHANGE),
+        )
+
+    def _envelope_problem(self, op: Column, before: Column, after: Column, row: Column) -> Column:
+        """Why a change event is a dead letter: the read's reason, else what is wrong with its
+        envelope (op, before, after) or a required field the row lacks; null when nothing is."""
+        from pyspark.sql import functions as F
+
         problem = (
             F.when(F.col(REASON).isNotNull(), F.col(REASON))
             .when(op.isNull(), F.lit(reasons.envelope("no op (not a change event)")))
@@ -139,24 +162,9 @@ class EnvelopeDecoder:
                 F.lit(reasons.envelope("op 'd' without before (the table's REPLICA IDENTITY gives no key)")),
             )
         )
-        row = F.when(op == "d", before).otherwise(after)
         for name in self.required:
             problem = problem.when(op.isin("c", "r", "u") & row.getField(name).isNull(), F.lit(reasons.required_missing(name, " in after")))
-        out = decoded.withColumn("_row", row).withColumn(OP, op)
-        return out.select(
-            *[c for c in decoded.columns if c not in (PARSED, REASON, CHANGE)],
-            F.struct(
-                *[F.col(f"_row.`{n}`").alias(n) for n in self.row_fields],
-                F.col(OP).alias(OP),
-                source("ts_ms").alias(SOURCE_TS),
-                source("lsn").alias(LSN),
-            ).alias(PARSED),
-            F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(None)).otherwise(problem).alias(REASON),
-            F.when(tombstone & (F.col(REASON) == TOMBSTONE), F.lit(SKIP))
-            .when(op == "d", F.lit(DELETE))
-            .otherwise(F.lit(UPSERT))
-            .alias(CHANGE),
-        )
+        return problem
 
 
 def _source_fields(decoded: DataFrame) -> set[str]:
