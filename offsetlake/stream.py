@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import LeaseLostError, StreamAbandoned, is_transient
@@ -39,7 +40,7 @@ from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
 from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
-from offsetlake.plan import BatchKind, BatchResult, BatchStatus, RunContext
+from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
 from offsetlake.runs import execute_batch, reconcile, record_outcome
 from offsetlake.spark import cancel_tagged, keep_alive, release_memory, tag_jobs, untag_jobs
@@ -143,7 +144,7 @@ class StopControl:
             self.requested.wait(min(left, 0.5))
 
 
-def run_stream(  # noqa: C901 -- to be split (issue 36)
+def run_stream(
     config: PipelineConfig,
     options: StreamOptions,
     spark_factory: Callable,
@@ -169,92 +170,7 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
     try:
         spark = spark_factory()  # warm for the whole stream; idle loops run no job on it
         stop.reclaim_signals()
-        in_flight: dict[str, str] = {}  # the batch whose Spark jobs a second signal cancels
-
-        def cancel_in_flight() -> None:
-            if "tag" in in_flight:
-                cancel_tagged(spark, in_flight["tag"])
-
-        stop.on_abandon = lambda: threading.Thread(target=cancel_in_flight, daemon=True).start()
-
-        def before_commit() -> None:
-            if stop.abandon.is_set():
-                raise StreamAbandoned(f"pipeline {config.name}: stream stopped before the commit")
-            lease.check()
-
-        ledger = Ledger.of(config)
-        reconcile(config, ledger)
-        log_line(
-            log,
-            "stream_start",
-            pipeline=config.name,
-            run_id=run.run_id,
-            owner=owner,
-            trigger_s=options.trigger_interval,
-            max_records_per_batch=config.max_records_per_batch,
-        )
-        retries = 0
-
-        def wait_out(err: Exception) -> None:
-            nonlocal retries
-            retries += 1
-            if retries > MAX_TRANSIENT_RETRIES:
-                raise err
-            pause = min(30.0, 2.0 ** (retries - 1))
-            log_line(
-                log,
-                "retry",
-                level=logging.WARNING,
-                pipeline=config.name,
-                attempt=f"{retries}/{MAX_TRANSIENT_RETRIES}",
-                in_s=f"{pause:.0f}",
-                reason=str(err),
-            )
-            stop.sleep(pause)
-
-        while not stop.poll():
-            started = time.monotonic()
-            lease.check()
-            try:
-                plan = plan_next_batch(config, run, kind=BatchKind.STREAM)
-            except Exception as err:
-                if not is_transient(err):
-                    raise
-                wait_out(err)
-                continue
-            if plan is None:
-                retries = 0
-                keep_alive(spark)
-                stop.sleep(options.trigger_interval)
-                continue
-            ledger.record_plan(plan)
-            log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
-            in_flight["tag"] = f"offsetlake-{plan.batch_id}"
-            tag_jobs(spark, in_flight["tag"])
-            try:
-                result = execute_batch(config, plan, ledger, lambda: spark, before_commit)
-            except LeaseLostError as err:
-                record_outcome(ledger, plan, err)
-                raise
-            except Exception as err:
-                if stop.abandon.is_set():
-                    why = f"the stream was stopped ({stop.reason}) before this batch committed; nothing was committed"
-                    record_outcome(ledger, plan, StreamAbandoned(f"{why}, the next run reads these offsets again"))
-                    report.abandoned.append(plan.batch_id)
-                    log_line(log, "abandoned", plan=plan, level=logging.WARNING)
-                    break
-                if record_outcome(ledger, plan, err) == BatchStatus.SUPERSEDED:
-                    log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
-                    continue
-                if is_transient(err):
-                    wait_out(err)
-                    continue
-                raise
-            finally:
-                untag_jobs(spark, in_flight.pop("tag"))
-            retries = 0
-            _after_commit(config, result, report, emit)
-            stop.sleep(options.trigger_interval - (time.monotonic() - started))
+        _StreamLoop(config, options, run, report, lease, stop, spark, emit).run()
         report.stop_reason = stop.reason or "stopped"
         return report
     finally:
@@ -268,6 +184,129 @@ def run_stream(  # noqa: C901 -- to be split (issue 36)
             records=report.records_read,
             reason=stop.reason or "error",
         )
+
+
+class _StreamLoop:
+    """One stream's micro-batch loop under its lease: plan, execute, record every outcome
+    (``runs.record_outcome``), back off on a transient error, stop when asked."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        options: StreamOptions,
+        run: RunContext,
+        report: StreamReport,
+        lease: StreamLease,
+        stop: StopControl,
+        spark: Any,
+        emit: Callable[[dict], None],
+    ) -> None:
+        self.config, self.options, self.run_context, self.report = config, options, run, report
+        self.lease, self.stop, self.spark, self.emit = lease, stop, spark, emit
+        self.retries = 0
+        self.abandoned = False
+        self.tag: str | None = None  # the batch whose Spark jobs a second signal cancels
+        stop.on_abandon = lambda: threading.Thread(target=self._cancel_in_flight, daemon=True).start()
+        self.ledger = Ledger.of(config)
+        reconcile(config, self.ledger)
+        log_line(
+            log,
+            "stream_start",
+            pipeline=config.name,
+            run_id=run.run_id,
+            owner=report.owner,
+            trigger_s=options.trigger_interval,
+            max_records_per_batch=config.max_records_per_batch,
+        )
+
+    def run(self) -> None:
+        while not self.stop.poll():
+            if not self._step():
+                break
+
+    def _step(self) -> bool:
+        """One turn of the loop; False when the stream stops (its batch in flight abandoned)."""
+        started = time.monotonic()
+        self.lease.check()
+        try:
+            plan = plan_next_batch(self.config, self.run_context, kind=BatchKind.STREAM)
+        except Exception as err:
+            if not is_transient(err):
+                raise
+            self._wait_out(err)
+            return True
+        if plan is None:
+            self.retries = 0
+            keep_alive(self.spark)
+            self.stop.sleep(self.options.trigger_interval)
+            return True
+        self.ledger.record_plan(plan)
+        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+        result = self._execute(plan)
+        if result is None:
+            return not self.abandoned
+        self.retries = 0
+        _after_commit(self.config, result, self.report, self.emit)
+        self.stop.sleep(self.options.trigger_interval - (time.monotonic() - started))
+        return True
+
+    def _execute(self, plan: BatchPlan) -> BatchResult | None:
+        """The batch executed and committed, or None once its outcome is recorded: superseded
+        (the next turn plans anew), a transient failure waited out, or abandoned by a second stop
+        request (``self.abandoned``). Any other error is recorded and raised."""
+        self.tag = f"offsetlake-{plan.batch_id}"
+        tag_jobs(self.spark, self.tag)
+        try:
+            return execute_batch(self.config, plan, self.ledger, lambda: self.spark, self._before_commit)
+        except LeaseLostError as err:
+            record_outcome(self.ledger, plan, err)
+            raise
+        except Exception as err:
+            if self.stop.abandon.is_set():
+                why = f"the stream was stopped ({self.stop.reason}) before this batch committed; nothing was committed"
+                record_outcome(self.ledger, plan, StreamAbandoned(f"{why}, the next run reads these offsets again"))
+                self.report.abandoned.append(plan.batch_id)
+                log_line(log, "abandoned", plan=plan, level=logging.WARNING)
+                self.abandoned = True
+                return None
+            if record_outcome(self.ledger, plan, err) == BatchStatus.SUPERSEDED:
+                log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
+                return None
+            if is_transient(err):
+                self._wait_out(err)
+                return None
+            raise
+        finally:
+            untag_jobs(self.spark, self.tag)
+            self.tag = None
+
+    def _before_commit(self) -> None:
+        if self.stop.abandon.is_set():
+            raise StreamAbandoned(f"pipeline {self.config.name}: stream stopped before the commit")
+        self.lease.check()
+
+    def _cancel_in_flight(self) -> None:
+        tag = self.tag
+        if tag is not None:
+            cancel_tagged(self.spark, tag)
+
+    def _wait_out(self, err: Exception) -> None:
+        """Back off after a transient error (1, 2, 4 ... 30 s); raise it after
+        ``MAX_TRANSIENT_RETRIES`` in a row."""
+        self.retries += 1
+        if self.retries > MAX_TRANSIENT_RETRIES:
+            raise err
+        pause = min(30.0, 2.0 ** (self.retries - 1))
+        log_line(
+            log,
+            "retry",
+            level=logging.WARNING,
+            pipeline=self.config.name,
+            attempt=f"{self.retries}/{MAX_TRANSIENT_RETRIES}",
+            in_s=f"{pause:.0f}",
+            reason=str(err),
+        )
+        self.stop.sleep(pause)
 
 
 def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamReport, emit: Callable) -> None:
