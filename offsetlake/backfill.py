@@ -98,7 +98,14 @@ def plan_backfill(
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
         raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
-    # an old range decodes into today's reader schema, recorded with the plan (invariant 12)
+    return _backfill_plan(config, run, ranges, window, table)
+
+
+def _backfill_plan(
+    config: PipelineConfig, run: RunContext, ranges: list[OffsetRange], window: RecordTimeWindow | None, table: DeltaTable | None
+) -> BatchPlan:
+    """The backfill batch of the non-empty ``ranges``; an old range decodes into today's reader
+    schema, recorded with the plan (invariant 12)."""
     return BatchPlan(
         config.name,
         new_batch_id(config.name),
@@ -220,15 +227,7 @@ def plan_interval_backfill(config: PipelineConfig, run: RunContext, start: datet
         ranges += _time_ranges(config, topic, offsets, committed_ends(table, config, topic, sorted(offsets)), window)
     if all(r.size == 0 for r in ranges):
         return None
-    return BatchPlan(
-        config.name,
-        new_batch_id(config.name),
-        BatchKind.BACKFILL,
-        tuple(r for r in ranges if r.size),
-        run,
-        window=window,
-        reader_schema=resolve_reader_schema(config, sink_columns(table)),
-    )
+    return _backfill_plan(config, run, ranges, window, table)
 
 
 def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:

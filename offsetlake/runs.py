@@ -214,12 +214,20 @@ def _execute_forward(
         )
     finally:
         processed.release()
+    return _committed(config, ledger, plan, SinkCommit(version, entry), processed, started)
+
+
+def _committed(
+    config: PipelineConfig, ledger: Ledger, plan: BatchPlan, commit: SinkCommit, processed: ProcessedBatch, started: float
+) -> BatchResult:
+    """After a batch's sink commit: its pending dead letters applied (invariant 8), its ledger row
+    written, its result."""
     failpoints.failpoint("after_commit")
     dead_letters.apply_pending(config)
-    ledger.record_commit(SinkCommit(version, entry))
+    ledger.record_commit(commit)
     failpoints.failpoint("after_ledger")
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
+    return BatchResult(plan, BatchStatus.COMMITTED, commit.version, processed.per_range, processed.timings_ms)
 
 
 def _stage(
@@ -275,12 +283,7 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
         log_step("skip", plan, started, reason="already_committed")
         return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
     version, entry, processed = execute_backfill(config, plan, spark_factory)
-    failpoints.failpoint("after_commit")
-    dead_letters.apply_pending(config)
-    ledger.record_commit(SinkCommit(version, entry))
-    failpoints.failpoint("after_ledger")
-    processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, BatchStatus.COMMITTED, version, processed.per_range, processed.timings_ms)
+    return _committed(config, ledger, plan, SinkCommit(version, entry), processed, started)
 
 
 def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]) -> BatchResult:
