@@ -245,3 +245,32 @@ def stop_process_group(process: subprocess.Popen, first: signal.Signals, timeout
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m offsetlake.embedded.local_broker``: one broker in the foreground until SIGTERM
+    or Ctrl-C (the compose stack's ``kafka`` service, or a broker to point a pipeline at)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the embedded Apache Kafka broker (KRaft, one node) until SIGTERM or Ctrl-C.")
+    parser.add_argument("--data-dir", type=Path, required=True, help="its folder: formatted on first use, reused after (topics survive)")
+    parser.add_argument("--port", type=int, default=None, help="the client port on 127.0.0.1 (default: the folder's, else a free one)")
+    args = parser.parse_args(argv)
+    broker = LocalBroker(args.data_dir, port=args.port).start()
+    print(
+        f"Apache Kafka broker on {broker.bootstrap} (pid {broker.process.pid if broker.process else '?'}, log {broker.log_path})",
+        flush=True,
+    )
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        while not stopping and broker.process is not None and broker.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
