@@ -76,15 +76,20 @@ def maven_resolve(jar_set: str) -> list[tuple[LockedJar, Path]]:
     return resolved
 
 
-def in_place(jar_set: str, locked: list[LockedJar]) -> bool:
-    """Whether the set's folder holds exactly the locked files, each with its checksum."""
+def problem(jar_set: str, locked: list[LockedJar]) -> str | None:
+    """What keeps the set's folder from holding exactly the locked files with their checksums, or None."""
     where = folder(jar_set)
     if not where.is_dir():
-        return False
+        return f"{where} does not exist"
     names = {p.name for p in where.glob("*.jar")}
-    if names != {jar.file_name for jar in locked}:
-        return False
-    return all(sha256(where / jar.file_name) == jar.sha256 for jar in locked)
+    wanted = {jar.file_name for jar in locked}
+    if names - wanted or wanted - names:
+        return f"{where}: missing {sorted(wanted - names)[:3]}, not locked {sorted(names - wanted)[:3]}"
+    for jar in locked:
+        found = sha256(where / jar.file_name)
+        if found != jar.sha256:
+            return f"{where / jar.file_name}: SHA-256 {found} is not the locked {jar.sha256} ({jar.coordinates})"
+    return None
 
 
 def compare(jar_set: str, locked: list[LockedJar], resolved: list[LockedJar]) -> None:
@@ -148,13 +153,13 @@ def main() -> int:
         locked = read_lock()
         for jar_set in SETS:
             pinned = [jar for jar in locked if jar.set == jar_set]
-            if in_place(jar_set, pinned):
+            wrong = problem(jar_set, pinned)
+            if wrong is None:
                 print(f"resolve_jars: {jar_set}: {len(pinned)} jars in place in {folder(jar_set)}")
                 continue
             if args.offline:
-                raise ResolveError(
-                    f"{folder(jar_set)} does not hold exactly the {len(pinned)} {jar_set} jars of the lock: run `make setup`"
-                )
+                raise ResolveError(f"the {jar_set} jars are not those of {LOCK.relative_to(REPO)}: {wrong}; run `make setup`")
+            print(f"resolve_jars: {jar_set}: resolving ({wrong})")
             pairs = maven_resolve(jar_set)
             compare(jar_set, pinned, [jar for jar, _ in pairs])
             install(jar_set, pairs)
