@@ -29,6 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "jars" / "jars.lock"
 
 
+# Delta Lake for Spark in every session a JVM of offsetlake's starts, spark-submit jobs included
+# (static settings: a Connect client cannot set them; its server, e.g. ``offsetlake spark-server``,
+# was started with them)
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
 class JarsMissingError(OffsetlakeError):
     """A pinned jar set is not resolved (``make setup`` not run, or run before the lock changed)."""
 

@@ -29,12 +29,6 @@ SQL_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
-# Delta Lake for Spark in every session a JVM here starts (static settings: a Connect client
-# cannot set them; its server, e.g. ``offsetlake spark-server``, was started with them)
-DELTA_CONF = {
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-}
 
 
 def remote_url(remote: str | None = None) -> str | None:
@@ -97,7 +91,7 @@ def classic_builder(master: str | None = None, app_name: str = "offsetlake", ext
         builder = builder.master(master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[2]"))
     conf = {
         **SQL_CONF,
-        **DELTA_CONF,
+        **jars.DELTA_CONF,
         # the pinned jars (Delta, Spark's Kafka source, spark-avro) from .jars/spark: files, never
         # --packages, so a session starts offline
         "spark.jars": jars.spark_jars(),

@@ -78,14 +78,20 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     assert report.against_kafka["in_sink"] == 150 and report.against_kafka["earlier_epochs"] == 100
 
 
-def test_the_test_broker_names_no_topic_id_and_the_ledger_entry_then_records_none(pipeline, spark):
-    """noida-db answers the all-zero topic id: it is taken as unknown, never as an identity."""
+def test_the_broker_names_the_topic_id_and_every_plan_records_it(pipeline, spark):
+    """Apache Kafka names each topic's id; the plan (and so the ledger entry) records it, and a
+    topic created again under the same name has another."""
     config = pipeline.write()
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 5)
-    assert topic_ids(config, [pipeline.topic]) == {pipeline.topic: None}
+    [first_id] = topic_ids(config, [pipeline.topic]).values()
+    assert first_id and set(first_id) != {"A"}, first_id  # not the all-zero id (base64 "AAAA...")
     results = run_pipeline(config, RunContext("ids"), lambda: spark)
-    assert results and results[0].plan.topic_ids == {}
+    assert results and results[0].plan.topic_ids == {pipeline.topic: first_id}
+    delete_topic(pipeline.bootstrap, pipeline.topic)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    [second_id] = topic_ids(config, [pipeline.topic]).values()
+    assert second_id and second_id != first_id
 
 
 def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed_end():

@@ -52,6 +52,11 @@ SETTINGS = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # keep every record whatever its timestamp: Kafka 4 refuses records stamped more than an hour
+    # ahead by default, and deletes by time those stamped long ago; the tests produce both, as
+    # any producer may
+    "log.retention.ms": "-1",
+    "log.message.timestamp.after.max.ms": "9223372036854775807",
 }
 JVM_OPTIONS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true"]
 LOG_CONFIG = """Configuration:
