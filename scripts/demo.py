@@ -180,6 +180,14 @@ def _story(lake: str) -> int:
         reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True)) if i.path.endswith(".html")]
         print(f"validation reports: {len(reports)} under {config.validation_path}")
         offsetlake("status", "orders")
+        if not storage.is_uri(lake):  # Spark reads the local lake's tables as Delta, by name (offsetlake.catalog)
+            offsetlake(
+                "sql",
+                "--pipeline",
+                "orders",
+                "SELECT kind, status, count(DISTINCT batch_id) AS batches, sum(rows_written) AS rows FROM orders_ledger "
+                "WHERE pipeline = 'orders' GROUP BY kind, status ORDER BY kind, status",
+            )
         code = offsetlake("audit", "orders", check=False)
         code = max(code, _avro_story(bootstrap))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
