@@ -47,7 +47,8 @@ COPY . /opt/offsetlake
 # context, resolved by `make setup` before the build; --offline only checks it against jars/jars.lock
 RUN set -eux; \
     pip install --no-deps -e /opt/offsetlake; \
-    python /opt/offsetlake/scripts/resolve_jars.py --offline
+    python /opt/offsetlake/scripts/resolve_jars.py --offline; \
+    chmod -R a+rX /opt/offsetlake/.jars
 
 # A fixed non-root uid. /lake and the Airflow folders are created here, owned by that user, so a
 # fresh named volume mounted on them starts with the same owner and every service can write.

@@ -116,6 +116,7 @@ def install(jar_set: str, resolved: list[tuple[LockedJar, Path]]) -> None:
     where = folder(jar_set)
     where.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{jar_set}-", dir=where.parent))
+    fresh.chmod(0o755)  # mkdtemp's 0700 would keep other users (an image's service user) out
     for jar, path in resolved:
         shutil.copyfile(path, fresh / jar.file_name)
     old = where.with_name(f".{jar_set}-old")
@@ -155,6 +156,7 @@ def main() -> int:
             pinned = [jar for jar in locked if jar.set == jar_set]
             wrong = problem(jar_set, pinned)
             if wrong is None:
+                folder(jar_set).chmod(0o755)  # a folder an older resolver made 0700
                 print(f"resolve_jars: {jar_set}: {len(pinned)} jars in place in {folder(jar_set)}")
                 continue
             if args.offline:

@@ -44,8 +44,10 @@ def test_the_resolver_checks_every_checksum_offline(tmp_path) -> None:
     shutil.copytree(jars.folder("spark"), copy / "spark")
     shutil.copytree(jars.folder("kafka"), copy / "kafka")
     env = {"OFFSETLAKE_JARS": str(copy), "PATH": "/usr/bin:/bin"}
+    (copy / "spark").chmod(0o700)  # as an older resolver left it: an image's service user could not read it
     done = subprocess.run(resolver, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+    assert (copy / "spark").stat().st_mode & 0o777 == 0o755
 
     tampered = next(j for j in jars.read_lock() if j.artifact.startswith("delta-spark"))
     with open(copy / "spark" / tampered.file_name, "r+b") as f:
