@@ -48,11 +48,17 @@ from offsetlake.spark import dataframe_from_arrow
 from offsetlake.validation import load_suite
 
 
-def _parse_time(value: str, name: str, where: str) -> int:
+def refused(pipeline: str, text: str, **where: Any) -> BackfillParamsError:
+    """The backfill request of ``pipeline`` refused: ``text`` says what to change; ``where`` the
+    topic, partition and requested offsets it is about, as the error's fields."""
+    return BackfillParamsError(f"backfill: {text}", pipeline=pipeline, **where)
+
+
+def _parse_time(value: str, name: str, pipeline: str) -> int:
     try:
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise BackfillParamsError(f"{where}: {name} '{value}' is not an ISO-8601 time such as 2026-11-01T00:00:00Z") from None
+        raise refused(pipeline, f"{name} '{value}' is not an ISO-8601 time such as 2026-11-01T00:00:00Z") from None
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=UTC)
     return int(stamp.timestamp() * 1000)
@@ -79,25 +85,24 @@ def plan_backfill(
     BackfillParamsError naming the pipeline and what to fix.
     """
     config.check_storage()
-    where = f"pipeline {config.name} backfill"
-    by_time = _request_kind(where, from_offset, to_offset, from_time, to_time)
-    topic, offsets, chosen = _chosen_partitions(config, where, topic, partitions)
+    by_time = _request_kind(config.name, from_offset, to_offset, from_time, to_time)
+    topic, offsets, chosen = _chosen_partitions(config, topic, partitions)
     table = open_table(config.layout.sink)
     ends = committed_ends(table, config, topic, chosen)
     window: RecordTimeWindow | None = None
     if by_time:
         assert from_time and to_time  # checked by _request_kind
-        start_ms, stop_ms = _parse_time(from_time, "from_time", where), _parse_time(to_time, "to_time", where)
+        start_ms, stop_ms = _parse_time(from_time, "from_time", config.name), _parse_time(to_time, "to_time", config.name)
         if stop_ms <= start_ms:
-            raise BackfillParamsError(f"{where}: to_time {to_time} must be after from_time {from_time}")
+            raise refused(config.name, f"to_time {to_time} must be after from_time {from_time}")
         window = RecordTimeWindow(start_ms, stop_ms)
         ranges = _time_ranges(config, topic, {p: offsets[p] for p in chosen}, ends, window)
     else:
         assert from_offset is not None and to_offset is not None  # checked by _request_kind
-        ranges = _offset_ranges(config, where, topic, chosen, offsets, ends, from_offset, to_offset)
+        ranges = _offset_ranges(config, topic, chosen, offsets, ends, from_offset, to_offset)
     if all(r.size == 0 for r in ranges):
         what = f"{window}" if window is not None else "the requested range"
-        raise BackfillParamsError(f"{where}: {what} selects no committed offsets ({', '.join(map(str, ranges))})")
+        raise refused(config.name, f"{what} selects no committed offsets ({', '.join(map(str, ranges))})")
     return _backfill_plan(config, run, ranges, window, table)
 
 
@@ -117,23 +122,23 @@ def _backfill_plan(
     )
 
 
-def _request_kind(where: str, from_offset: int | None, to_offset: int | None, from_time: str | None, to_time: str | None) -> bool:
+def _request_kind(pipeline: str, from_offset: int | None, to_offset: int | None, from_time: str | None, to_time: str | None) -> bool:
     """True for a backfill by time, False by offsets; BackfillParamsError for a mix or half a range."""
     by_offset = from_offset is not None or to_offset is not None
     by_time = bool(from_time) or bool(to_time)
     if by_offset and by_time:
-        raise BackfillParamsError(f"{where}: give from_offset/to_offset or from_time/to_time, not both")
+        raise refused(pipeline, "give from_offset/to_offset or from_time/to_time, not both")
     if not by_offset and not by_time:
-        raise BackfillParamsError(f"{where}: give from_offset and to_offset, or from_time and to_time")
+        raise refused(pipeline, "give from_offset and to_offset, or from_time and to_time")
     if by_offset and (from_offset is None or to_offset is None):
-        raise BackfillParamsError(f"{where}: from_offset and to_offset are both required")
+        raise refused(pipeline, "from_offset and to_offset are both required")
     if by_time and not (from_time and to_time):
-        raise BackfillParamsError(f"{where}: from_time and to_time are both required")
+        raise refused(pipeline, "from_time and to_time are both required")
     return by_time
 
 
 def _chosen_partitions(
-    config: PipelineConfig, where: str, topic: str | None, partitions: list[int] | None
+    config: PipelineConfig, topic: str | None, partitions: list[int] | None
 ) -> tuple[str, dict[int, PartitionOffsets], list[int]]:
     """The topic (the only one when not given), Kafka's offsets of its partitions and the
     partitions asked for (all when none are); BackfillParamsError naming what exists otherwise."""
@@ -143,19 +148,18 @@ def _chosen_partitions(
         topic = topics[0]
     if topic is None or topic not in topics:
         said = "give the topic to backfill" if topic is None else f"topic {topic} is not one of the pipeline's"
-        raise BackfillParamsError(f"{where}: {said} (its topics: {', '.join(topics) or 'none'})")
+        raise refused(config.name, f"{said} (its topics: {', '.join(topics) or 'none'})", topic=topic)
     offsets = {p: o for (t, p), o in every.items() if t == topic}
     known = sorted(offsets)
     chosen = sorted(set(partitions)) if partitions else known
     unknown = [p for p in chosen if p not in offsets]
     if unknown:
-        raise BackfillParamsError(f"{where}: topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})")
+        raise refused(config.name, f"topic {topic} has no partition {', '.join(map(str, unknown))} (partitions: {known})", topic=topic)
     return topic, offsets, chosen
 
 
 def _offset_ranges(
     config: PipelineConfig,
-    where: str,
     topic: str,
     chosen: list[int],
     offsets: dict[int, PartitionOffsets],
@@ -166,17 +170,20 @@ def _offset_ranges(
     """``[from_offset, to_offset)`` of each chosen partition, refused past the last stable offset,
     past the committed end (new offsets are the ingest run's) or below the log start."""
     if to_offset <= from_offset:
-        raise BackfillParamsError(f"{where}: to_offset {to_offset} must be greater than from_offset {from_offset}")
+        raise refused(config.name, f"to_offset {to_offset} must be greater than from_offset {from_offset}", topic=topic)
     ranges = []
     for p in chosen:
         lso, end = offsets[p].last_stable, ends[p]
         limit = end if end is not None else 0
+        asked = {"topic": topic, "partition": p, "start": from_offset, "end": to_offset}
         if to_offset > lso:
-            raise BackfillParamsError(f"{where}: to_offset {to_offset} is beyond the last stable offset {lso} of {topic}[{p}]")
+            raise refused(config.name, f"to_offset {to_offset} is beyond the last stable offset {lso} of the partition", **asked)
         if to_offset > limit:
-            raise BackfillParamsError(
-                f"{where}: {topic}[{p}] is committed up to {limit}; a backfill may only reprocess offsets "
-                f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}"
+            raise refused(
+                config.name,
+                f"the partition is committed up to {limit}; a backfill may only reprocess offsets "
+                f"below it (new offsets belong to the ingest run), so use to_offset <= {limit}",
+                **asked,
             )
         check_log_start(offsets[p], from_offset, config.name)
         ranges.append(OffsetRange(topic, p, from_offset, to_offset))
@@ -295,7 +302,7 @@ def commit_replace(
         )
     actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
     lost = (
-        f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
+        f"backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
         "that committed meanwhile; nothing was committed, run the backfill again"
     )
     return commit_once(table, config, actions, entry, conflict=lost)
@@ -316,7 +323,7 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
     """
     started = time.monotonic()
     if open_table(config.layout.sink) is None:
-        raise BackfillParamsError(f"pipeline {config.name} backfill: the sink {config.sink_path} does not exist yet")
+        raise refused(config.name, f"the sink {config.sink_path} does not exist yet")
     suite = load_suite(config)
     spark = spark_factory()
     processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
@@ -393,8 +400,10 @@ def _replace_once(
     rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
     if rewritten != kept_count:
         raise OffsetlakeError(
-            f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} would rewrite {rewritten} rows "
-            f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed"
+            f"backfill {plan.batch_id} of {plan.describe()} would rewrite {rewritten} rows "
+            f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
     t = time.monotonic()
     entry = for_plan(
@@ -412,8 +421,10 @@ def _replace_once(
         latest = storage.table(config.layout.sink)
         if {f["path"] for f in touched_files(latest, selected)} != {f["path"] for f in removed}:
             raise CommitConflictError(
-                f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "
-                f"the files holding the range changed while it wrote (a compaction, rewind or another backfill)"
+                f"backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "
+                f"the files holding the range changed while it wrote (a compaction, rewind or another backfill)",
+                pipeline=config.name,
+                batch_id=plan.batch_id,
             )
         try:
             version = commit_replace(latest, config, plan, files, removed, entry)

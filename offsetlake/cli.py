@@ -412,8 +412,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from offsetlake.backfill import plan_backfill
-    from offsetlake.errors import BackfillParamsError
+    from offsetlake.backfill import plan_backfill, refused
     from offsetlake.ledger import Ledger
     from offsetlake.plan import BatchKind, RunContext
     from offsetlake.runs import execute_recorded_batch, plan_or_reuse
@@ -424,7 +423,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     try:
         partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
     except ValueError:
-        raise BackfillParamsError(f"pipeline {config.name} backfill: --partitions '{args.partitions}' is not a list like 0,2") from None
+        raise refused(config.name, f"--partitions '{args.partitions}' is not a list like 0,2") from None
     run_id = args.run_id or f"cli-backfill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     run = RunContext(run_id=run_id)
     plan, _ = plan_or_reuse(

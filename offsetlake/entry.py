@@ -370,8 +370,10 @@ def from_dict(data: Mapping[str, Any]) -> LedgerEntry:
     version = int(data.get("format_version", 1))
     if version > FORMAT_VERSION:
         raise EntryFormatError(
-            f"batch {data.get('batch_id')} of pipeline {data.get('pipeline')}: its ledger entry has format version "
-            f"{version}, this offsetlake reads up to {FORMAT_VERSION}; upgrade offsetlake to read this sink"
+            f"batch {data.get('batch_id')}: its ledger entry has format version "
+            f"{version}, this offsetlake reads up to {FORMAT_VERSION}; upgrade offsetlake to read this sink",
+            pipeline=data.get("pipeline"),
+            batch_id=data.get("batch_id"),
         )
     try:
         cls = _CLASSES[BatchKind(data.get("kind") or BatchKind.INGEST)]  # entries before kinds were ingest

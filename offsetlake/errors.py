@@ -258,8 +258,8 @@ class ValidationFailedError(OffsetlakeError):
 
     exit_code = 3
 
-    def __init__(self, message: str, summary: dict | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, summary: dict | None = None, **fields: Any) -> None:
+        super().__init__(message, **fields)
         self.summary = summary or {}
 
 

@@ -114,10 +114,12 @@ def check_key_columns(config: PipelineConfig, columns: list[str], where: str) ->
     if missing:
         shown = ", ".join(c for c in columns if c != CHANGE)
         raise ConfigError(
-            f"pipeline {config.name}: sink.key column{'s' if len(missing) > 1 else ''} "
+            f"sink.key column{'s' if len(missing) > 1 else ''} "
             f"{', '.join(repr(c) for c in missing)} {'are' if len(missing) > 1 else 'is'} not among the "
             f"{where} (they are: {shown}); key by a value field, by the record key "
-            "(_kafka_key, or key_format's columns), or by a column the transform makes"
+            "(_kafka_key, or key_format's columns), or by a column the transform makes",
+            pipeline=config.name,
+            field=missing[0],
         )
 
 
@@ -449,14 +451,21 @@ def refuse_lost_state(
     topic, partition = first[TOPIC], first[PARTITION]
     shown = ", ".join(f"{c}={first[c]!r}" for c in config.sink.key)
     more = sum(row["count"] for row in blocking) - 1
+    range_ = next(r for r in plan.ranges if (r.topic, r.partition) == (topic, partition))
     raise BackfillParamsError(
-        f"pipeline {config.name}: backfill {plan.batch_id} of {plan.describe()}: key {shown}'s row (or hidden state row) "
-        f"came from {topic}[{partition}] offset {first[OFFSET]}, which this backfill reprocesses and which no longer gives "
+        f"backfill {plan.batch_id} of {plan.describe()}: key {shown}'s row (or hidden state row) "
+        f"came from offset {first[OFFSET]}, which this backfill reprocesses and which no longer gives "
         f"a row (it is now a dead letter, or the transform drops it), and the range holds no other record of that key "
-        f"in {topic}[{partition}]{f' ({more} more such keys)' if more else ''}. The key's row "
-        f"would have to come from its last record before offset {starts[(topic, partition)]}, which this backfill does "
+        f"in the partition{f' ({more} more such keys)' if more else ''}. The key's row "
+        f"would have to come from its last record before offset {range_.start}, which this backfill does "
         f"not read. Nothing was committed. Way forward: backfill {topic}[{partition}] from its log start (offset "
-        f"{log_starts[(topic, partition)].log_start})"
+        f"{log_starts[(topic, partition)].log_start})",
+        pipeline=config.name,
+        batch_id=plan.batch_id,
+        topic=topic,
+        partition=partition,
+        start=range_.start,
+        end=range_.end,
     )
 
 

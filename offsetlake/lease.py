@@ -113,8 +113,9 @@ def refuse_if_stream_owns(config: PipelineConfig) -> None:
     lease = live_lease(config)
     if lease is not None:
         raise StreamOwnsPipelineError(
-            f"pipeline {config.name} is owned by a live {lease.describe()}; this batch run skips and ingests "
-            f"nothing. The stream commits these offsets; batch runs take over once it stops or its lease expires"
+            f"it is owned by a live {lease.describe()}; this batch run skips and ingests "
+            f"nothing. The stream commits these offsets; batch runs take over once it stops or its lease expires",
+            pipeline=config.name,
         )
 
 
@@ -173,8 +174,9 @@ class StreamLease:
                 continue  # another process changed the lease between our read and write
             if time.monotonic() >= deadline:
                 raise LeaseHeldError(
-                    f"pipeline {self.config.name} is owned by a live {current.describe()}; waited {wait:.0f} s "
-                    f"for it to stop or expire. Stop that stream first (at most one stream per pipeline)"
+                    f"it is owned by a live {current.describe()}; waited {wait:.0f} s "
+                    f"for it to stop or expire. Stop that stream first (at most one stream per pipeline)",
+                    pipeline=self.config.name,
                 )
             if announced != current.owner:
                 log_line(
@@ -240,7 +242,7 @@ class StreamLease:
         """Extend the lease; records why in ``lost`` (and raises LeaseLostError) if it is gone."""
         with self._lock:
             if self.lost:
-                raise LeaseLostError(self.lost)
+                raise LeaseLostError(self.lost, pipeline=self.config.name)
             table, current = _read(self.path)
             if table is None or current is None or current.owner != self.owner or current.state != HELD:
                 self._lose(f"now {current.describe() if current else 'missing'}")
@@ -248,14 +250,14 @@ class StreamLease:
                 self._lose("another process changed it while this stream renewed it")
 
     def _lose(self, why: str) -> NoReturn:
-        self.lost = f"pipeline {self.config.name}: stream {self.owner} lost its lease ({why}); it stops without committing again"
-        log_line(log, "lease", self.lost, level=logging.ERROR)
-        raise LeaseLostError(self.lost)
+        self.lost = f"stream {self.owner} lost its lease ({why}); it stops without committing again"
+        log_line(log, "lease", self.lost, level=logging.ERROR, pipeline=self.config.name)
+        raise LeaseLostError(self.lost, pipeline=self.config.name)
 
     def check(self) -> None:
         """Before each commit: raise LeaseLostError unless the lease is ours and unexpired."""
         if self.lost:
-            raise LeaseLostError(self.lost)
+            raise LeaseLostError(self.lost, pipeline=self.config.name)
         if self.state is None or datetime.now(UTC) >= self.state.expires:
             self._lose(f"its last heartbeat at {self.state.heartbeat_at if self.state else 'never'} has expired")
 

@@ -57,8 +57,9 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
     config.check_storage()
     if retention_hours < MIN_RETENTION_HOURS:
         raise OffsetlakeError(
-            f"pipeline {config.name} maintenance: retention {retention_hours} h is below {MIN_RETENTION_HOURS} h; "
-            "vacuum could delete the staged files of a batch still in flight"
+            f"maintenance: retention {retention_hours} h is below {MIN_RETENTION_HOURS} h; "
+            "vacuum could delete the staged files of a batch still in flight",
+            pipeline=config.name,
         )
     # A dead-letter change a crash left pending names staged files vacuum would otherwise take.
     dead_letters.apply_pending(config)

@@ -184,8 +184,9 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
         return PathChoice(DataPath.DIRECT, "nothing after the read needs Spark", rows_schema)
     if config.data_path == "direct":
         raise ConfigError(
-            f"pipeline {config.name}: batch {plan.batch_id} cannot take the direct path its data_path asks for: {why_not}; "
-            "use data_path: auto (or spark)"
+            f"batch {plan.batch_id} cannot take the direct path its data_path asks for: {why_not}; use data_path: auto (or spark)",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
     return PathChoice(DataPath.SPARK, why_not)
 

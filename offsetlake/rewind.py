@@ -50,6 +50,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -168,6 +169,12 @@ class RewindResult:
         return "\n".join(lines)
 
 
+def refused(config: PipelineConfig, to_batch: str, text: str, **where: Any) -> RewindError:
+    """The rewind to ``to_batch`` refused because ``text``; the pipeline, the batch and ``where``
+    (the topic it is about) as the error's fields."""
+    return RewindError(f"cannot rewind to batch {to_batch}: {text}", pipeline=config.name, batch_id=to_batch, **where)
+
+
 def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None = None) -> RewindPlan:
     """Work out what rewinding to ``to_batch`` changes; reads only Delta, writes nothing.
 
@@ -176,14 +183,13 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
     that are gone from disk (nothing could be restored whole then).
     """
     config.check_storage()
-    where = f"pipeline {config.name}: cannot rewind to batch {to_batch}"
     table = table if table is not None else open_table(config.layout.sink)
     if table is None:
-        raise RewindError(f"{where}: the sink {config.sink_path} does not exist")
+        raise refused(config, to_batch, f"the sink {config.sink_path} does not exist")
     commits = sink_commits(table, config.name)
     undone = rewound_batches(commits)
-    target = _target(config, commits, undone, to_batch, where)
-    _refuse_past_epoch(config, commits, target, where)
+    target = _target(config, commits, undone, to_batch)
+    _refuse_past_epoch(config, commits, target)
     plan = RewindPlan(config.name, to_batch, target.version, table.version())
     later = [c for c in commits if c.version > target.version and c.kind != BatchKind.REWIND and c.batch_id not in undone]
     plan.rewound = [{"batch_id": c.batch_id, "kind": str(c.kind), "version": c.version} for c in later]
@@ -192,36 +198,40 @@ def plan_rewind(config: PipelineConfig, to_batch: str, table: DeltaTable | None 
         return plan
 
     then = storage.table(config.layout.sink, version=target.version)
-    _plan_files(config, plan, table, then, where)
+    _plan_files(config, plan, table, then)
     plan.txn = _txn_moves(config, table, then, commits)
     return plan
 
 
-def _target(config: PipelineConfig, commits: list[SinkCommit], undone: dict[str, SinkCommit], to_batch: str, where: str) -> SinkCommit:
+def _target(config: PipelineConfig, commits: list[SinkCommit], undone: dict[str, SinkCommit], to_batch: str) -> SinkCommit:
     """The commit of ``to_batch``; RewindError if it is unknown, never committed, a rewind commit
     or itself rewound."""
     target = next((c for c in commits if c.batch_id == to_batch), None)
     if target is None:
         status = _ledger_status(config, to_batch)
         if status is None:
-            raise RewindError(
-                f"{where}: no such batch in the sink's history or the ledger (`offsetlake ledger {config.name}` lists the batches)"
+            raise refused(
+                config, to_batch, f"no such batch in the sink's history or the ledger (`offsetlake ledger {config.name}` lists the batches)"
             )
-        raise RewindError(f"{where}: that batch is {status} and never committed; rewind to a committed batch")
+        raise refused(config, to_batch, f"that batch is {status} and never committed; rewind to a committed batch")
     if target.kind == BatchKind.REWIND:
-        raise RewindError(
-            f"{where}: that is a rewind commit, not a batch; rewind to the batch it rewound to "
-            f"({target.entry.to_batch if isinstance(target.entry, RewindEntry) else None})"
+        raise refused(
+            config,
+            to_batch,
+            "that is a rewind commit, not a batch; rewind to the batch it rewound to "
+            f"({target.entry.to_batch if isinstance(target.entry, RewindEntry) else None})",
         )
     if to_batch in undone:
-        raise RewindError(
-            f"{where}: that batch was itself rewound by {undone[to_batch].batch_id} "
-            f"(sink version {undone[to_batch].version}); its data is no longer in the sink"
+        raise refused(
+            config,
+            to_batch,
+            f"that batch was itself rewound by {undone[to_batch].batch_id} "
+            f"(sink version {undone[to_batch].version}); its data is no longer in the sink",
         )
     return target
 
 
-def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, then: DeltaTable, where: str) -> None:
+def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, then: DeltaTable) -> None:
     """The sink files and dead letters the rewind removes and re-adds (``plan`` gains them);
     RewindError if a file of the target version is gone from disk (nothing could be restored whole)."""
     before = set(then.schema().to_arrow().names)
@@ -232,22 +242,26 @@ def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, the
     plan.readd_files = sorted(set(then_files) - set(now_files))
     missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.layout.sink, f))]
     if missing:
-        raise RewindError(
-            f"{where}: {len(missing)} data files of sink version {plan.to_version} are gone from disk "
-            f"(vacuumed?), e.g. {', '.join(missing[:5])}; nothing was changed"
+        raise refused(
+            config,
+            plan.to_batch,
+            f"{len(missing)} data files of sink version {plan.to_version} are gone from disk "
+            f"(vacuumed?), e.g. {', '.join(missing[:5])}; nothing was changed",
         )
     dead_version = dead_letters.version_as_of(config, plan.to_version)
     if dead_version is not None:
         gone = dead_letters.missing_files_as_of(config, dead_version)
         if gone:
-            raise RewindError(
-                f"{where}: {len(gone)} dead-letter files of that batch's state are gone from disk (vacuumed?), "
-                f"e.g. {', '.join(gone[:5])}; nothing was changed"
+            raise refused(
+                config,
+                plan.to_batch,
+                f"{len(gone)} dead-letter files of that batch's state are gone from disk (vacuumed?), "
+                f"e.g. {', '.join(gone[:5])}; nothing was changed",
             )
         plan.dead_letters_readded = dead_letters.rows_readded_by_restore(config, dead_version)
 
 
-def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target: SinkCommit, where: str) -> None:
+def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target: SinkCommit) -> None:
     """Invariant 16: RewindError when ``target`` was committed before the latest live epoch
     commit of any topic (``offsetlake topic reset-epoch``). Undoing that commit would put back the
     old topic's committed ends: its offsets name records Kafka no longer has, so they could never
@@ -260,12 +274,15 @@ def _refuse_past_epoch(config: PipelineConfig, commits: list[SinkCommit], target
             continue
         change = epoch_change(opened)
         old = change.previous_topic_id if change is not None else None
-        raise RewindError(
-            f"{where}: it was committed (sink version {target.version}) before topic {topic} started a new epoch in "
+        raise refused(
+            config,
+            target.batch_id,
+            f"it was committed (sink version {target.version}) before topic {topic} started a new epoch in "
             f"sink version {opened.version} (batch {opened.batch_id}, `offsetlake topic reset-epoch`); its offsets "
             f"belong to topic {f'id {old}' if old else 'the topic before it was re-created'}, which Kafka no longer "
             f"has. Nothing was changed. Rewind to batch {opened.batch_id} or a later one; the rows of the earlier epoch "
-            "stay in the sink"
+            "stay in the sink",
+            topic=topic,
         )
 
 
@@ -290,7 +307,7 @@ def rewind_pipeline(
     started = time.monotonic()
     table = open_table(config.layout.sink)
     if table is None:
-        raise RewindError(f"pipeline {config.name}: cannot rewind to batch {to_batch}: the sink {config.sink_path} does not exist")
+        raise refused(config, to_batch, f"the sink {config.sink_path} does not exist")
     plan = plan_rewind(config, to_batch, table)
     result = RewindResult(plan, dry_run, reason=reason)
     if dry_run:
@@ -362,7 +379,7 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
         txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
     )
     lost = (
-        f"pipeline {config.name}: rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
+        f"rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
         f"(version {plan.sink_version} was read); nothing was changed, run the rewind again"
     )
     return commit_once(table, config, actions, entry, conflict=lost)

@@ -378,6 +378,7 @@ def commit_once(
     entry: LedgerEntry,
     *,
     conflict: str,
+    topic: str | None = None,
     max_commit_retries: int = 0,
     schema: pa.Schema | None = None,
 ) -> int:
@@ -389,14 +390,15 @@ def commit_once(
     answer can be lost after the store applied it, and the client's retried put-if-absent then
     fails as a conflict). If it landed, it stands; if not, nothing was committed and this raises
     CommitConflictError with ``conflict`` (what losing means for the caller's kind) and delta-rs's
-    reason (invariant 10). ``max_commit_retries`` defaults to none: a commit that removes or
+    reason (invariant 10), carrying the pipeline, ``entry``'s batch and ``topic`` (a commit about
+    a whole topic, an epoch) as fields. ``max_commit_retries`` defaults to none: a commit that removes or
     restores files, or moves txns backwards, must not be rebased onto a newer version.
     """
     try:
         commit(table, actions, entry, partition_by=config.sink.partition_by, max_commit_retries=max_commit_retries, schema=schema)
     except CommitFailedError as err:
         if landed_version(config.layout.sink, entry.batch_id) is None:
-            raise CommitConflictError(f"{conflict}: {err}") from None
+            raise CommitConflictError(f"{conflict}: {err}", pipeline=config.name, batch_id=entry.batch_id, topic=topic) from None
         log.warning(
             "pipeline %s: batch %s: the store applied the commit but its answer was lost (%s); it stands",
             config.name,
@@ -608,8 +610,10 @@ def add_columns_first(table: DeltaTable, config: PipelineConfig, schema: pa.Sche
     table.alter.add_columns([DeltaField.from_arrow(f) for f in grown])
     if table.version() != before + 1:
         raise CommitConflictError(
-            f"pipeline {config.name}: batch {plan.batch_id}: another writer committed to the sink while the batch added "
-            f"{', '.join(map(_dotted, diff.added))}; nothing of the batch was committed"
+            f"batch {plan.batch_id}: another writer committed to the sink while the batch added "
+            f"{', '.join(map(_dotted, diff.added))}; nothing of the batch was committed",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
     log.info("pipeline=%s batch=%s step=schema added=%s", config.name, plan.batch_id, ",".join(map(_dotted, diff.added)))
     return table
@@ -640,14 +644,16 @@ def commit_batch(
     refuse_foreign_sink(table, config.name)
     removes = remove_actions(removed or [], config.sink.partition_by)
     actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
-    lost = f"pipeline {config.name}: batch {plan.batch_id} lost the commit race for {plan.describe()}"
+    lost = f"batch {plan.batch_id} lost the commit race for {plan.describe()}"
     version = commit_once(table, config, actions, entry, conflict=lost, max_commit_retries=0 if removes else 5, schema=schema)
     after = storage.table(config.layout.sink, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]
     if behind:
         # Never expected; without this a run would re-plan the same ranges forever.
         raise CommitConflictError(
-            f"pipeline {config.name}: commit {version} of batch {plan.batch_id} did not record committed ends for "
-            f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them"
+            f"commit {version} of batch {plan.batch_id} did not record committed ends for "
+            f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         )
     return version

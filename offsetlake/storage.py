@@ -427,7 +427,7 @@ def check_store(where: Where, pipeline: str) -> None:
     import obstore
     from obstore.exceptions import AlreadyExistsError
 
-    where = f"pipeline {pipeline}: lake {location}"
+    where = f"lake {location}"
     options = reached or {}
     try:
         store = _object_store(location, options)
@@ -442,15 +442,18 @@ def check_store(where: Where, pipeline: str) -> None:
             raise StorageError(
                 f"{where}: the store accepted a second put-if-absent of the same object, so two writers could "
                 "overwrite each other's Delta commit; offsetlake needs conditional writes (If-None-Match on PUT, "
-                "as AWS S3, MinIO and Ceph RGW support); use a store or version that supports them"
+                "as AWS S3, MinIO and Ceph RGW support); use a store or version that supports them",
+                pipeline=pipeline,
             )
         obstore.delete(store, key)
     except StorageError:
         raise
     except NotImplementedError as err:
-        raise StorageError(f"{where}: put-if-absent is disabled by the storage settings ({_first_line(err)}); remove the setting") from None
+        raise StorageError(
+            f"{where}: put-if-absent is disabled by the storage settings ({_first_line(err)}); remove the setting", pipeline=pipeline
+        ) from None
     except Exception as err:
-        raise StorageError(f"{where}: {_store_problem(err, location, options)}") from None
+        raise StorageError(f"{where}: {_store_problem(err, location, options)}", pipeline=pipeline) from None
     _PROBED.add(probed)
 
 

@@ -186,16 +186,18 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     commits = sink_commits(table, config.name)
     mine = sorted({r.partition for c in commits for r in c.entry.ranges if r.topic == topic})
     if table is None or not mine:
-        raise TopicEpochError(f"pipeline {config.name}: it has committed nothing of topic {topic}; nothing to reset")
+        raise TopicEpochError(f"it has committed nothing of topic {topic}; nothing to reset", pipeline=config.name, topic=topic)
     offsets = _topic_offsets(config, topic)
     current = topic_ids(config, [topic]).get(topic)
     ends = {(topic, p): committed_end(table, config, topic, p) for p in mine}
     problems = identity_problems(ends, offsets, recorded_topic_ids(commits), {topic: current})
     if not problems and not force:
         raise TopicEpochError(
-            f"pipeline {config.name}: topic {topic} looks unchanged (every committed end is within its log, and its "
+            f"topic {topic} looks unchanged (every committed end is within its log, and its "
             f"topic id is {current or 'not named by the broker'}); nothing was written. If you know it was re-created "
-            "(a broker without topic ids cannot show it), run again with --force"
+            "(a broker without topic ids cannot show it), run again with --force",
+            pipeline=config.name,
+            topic=topic,
         )
     targets = {p: offsets[(topic, p)].log_start if (topic, p) in offsets else 0 for p in mine}
     moves = [{"partition": p, "from": ends[(topic, p)], "to": targets[p]} for p in mine]
@@ -230,10 +232,12 @@ def _topic_offsets(config: PipelineConfig, topic: str) -> dict[tuple[str, int], 
     try:
         offsets = {key: o for key, o in current_offsets(config).items() if key[0] == topic}
     except KafkaUnavailableError as err:
-        raise TopicEpochError(f"pipeline {config.name}: topic {topic} must exist in Kafka to start a new epoch: {err}") from None
+        raise TopicEpochError(f"topic {topic} must exist in Kafka to start a new epoch: {err}", pipeline=config.name, topic=topic) from None
     if not offsets:
         raise TopicEpochError(
-            f"pipeline {config.name}: Kafka does not list topic {topic} for this pipeline; create it (or fix topic_pattern) first"
+            f"Kafka does not list topic {topic} for this pipeline; create it (or fix topic_pattern) first",
+            pipeline=config.name,
+            topic=topic,
         )
     return offsets
 
@@ -249,8 +253,9 @@ def _commit_epoch(config: PipelineConfig, table: DeltaTable, plan: BatchPlan, en
         config,
         actions,
         entry,
-        conflict=f"pipeline {config.name}: the new epoch of topic {topic} lost to a concurrent commit on the sink; "
+        conflict=f"the new epoch of topic {topic} lost to a concurrent commit on the sink; "
         "nothing was changed, run it again while no run of the pipeline is going on",
+        topic=topic,
         schema=_with_epoch_column(table_schema(table)),
     )
 

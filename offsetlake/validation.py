@@ -121,7 +121,7 @@ def load_suite(config: PipelineConfig) -> Suite | None:
     try:
         stat = path.stat()
     except FileNotFoundError:
-        raise SuiteError(f"pipeline {config.name}: expectation suite {path} does not exist") from None
+        raise SuiteError(f"expectation suite {path} does not exist", pipeline=config.name) from None
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _LOADED:
         _LOADED[key] = _parse_suite(path)
@@ -203,8 +203,10 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
     missing = sorted(suite.columns() - set(rows.columns))
     if missing:
         raise SuiteError(
-            f"{suite.path}: names column(s) {', '.join(missing)} that the batch rows of pipeline {config.name} do not have "
-            f"(rows have: {', '.join(rows.columns)})"
+            f"{suite.path}: names column(s) {', '.join(missing)} that the batch rows do not have (rows have: {', '.join(rows.columns)})",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+            field=missing[0],
         )
     # Two passes, so a passing batch pays only for the cheap one: BOOLEAN_ONLY for the whole suite
     # (GX bundles the unexpected counts into a few Spark jobs; measured 4 jobs, ~1.2 s on 1M rows),
@@ -238,7 +240,7 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
     }
     if blocking:
         summary["report"] = write_report(config, plan, summary)
-        raise ValidationFailedError(failure_message(config, plan, summary, blocking), summary)
+        raise ValidationFailedError(failure_message(config, plan, summary, blocking), summary, pipeline=config.name, batch_id=plan.batch_id)
     return Validation(summary, [] if not failed else failed)
 
 
@@ -302,10 +304,11 @@ def _run_gx(rows, suite: Suite, expectations: list[Expectation], result_format: 
 
 
 def failure_message(config: PipelineConfig, plan: BatchPlan, summary: dict, blocking: list[Expectation]) -> str:
-    """The text the CLI prints, the Airflow task log shows and the ledger row keeps."""
+    """The text of the ValidationFailedError the CLI prints, the Airflow task log shows and the
+    ledger row keeps (the error's formatter puts the pipeline before it)."""
     by_label = {r["expectation"]: r for r in summary["expectations"]}
     lines = [
-        f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}) failed validation against "
+        f"batch {plan.batch_id} ({plan.describe()}) failed validation against "
         f"{summary['suite']} (on_failure: {summary['on_failure']}); nothing was committed"
     ]
     for e in blocking:

@@ -31,6 +31,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from offsetlake.config import PipelineConfig
+from offsetlake.errors import message
 from offsetlake_airflow import pipelines_folder
 from offsetlake_airflow.connections import load_config
 
@@ -191,7 +192,7 @@ def page_report(user: PageUser, pipeline: str, batch_id: str) -> Response:
     config = readable_config(user, pipeline)
     uri = validation_report(config, batch_id)
     if uri is None:
-        raise HTTPException(404, f"pipeline {pipeline}: batch {batch_id} has no validation report")
+        raise HTTPException(404, message(f"batch {batch_id} has no validation report", {"pipeline": pipeline, "batch_id": batch_id}))
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path)).resolve()
@@ -205,7 +206,9 @@ def page_report(user: PageUser, pipeline: str, batch_id: str) -> Response:
                 return Response(report.read(), media_type="text/html")
         except OSError:
             pass
-    raise HTTPException(404, f"pipeline {pipeline}: the report of batch {batch_id} is not readable here: {uri}")
+    raise HTTPException(
+        404, message(f"the report of batch {batch_id} is not readable here: {uri}", {"pipeline": pipeline, "batch_id": batch_id})
+    )
 
 
 @app.get("/static/ledger.svg", include_in_schema=False)

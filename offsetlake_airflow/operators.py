@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from offsetlake import jars
+from offsetlake.errors import message
 from offsetlake_airflow import pipelines_folder, project_dir
 from offsetlake_airflow.assets import announce, batch_extra, committed_batches_of_run
 from offsetlake_airflow.connections import load_config, overrides_env, spark_connect_url, spark_master
@@ -97,7 +98,9 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
         for line in self._attached.stdout:
             log.info("%s", line.rstrip())
         if self._attached.wait() != 0:
-            raise AirflowException(f"pipeline {self.pipeline}: the ingest job exited with {self._attached.returncode}; see the lines above")
+            raise AirflowException(
+                message(f"the ingest job exited with {self._attached.returncode}; see the lines above", {"pipeline": self.pipeline})
+            )
 
     def on_kill(self) -> None:
         attached = getattr(self, "_attached", None)
@@ -182,7 +185,9 @@ class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):
                 time.sleep(0.5)
         if self._process.returncode != 0:
             raise AirflowException(
-                f"pipeline {self.pipeline}: offsetlake stream exited with {self._process.returncode}; see the lines above ({output})"
+                message(
+                    f"offsetlake stream exited with {self._process.returncode}; see the lines above ({output})", {"pipeline": self.pipeline}
+                )
             )
         batches = committed_batches_of_run(config, dag_run.run_id)
         announce(context, config, [batch_extra(config, b) for b in batches])

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError
+from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError, message
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.ledger import Ledger
 from offsetlake.plan import BatchKind, BatchPlan, BatchStatus, RunContext
@@ -73,8 +73,8 @@ def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) 
     def plan_new() -> BatchPlan | None:
         if start is None or end is None:
             raise BackfillParamsError(
-                f"pipeline {config.name}: backfill run {run.run_id} has no data interval; "
-                f"use the {config.name}_backfill DAG with offsets or times"
+                f"backfill run {run.run_id} has no data interval; use the {config.name}_backfill DAG with offsets or times",
+                pipeline=config.name,
             )
         return plan_interval_backfill(config, run, start, end)
 
@@ -154,7 +154,7 @@ def rewind_run(pipeline: str, **context: Any) -> dict:
     dag_run, params = context["dag_run"], context["params"]
     to_batch = (params.get("to_batch") or "").strip()
     if not to_batch:
-        raise RewindError(f"pipeline {pipeline}: give the Param to_batch (a batch id from the Offset ledger view)")
+        raise RewindError("give the Param to_batch (a batch id from the Offset ledger view)", pipeline=pipeline)
     config = load_config(pipeline)
     who = getattr(dag_run, "triggering_user_name", None) or "airflow"
     result = rewind_pipeline(
@@ -195,5 +195,7 @@ def superseded_message(pipeline: str, batch_id: str | None) -> str | None:
     config = load_config(pipeline)
     rows = Ledger.of(config).batches(pc.field("batch_id") == batch_id)
     if rows and rows[0]["status"] == BatchStatus.SUPERSEDED:
-        return f"pipeline {pipeline}: batch {batch_id} was superseded ({rows[0]['message'] or 'no reason recorded'})"
+        return message(
+            f"batch {batch_id} was superseded ({rows[0]['message'] or 'no reason recorded'})", {"pipeline": pipeline, "batch_id": batch_id}
+        )
     return None

@@ -13,8 +13,10 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from offsetlake import errors
+from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import (
+    BackfillParamsError,
     CommitConflictError,
     KafkaUnavailableError,
     OffsetsLostError,
@@ -23,6 +25,7 @@ from offsetlake.errors import (
     SchemaRegistryUnavailableError,
     SinkOwnedError,
     StalePlanError,
+    TopicEpochError,
     TopicIdentityError,
     ValidationFailedError,
 )
@@ -30,9 +33,10 @@ from offsetlake.history import refuse_foreign_sink
 from offsetlake.kafka import check_log_start, current_offsets, read_range
 from offsetlake.plan import OffsetRange, RunContext
 from offsetlake.reader import errors_from_spark_tasks, read_ranges
+from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import execute_recorded_batch, plan_for_dag_run, run_pipeline
 from offsetlake.sink import evolved_schema, open_table, table_schema
-from offsetlake.topic_epochs import check_topic_identity
+from offsetlake.topic_epochs import check_topic_identity, reset_topic_epoch
 
 
 # ---- the formatter and the flag (no services) -------------------------------------------------
@@ -161,3 +165,32 @@ def test_stale_plan_foreign_sink_and_schema_change_carry_their_fields(pipeline, 
     with pytest.raises(SchemaChangeError) as changed:
         evolved_schema(table, config, retyped, stale)
     assert changed.value.fields == {"pipeline": config.name, "batch_id": stale.batch_id, "field": "amount"}
+
+
+def test_refused_backfill_rewind_and_epoch_name_what_they_are_about_as_fields(pipeline):
+    """Refusals that once wrote the pipeline, partition and offsets into their text carry them as
+    fields; the message shows them once, before the same sentence."""
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 20, partition=0)
+
+    with pytest.raises(BackfillParamsError) as beyond:
+        plan_backfill(config, RunContext("backfill-1"), from_offset=0, to_offset=1_000)
+    assert beyond.value.fields == {"pipeline": config.name, "topic": pipeline.topic, "partition": 0, "start": 0, "end": 1_000}
+    assert str(beyond.value) == (
+        f"pipeline {config.name}: {pipeline.topic}[0] range [0, 1000): backfill: to_offset 1000 is beyond the last stable offset 20 "
+        "of the partition"
+    )
+    with pytest.raises(BackfillParamsError) as mixed:
+        plan_backfill(config, RunContext("backfill-2"), from_offset=0, to_offset=10, from_time="2026-01-01T00:00:00Z")
+    assert mixed.value.fields == {"pipeline": config.name} and str(mixed.value).startswith(f"pipeline {config.name}: backfill: give ")
+
+    with pytest.raises(errors.RewindError) as rewind:
+        rewind_pipeline(config, "no-such-batch")
+    assert rewind.value.fields == {"pipeline": config.name, "batch_id": "no-such-batch"}
+    assert str(rewind.value).startswith(f"pipeline {config.name}: cannot rewind to batch no-such-batch: the sink ")
+
+    with pytest.raises(TopicEpochError) as epoch:
+        reset_topic_epoch(config, pipeline.topic)
+    assert epoch.value.fields == {"pipeline": config.name, "topic": pipeline.topic}
+    assert str(epoch.value) == f"pipeline {config.name}: it has committed nothing of topic {pipeline.topic}; nothing to reset"

@@ -159,7 +159,7 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     _wait_for("2 stream batches", lambda: len(_committed_batch_ids(config)) >= 2, proc=first)
     lease = live_lease(config)
     assert lease is not None and lease.state == "held"
-    with pytest.raises(StreamOwnsPipelineError, match=f"pipeline {config.name} is owned by a live stream"):
+    with pytest.raises(StreamOwnsPipelineError, match=f"pipeline {config.name}: it is owned by a live stream"):
         run_pipeline(config, RunContext("scheduled-during-stream"), lambda: spark)
     capsys.readouterr()
     assert main(["status", str(pipeline.file)]) == 0

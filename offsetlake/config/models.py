@@ -495,7 +495,7 @@ class PipelineConfig(_Strict):
         try:
             checked = PipelineConfig._storage_options({**self.storage, **options})
         except ValueError as err:
-            raise ConfigError(f"pipeline {self.name}: storage connection: {err}") from None
+            raise ConfigError(f"storage connection: {err}", pipeline=self.name) from None
         return self.model_copy(update={"storage": checked})
 
     def with_registry_overrides(self, options: dict[str, str]) -> PipelineConfig:
@@ -511,7 +511,7 @@ class PipelineConfig(_Strict):
             merged = {**fmt.schema_registry, **options}
             problem = registry_settings_problem(merged)
             if problem:
-                raise ConfigError(f"pipeline {self.name}: schema registry connection: {problem}")
+                raise ConfigError(f"schema registry connection: {problem}", pipeline=self.name)
             update[field_name] = fmt.model_copy(update={"schema_registry": merged})
         return self.model_copy(update=update) if update else self
 

@@ -213,7 +213,7 @@ class AvroDecoder:
 
     def _registry_text(self, schema_id: int | None) -> str:
         if schema_id is None:
-            raise ConfigError(f"pipeline {self.pipeline}: a registry reader schema without an id")
+            raise ConfigError("a registry reader schema without an id", pipeline=self.pipeline)
         found = sr.schema_by_id(self.pipeline, self.settings, schema_id)
         return _with_references(self.pipeline, self.settings, found)
 
