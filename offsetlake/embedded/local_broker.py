@@ -129,7 +129,10 @@ class LocalBroker:
         if (log_dir / "meta.properties").is_file():
             return
         cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        command = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties_path), "--standalone")
+        # "--cluster-id=": an id may begin with "-" (one in 64), which would read as an option
+        command = self._java(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_path), "--standalone"
+        )
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"formatting the Kafka log folder {log_dir} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
