@@ -82,4 +82,4 @@ lock: ## re-resolve requirements.txt into requirements.lock
 	 .lockvenv/bin/pip freeze --exclude-editable) > requirements.lock && rm -rf .lockvenv
 
 clean:
-	rm -rf lake .kafka .noida .airflow .pytest_cache
+	rm -rf lake .kafka .airflow .pytest_cache
