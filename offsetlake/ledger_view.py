@@ -9,9 +9,9 @@ Invariant 4 holds in the view too: the sink commits are the source of truth, so 
 committed but whose ledger row was never written (a crash between the two) is shown from its
 commit's ``userMetadata``, exactly as the next run's reconciliation will record it.
 
-Every public function returns plain JSON-ready dicts (timestamps as ISO-8601 strings); a batch
-in them is ``BatchView.to_json`` / ``BatchView.last_batch`` (``offsetlake.batch_view``), never a
-dict built here.
+``pipeline_batches`` gives a pipeline's batches as typed views (``offsetlake.batch_view``); the
+other functions return plain JSON-ready dicts (timestamps as ISO-8601 strings), where a batch is
+``BatchView.to_json`` / ``BatchView.last_batch``, never a dict built here.
 """
 
 from __future__ import annotations
