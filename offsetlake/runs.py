@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -24,6 +25,7 @@ import pyarrow.compute as pc
 
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
+from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import for_plan
 from offsetlake.errors import CommitConflictError, LeaseLostError, OffsetlakeError, StalePlanError, StorageError, StreamAbandoned
@@ -37,7 +39,7 @@ from offsetlake.history import (
 )
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
-from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
+from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import plan_next_batch
@@ -460,50 +462,45 @@ def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
         )
 
 
-class PublishableBatch(dict):
-    """A batch whose ranges the sink holds: its summary (this dict, what the publish task logs)
-    and ``committed_ends``, the committed ends of its partitions (what the Airflow publish task
-    commits as consumer-group offsets, for ingest batches)."""
+@dataclass(frozen=True)
+class PublishableBatch:
+    """A batch whose ranges the sink holds: its view, and the committed ends of its partitions
+    (``committed_ends``: what the Airflow publish task commits as consumer-group offsets, for
+    ingest batches). ``summary()`` is what the publish task logs and returns."""
 
-    def __init__(self, summary: dict, committed_ends: dict[tuple[str, int], int]) -> None:
-        super().__init__(summary)
-        self.committed_ends = committed_ends
+    pipeline: str
+    batch: BatchView
+    committed_ends: dict[tuple[str, int], int]
+
+    def summary(self) -> dict[str, Any]:
+        return self.batch.publish_summary(self.pipeline, self.committed_ends)
 
 
 def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch:
-    """The summary of a batch whose ranges the sink holds, for the Airflow publish task.
+    """The batch whose ranges the sink holds, for the Airflow publish task.
 
     The batch either committed them itself, or was superseded by a batch that committed the very
-    same ranges first (invariant 3: then this run is a no-op that succeeds, and the summary says
-    which batch committed them). Anything else raises, naming the batch's state and why.
+    same ranges first (invariant 3: then this run is a no-op that succeeds, and the batch's
+    message says which batch committed them). Anything else raises OffsetlakeError, naming the
+    batch's state and why.
     """
     ledger = Ledger.of(config)
     reconcile(config, ledger)
     rows = ledger.batches(pc.field("batch_id") == batch_id)
+    if not rows:
+        raise OffsetlakeError(
+            f"batch {batch_id} is not in the ledger, not committed; nothing published", pipeline=config.name, batch_id=batch_id
+        )
+    batch = BatchView.from_rows(rows)
     table = open_table(config.layout.sink)
-    ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
-    held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
-    status = rows[0]["status"] if rows else "unknown"
-    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == BatchStatus.SUPERSEDED and held)):
-        states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
-        why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
-        raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
-    if status == BatchStatus.SUPERSEDED:
-        log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
-    batch = summarize_batch(rows)
-    summary = {
-        "pipeline": config.name,
-        "batch_id": batch_id,
-        "kind": batch["kind"],
-        "status": batch["status"],
-        "sink_version": batch["sink_version"],
-        "records_read": batch["records_read"] or 0,
-        "rows_written": batch["rows_written"] or 0,
-        "dead_letters": batch["dead_letters"] or 0,
-        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch["ranges"]],
-        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if batch["kind"] == BatchKind.INGEST else {},
-        "validation": (batch["validation"] or {}).get("outcome", "no suite"),
-        "validation_report": batch["validation_report"],
-        "message": batch["message"],
-    }
-    return PublishableBatch(summary, {k: v for k, v in ends.items() if v is not None})
+    ends = {(r.range.topic, r.range.partition): committed_end(table, config, r.range.topic, r.range.partition) for r in batch.ranges}
+    held = all((ends[(r.range.topic, r.range.partition)] or 0) >= r.range.end for r in batch.ranges)
+    if not (all(s.committed for s in batch.statuses) or (batch.status == BatchStatus.SUPERSEDED and held)):
+        states = ", ".join(sorted(batch.statuses))
+        why = f" ({batch.message})" if batch.message else ""
+        raise OffsetlakeError(
+            f"batch {batch_id} is {states}, not committed; nothing published{why}", pipeline=config.name, batch_id=batch_id
+        )
+    if batch.status == BatchStatus.SUPERSEDED:
+        log.info("pipeline=%s batch=%s %s", config.name, batch_id, batch.message)
+    return PublishableBatch(config.name, batch, {k: v for k, v in ends.items() if v is not None})
