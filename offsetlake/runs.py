@@ -372,8 +372,8 @@ class LoopPolicy:
     moved, or they already hold the ranges), and the next plan starts from those new ends, so
     re-planning never repeats work and cannot spin while nobody else makes progress. A run caps
     it anyway (it is bounded work; Airflow retries it); the stream must not: it lives for days
-    beside backfills, rewinds and compactions that each may win one commit, and a cap would stop
-    it for doing its job. ``backoff`` None raises a transient error at once (a run: Airflow or
+    beside the other writers of its sink table, any of which may win one of its commits, and a
+    cap would stop it for losing a few of those races. ``backoff`` None raises a transient error at once (a run: Airflow or
     the operator retries it); else it is waited out. ``before_commit`` runs right before each
     sink commit (raising there commits nothing). ``emit`` gets each batch's result (committed, or
     found already held). ``trigger_interval``: seconds from one batch's start to the next, and
