@@ -367,17 +367,19 @@ class LoopPolicy:
     """Everything a ``BatchLoop`` decides, in one value: ``run_pipeline`` and the stream differ only here.
 
     ``max_conflict_replans``: how many superseded batches (invariants 3, 10) the loop re-plans in
-    all before it raises the last one; None re-plans without a cap. Every superseded outcome is
-    proof that another writer's commit landed (delta-rs raised a conflict, or the committed ends
-    moved, or they already hold the ranges), and the next plan starts from those new ends, so
-    re-planning never repeats work and cannot spin while nobody else makes progress. A run caps
-    it anyway (it is bounded work; Airflow retries it); the stream must not: it lives for days
-    beside the other writers of its sink table, any of which may win one of its commits, and a
-    cap would stop it for losing a few of those races. ``backoff`` None raises a transient error at once (a run: Airflow or
-    the operator retries it); else it is waited out. ``before_commit`` runs right before each
-    sink commit (raising there commits nothing). ``emit`` gets each batch's result (committed, or
-    found already held). ``trigger_interval``: seconds from one batch's start to the next, and
-    between checks when caught up under ``CaughtUp.WAIT``; 0 paces nothing.
+    all before it raises the last one; None re-plans without a cap. A batch is superseded when
+    another writer's commit landed first (delta-rs reported the conflict, or the committed ends
+    moved past the plan's start) or the sink table was replaced; the next plan starts from the new
+    ends, so the loop re-plans only as often as others make progress. A run caps it anyway (it is
+    bounded work; Airflow retries it); the stream must not: it lives for days beside the other
+    writers of its sink table, any of which may win one of its commits, and a cap would stop it
+    for losing a few of those races.
+
+    ``backoff`` None raises a transient error at once (a run: Airflow or the operator retries it);
+    else it is waited out. ``before_commit`` runs right before each sink commit (raising there
+    commits nothing). ``emit`` gets each batch's result (committed, or found already held).
+    ``trigger_interval``: seconds from one batch's start to the next, and between checks when
+    caught up under ``CaughtUp.WAIT``; 0 paces nothing.
     """
 
     kind: BatchKind = BatchKind.INGEST

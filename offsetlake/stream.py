@@ -4,8 +4,8 @@ Each turn is a batch of kind ``stream`` that flows through the same plan → rea
 validate → commit → record as a scheduled run, driven by the same loop (``runs.BatchLoop``) under
 the stream's policy, so every invariant holds unchanged: the plan is in the ledger before it
 reads, its offsets advance only in its one sink commit, a commit lost to another writer re-plans
-(without a cap: see ``runs.LoopPolicy``). A turn that finds nothing new plans from Kafka and Delta metadata
-only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
+(without a cap: see ``runs.LoopPolicy``). A turn that finds nothing new plans from Kafka and
+Delta metadata only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
 scheduled ingest runs skip while it lives.
 
 Stopping: the first SIGTERM/SIGINT lets the batch in flight finish (its commit, or its
@@ -210,7 +210,7 @@ class _StreamLoop(BatchLoop):
         policy = LoopPolicy(
             kind=BatchKind.STREAM,
             offset_limit=OffsetLimit.NONE,
-            resume_unfinished=False,  # a stream's run id is new; a batch it left unfinished is read again by the next plan
+            resume_unfinished=False,  # what a batch left unfinished, the next plan reads again from the committed ends
             max_conflict_replans=None,  # see LoopPolicy: every superseded batch is another writer's progress
             backoff=Backoff(max_retries=MAX_TRANSIENT_RETRIES),
             when_caught_up=CaughtUp.WAIT,
