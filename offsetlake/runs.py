@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -28,7 +29,15 @@ from offsetlake.backfill import execute_backfill
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import for_plan
-from offsetlake.errors import CommitConflictError, LeaseLostError, OffsetlakeError, StalePlanError, StorageError, StreamAbandoned
+from offsetlake.errors import (
+    CommitConflictError,
+    LeaseLostError,
+    OffsetlakeError,
+    StalePlanError,
+    StorageError,
+    StreamAbandoned,
+    is_transient,
+)
 from offsetlake.history import (
     SinkCommit,
     covering_batch,
@@ -42,7 +51,7 @@ from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
-from offsetlake.planner import plan_next_batch
+from offsetlake.planner import TopicPartitionKey, plan_next_batch
 from offsetlake.process import ProcessedBatch, process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     WrittenFiles,
@@ -62,7 +71,6 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 log = logging.getLogger("offsetlake.runs")
-MAX_CONFLICT_REPLANS = 5
 
 
 # ---- projections of the sink's history --------------------------------------------------------
@@ -309,6 +317,250 @@ def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, 
     return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms=timings_ms)
 
 
+# ---- the batch loop ---------------------------------------------------------------------------
+# A run re-plans a batch that lost its commit at most this many times, then fails (Airflow retries
+# it): a run is bounded work and should end with an answer.
+MAX_CONFLICT_REPLANS = 5
+
+
+class CaughtUp(StrEnum):
+    """What a loop does when planning finds nothing new."""
+
+    STOP = "stop"  # a run: it is done
+    WAIT = "wait"  # a stream: keep the session warm, sleep the trigger interval, plan again
+
+
+class OffsetLimit(StrEnum):
+    """How far a loop's plans may reach."""
+
+    LSO_AT_START = "lso_at_start"  # a run: the LSO read when it starts, so it ends under steady produce
+    NONE = "none"  # a stream: each plan up to the LSO of its own moment
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a transient error (``errors.is_transient``: the broker, a slow read, the registry) is
+    waited out: the batch is recorded ``failed``, then the loop sleeps ``first_s``, doubling up to
+    ``max_s``, and plans again from the committed ends; after ``max_retries`` in a row (no batch
+    result or idle check in between) the error is raised."""
+
+    max_retries: int = 8
+    first_s: float = 1.0
+    max_s: float = 30.0
+
+    def pause(self, attempt: int) -> float | None:
+        """Seconds to wait before retry ``attempt`` (1 for the first in a row); None once they are spent."""
+        if attempt > self.max_retries:
+            return None
+        return min(self.max_s, self.first_s * 2.0 ** (attempt - 1))
+
+
+def _nothing() -> None:
+    pass
+
+
+def _drop(result: BatchResult) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    """Everything a ``BatchLoop`` decides, in one value: ``run_pipeline`` and the stream differ only here.
+
+    ``max_conflict_replans``: how many superseded batches (invariants 3, 10) the loop re-plans in
+    all before it raises the last one; None re-plans without a cap. A batch is superseded when
+    another writer's commit landed first (delta-rs reported the conflict, or the committed ends
+    moved past the plan's start) or the sink table was replaced; the next plan starts from the new
+    ends, so the loop re-plans only as often as others make progress. A run caps it anyway (it is
+    bounded work; Airflow retries it); the stream must not: it lives for days beside the other
+    writers of its sink table, any of which may win one of its commits, and a cap would stop it
+    for losing a few of those races.
+
+    ``backoff`` None raises a transient error at once (a run: Airflow or the operator retries it);
+    else it is waited out. ``before_commit`` runs right before each sink commit (raising there
+    commits nothing). ``emit`` gets each batch's result (committed, or found already held).
+    ``trigger_interval``: seconds from one batch's start to the next, and between checks when
+    caught up under ``CaughtUp.WAIT``; 0 paces nothing.
+    """
+
+    kind: BatchKind = BatchKind.INGEST
+    max_batches: int | None = None
+    offset_limit: OffsetLimit = OffsetLimit.LSO_AT_START
+    resume_unfinished: bool = True  # first re-execute the plan this run id left planned or failed (invariant 3)
+    max_conflict_replans: int | None = MAX_CONFLICT_REPLANS
+    backoff: Backoff | None = None
+    when_caught_up: CaughtUp = CaughtUp.STOP
+    trigger_interval: float = 0.0
+    before_commit: Callable[[], None] = _nothing
+    emit: Callable[[BatchResult], None] = _drop
+
+    def may_replan(self, replans: int) -> bool:
+        """Whether the loop re-plans after its ``replans``-th superseded batch."""
+        return self.max_conflict_replans is None or replans <= self.max_conflict_replans
+
+
+class BatchLoop:
+    """The one loop of batches (``run_pipeline``, the stream): plan (or resume a run's recorded
+    plan), execute, record every batch that did not commit through ``record_outcome``, emit every
+    result; ``policy`` says how far, how often to re-plan, how to wait out an outage and what to
+    do when caught up. Opening the pipeline (storage check, ownership, reconcile) is the driver's.
+
+    A driver with controls of its own (the stream: stop requests, its lease, Spark job tags)
+    overrides the hooks ``keep_going``, ``pause``, ``idle``, ``executing`` and ``given_up``.
+    """
+
+    def __init__(self, config: PipelineConfig, run: RunContext, ledger: Ledger, spark_factory: Callable, policy: LoopPolicy) -> None:
+        self.config, self.run_context, self.ledger, self.spark_factory, self.policy = config, run, ledger, spark_factory, policy
+        self.batches = 0  # results emitted
+        self.replans = 0  # superseded batches re-planned, in all
+        self.transient_failures = 0  # in a row
+        self.stopped = False  # the driver gave a batch up: no further turn
+        self.limit: dict[TopicPartitionKey, int] | None = None
+        self.resume: BatchPlan | None = None
+
+    # ---- hooks for a driver; these defaults are a run's ----
+    def keep_going(self) -> bool:
+        """Checked before every turn; False ends the loop, raising ends it with that error."""
+        return True
+
+    def pause(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def idle(self) -> None:
+        """Caught up under ``CaughtUp.WAIT``, before the trigger interval's pause."""
+
+    @contextmanager
+    def executing(self, plan: BatchPlan) -> Iterator[None]:
+        """Around one batch's execution and its outcome."""
+        yield
+
+    def given_up(self, plan: BatchPlan, err: Exception) -> OffsetlakeError | None:
+        """Why the driver gave up ``plan``, in flight when it raised ``err`` (the stream: a second
+        stop request), recorded as its outcome instead of ``err``; the loop then ends. None: ``err``
+        is the outcome."""
+        return None
+
+    # ---- the loop ----
+    def run(self) -> None:
+        """Turn until caught up (``CaughtUp.STOP``), ``max_batches`` results, or the driver stops it.
+
+        Raises the first error that is neither superseded within the re-plan cap nor transient
+        within the back-off; that batch's outcome is recorded first."""
+        self.limit = self._offset_limit()
+        self.resume = self._unfinished_plan()
+        while not self.stopped and (self.policy.max_batches is None or self.batches < self.policy.max_batches):
+            if not self.keep_going() or not self._turn():
+                break
+
+    def _offset_limit(self) -> dict[TopicPartitionKey, int] | None:
+        if self.policy.offset_limit == OffsetLimit.NONE:
+            return None
+        started = time.monotonic()
+        limit = {key: o.last_stable for key, o in current_offsets(self.config).items()}
+        lso = {f"{t}[{p}]": end for (t, p), end in sorted(limit.items())}
+        log_step(
+            "start", None, started, pipeline=self.config.name, run_id=self.run_context.run_id, lso=json.dumps(lso, separators=(",", ":"))
+        )
+        return limit
+
+    def _unfinished_plan(self) -> BatchPlan | None:
+        """Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one
+        that failed validation, with exactly its recorded ranges (invariant 3)."""
+        if not self.policy.resume_unfinished:
+            return None
+        recorded = self.ledger.run_plan(self.run_context, self.policy.kind)
+        return recorded[0] if recorded and recorded[1] in (BatchStatus.PLANNED, BatchStatus.FAILED) else None
+
+    def _turn(self) -> bool:
+        """One plan and its batch; False when caught up under ``CaughtUp.STOP``."""
+        started = time.monotonic()
+        try:
+            plan = self._next_plan(started)
+        except Exception as err:
+            self._wait_out(err)
+            return True
+        if plan is None:
+            return self._caught_up(started)
+        failpoints.failpoint("after_plan")
+        result = self._execute(plan)
+        if result is None:  # superseded, an outage waited out, or given up: its outcome is recorded
+            return True
+        self.transient_failures = 0
+        self.batches += 1
+        self.policy.emit(result)
+        release_memory()
+        self.pause(self.policy.trigger_interval - (time.monotonic() - started))
+        return True
+
+    def _next_plan(self, started: float) -> BatchPlan | None:
+        """The batch to run next, in the ledger before it reads (invariant 3); None when caught up."""
+        resumed, self.resume = self.resume, None
+        if resumed is not None:
+            log_step("plan", resumed, started, reused="true", offsets=resumed.offsets)
+            return resumed
+        plan = plan_next_batch(self.config, self.run_context, self.limit, kind=self.policy.kind)
+        if plan is not None:
+            self.ledger.record_plan(plan)
+            log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+        return plan
+
+    def _caught_up(self, started: float) -> bool:
+        if self.policy.when_caught_up == CaughtUp.STOP:
+            log_step("caught_up", None, started, pipeline=self.config.name, run_id=self.run_context.run_id)
+            return False
+        self.transient_failures = 0
+        self.idle()
+        self.pause(self.policy.trigger_interval)
+        return True
+
+    def _execute(self, plan: BatchPlan) -> BatchResult | None:
+        """``plan`` executed (``execute_batch``), or None once its outcome is recorded and the loop
+        may go on; any other error is recorded and raised."""
+        with self.executing(plan):
+            try:
+                return execute_batch(self.config, plan, self.ledger, self.spark_factory, self.policy.before_commit)
+            except Exception as err:
+                self._failed(plan, err)
+                return None
+
+    def _failed(self, plan: BatchPlan, err: Exception) -> None:
+        """Record why ``plan`` did not commit; return to go on, raise ``err`` to end the loop."""
+        why = self.given_up(plan, err)
+        if why is not None:
+            record_outcome(self.ledger, plan, why)
+            self.stopped = True
+            return
+        if record_outcome(self.ledger, plan, err) == BatchStatus.SUPERSEDED:
+            self.replans += 1
+            log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
+            if not self.policy.may_replan(self.replans):
+                raise err
+            return
+        self._wait_out(err)
+
+    def _wait_out(self, err: Exception) -> None:
+        """Sleep the back-off's next pause after a transient ``err``; raise ``err`` if it is not
+        transient, the policy has no back-off, or its retries in a row are spent."""
+        backoff = self.policy.backoff
+        if backoff is None or not is_transient(err):
+            raise err
+        self.transient_failures += 1
+        pause = backoff.pause(self.transient_failures)
+        if pause is None:
+            raise err
+        log_line(
+            log,
+            "retry",
+            level=logging.WARNING,
+            pipeline=self.config.name,
+            attempt=f"{self.transient_failures}/{backoff.max_retries}",
+            in_s=f"{pause:.0f}",
+            reason=str(err),
+        )
+        self.pause(pause)
+
+
 # ---- a run ------------------------------------------------------------------------------------
 def run_pipeline(
     config: PipelineConfig,
@@ -321,51 +573,22 @@ def run_pipeline(
 
     Raises StreamOwnsPipelineError (before anything is planned) while a live stream owns the
     pipeline. Each batch's plan is in the ledger before it reads. A commit lost to a concurrent
-    writer is recorded as ``superseded`` and the run re-plans from the new committed ends. A run
-    id that left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan
-    first.
+    writer is recorded as ``superseded`` and the run re-plans from the new committed ends, at most
+    ``MAX_CONFLICT_REPLANS`` times. A run id that left a batch unfinished (failed, e.g. by
+    validation) re-executes that batch's plan first. Any other error is recorded and raised at
+    once (``BatchLoop`` under ``LoopPolicy``'s defaults, which are this run's).
     """
     config.check_storage()  # a store that cannot work is named before Kafka or the lake is read
     ledger = Ledger.of(config)
-    started = time.monotonic()
     refuse_if_stream_owns(config)
     reconcile(config, ledger)
-    limit = {key: o.last_stable for key, o in current_offsets(config).items()}
-    lso = {f"{t}[{p}]": end for (t, p), end in sorted(limit.items())}
-    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(lso, separators=(",", ":")))
     results: list[BatchResult] = []
-    conflicts = 0
-    # Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one that
-    # failed validation, with exactly its recorded ranges (invariant 3).
-    recorded = ledger.run_plan(run, BatchKind.INGEST)
-    resume = recorded[0] if recorded and recorded[1] in (BatchStatus.PLANNED, BatchStatus.FAILED) else None
-    while max_batches is None or len(results) < max_batches:
-        t = time.monotonic()
-        if resume is not None:
-            plan, resume = resume, None
-            log_step("plan", plan, t, reused="true", offsets=plan.offsets)
-        else:
-            next_plan = plan_next_batch(config, run, limit)
-            if next_plan is None:
-                log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
-                break
-            plan = next_plan
-            ledger.record_plan(plan)
-            log_step("plan", plan, t, kind=str(plan.kind), offsets=plan.offsets)
-        failpoints.failpoint("after_plan")
-        try:
-            result = execute_batch(config, plan, ledger, spark_factory)
-        except Exception as err:
-            if record_outcome(ledger, plan, err) != BatchStatus.SUPERSEDED:
-                raise
-            conflicts += 1
-            log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
-            if conflicts > MAX_CONFLICT_REPLANS:
-                raise
-            continue
+
+    def collect(result: BatchResult) -> None:
         results.append(result)
         emit(result.summary())
-        release_memory()
+
+    BatchLoop(config, run, ledger, spark_factory, LoopPolicy(max_batches=max_batches, emit=collect)).run()
     reconcile(config, ledger)
     return results
 
