@@ -173,9 +173,11 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         if not storage.is_uri(config.lake_path) and not storage.is_uri(config.sink_path):
             raise
         raise StorageError(
-            f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
+            f"batch {plan.batch_id} ({plan.describe()}): the object store "
             f"({storage.store_name(config.layout.lake)}) failed: {storage.describe_store_error(err)}; the batch did not "
-            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers"
+            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         ) from err
 
 
@@ -276,7 +278,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion", staged=())
     before_commit()
     if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
-        raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")
+        raise OffsetlakeError(f"gap batch {plan.batch_id} has no sink to commit to", pipeline=config.name, batch_id=plan.batch_id)
     version = commit_batch(table, config, plan, WrittenFiles.none(), entry)
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
@@ -661,7 +663,7 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
     dead_letters.apply_pending(config)
     plan = ledger.plan_by_batch_id(batch_id)
     if plan is None:
-        raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
+        raise OffsetlakeError(f"no planned batch {batch_id} in the ledger at {config.ledger_path}", pipeline=config.name, batch_id=batch_id)
     try:
         _refuse_rewound(config, plan)
         return execute_batch(config, plan, ledger, spark_factory)

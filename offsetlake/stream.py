@@ -265,7 +265,7 @@ class _StreamLoop(BatchLoop):
 
     def _before_commit(self) -> None:
         if self.stop.abandon.is_set():
-            raise StreamAbandoned(f"pipeline {self.config.name}: stream stopped before the commit")
+            raise StreamAbandoned("the stream stopped before the commit", pipeline=self.config.name)
         self.lease.check()
 
     def _cancel_in_flight(self) -> None:
