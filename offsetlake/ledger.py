@@ -6,7 +6,7 @@ entry in ``commitInfo.userMetadata`` (``offsetlake.history``); this table only p
 batches that never committed). ``reconcile`` repairs the projection from sink history at the
 start and end of every run, and ``rebuild`` recreates it from sink history alone. Rows are only
 ever appended (so concurrent writers never conflict), except by ``rebuild``. A batch's rows are
-summarized for people in one place, ``summarize_batch``.
+shown to people through one view, ``offsetlake.batch_view.BatchView``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -373,99 +372,3 @@ def rewound_rows(commits: list[SinkCommit]) -> list[dict]:
         commit = by_id[batch_id]
         rows.extend(commit.entry.ledger_rows(REWOUND, commit.version, recorded_at=entry.committed_time, message=message))
     return rows
-
-
-# ---- rows -> what people read -----------------------------------------------------------------
-def summarize_batch(rows: list[dict]) -> dict[str, Any]:
-    """One batch out of its per-partition ledger rows (``Ledger.batches``): status (its least
-    final partition's), ranges with counts, totals, validation, message. What the Offset ledger
-    view shows and the Airflow publish task logs."""
-    rows = sorted(rows, key=lambda r: (r["topic"], r["partition"]))
-    first = rows[0]
-    status = min((BatchStatus(r["status"]) for r in rows), key=lambda s: s.rank)
-    versions = {r["sink_version"] for r in rows if r["sink_version"] is not None}
-    return {
-        "batch_id": first["batch_id"],
-        "kind": first["kind"],
-        "status": str(status),
-        "run_id": first["run_id"],
-        "dag_id": first["dag_id"],
-        "try_number": first["try_number"],
-        "planned_at": _iso(first["planned_at"]),
-        "recorded_at": _iso(max((r["recorded_at"] for r in rows if r["recorded_at"]), default=None)),
-        "duration_ms": first["duration_ms"],
-        "sink_version": max(versions) if versions else None,
-        "ranges": [
-            {
-                "topic": r["topic"],
-                "partition": r["partition"],
-                "start": r["start_offset"],
-                "end": r["end_offset"],
-                "records_read": r["records_read"],
-                "rows_written": r["rows_written"],
-                "dead_letters": r["dead_letters"],
-            }
-            for r in rows
-        ],
-        "offsets": sum(r["end_offset"] - r["start_offset"] for r in rows),
-        "records_read": _total(rows, "records_read"),
-        "rows_written": _total(rows, "rows_written"),
-        "dead_letters": _total(rows, "dead_letters"),
-        "validation": validation_digest(next((r.get("validation") for r in rows if r.get("validation")), None)),
-        "validation_report": next((r.get("validation_report") for r in rows if r.get("validation_report")), None),
-        "message": next((r["message"] for r in rows if r["message"]), None),
-        "reader_schema": _schema_digest(next((r.get("reader_schema") for r in rows if r.get("reader_schema")), None)),
-    }
-
-
-def _schema_digest(raw: str | None) -> dict | None:
-    """The reader schema a batch decoded with, as people read it (its text left out)."""
-    schema = ReaderSchema.from_dict(json.loads(raw)) if raw else None
-    if schema is None:
-        return None
-    digest = {k: v for k, v in schema.as_dict().items() if k != "text"}
-    if "key" in digest:
-        digest["key"] = {k: v for k, v in digest["key"].items() if k != "text"}
-    return {**digest, "description": schema.describe()}
-
-
-def validation_digest(raw: str | None) -> dict | None:
-    """The parts of a stored GX summary that say why a batch passed, quarantined or failed."""
-    if not raw:
-        return None
-    try:
-        summary = json.loads(raw)
-    except ValueError:
-        return {"outcome": "unreadable", "failures": []}
-    keep = (
-        "expectation",
-        "type",
-        "row_level",
-        "element_count",
-        "unexpected_count",
-        "unexpected_percent",
-        "observed_value",
-        "examples",
-        "error",
-    )
-    return {
-        "outcome": summary.get("outcome"),
-        "suite": summary.get("suite"),
-        "on_failure": summary.get("on_failure"),
-        "rows_validated": summary.get("rows_validated"),
-        "quarantined_records": summary.get("quarantined_records"),
-        "failures": [{k: e.get(k) for k in keep} for e in summary.get("expectations", []) if not e.get("success")],
-    }
-
-
-def _total(rows: list[dict], key: str) -> int | None:
-    values = [r[key] for r in rows if r[key] is not None]
-    return sum(values) if values else None
-
-
-def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat(timespec="microseconds")  # fixed width: sorts as text

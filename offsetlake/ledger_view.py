@@ -9,7 +9,9 @@ Invariant 4 holds in the view too: the sink commits are the source of truth, so 
 committed but whose ledger row was never written (a crash between the two) is shown from its
 commit's ``userMetadata``, exactly as the next run's reconciliation will record it.
 
-Every function returns plain JSON-ready dicts (timestamps as ISO-8601 strings).
+``pipeline_batches`` gives a pipeline's batches as typed views (``offsetlake.batch_view``); the
+other functions return plain JSON-ready dicts (timestamps as ISO-8601 strings), where a batch is
+``BatchView.to_json`` / ``BatchView.last_batch``, never a dict built here.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from collections.abc import Callable
 
 from deltalake import DeltaTable
 
+from offsetlake.batch_view import BatchView, batch_views, iso_time
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import sink_commits
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import current_lease
-from offsetlake.ledger import Ledger, summarize_batch
-from offsetlake.plan import BatchKind, BatchStatus
+from offsetlake.ledger import Ledger
 from offsetlake.sink import committed_ends, open_table
 from offsetlake.topic_epochs import check_pipeline_identity
 
@@ -74,13 +76,9 @@ def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[
     return Ledger.of(config).batches_as_reconciled(sink_commits(table, config.name))
 
 
-def summarize_batches(rows: list[dict]) -> list[dict]:
-    """Group per-partition ledger rows into one summary per batch, newest first."""
-    by_batch: dict[str, list[dict]] = {}
-    for row in rows:
-        by_batch.setdefault(row["batch_id"], []).append(row)
-    batches = [summarize_batch(mine) for mine in by_batch.values()]
-    return sorted(batches, key=lambda b: (b["planned_at"] or b["recorded_at"] or "", b["batch_id"]), reverse=True)
+def pipeline_batches(config: PipelineConfig, table: DeltaTable | None) -> list[BatchView]:
+    """Every batch of the pipeline, newest first, as the ledger and the sink's commits say."""
+    return batch_views(ledger_batch_rows(config, table))
 
 
 def _lag(config: PipelineConfig, table: DeltaTable | None) -> tuple[list[dict], int | None, str | None]:
@@ -91,30 +89,20 @@ def _lag(config: PipelineConfig, table: DeltaTable | None) -> tuple[list[dict], 
     return partitions, sum(p["lag"] for p in partitions), None
 
 
-def _headline(config: PipelineConfig, batches: list[dict]) -> dict:
-    committed = [b["recorded_at"] for b in batches if BatchStatus(b["status"]).committed and b["recorded_at"]]
-    last = batches[0] if batches else None
+def _headline(config: PipelineConfig, batches: list[BatchView]) -> dict:
+    committed = [b.recorded_at for b in batches if b.status.committed and b.recorded_at]
     return {
         "pipeline": config.name,
         "topic": config.topic_label,
-        "last_commit_at": max(committed) if committed else None,
-        "last_batch": None
-        if last is None
-        else {
-            "batch_id": last["batch_id"],
-            "kind": last["kind"],
-            "status": last["status"],
-            "planned_at": last["planned_at"],
-            "validation": (last["validation"] or {}).get("outcome"),
-            "message": last["message"],
-        },
+        "last_commit_at": iso_time(max(committed)) if committed else None,
+        "last_batch": batches[0].last_batch() if batches else None,
     }
 
 
 def pipeline_overview(config: PipelineConfig) -> dict:
     """One line of the pipelines list: total lag, last commit time, last batch and its status."""
     table = open_table(config.layout.sink)
-    batches = summarize_batches(ledger_batch_rows(config, table))
+    batches = pipeline_batches(config, table)
     _, total_lag, kafka_error = _lag(config, table)
     return {**_headline(config, batches), "total_lag": total_lag, "kafka_error": kafka_error, "error": None}
 
@@ -122,7 +110,7 @@ def pipeline_overview(config: PipelineConfig) -> dict:
 def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict:
     """Everything the per-pipeline page shows: lag per partition, recent batches, recorded gaps."""
     table = open_table(config.layout.sink)
-    batches = summarize_batches(ledger_batch_rows(config, table))
+    batches = pipeline_batches(config, table)
     partitions, total_lag, kafka_error = _lag(config, table)
     return {
         **_headline(config, batches),
@@ -132,22 +120,8 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
         "kafka_error": kafka_error,
         "partitions": partitions,
         "batch_count": len(batches),
-        "batches": batches[:limit] if limit else batches,
-        "gaps": [
-            {
-                "batch_id": b["batch_id"],
-                "topic": r["topic"],
-                "partition": r["partition"],
-                "start": r["start"],
-                "end": r["end"],
-                "recorded_at": b["recorded_at"],
-                "sink_version": b["sink_version"],
-                "message": b["message"],
-            }
-            for b in batches
-            if b["kind"] == BatchKind.GAP
-            for r in b["ranges"]
-        ],
+        "batches": [b.to_json() for b in (batches[:limit] if limit else batches)],
+        "gaps": [gap for b in batches for gap in b.gaps()],
     }
 
 
@@ -184,33 +158,23 @@ def pipeline_metrics(config: PipelineConfig) -> dict:
     ``partition_status`` (as ``offsetlake status`` shows them), the last commit and last batch,
     batch counts per status and validation outcome (every batch in the ledger), and the stream
     lease (as ``offsetlake status`` reads it)."""
-    detail = pipeline_detail(config, limit=0)
-    batches = detail["batches"]
+    table = open_table(config.layout.sink)
+    batches = pipeline_batches(config, table)
+    partitions, _, kafka_error = _lag(config, table)
     lease = current_lease(config)
     statuses: dict[str, int] = {}
     outcomes: dict[str, int] = {}
     for b in batches:
-        statuses[b["status"]] = statuses.get(b["status"], 0) + 1
-        outcome = (b["validation"] or {}).get("outcome")
-        if outcome:
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    last = batches[0] if batches else None
+        statuses[str(b.status)] = statuses.get(str(b.status), 0) + 1
+        if b.validation_outcome:
+            outcomes[b.validation_outcome] = outcomes.get(b.validation_outcome, 0) + 1
+    headline = _headline(config, batches)
     return {
         "pipeline": config.name,
-        "partitions": detail["partitions"],
-        "kafka_error": detail["kafka_error"],
-        "last_commit_at": detail["last_commit_at"],
-        "last_batch": None
-        if last is None
-        else {
-            "batch_id": last["batch_id"],
-            "kind": last["kind"],
-            "status": last["status"],
-            "records": last["records_read"] or 0,
-            "rows": last["rows_written"] or 0,
-            "dead_letters": last["dead_letters"] or 0,
-            "duration_ms": last["duration_ms"],
-        },
+        "partitions": partitions,
+        "kafka_error": kafka_error,
+        "last_commit_at": headline["last_commit_at"],
+        "last_batch": headline["last_batch"],
         "batches_by_status": statuses,
         "batches_by_validation": outcomes,
         "stream_lease": None if lease is None else {"owner": lease.owner, "state": lease.state, "live": lease.live()},

@@ -9,6 +9,7 @@ batch statuses (and the one order of how final each is); everything else imports
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -28,7 +29,30 @@ class OffsetRange:
         return self.end - self.start
 
     def __str__(self) -> str:
+        """The one text form of a range (logs, errors, Asset extras, the publish summary)."""
         return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
+
+
+@dataclass(frozen=True)
+class CountedRange:
+    """A batch's range with what it read and wrote there (``records_read``, ``rows_written``,
+    ``dead_letters``, and where they apply ``quarantined``, ``empty_as_null``; None: not known).
+
+    ``as_dict`` is the one JSON shape of such a range: a run's summary line
+    (``BatchResult.summary``) and a batch in the ledger view (``batch_view.BatchView``)."""
+
+    range: OffsetRange
+    counts: Mapping[str, int | None] = field(default_factory=dict)
+
+    def count(self, key: str) -> int | None:
+        return self.counts.get(key)
+
+    def as_dict(self) -> dict:
+        r = self.range
+        return {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, **self.counts}
+
+    def __str__(self) -> str:
+        return str(self.range)
 
 
 @dataclass(frozen=True)
@@ -255,9 +279,6 @@ class BatchResult:
 
 
 def ranges_with_counts(plan: BatchPlan, per_range: dict[tuple[str, int], RangeCounts]) -> list[dict]:
-    """The plan's ranges as JSON objects, each with its counts: the shape of a ledger entry's
-    ``ranges`` and of a run's summary line."""
-    return [
-        {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end, **per_range.get((r.topic, r.partition), {})}
-        for r in plan.ranges
-    ]
+    """The plan's ranges as JSON objects (``CountedRange.as_dict``), each with its counts: the
+    shape of a ledger entry's ``ranges`` and of a run's summary line."""
+    return [CountedRange(r, per_range.get((r.topic, r.partition), {})).as_dict() for r in plan.ranges]

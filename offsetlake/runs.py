@@ -17,6 +17,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -24,9 +26,18 @@ import pyarrow.compute as pc
 
 from offsetlake import dead_letters, failpoints, storage
 from offsetlake.backfill import execute_backfill
+from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import for_plan
-from offsetlake.errors import CommitConflictError, LeaseLostError, OffsetlakeError, StalePlanError, StorageError, StreamAbandoned
+from offsetlake.errors import (
+    CommitConflictError,
+    LeaseLostError,
+    OffsetlakeError,
+    StalePlanError,
+    StorageError,
+    StreamAbandoned,
+    is_transient,
+)
 from offsetlake.history import (
     SinkCommit,
     covering_batch,
@@ -37,10 +48,10 @@ from offsetlake.history import (
 )
 from offsetlake.kafka import current_offsets
 from offsetlake.lease import refuse_if_stream_owns
-from offsetlake.ledger import Ledger, reconcile_ledger, summarize_batch
+from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
-from offsetlake.planner import plan_next_batch
+from offsetlake.planner import TopicPartitionKey, plan_next_batch
 from offsetlake.process import ProcessedBatch, process_ranges, stage_files, stage_merge
 from offsetlake.sink import (
     WrittenFiles,
@@ -60,7 +71,6 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 
 log = logging.getLogger("offsetlake.runs")
-MAX_CONFLICT_REPLANS = 5
 
 
 # ---- projections of the sink's history --------------------------------------------------------
@@ -163,9 +173,11 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         if not storage.is_uri(config.lake_path) and not storage.is_uri(config.sink_path):
             raise
         raise StorageError(
-            f"pipeline {config.name}: batch {plan.batch_id} ({plan.describe()}): the object store "
+            f"batch {plan.batch_id} ({plan.describe()}): the object store "
             f"({storage.store_name(config.layout.lake)}) failed: {storage.describe_store_error(err)}; the batch did not "
-            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers"
+            "commit unless the ledger or `offsetlake status` shows it committed; run again once the store answers",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
         ) from err
 
 
@@ -266,7 +278,7 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion", staged=())
     before_commit()
     if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
-        raise OffsetlakeError(f"pipeline {config.name}: gap batch {plan.batch_id} has no sink to commit to")
+        raise OffsetlakeError(f"gap batch {plan.batch_id} has no sink to commit to", pipeline=config.name, batch_id=plan.batch_id)
     version = commit_batch(table, config, plan, WrittenFiles.none(), entry)
     dead_letters.apply_pending(config)
     ledger.record_commit(SinkCommit(version, entry))
@@ -307,6 +319,250 @@ def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, 
     return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms=timings_ms)
 
 
+# ---- the batch loop ---------------------------------------------------------------------------
+# A run re-plans a batch that lost its commit at most this many times, then fails (Airflow retries
+# it): a run is bounded work and should end with an answer.
+MAX_CONFLICT_REPLANS = 5
+
+
+class CaughtUp(StrEnum):
+    """What a loop does when planning finds nothing new."""
+
+    STOP = "stop"  # a run: it is done
+    WAIT = "wait"  # a stream: keep the session warm, sleep the trigger interval, plan again
+
+
+class OffsetLimit(StrEnum):
+    """How far a loop's plans may reach."""
+
+    LSO_AT_START = "lso_at_start"  # a run: the LSO read when it starts, so it ends under steady produce
+    NONE = "none"  # a stream: each plan up to the LSO of its own moment
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a transient error (``errors.is_transient``: the broker, a slow read, the registry) is
+    waited out: the batch is recorded ``failed``, then the loop sleeps ``first_s``, doubling up to
+    ``max_s``, and plans again from the committed ends; after ``max_retries`` in a row (no batch
+    result or idle check in between) the error is raised."""
+
+    max_retries: int = 8
+    first_s: float = 1.0
+    max_s: float = 30.0
+
+    def pause(self, attempt: int) -> float | None:
+        """Seconds to wait before retry ``attempt`` (1 for the first in a row); None once they are spent."""
+        if attempt > self.max_retries:
+            return None
+        return min(self.max_s, self.first_s * 2.0 ** (attempt - 1))
+
+
+def _nothing() -> None:
+    pass
+
+
+def _drop(result: BatchResult) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    """Everything a ``BatchLoop`` decides, in one value: ``run_pipeline`` and the stream differ only here.
+
+    ``max_conflict_replans``: how many superseded batches (invariants 3, 10) the loop re-plans in
+    all before it raises the last one; None re-plans without a cap. A batch is superseded when
+    another writer's commit landed first (delta-rs reported the conflict, or the committed ends
+    moved past the plan's start) or the sink table was replaced; the next plan starts from the new
+    ends, so the loop re-plans only as often as others make progress. A run caps it anyway (it is
+    bounded work; Airflow retries it); the stream must not: it lives for days beside the other
+    writers of its sink table, any of which may win one of its commits, and a cap would stop it
+    for losing a few of those races.
+
+    ``backoff`` None raises a transient error at once (a run: Airflow or the operator retries it);
+    else it is waited out. ``before_commit`` runs right before each sink commit (raising there
+    commits nothing). ``emit`` gets each batch's result (committed, or found already held).
+    ``trigger_interval``: seconds from one batch's start to the next, and between checks when
+    caught up under ``CaughtUp.WAIT``; 0 paces nothing.
+    """
+
+    kind: BatchKind = BatchKind.INGEST
+    max_batches: int | None = None
+    offset_limit: OffsetLimit = OffsetLimit.LSO_AT_START
+    resume_unfinished: bool = True  # first re-execute the plan this run id left planned or failed (invariant 3)
+    max_conflict_replans: int | None = MAX_CONFLICT_REPLANS
+    backoff: Backoff | None = None
+    when_caught_up: CaughtUp = CaughtUp.STOP
+    trigger_interval: float = 0.0
+    before_commit: Callable[[], None] = _nothing
+    emit: Callable[[BatchResult], None] = _drop
+
+    def may_replan(self, replans: int) -> bool:
+        """Whether the loop re-plans after its ``replans``-th superseded batch."""
+        return self.max_conflict_replans is None or replans <= self.max_conflict_replans
+
+
+class BatchLoop:
+    """The one loop of batches (``run_pipeline``, the stream): plan (or resume a run's recorded
+    plan), execute, record every batch that did not commit through ``record_outcome``, emit every
+    result; ``policy`` says how far, how often to re-plan, how to wait out an outage and what to
+    do when caught up. Opening the pipeline (storage check, ownership, reconcile) is the driver's.
+
+    A driver with controls of its own (the stream: stop requests, its lease, Spark job tags)
+    overrides the hooks ``keep_going``, ``pause``, ``idle``, ``executing`` and ``given_up``.
+    """
+
+    def __init__(self, config: PipelineConfig, run: RunContext, ledger: Ledger, spark_factory: Callable, policy: LoopPolicy) -> None:
+        self.config, self.run_context, self.ledger, self.spark_factory, self.policy = config, run, ledger, spark_factory, policy
+        self.batches = 0  # results emitted
+        self.replans = 0  # superseded batches re-planned, in all
+        self.transient_failures = 0  # in a row
+        self.stopped = False  # the driver gave a batch up: no further turn
+        self.limit: dict[TopicPartitionKey, int] | None = None
+        self.resume: BatchPlan | None = None
+
+    # ---- hooks for a driver; these defaults are a run's ----
+    def keep_going(self) -> bool:
+        """Checked before every turn; False ends the loop, raising ends it with that error."""
+        return True
+
+    def pause(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def idle(self) -> None:
+        """Caught up under ``CaughtUp.WAIT``, before the trigger interval's pause."""
+
+    @contextmanager
+    def executing(self, plan: BatchPlan) -> Iterator[None]:
+        """Around one batch's execution and its outcome."""
+        yield
+
+    def given_up(self, plan: BatchPlan, err: Exception) -> OffsetlakeError | None:
+        """Why the driver gave up ``plan``, in flight when it raised ``err`` (the stream: a second
+        stop request), recorded as its outcome instead of ``err``; the loop then ends. None: ``err``
+        is the outcome."""
+        return None
+
+    # ---- the loop ----
+    def run(self) -> None:
+        """Turn until caught up (``CaughtUp.STOP``), ``max_batches`` results, or the driver stops it.
+
+        Raises the first error that is neither superseded within the re-plan cap nor transient
+        within the back-off; that batch's outcome is recorded first."""
+        self.limit = self._offset_limit()
+        self.resume = self._unfinished_plan()
+        while not self.stopped and (self.policy.max_batches is None or self.batches < self.policy.max_batches):
+            if not self.keep_going() or not self._turn():
+                break
+
+    def _offset_limit(self) -> dict[TopicPartitionKey, int] | None:
+        if self.policy.offset_limit == OffsetLimit.NONE:
+            return None
+        started = time.monotonic()
+        limit = {key: o.last_stable for key, o in current_offsets(self.config).items()}
+        lso = {f"{t}[{p}]": end for (t, p), end in sorted(limit.items())}
+        log_step(
+            "start", None, started, pipeline=self.config.name, run_id=self.run_context.run_id, lso=json.dumps(lso, separators=(",", ":"))
+        )
+        return limit
+
+    def _unfinished_plan(self) -> BatchPlan | None:
+        """Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one
+        that failed validation, with exactly its recorded ranges (invariant 3)."""
+        if not self.policy.resume_unfinished:
+            return None
+        recorded = self.ledger.run_plan(self.run_context, self.policy.kind)
+        return recorded[0] if recorded and recorded[1] in (BatchStatus.PLANNED, BatchStatus.FAILED) else None
+
+    def _turn(self) -> bool:
+        """One plan and its batch; False when caught up under ``CaughtUp.STOP``."""
+        started = time.monotonic()
+        try:
+            plan = self._next_plan(started)
+        except Exception as err:
+            self._wait_out(err)
+            return True
+        if plan is None:
+            return self._caught_up(started)
+        failpoints.failpoint("after_plan")
+        result = self._execute(plan)
+        if result is None:  # superseded, an outage waited out, or given up: its outcome is recorded
+            return True
+        self.transient_failures = 0
+        self.batches += 1
+        self.policy.emit(result)
+        release_memory()
+        self.pause(self.policy.trigger_interval - (time.monotonic() - started))
+        return True
+
+    def _next_plan(self, started: float) -> BatchPlan | None:
+        """The batch to run next, in the ledger before it reads (invariant 3); None when caught up."""
+        resumed, self.resume = self.resume, None
+        if resumed is not None:
+            log_step("plan", resumed, started, reused="true", offsets=resumed.offsets)
+            return resumed
+        plan = plan_next_batch(self.config, self.run_context, self.limit, kind=self.policy.kind)
+        if plan is not None:
+            self.ledger.record_plan(plan)
+            log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
+        return plan
+
+    def _caught_up(self, started: float) -> bool:
+        if self.policy.when_caught_up == CaughtUp.STOP:
+            log_step("caught_up", None, started, pipeline=self.config.name, run_id=self.run_context.run_id)
+            return False
+        self.transient_failures = 0
+        self.idle()
+        self.pause(self.policy.trigger_interval)
+        return True
+
+    def _execute(self, plan: BatchPlan) -> BatchResult | None:
+        """``plan`` executed (``execute_batch``), or None once its outcome is recorded and the loop
+        may go on; any other error is recorded and raised."""
+        with self.executing(plan):
+            try:
+                return execute_batch(self.config, plan, self.ledger, self.spark_factory, self.policy.before_commit)
+            except Exception as err:
+                self._failed(plan, err)
+                return None
+
+    def _failed(self, plan: BatchPlan, err: Exception) -> None:
+        """Record why ``plan`` did not commit; return to go on, raise ``err`` to end the loop."""
+        why = self.given_up(plan, err)
+        if why is not None:
+            record_outcome(self.ledger, plan, why)
+            self.stopped = True
+            return
+        if record_outcome(self.ledger, plan, err) == BatchStatus.SUPERSEDED:
+            self.replans += 1
+            log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
+            if not self.policy.may_replan(self.replans):
+                raise err
+            return
+        self._wait_out(err)
+
+    def _wait_out(self, err: Exception) -> None:
+        """Sleep the back-off's next pause after a transient ``err``; raise ``err`` if it is not
+        transient, the policy has no back-off, or its retries in a row are spent."""
+        backoff = self.policy.backoff
+        if backoff is None or not is_transient(err):
+            raise err
+        self.transient_failures += 1
+        pause = backoff.pause(self.transient_failures)
+        if pause is None:
+            raise err
+        log_line(
+            log,
+            "retry",
+            level=logging.WARNING,
+            pipeline=self.config.name,
+            attempt=f"{self.transient_failures}/{backoff.max_retries}",
+            in_s=f"{pause:.0f}",
+            reason=str(err),
+        )
+        self.pause(pause)
+
+
 # ---- a run ------------------------------------------------------------------------------------
 def run_pipeline(
     config: PipelineConfig,
@@ -319,51 +575,22 @@ def run_pipeline(
 
     Raises StreamOwnsPipelineError (before anything is planned) while a live stream owns the
     pipeline. Each batch's plan is in the ledger before it reads. A commit lost to a concurrent
-    writer is recorded as ``superseded`` and the run re-plans from the new committed ends. A run
-    id that left a batch unfinished (failed, e.g. by validation) re-executes that batch's plan
-    first.
+    writer is recorded as ``superseded`` and the run re-plans from the new committed ends, at most
+    ``MAX_CONFLICT_REPLANS`` times. A run id that left a batch unfinished (failed, e.g. by
+    validation) re-executes that batch's plan first. Any other error is recorded and raised at
+    once (``BatchLoop`` under ``LoopPolicy``'s defaults, which are this run's).
     """
     config.check_storage()  # a store that cannot work is named before Kafka or the lake is read
     ledger = Ledger.of(config)
-    started = time.monotonic()
     refuse_if_stream_owns(config)
     reconcile(config, ledger)
-    limit = {key: o.last_stable for key, o in current_offsets(config).items()}
-    lso = {f"{t}[{p}]": end for (t, p), end in sorted(limit.items())}
-    log_step("start", None, started, pipeline=config.name, run_id=run.run_id, lso=json.dumps(lso, separators=(",", ":")))
     results: list[BatchResult] = []
-    conflicts = 0
-    # Rerunning a run (same run id) first re-executes the batch it left unfinished, e.g. one that
-    # failed validation, with exactly its recorded ranges (invariant 3).
-    recorded = ledger.run_plan(run, BatchKind.INGEST)
-    resume = recorded[0] if recorded and recorded[1] in (BatchStatus.PLANNED, BatchStatus.FAILED) else None
-    while max_batches is None or len(results) < max_batches:
-        t = time.monotonic()
-        if resume is not None:
-            plan, resume = resume, None
-            log_step("plan", plan, t, reused="true", offsets=plan.offsets)
-        else:
-            next_plan = plan_next_batch(config, run, limit)
-            if next_plan is None:
-                log_step("caught_up", None, t, pipeline=config.name, run_id=run.run_id)
-                break
-            plan = next_plan
-            ledger.record_plan(plan)
-            log_step("plan", plan, t, kind=str(plan.kind), offsets=plan.offsets)
-        failpoints.failpoint("after_plan")
-        try:
-            result = execute_batch(config, plan, ledger, spark_factory)
-        except Exception as err:
-            if record_outcome(ledger, plan, err) != BatchStatus.SUPERSEDED:
-                raise
-            conflicts += 1
-            log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
-            if conflicts > MAX_CONFLICT_REPLANS:
-                raise
-            continue
+
+    def collect(result: BatchResult) -> None:
         results.append(result)
         emit(result.summary())
-        release_memory()
+
+    BatchLoop(config, run, ledger, spark_factory, LoopPolicy(max_batches=max_batches, emit=collect)).run()
     reconcile(config, ledger)
     return results
 
@@ -436,7 +663,7 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
     dead_letters.apply_pending(config)
     plan = ledger.plan_by_batch_id(batch_id)
     if plan is None:
-        raise OffsetlakeError(f"pipeline {config.name}: no planned batch {batch_id} in the ledger at {config.ledger_path}")
+        raise OffsetlakeError(f"no planned batch {batch_id} in the ledger at {config.ledger_path}", pipeline=config.name, batch_id=batch_id)
     try:
         _refuse_rewound(config, plan)
         return execute_batch(config, plan, ledger, spark_factory)
@@ -460,50 +687,45 @@ def _refuse_rewound(config: PipelineConfig, plan: BatchPlan) -> None:
         )
 
 
-class PublishableBatch(dict):
-    """A batch whose ranges the sink holds: its summary (this dict, what the publish task logs)
-    and ``committed_ends``, the committed ends of its partitions (what the Airflow publish task
-    commits as consumer-group offsets, for ingest batches)."""
+@dataclass(frozen=True)
+class PublishableBatch:
+    """A batch whose ranges the sink holds: its view, and the committed ends of its partitions
+    (``committed_ends``: what the Airflow publish task commits as consumer-group offsets, for
+    ingest batches). ``summary()`` is what the publish task logs and returns."""
 
-    def __init__(self, summary: dict, committed_ends: dict[tuple[str, int], int]) -> None:
-        super().__init__(summary)
-        self.committed_ends = committed_ends
+    pipeline: str
+    batch: BatchView
+    committed_ends: dict[tuple[str, int], int]
+
+    def summary(self) -> dict[str, Any]:
+        return self.batch.publish_summary(self.pipeline, self.committed_ends)
 
 
 def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch:
-    """The summary of a batch whose ranges the sink holds, for the Airflow publish task.
+    """The batch whose ranges the sink holds, for the Airflow publish task.
 
     The batch either committed them itself, or was superseded by a batch that committed the very
-    same ranges first (invariant 3: then this run is a no-op that succeeds, and the summary says
-    which batch committed them). Anything else raises, naming the batch's state and why.
+    same ranges first (invariant 3: then this run is a no-op that succeeds, and the batch's
+    message says which batch committed them). Anything else raises OffsetlakeError, naming the
+    batch's state and why.
     """
     ledger = Ledger.of(config)
     reconcile(config, ledger)
     rows = ledger.batches(pc.field("batch_id") == batch_id)
+    if not rows:
+        raise OffsetlakeError(
+            f"batch {batch_id} is not in the ledger, not committed; nothing published", pipeline=config.name, batch_id=batch_id
+        )
+    batch = BatchView.from_rows(rows)
     table = open_table(config.layout.sink)
-    ends = {(r["topic"], r["partition"]): committed_end(table, config, r["topic"], r["partition"]) for r in rows}
-    held = all((ends[(r["topic"], r["partition"])] or 0) >= r["end_offset"] for r in rows)
-    status = rows[0]["status"] if rows else "unknown"
-    if not rows or not (all(BatchStatus(r["status"]).committed for r in rows) or (status == BatchStatus.SUPERSEDED and held)):
-        states = ", ".join(sorted({r["status"] for r in rows})) or "not in the ledger"
-        why = next((f" ({r['message']})" for r in rows if r.get("message")), "")
-        raise OffsetlakeError(f"pipeline {config.name}: batch {batch_id} is {states}, not committed; nothing published{why}")
-    if status == BatchStatus.SUPERSEDED:
-        log.info("pipeline=%s batch=%s %s", config.name, batch_id, rows[0]["message"])
-    batch = summarize_batch(rows)
-    summary = {
-        "pipeline": config.name,
-        "batch_id": batch_id,
-        "kind": batch["kind"],
-        "status": batch["status"],
-        "sink_version": batch["sink_version"],
-        "records_read": batch["records_read"] or 0,
-        "rows_written": batch["rows_written"] or 0,
-        "dead_letters": batch["dead_letters"] or 0,
-        "ranges": [f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch["ranges"]],
-        "group_offsets": {f"{t}[{p}]": o for (t, p), o in ends.items()} if batch["kind"] == BatchKind.INGEST else {},
-        "validation": (batch["validation"] or {}).get("outcome", "no suite"),
-        "validation_report": batch["validation_report"],
-        "message": batch["message"],
-    }
-    return PublishableBatch(summary, {k: v for k, v in ends.items() if v is not None})
+    ends = {(r.range.topic, r.range.partition): committed_end(table, config, r.range.topic, r.range.partition) for r in batch.ranges}
+    held = all((ends[(r.range.topic, r.range.partition)] or 0) >= r.range.end for r in batch.ranges)
+    if not (all(s.committed for s in batch.statuses) or (batch.status == BatchStatus.SUPERSEDED and held)):
+        states = ", ".join(sorted(batch.statuses))
+        why = f" ({batch.message})" if batch.message else ""
+        raise OffsetlakeError(
+            f"batch {batch_id} is {states}, not committed; nothing published{why}", pipeline=config.name, batch_id=batch_id
+        )
+    if batch.status == BatchStatus.SUPERSEDED:
+        log.info("pipeline=%s batch=%s %s", config.name, batch_id, batch.message)
+    return PublishableBatch(config.name, batch, {k: v for k, v in ends.items() if v is not None})

@@ -33,7 +33,7 @@ from pyarrow import fs as pafs
 from offsetlake import storage
 from offsetlake.config import KEY_COLUMN, PipelineConfig
 from offsetlake.entry import AppliedChange, LedgerEntry
-from offsetlake.errors import CommitConflictError, SchemaChangeError, StagedFilesError, StalePlanError
+from offsetlake.errors import CommitConflictError, OffsetlakeError, SchemaChangeError, StagedFilesError, StalePlanError
 from offsetlake.file_stats import delta_stats
 from offsetlake.history import (
     commit_version,
@@ -649,10 +649,11 @@ def commit_batch(
     after = storage.table(config.layout.sink, version=version)
     behind = [r for r in plan.ranges if committed_end(after, config, r.topic, r.partition) != r.end]
     if behind:
-        # Never expected; without this a run would re-plan the same ranges forever.
-        raise CommitConflictError(
+        # Never expected. Not a lost race (CommitConflictError would be recorded as superseded, and
+        # the loop would re-plan and commit the same records again): the batch fails and the run stops.
+        raise OffsetlakeError(
             f"commit {version} of batch {plan.batch_id} did not record committed ends for "
-            f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them",
+            f"{', '.join(str(r) for r in behind)}; stopping instead of re-reading them: run `offsetlake audit` before running again",
             pipeline=config.name,
             batch_id=plan.batch_id,
         )

@@ -1,10 +1,11 @@
 """``offsetlake stream``: one long-lived driver, one warm Spark session, micro-batches forever.
 
-Each loop is a batch of kind ``stream`` that flows through the same plan → read → transform →
-validate → commit → record as a scheduled run, so every invariant holds unchanged: the plan is
-in the ledger before it reads, its offsets advance only in its one sink commit, a commit lost
-to another writer re-plans. A loop that finds nothing new plans from Kafka and Delta metadata
-only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
+Each turn is a batch of kind ``stream`` that flows through the same plan → read → transform →
+validate → commit → record as a scheduled run, driven by the same loop (``runs.BatchLoop``) under
+the stream's policy, so every invariant holds unchanged: the plan is in the ledger before it
+reads, its offsets advance only in its one sink commit, a commit lost to another writer re-plans
+(without a cap: see ``runs.LoopPolicy``). A turn that finds nothing new plans from Kafka and
+Delta metadata only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
 scheduled ingest runs skip while it lives.
 
 Stopping: the first SIGTERM/SIGINT lets the batch in flight finish (its commit, or its
@@ -29,29 +30,29 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import LeaseLostError, StreamAbandoned, is_transient
+from offsetlake.errors import LeaseLostError, StreamAbandoned
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
 from offsetlake.ledger import Ledger
-from offsetlake.log_lines import log_line, log_step
+from offsetlake.log_lines import log_line
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
-from offsetlake.planner import plan_next_batch
-from offsetlake.runs import execute_batch, reconcile, record_outcome
-from offsetlake.spark import cancel_tagged, keep_alive, release_memory, tag_jobs, untag_jobs
+from offsetlake.runs import Backoff, BatchLoop, CaughtUp, LoopPolicy, OffsetLimit, reconcile
+from offsetlake.spark import cancel_tagged, keep_alive, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.stream")
 
 
-# An outage (``errors.is_transient``: the broker, a slow read, the registry) is waited out: the
-# batch is recorded failed, the stream sleeps 1, 2, 4 … 30 s and plans again from the committed
-# ends. Any other error stops the stream.
+# An outage (``errors.is_transient``: the broker, a slow read, the registry) is waited out
+# (``runs.Backoff``): the batch is recorded failed, the stream sleeps 1, 2, 4 … 30 s and plans
+# again from the committed ends. Any other error stops the stream.
 MAX_TRANSIENT_RETRIES = 8
 
 
@@ -186,9 +187,12 @@ def run_stream(
         )
 
 
-class _StreamLoop:
-    """One stream's micro-batch loop under its lease: plan, execute, record every outcome
-    (``runs.record_outcome``), back off on a transient error, stop when asked."""
+class _StreamLoop(BatchLoop):
+    """One stream's micro-batches: the one ``BatchLoop`` under the stream's policy, plus what only
+    a stream has — its lease (checked before every turn and right before every commit), stop
+    requests (polled before every turn, the pauses cut short), the warm session kept alive when
+    idle, and the batch in flight's Spark jobs tagged so that a second stop request cancels them
+    and gives the batch up (``StreamAbandoned``)."""
 
     def __init__(
         self,
@@ -201,14 +205,23 @@ class _StreamLoop:
         spark: Any,
         emit: Callable[[dict], None],
     ) -> None:
-        self.config, self.options, self.run_context, self.report = config, options, run, report
-        self.lease, self.stop, self.spark, self.emit = lease, stop, spark, emit
-        self.retries = 0
-        self.abandoned = False
+        self.options, self.report, self.lease, self.stop, self.spark, self.emit_summary = options, report, lease, stop, spark, emit
         self.tag: str | None = None  # the batch whose Spark jobs a second signal cancels
+        policy = LoopPolicy(
+            kind=BatchKind.STREAM,
+            offset_limit=OffsetLimit.NONE,
+            resume_unfinished=False,  # what a batch left unfinished, the next plan reads again from the committed ends
+            max_conflict_replans=None,  # see LoopPolicy: every superseded batch is another writer's progress
+            backoff=Backoff(max_retries=MAX_TRANSIENT_RETRIES),
+            when_caught_up=CaughtUp.WAIT,
+            trigger_interval=options.trigger_interval,
+            before_commit=self._before_commit,
+            emit=self._after_commit,
+        )
+        ledger = Ledger.of(config)
+        super().__init__(config, run, ledger, lambda: spark, policy)
         stop.on_abandon = lambda: threading.Thread(target=self._cancel_in_flight, daemon=True).start()
-        self.ledger = Ledger.of(config)
-        reconcile(config, self.ledger)
+        reconcile(config, ledger)
         log_line(
             log,
             "stream_start",
@@ -219,70 +232,40 @@ class _StreamLoop:
             max_records_per_batch=config.max_records_per_batch,
         )
 
-    def run(self) -> None:
-        while not self.stop.poll():
-            if not self._step():
-                break
-
-    def _step(self) -> bool:
-        """One turn of the loop; False when the stream stops (its batch in flight abandoned)."""
-        started = time.monotonic()
+    def keep_going(self) -> bool:
+        if self.stop.poll():
+            return False
         self.lease.check()
-        try:
-            plan = plan_next_batch(self.config, self.run_context, kind=BatchKind.STREAM)
-        except Exception as err:
-            if not is_transient(err):
-                raise
-            self._wait_out(err)
-            return True
-        if plan is None:
-            self.retries = 0
-            keep_alive(self.spark)
-            self.stop.sleep(self.options.trigger_interval)
-            return True
-        self.ledger.record_plan(plan)
-        log_step("plan", plan, started, kind=str(plan.kind), offsets=plan.offsets)
-        result = self._execute(plan)
-        if result is None:
-            return not self.abandoned
-        self.retries = 0
-        _after_commit(self.config, result, self.report, self.emit)
-        self.stop.sleep(self.options.trigger_interval - (time.monotonic() - started))
         return True
 
-    def _execute(self, plan: BatchPlan) -> BatchResult | None:
-        """The batch executed and committed, or None once its outcome is recorded: superseded
-        (the next turn plans anew), a transient failure waited out, or abandoned by a second stop
-        request (``self.abandoned``). Any other error is recorded and raised."""
+    def pause(self, seconds: float) -> None:
+        self.stop.sleep(seconds)
+
+    def idle(self) -> None:
+        keep_alive(self.spark)
+
+    @contextmanager
+    def executing(self, plan: BatchPlan) -> Iterator[None]:
         self.tag = f"offsetlake-{plan.batch_id}"
         tag_jobs(self.spark, self.tag)
         try:
-            return execute_batch(self.config, plan, self.ledger, lambda: self.spark, self._before_commit)
-        except LeaseLostError as err:
-            record_outcome(self.ledger, plan, err)
-            raise
-        except Exception as err:
-            if self.stop.abandon.is_set():
-                why = f"the stream was stopped ({self.stop.reason}) before this batch committed; nothing was committed"
-                record_outcome(self.ledger, plan, StreamAbandoned(f"{why}, the next run reads these offsets again"))
-                self.report.abandoned.append(plan.batch_id)
-                log_line(log, "abandoned", plan=plan, level=logging.WARNING)
-                self.abandoned = True
-                return None
-            if record_outcome(self.ledger, plan, err) == BatchStatus.SUPERSEDED:
-                log_line(log, "replan", plan=plan, level=logging.WARNING, reason=str(err))
-                return None
-            if is_transient(err):
-                self._wait_out(err)
-                return None
-            raise
+            yield
         finally:
             untag_jobs(self.spark, self.tag)
             self.tag = None
 
+    def given_up(self, plan: BatchPlan, err: Exception) -> StreamAbandoned | None:
+        """A second stop request abandoned the batch in flight (a lost lease is recorded as itself)."""
+        if not self.stop.abandon.is_set() or isinstance(err, LeaseLostError):
+            return None
+        self.report.abandoned.append(plan.batch_id)
+        log_line(log, "abandoned", plan=plan, level=logging.WARNING)
+        why = f"the stream was stopped ({self.stop.reason}) before this batch committed; nothing was committed"
+        return StreamAbandoned(f"{why}, the next run reads these offsets again")
+
     def _before_commit(self) -> None:
         if self.stop.abandon.is_set():
-            raise StreamAbandoned(f"pipeline {self.config.name}: stream stopped before the commit")
+            raise StreamAbandoned("the stream stopped before the commit", pipeline=self.config.name)
         self.lease.check()
 
     def _cancel_in_flight(self) -> None:
@@ -290,34 +273,14 @@ class _StreamLoop:
         if tag is not None:
             cancel_tagged(self.spark, tag)
 
-    def _wait_out(self, err: Exception) -> None:
-        """Back off after a transient error (1, 2, 4 ... 30 s); raise it after
-        ``MAX_TRANSIENT_RETRIES`` in a row."""
-        self.retries += 1
-        if self.retries > MAX_TRANSIENT_RETRIES:
-            raise err
-        pause = min(30.0, 2.0 ** (self.retries - 1))
-        log_line(
-            log,
-            "retry",
-            level=logging.WARNING,
-            pipeline=self.config.name,
-            attempt=f"{self.retries}/{MAX_TRANSIENT_RETRIES}",
-            in_s=f"{pause:.0f}",
-            reason=str(err),
-        )
-        self.stop.sleep(pause)
-
-
-def _after_commit(config: PipelineConfig, result: BatchResult, report: StreamReport, emit: Callable) -> None:
-    report.batches += 1
-    report.records_read += result.total("records_read")
-    report.rows_written += result.total("rows_written")
-    emit(result.summary())
-    if result.status == BatchStatus.COMMITTED:
-        ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
-        try:  # informational (lag tools); the txn versions are the truth
-            commit_group_offsets(config.kafka_client_config(), config.name, ends)
-        except Exception as err:
-            log_line(log, "group_offsets", "not published", level=logging.WARNING, pipeline=config.name, reason=str(err))
-    release_memory()
+    def _after_commit(self, result: BatchResult) -> None:
+        self.report.batches += 1
+        self.report.records_read += result.total("records_read")
+        self.report.rows_written += result.total("rows_written")
+        self.emit_summary(result.summary())
+        if result.status == BatchStatus.COMMITTED:
+            ends = {(r.topic, r.partition): r.end for r in result.plan.ranges}
+            try:  # informational (lag tools); the txn versions are the truth
+                commit_group_offsets(self.config.kafka_client_config(), self.config.name, ends)
+            except Exception as err:
+                log_line(log, "group_offsets", "not published", level=logging.WARNING, pipeline=self.config.name, reason=str(err))

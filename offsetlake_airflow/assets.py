@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias
 
 from offsetlake import storage
+from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig, load_pipeline
 from offsetlake_airflow import pipelines_folder
 
@@ -47,25 +48,9 @@ def commits_alias(pipeline: str) -> AssetAlias:
     return AssetAlias(name=f"{pipeline}_sink_commits")
 
 
-def batch_extra(config: PipelineConfig, batch: dict[str, Any]) -> dict[str, Any]:
-    """An asset event's extra from a batch summary (``runs.publishable_batch``'s or the ledger's)."""
-    validation = batch.get("validation")
-    if isinstance(validation, dict):
-        validation = validation.get("outcome")
-    return {
-        "pipeline": config.name,
-        "batch_id": batch["batch_id"],
-        "kind": str(batch["kind"]),
-        "ranges": [
-            r if isinstance(r, str) else f"{r['topic']}[{r['partition']}] [{r['start']}, {r['end']})" for r in batch.get("ranges") or []
-        ],
-        "records": int(batch.get("records_read") or 0),
-        "rows": int(batch.get("rows_written") or 0),
-        "dead_letters": int(batch.get("dead_letters") or 0),
-        "sink_version": batch.get("sink_version"),
-        "validation": validation or "no suite",
-        "table": table_uri(config.sink_path),
-    }
+def batch_extra(config: PipelineConfig, batch: BatchView) -> dict[str, Any]:
+    """An asset event's extra for a committed batch of the pipeline (``BatchView.asset_extra``)."""
+    return batch.asset_extra(config.name, table_uri(config.sink_path))
 
 
 def _announced(config: PipelineConfig) -> set[str]:
@@ -107,11 +92,12 @@ def announce(context: dict[str, Any], config: PipelineConfig, extras: list[dict[
     return fresh
 
 
-def committed_batches_of_run(config: PipelineConfig, run_id: str) -> list[dict[str, Any]]:
-    """Summaries of the batches a run committed (a stream task's micro-batches), oldest first."""
-    from offsetlake.ledger_view import ledger_batch_rows, summarize_batches
+def committed_batches_of_run(config: PipelineConfig, run_id: str) -> list[BatchView]:
+    """The batches a run committed (a stream task's micro-batches), oldest first."""
+    from offsetlake.batch_view import batch_views
+    from offsetlake.ledger_view import ledger_batch_rows
     from offsetlake.plan import BatchStatus
     from offsetlake.sink import open_table
 
     rows = [r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["run_id"] == run_id]
-    return [b for b in reversed(summarize_batches(rows)) if b["status"] == BatchStatus.COMMITTED]
+    return [b for b in reversed(batch_views(rows)) if b.status == BatchStatus.COMMITTED]

@@ -31,6 +31,7 @@ from openlineage.client.generated.output_statistics_output_dataset import Output
 from openlineage.client.generated.schema_dataset import SchemaDatasetFacet, SchemaDatasetFacetFields
 
 from offsetlake import storage
+from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 
 FACET = "offsetlake_batch"
@@ -77,13 +78,13 @@ def _schema(config: PipelineConfig) -> SchemaDatasetFacet | None:
     return SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=f.name, type=str(f.type)) for f in schema])
 
 
-def lineage(config: PipelineConfig, batches: list[dict[str, Any]], with_schema: bool = True) -> Any:
-    """OperatorLineage of committed batches (ledger summaries: ``summarize_batch``'s shape);
+def lineage(config: PipelineConfig, batches: list[BatchView], with_schema: bool = True) -> Any:
+    """OperatorLineage of committed batches (``offsetlake.batch_view.BatchView``);
     ``with_schema`` reads the sink's schema (delta-rs)."""
     from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    topics = sorted({r["topic"] for b in batches for r in b["ranges"]}) or _configured_topics(config)
+    topics = sorted({r.range.topic for b in batches for r in b.ranges}) or _configured_topics(config)
     inputs = [InputDataset(namespace=kafka_namespace(config), name=topic) for topic in topics]
     namespace, name = table_dataset_name(config)
     facets: dict[str, Any] = {}
@@ -92,20 +93,20 @@ def lineage(config: PipelineConfig, batches: list[dict[str, Any]], with_schema: 
         facets["schema"] = schema
     output_facets: dict[str, Any] = {}
     if batches:
-        rows = sum(int(b["rows_written"] or 0) for b in batches)
+        rows = sum(b.total("rows_written") or 0 for b in batches)
         facets[FACET] = OffsetlakeBatchDatasetFacet(
             pipeline=config.name,
-            batches=[b["batch_id"] for b in batches],
-            kind=str(batches[-1]["kind"]),
+            batches=[b.batch_id for b in batches],
+            kind=str(batches[-1].kind),
             ranges=[
-                {"topic": r["topic"], "partition": r["partition"], "start": r["start"], "end": r["end"], "batch": b["batch_id"]}
+                {"topic": r.range.topic, "partition": r.range.partition, "start": r.range.start, "end": r.range.end, "batch": b.batch_id}
                 for b in batches
-                for r in b["ranges"]
+                for r in b.ranges
             ],
-            records=sum(int(b["records_read"] or 0) for b in batches),
+            records=sum(b.total("records_read") or 0 for b in batches),
             rows=rows,
-            deadLetters=sum(int(b["dead_letters"] or 0) for b in batches),
-            sinkVersion=max((b["sink_version"] for b in batches if b["sink_version"] is not None), default=None),
+            deadLetters=sum(b.total("dead_letters") or 0 for b in batches),
+            sinkVersion=max((b.sink_version for b in batches if b.sink_version is not None), default=None),
         )
         output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=rows)
     outputs = [OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)]
@@ -120,15 +121,16 @@ def _configured_topics(config: PipelineConfig) -> list[str]:
 
 def batch_lineage(config: PipelineConfig, batch_id: str | None) -> Any:
     """Lineage of the batch an ingest task executed, if it committed (else inputs/outputs only)."""
-    from offsetlake.ledger_view import ledger_batch_rows, summarize_batches
+    from offsetlake.batch_view import batch_views
+    from offsetlake.ledger_view import ledger_batch_rows
     from offsetlake.plan import BatchStatus
     from offsetlake.sink import open_table
 
     found = (
         [
             b
-            for b in summarize_batches([r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["batch_id"] == batch_id])
-            if b["status"] == BatchStatus.COMMITTED
+            for b in batch_views([r for r in ledger_batch_rows(config, open_table(config.layout.sink)) if r["batch_id"] == batch_id])
+            if b.status == BatchStatus.COMMITTED
         ]
         if batch_id
         else []

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError, message
 from offsetlake.kafka import commit_group_offsets
@@ -133,13 +134,14 @@ def publish_batch(pipeline: str, batch_id: str, **context: Any) -> dict:
     from offsetlake.runs import publishable_batch
 
     config = load_config(pipeline)
-    batch = publishable_batch(config, batch_id)
-    if batch["kind"] == BatchKind.INGEST:
-        commit_group_offsets(config.kafka_client_config(), config.name, batch.committed_ends)
-    log.info("batch summary %s", json.dumps(batch))
-    if batch["status"] == BatchStatus.COMMITTED:  # superseded: the batch that committed the ranges announced them
+    publishable = publishable_batch(config, batch_id)
+    batch, summary = publishable.batch, publishable.summary()
+    if batch.kind == BatchKind.INGEST:
+        commit_group_offsets(config.kafka_client_config(), config.name, publishable.committed_ends)
+    log.info("batch summary %s", json.dumps(summary))
+    if batch.status == BatchStatus.COMMITTED:  # superseded: the batch that committed the ranges announced them
         announce(context, config, [batch_extra(config, batch)])
-    return dict(batch)
+    return summary
 
 
 def rewind_run(pipeline: str, **context: Any) -> dict:
@@ -167,24 +169,10 @@ def rewind_run(pipeline: str, **context: Any) -> dict:
     )
     log.info("%s", result.text())
     if not result.dry_run and result.rewind_version is not None:
-        plan = result.plan
-        announce(
-            context,
-            config,
-            [
-                batch_extra(
-                    config,
-                    {
-                        "batch_id": result.rewind_id,
-                        "kind": BatchKind.REWIND,
-                        "sink_version": result.rewind_version,
-                        "ranges": [f"{m.topic}[{m.partition}] {m.current} -> {m.target}" for m in plan.txn],
-                        "dead_letters": result.dead_letters_removed,
-                        "validation": "not validated",
-                    },
-                )
-            ],
-        )
+        # the rewind's commit as the ledger records it (rewind_pipeline reconciled it): its
+        # ranges are the offsets undone per partition, [new committed end, old one)
+        rows = Ledger.of(config).batches(pc.field("batch_id") == result.rewind_id)
+        announce(context, config, [batch_extra(config, BatchView.from_rows(rows))] if rows else [])
     return json.loads(json.dumps(result.as_dict(), default=str))
 
 

@@ -58,9 +58,9 @@ def test_dag_runs_whose_ranges_another_batch_took_succeed_as_no_ops_or_replan(pi
     second_rows = [r for r in ledger_rows(config) if r["batch_id"] == second.batch_id and r["status"] == "superseded"]
     assert second_rows and all(first.batch_id in r["message"] for r in second_rows)
     published = publishable_batch(config, second.batch_id)
-    assert published["status"] == "superseded" and first.batch_id in published["message"]
+    assert published.batch.status == "superseded" and first.batch_id in (published.batch.message or "")
     assert published.committed_ends == {(r.topic, r.partition): r.end for r in first.ranges}
-    assert publishable_batch(config, first.batch_id)["status"] == "committed"
+    assert publishable_batch(config, first.batch_id).batch.status == "committed"
 
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_500, first_id=next_id)
     stale = plan_for_dag_run(config, RunContext("scheduled-2", dag, 1))
