@@ -43,7 +43,12 @@ RUN set -eux; \
     test -d "$SPARK_HOME/jars"
 
 COPY . /opt/offsetlake
-RUN pip install --no-deps -e /opt/offsetlake
+# .jars/ (Delta Lake for Spark, Spark's Kafka source, the Kafka broker) comes with the build
+# context, resolved by `make setup` before the build; --offline only checks it against jars/jars.lock
+RUN set -eux; \
+    pip install --no-deps -e /opt/offsetlake; \
+    python /opt/offsetlake/scripts/resolve_jars.py --offline; \
+    chmod -R a+rX /opt/offsetlake/.jars
 
 # A fixed non-root uid. /lake and the Airflow folders are created here, owned by that user, so a
 # fresh named volume mounted on them starts with the same owner and every service can write.

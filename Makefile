@@ -8,9 +8,15 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup debian test test-fast torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-fast torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
-setup: $(STAMP) debian ## venv + pinned packages (incl. the noida-db test broker) + editable package; idempotent
+setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
+
+jars: $(STAMP) ## resolve jars/jars.lock into .jars/ with Maven (checksums checked); a no-op, offline, when they are in place
+	$(PY) scripts/resolve_jars.py
+
+lock-jars: $(STAMP) ## after a change to jars/*/pom.xml: re-resolve and rewrite jars/jars.lock
+	$(PY) scripts/resolve_jars.py --lock
 
 debian: ## Debian's chromium (pinned in debian-packages.txt) for the browser tests, if missing
 	scripts/install_debian_packages.sh
@@ -76,4 +82,4 @@ lock: ## re-resolve requirements.txt into requirements.lock
 	 .lockvenv/bin/pip freeze --exclude-editable) > requirements.lock && rm -rf .lockvenv
 
 clean:
-	rm -rf lake .noida .airflow .pytest_cache
+	rm -rf lake .kafka .airflow .pytest_cache

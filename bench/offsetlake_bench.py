@@ -367,6 +367,26 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
             mb_per_s=round(size / med / 1e6, 1),
         )
 
+        from plain_peers import jvm_consume_limit
+
+        pulled: list[int] = []
+
+        def jvm_limit(_: int) -> float:
+            n, elapsed = jvm_consume_limit(bootstrap, topic, records, processes=2)
+            assert n == 2 * records, f"the 2 JVM consumers read {n} of {2 * records}"
+            pulled.append(n)
+            return elapsed
+
+        med, samples = median_of(args.repeats, jvm_limit)
+        emit(
+            figures,
+            "jvm_consume_limit_2_processes",
+            median_s=round(med, 2),
+            samples_s=samples,
+            records_per_s=round(pulled[0] / med),
+            mb_per_s=round(2 * size / med / 1e6, 1),
+        )
+
     if "write" in only:
         from deltalake import write_deltalake
 

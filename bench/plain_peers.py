@@ -3,14 +3,17 @@
 * ``consume_limit``: the machine's read limit. ``processes`` plain read_committed consume loops,
   one process per share of the partitions, discarding records: what a 2-core machine can pull
   out of the broker at all.
+* ``jvm_consume_limit``: the same limit for Apache Kafka's own Java consumer
+  (``ConsumerPerformance``, from the pinned jars), ``processes`` at once: the ceiling of a read
+  path that runs in the JVM (Spark's Kafka source).
 * ``plain_peer``: the tool a user would otherwise write. One Python process, no Spark:
   confluent-kafka over the exact ranges [0, LSO) → pyarrow's JSON reader → ONE delta-rs commit
   holding the rows and one txn per partition (appId ``<name>:<topic>:<partition>``, version =
   the end), as offsetlake's own commit does.
 
 Both read with offsetlake's read-task consumer settings (``offsetlake.kafka._READ_BUFFER_DEFAULTS``
-and the same ``receive.message.max.bytes``), so a broker's fetch behaviour (noida-db answers a
-fetch with a partition's whole tail) helps or hurts every side alike.
+and the same ``receive.message.max.bytes``), so a broker's fetch behaviour helps or hurts every
+side alike.
 """
 
 from __future__ import annotations
@@ -118,6 +121,55 @@ def consume_limit(bootstrap: str, topic: str, processes: int = 2) -> tuple[int, 
     for worker in workers:
         worker.join(60)
     return sum(n for n, _ in results), max(t for _, t in results)
+
+
+def jvm_consume_limit(bootstrap: str, topic: str, records: int, processes: int = 2) -> tuple[int, float]:
+    """(records, seconds) for ``processes`` of Apache Kafka's own consumer benchmark
+    (``org.apache.kafka.tools.ConsumerPerformance``, what ``kafka-consumer-perf-test`` runs, from
+    the pinned jars), run at once, each reading the whole topic read_committed in a group of its
+    own: the machine's JVM read limit is all the records they pulled over the slowest one's fetch
+    time (its own figure, which leaves out JVM start-up and the group join)."""
+    import subprocess
+    import tempfile
+
+    from offsetlake import jars
+
+    with tempfile.NamedTemporaryFile("w", suffix=".properties") as settings:
+        settings.write("isolation.level=read_committed\n")
+        settings.flush()
+        commands = [
+            [
+                "java",
+                "-Xmx1g",
+                "-cp",
+                jars.classpath("kafka"),
+                "org.apache.kafka.tools.ConsumerPerformance",
+                "--bootstrap-server",
+                bootstrap,
+                "--topic",
+                topic,
+                "--num-records",
+                str(records),
+                "--group",
+                f"bench-jvm-{i}-{time.monotonic_ns()}",
+                "--command-config",
+                settings.name,
+                "--timeout",
+                "60000",
+            ]
+            for i in range(processes)
+        ]
+        running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+        outputs = [p.communicate(timeout=3600) for p in running]
+    total, slowest = 0, 0.0
+    for (out, err), process in zip(outputs, running, strict=True):
+        lines = [line for line in out.splitlines() if line.strip()]
+        if process.returncode != 0 or len(lines) < 2:
+            raise RuntimeError(f"ConsumerPerformance exited {process.returncode}: {out[-1000:]}{err[-2000:]}")
+        row = dict(zip([h.strip() for h in lines[-2].split(",")], [v.strip() for v in lines[-1].split(",")], strict=False))
+        total += int(row["data.consumed.in.nMsg"])
+        slowest = max(slowest, int(row["fetch.time.ms"]) / 1000)
+    return total, slowest
 
 
 def plain_peer(bootstrap: str, topic: str, table_path: str, name: str = "plain_peer") -> tuple[int, float]:

@@ -1,5 +1,5 @@
 """``offsetlake`` command line: run, stream, backfill, rewind, topic reset-epoch, status, ledger, ledger rebuild, audit,
-maintenance.
+maintenance, spark-server, sql.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -14,8 +14,10 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from offsetlake.config import PipelineConfig, resolve_pipeline
 from offsetlake.errors import OffsetlakeError, describe_unexpected
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_command(commands, common)
     _add_maintenance_command(commands, common)
     _add_spark_server_command(commands, common)
+    _add_sql_command(commands, common)
     return parser
 
 
@@ -304,6 +307,27 @@ def _add_spark_server_command(commands: argparse._SubParsersAction, common: argp
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     server.add_argument("--port", type=int, default=15002, help="port to listen on (default 15002, Spark Connect's)")
     server.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+
+
+def _add_sql_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    sql = commands.add_parser(
+        "sql",
+        parents=[common],
+        help="query the pipelines' Delta tables by name with Spark SQL (time travel included)",
+        description="Open Spark with Delta Lake and name every pipeline's tables in its catalog: PIPELINE (the sink), "
+        "PIPELINE_dead_letters and PIPELINE_ledger (the offset ledger of its lake, shared by the pipelines on it: "
+        'filter on `pipeline`). Then run QUERY and print its rows, e.g. `offsetlake sql "SELECT status, count(*) '
+        'FROM orders_ledger GROUP BY status"` or `... FROM orders VERSION AS OF 3`. Without QUERY, read '
+        "statements ending in `;` from stdin, one result after another (a shell when stdin is a terminal). "
+        "Registering reads only the tables' logs; nothing is written to the lake unless a statement does so.",
+    )
+    sql.add_argument("query", nargs="?", metavar="QUERY", help="one SQL statement (default: read statements from stdin)")
+    sql.add_argument(
+        "--pipeline", action="append", metavar="PIPELINE", help="register only this pipeline's tables (repeatable; default: all)"
+    )
+    sql.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
+    sql.add_argument("--limit", type=int, default=1000, help="print at most N rows per statement (default 1000, 0 = all)")
+    _add_spark_options(sql)
 
 
 def _configure_logging(level: str) -> None:
@@ -603,6 +627,54 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    from offsetlake.catalog import register
+    from offsetlake.config import all_pipeline_files
+    from offsetlake.spark import spark_session, stop_spark
+
+    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
+    if not names:
+        raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to query")
+    configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]
+    spark = spark_session(args.master, "offsetlake-sql", args.remote)
+    try:
+        registered, skipped = register(spark, configs)
+        log_line(log, "tables", registered=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped))
+        statements = [args.query] if args.query else _statements(sys.stdin)
+        for statement in statements:
+            frame = spark.sql(statement)
+            rows = [r.asDict(recursive=True) for r in (frame.limit(args.limit) if args.limit else frame).collect()]
+            if args.json:
+                for row in rows:
+                    print(json.dumps(row, default=str))
+            else:
+                _print_table(rows, frame.columns)
+    finally:
+        stop_spark()
+    return 0
+
+
+def _statements(lines: Any) -> Iterator[str]:
+    """SQL statements from ``lines``, each ending in ``;`` (a last one without it counts too)."""
+    interactive = lines.isatty()
+    pending: list[str] = []
+    while True:
+        if interactive:
+            print("offsetlake-sql> " if not pending else "             -> ", end="", file=sys.stderr, flush=True)
+        line = lines.readline()
+        if not line:
+            break
+        pending.append(line.rstrip("\n"))
+        text = "\n".join(pending).strip()
+        if text.endswith(";"):
+            pending = []
+            if text.rstrip(";").strip():
+                yield text.rstrip(";")
+    rest = "\n".join(pending).strip()
+    if rest:
+        yield rest
+
+
 COMMANDS = {
     "backfill": cmd_backfill,
     "rewind": cmd_rewind,
@@ -614,6 +686,7 @@ COMMANDS = {
     "audit": cmd_audit,
     "maintenance": cmd_maintenance,
     "spark-server": cmd_spark_server,
+    "sql": cmd_sql,
 }
 
 

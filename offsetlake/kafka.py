@@ -76,7 +76,7 @@ def describe_topics(
 
 def topic_ids(config: PipelineConfig, topics: list[str]) -> dict[str, str | None]:
     """Kafka's id (the topic UUID, as Kafka prints it) of each of ``topics``, None where the broker
-    names none: a broker before Kafka 2.8, or one that answers the all-zero id (noida-db does).
+    names none: a broker before Kafka 2.8, or a Kafka-protocol broker that answers the all-zero id.
 
     An offset means something only for one topic id (invariant 16): a topic deleted and created
     again with the same name, or the same name on another cluster, has another id.
@@ -141,8 +141,8 @@ CONSUME_BATCH = 10_000
 CONSUME_WAIT_S = 0.05
 
 # A range read needs no deep prefetch: these bound each read task's librdkafka buffers on a
-# broker that honours fetch sizes (the pipeline's kafka options override them). noida-db does
-# not: it answers a fetch with the partition's whole tail, see BENCHMARKS.md (memory).
+# broker that honours fetch sizes, as Apache Kafka does (the pipeline's kafka options override
+# them); a broker that answers a fetch with the partition's whole tail does not (BENCHMARKS.md, memory).
 _READ_BUFFER_DEFAULTS = {
     "fetch.max.bytes": 16 * 1024 * 1024,
     "max.partition.fetch.bytes": 4 * 1024 * 1024,

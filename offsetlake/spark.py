@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from offsetlake import jars
 from offsetlake.errors import SparkServerUnavailableError
 
 _SESSION: Any = None
@@ -43,7 +44,8 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake", remot
     Otherwise ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under
     spark-submit the master given there wins. Timestamps are UTC and written as TIMESTAMP_MICROS
     because delta-rs commits these files; RawLocalFileSystem avoids ``.crc`` side files in table
-    folders.
+    folders. Every classic session has Delta Lake for Spark and Spark's Kafka source (the pinned
+    jars, ``offsetlake.jars``).
     """
     global _SESSION
     if _SESSION is not None:
@@ -89,6 +91,10 @@ def classic_builder(master: str | None = None, app_name: str = "offsetlake", ext
         builder = builder.master(master or os.environ.get("OFFSETLAKE_SPARK_MASTER", "local[2]"))
     conf = {
         **SQL_CONF,
+        **jars.DELTA_CONF,
+        # the pinned jars (Delta, Spark's Kafka source, spark-avro) from .jars/spark: files, never
+        # --packages, so a session starts offline
+        "spark.jars": jars.spark_jars(),
         "spark.sql.shuffle.partitions": os.environ.get("OFFSETLAKE_SHUFFLE_PARTITIONS", "4"),
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
         "spark.hadoop.fs.file.impl.disable.cache": "true",

@@ -7,7 +7,7 @@ offsets then name other records, and planning from the old committed ends would 
 
 So every batch's plan records the Kafka topic id of each topic it reads (``BatchPlan.topic_ids``,
 in its ledger entry's ``topic_ids``; entries written before that have none, and a broker that
-names no id — before Kafka 2.8, or noida-db, which answers the all-zero id — gives none), and
+names no id — before Kafka 2.8, or one that answers the all-zero id — gives none), and
 ``check_topic_identity`` refuses, naming topic, partition and both offsets (or both ids), when a
 committed end is past its partition's log end (the LSO) or the topic's id is not the recorded
 one. Planning, ``offsetlake status`` and ``audit --against-kafka`` call it. Without ids only the

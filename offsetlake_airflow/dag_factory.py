@@ -15,6 +15,7 @@ from typing import Any
 from airflow.providers.standard.operators.python import PythonOperator, ShortCircuitOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
+from offsetlake import jars
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline
 from offsetlake.errors import ConfigError
 from offsetlake_airflow import pipelines_folder, project_dir
@@ -108,6 +109,7 @@ def _ingest_task(config: PipelineConfig):
         conf={
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+            **jars.DELTA_CONF,  # with the pinned jars the operator passes (--jars)
         },
         driver_memory=os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
     )

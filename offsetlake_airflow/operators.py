@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from offsetlake import jars
 from offsetlake.errors import message
 from offsetlake_airflow import pipelines_folder, project_dir
 from offsetlake_airflow.assets import announce, batch_extra, committed_batches_of_run
@@ -68,6 +69,7 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
             if remote:
                 self._run_attached(remote)
             else:
+                self.jars = self.jars or jars.spark_jars()  # the pinned jars, as every offsetlake session has them
                 result = super().execute(context)
         except AirflowException:
             superseded = superseded_message(self.pipeline, context["ti"].xcom_pull(task_ids="plan"))

@@ -1,6 +1,6 @@
 """`make airflow`: the Airflow UI and services on 127.0.0.1 for the embedded default.
 
-Reuses the demo's broker data (.noida/) and lake (lake/), so after `make demo` the orders DAGs,
+Reuses the demo's broker data (.kafka/) and lake (lake/), so after `make demo` the orders DAGs,
 runs and ledger are there to click through. Prints the URL and login; Ctrl-C stops every
 service it started, by PID.
 """
@@ -33,7 +33,7 @@ def main() -> int:
     password = login.read_text().strip()
     broker = None
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        broker = LocalBroker(ROOT / ".noida" / "data", log_path=ROOT / ".noida" / "broker.log").start()
+        broker = LocalBroker(ROOT / ".kafka" / "data", log_path=ROOT / ".kafka" / "broker.log").start()
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
     airflow = LocalAirflow(home, int(os.environ.get("AIRFLOW_PORT", "8080")), password=password)
     stop = {"now": False}

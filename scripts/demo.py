@@ -1,6 +1,6 @@
 """`make demo`: the embedded default end to end, unattended.
 
-1. the noida-db broker (data in .noida/) with an `orders` topic: 3 partitions, ~100k events
+1. an Apache Kafka broker (KRaft, the pinned jars; data in .kafka/) with an `orders` topic: 3 partitions, ~100k events
    including malformed ones, an aborted and a committed transaction;
 2. Airflow on a SQLite home in .airflow/ (api-server, scheduler, dag-processor on 127.0.0.1);
 3. an `orders_ingest` run; then new events and a run whose ingest dies on its first try (a
@@ -19,7 +19,7 @@
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
 touching pipelines/orders.yaml.
 
-With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of noida-db. With
+With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of the embedded one. With
 OFFSETLAKE_DEMO_LAKE=s3 (`make demo-s3`) the lake is on the embedded S3 server instead of lake/.
 """
 
@@ -91,10 +91,10 @@ def _story(lake: str) -> int:
     os.environ["OFFSETLAKE_PIPELINES_DIR"] = str(pipelines)
     broker = None
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        shutil.rmtree(ROOT / ".noida", ignore_errors=True)
-        broker = LocalBroker(ROOT / ".noida" / "data", log_path=ROOT / ".noida" / "broker.log").start()
+        shutil.rmtree(ROOT / ".kafka", ignore_errors=True)
+        broker = LocalBroker(ROOT / ".kafka" / "data", log_path=ROOT / ".kafka" / "broker.log").start()
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
-        print(f"started noida-db broker on {broker.bootstrap} (pid {broker.process.pid})")
+        print(f"started the Apache Kafka broker on {broker.bootstrap} (pid {broker.process.pid})")
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     topic = os.environ.setdefault("ORDERS_TOPIC", "orders")
     failpoint = ROOT / ".airflow" / "failpoint"
@@ -180,6 +180,14 @@ def _story(lake: str) -> int:
         reports = [i for i in filesystem.get_file_info(pafs.FileSelector(folder, recursive=True)) if i.path.endswith(".html")]
         print(f"validation reports: {len(reports)} under {config.validation_path}")
         offsetlake("status", "orders")
+        if not storage.is_uri(lake):  # Spark reads the local lake's tables as Delta, by name (offsetlake.catalog)
+            offsetlake(
+                "sql",
+                "--pipeline",
+                "orders",
+                "SELECT kind, status, count(DISTINCT batch_id) AS batches, sum(rows_written) AS rows FROM orders_ledger "
+                "WHERE pipeline = 'orders' GROUP BY kind, status ORDER BY kind, status",
+            )
         code = offsetlake("audit", "orders", check=False)
         code = max(code, _avro_story(bootstrap))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")

@@ -1,6 +1,6 @@
 """Screenshot of the Airflow UI's "Offset ledger" view of `orders` in headless Chromium, for docs/guides/airflow.md.
 
-Run after `make demo`: starts the demo's broker (.noida/, unless KAFKA_BOOTSTRAP_SERVERS is set)
+Run after `make demo`: starts the demo's broker (.kafka/, unless KAFKA_BOOTSTRAP_SERVERS is set)
 and Airflow on the demo's home (.airflow/) and lake (lake/), produces 2,000 more orders so the
 lag chart has lag to show (the next `orders_ingest` run picks them up), logs in and opens the view.
 Needs Debian's chromium (/usr/bin/chromium) and the playwright package (no browser download).
@@ -33,7 +33,7 @@ def main(out: str = "docs/ledger-view.png") -> int:
         raise SystemExit(f"no offset ledger in {os.environ['OFFSETLAKE_LAKE']}: run `make demo` first")
     broker = None
     if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        broker = LocalBroker(ROOT / ".noida" / "data", log_path=ROOT / ".noida" / "broker.log").start()
+        broker = LocalBroker(ROOT / ".kafka" / "data", log_path=ROOT / ".kafka" / "broker.log").start()
         os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
     airflow = LocalAirflow(ROOT / ".airflow", free_port(), password="screenshot-only")
     try:

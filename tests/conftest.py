@@ -1,6 +1,6 @@
 """Test harness: a real broker, one real Spark session, real Delta tables in temp folders.
 
-The broker is noida-db started on a free loopback port with a temp data folder, unless
+The broker is Apache Kafka (the pinned jars) started on a free loopback port with a temp data folder, unless
 KAFKA_BOOTSTRAP_SERVERS points at another broker (then every test runs against that one
 unchanged: topics get unique names). Pipelines are written as YAML into a temp folder, as a
 user would, and loaded through the normal loader.

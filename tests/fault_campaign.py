@@ -732,8 +732,8 @@ class Campaign:
     def _inside_aborted_transactions(self, partition: int) -> set[int]:
         """Offsets after the first record of an aborted transaction, up to its last record.
 
-        noida-db forgets an aborted transaction once delete_records moves the log start past its
-        first record, and then serves its remaining records to read_committed consumers (checked
+        noida-db (the test broker before Apache Kafka) forgot an aborted transaction once delete_records moves the log start past its
+        first record, and then served its remaining records to read_committed consumers (checked
         here; Apache Kafka keeps the transaction index). That is the test broker's bug, not one
         offsetlake can see, so the campaign never deletes into the middle of an aborted transaction.
         """
@@ -830,7 +830,7 @@ class Campaign:
     def restart(self) -> None:
         self.finish_open_txn()  # a transaction coordinator's state across restarts is not under test
         if not self.model.current():
-            return  # noida-db drops a topic that holds no records when it restarts; Kafka does not
+            return  # noida-db (the earlier test broker) dropped a topic without records at a restart; Kafka does not
         self.restart_broker(wait_for_topics=[self.topic])
 
     # ---- the invariants -------------------------------------------------------------------

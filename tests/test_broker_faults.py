@@ -1,7 +1,7 @@
 """Broker faults: down at plan time, stopped mid-read and back within the read bound, and an
 outage longer than the bound. Each ends with a rerun that lands the topic exactly once.
 
-These tests stop and start a broker, so they run on a private noida-db broker of their own, also
+These tests stop and start a broker, so they run on a private Apache Kafka broker of their own, also
 when KAFKA_BOOTSTRAP_SERVERS names a shared broker (which a test must never stop).
 """
 

@@ -2,7 +2,7 @@
 every kind of step at least once, invariants checked after each step by an independent model
 and by offsetlake's audit against Kafka.
 
-It restarts its broker, so it runs on a private noida-db broker (restarting the session broker
+It restarts its broker, so it runs on a private Apache Kafka broker (restarting the session broker
 would make it save and reload every other test's data), or on KAFKA_BOOTSTRAP_SERVERS without
 the restart steps.
 """

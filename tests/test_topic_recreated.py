@@ -28,6 +28,7 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     _produce_per_partition(pipeline.bootstrap, pipeline.topic, 50, first_id=0)  # order ids 0-49, 10000-10049
     run_pipeline(config, RunContext("before"), lambda: spark)
+    [old_id] = topic_ids(config, [pipeline.topic]).values()
 
     delete_topic(pipeline.bootstrap, pipeline.topic)
     gone = pipeline.cli("run")
@@ -35,18 +36,20 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
 
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     _produce_per_partition(pipeline.bootstrap, pipeline.topic, 25, first_id=100_000)  # the new topic's first 50
+    [new_id] = topic_ids(config, [pipeline.topic]).values()
+    assert new_id != old_id  # Apache Kafka names both; the plan recorded the old one
     refused = pipeline.cli("run")
     assert refused.returncode == 2, (refused.stdout, refused.stderr)
     for said in (
         "the topic was re-created or truncated",
-        f"{pipeline.topic}[0]: the committed end is 50 but the partition's log end is 25",
-        f"{pipeline.topic}[1]: the committed end is 50",
+        f"{pipeline.topic}[0]: the committed end 50 belongs to topic id {old_id}, but the topic's id is now {new_id} (its log end is 25",
+        f"{pipeline.topic}[1]: the committed end 50 belongs to topic id {old_id}",
         "topic reset-epoch",
     ):
         assert said in refused.stderr, refused.stderr
     status = pipeline.cli("status")
-    assert status.returncode == 2 and "log end is 25" in status.stderr, (status.stdout, status.stderr)
-    with pytest.raises(TopicIdentityError, match=r"committed end is 50 but the partition's log end is 25"):
+    assert status.returncode == 2 and f"the topic's id is now {new_id}" in status.stderr, (status.stdout, status.stderr)
+    with pytest.raises(TopicIdentityError, match=r"committed end 50 belongs to topic id .*log end is 25"):
         audit_pipeline(config, against_kafka=True)
     assert len(sink_coordinates(config.layout.sink)) == 100  # nothing was written meanwhile
 
@@ -78,14 +81,20 @@ def test_a_recreated_topic_stops_the_pipeline_until_the_operator_starts_a_new_ep
     assert report.against_kafka["in_sink"] == 150 and report.against_kafka["earlier_epochs"] == 100
 
 
-def test_the_test_broker_names_no_topic_id_and_the_ledger_entry_then_records_none(pipeline, spark):
-    """noida-db answers the all-zero topic id: it is taken as unknown, never as an identity."""
+def test_the_broker_names_the_topic_id_and_every_plan_records_it(pipeline, spark):
+    """Apache Kafka names each topic's id; the plan (and so the ledger entry) records it, and a
+    topic created again under the same name has another."""
     config = pipeline.write()
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 5)
-    assert topic_ids(config, [pipeline.topic]) == {pipeline.topic: None}
+    [first_id] = topic_ids(config, [pipeline.topic]).values()
+    assert first_id and set(first_id) != {"A"}, first_id  # not the all-zero id (base64 "AAAA...")
     results = run_pipeline(config, RunContext("ids"), lambda: spark)
-    assert results and results[0].plan.topic_ids == {}
+    assert results and results[0].plan.topic_ids == {pipeline.topic: first_id}
+    delete_topic(pipeline.bootstrap, pipeline.topic)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    [second_id] = topic_ids(config, [pipeline.topic]).values()
+    assert second_id and second_id != first_id
 
 
 def test_a_changed_topic_id_is_named_even_when_the_log_end_is_past_the_committed_end():

@@ -1,6 +1,6 @@
 """The embedded S3-compatible server (moto's server mode) for the tests and the demo on S3.
 
-Started on a free loopback port like noida-db and stopped by its PID, never by name. moto 5.2.5
+Started on a free loopback port like the embedded Kafka broker and stopped by its PID, never by name. moto 5.2.5
 keeps objects in memory and honours ``If-None-Match: *`` on PutObject and on
 CompleteMultipartUpload (a second put of the same key gets 412), which is what Delta commits on
 object storage rely on; ``tests/test_object_storage.py`` checks it with two delta-rs writers.
