@@ -641,8 +641,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         registered, skipped = register(spark, configs)
         log_line(log, "tables", registered=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped))
         statements = [args.query] if args.query else _statements(sys.stdin)
-        for statement in statements:
-            frame = spark.sql(statement)
+        for number, statement in enumerate(statements, start=1):
+            frame = _query(spark, statement, number, [t.name for t in registered])
             rows = [r.asDict(recursive=True) for r in (frame.limit(args.limit) if args.limit else frame).collect()]
             if args.json:
                 for row in rows:
@@ -652,6 +652,18 @@ def cmd_sql(args: argparse.Namespace) -> int:
     finally:
         stop_spark()
     return 0
+
+
+def _query(spark: Any, statement: str, number: int, tables: list[str]) -> Any:
+    """``statement`` as a DataFrame; Spark's refusal (a parse or analysis error: a typo, a table
+    that is not there) as one line naming the statement and the tables there are."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    try:
+        return spark.sql(statement)
+    except (AnalysisException, ParseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OffsetlakeError(f"statement {number}: {first} (tables here: {', '.join(tables) or 'none'})") from None
 
 
 def _statements(lines: Any) -> Iterator[str]:

@@ -54,7 +54,10 @@ def test_sql_names_the_sink_dead_letters_and_ledger_and_travels_in_time(pipeline
         "SELECT * FROM no_such_table;\n",
     )
     # the results come one after another; a table name that is not registered is an error naming it
-    assert done.returncode == 2 and "no_such_table" in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]
+    refusal = done.stderr.strip().splitlines()[-1]
+    assert refusal.startswith("offsetlake sql: error: statement 5: [TABLE_OR_VIEW_NOT_FOUND]") and "no_such_table" in refusal, refusal
+    assert f"tables here: {pipeline.name}, {pipeline.name}_dead_letters, {pipeline.name}_ledger" in refusal, refusal
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert lines[:3] == [{"n": rows_all}, {"n": rows_first}, {"n": dead}]
     assert {"status": "committed", "batches": 2} in lines[3:]

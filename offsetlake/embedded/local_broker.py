@@ -90,8 +90,9 @@ class LocalBroker:
     """One Apache Kafka broker in ``data_dir`` (its settings in ``server.properties`` there, its
     logs under ``log/``); ``log_path`` gets the JVM's output."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, log_path: Path | None = None, cluster_id: str | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.cluster_id = cluster_id  # the id a first start formats the folder with (default: a random one)
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
         existing = self._read_properties()
@@ -128,7 +129,7 @@ class LocalBroker:
         (self.data_dir / "log4j2.yaml").write_text(LOG_CONFIG)
         if (log_dir / "meta.properties").is_file():
             return
-        cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id or urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         # "--cluster-id=": an id may begin with "-" (one in 64), which would read as an option
         command = self._java(
             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.properties_path), "--standalone"
