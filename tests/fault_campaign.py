@@ -764,10 +764,11 @@ class Campaign:
 
     def recreate_topic(self) -> None:
         """Delete the topic and create it again (same name, same partitions), then run each
-        pipeline at once: one that committed past offset 0 must refuse (the committed end is past
-        the new log end; the test broker names no topic id) until ``offsetlake topic reset-epoch``,
-        run as the CLI; one that committed nothing reads the new topic from its start. The old
-        topic's records stay in the tables; those past a pipeline's committed end are gone."""
+        pipeline at once: one that committed anything on the topic must refuse until ``offsetlake
+        topic reset-epoch``, run as the CLI (Apache Kafka names topic ids, and the pipeline's
+        commits recorded the old one; with ends of 0 too, e.g. right after an epoch reset); one
+        that committed nothing reads the new topic from its start. The old topic's records stay
+        in the tables; those past a pipeline's committed end are gone."""
         from offsetlake.errors import TopicIdentityError
         from offsetlake.plan import RunContext
         from offsetlake.runs import run_pipeline
@@ -789,7 +790,7 @@ class Campaign:
         self.model.deleted_below = {}
         for name, (config, file) in pipelines.items():
             epochs = self.model.epoch_incarnation[name]
-            if not any(ends[name].values()):  # nothing committed past 0: no epoch to end
+            if all(end is None for end in ends[name].values()):  # nothing committed on the topic: no epoch to end
                 epochs[-1] = self.model.incarnation
                 continue
             try:
