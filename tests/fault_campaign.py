@@ -1195,10 +1195,21 @@ def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: f
 
 
 def _end_transaction(producer: Producer, sent: list[Record], commit: bool) -> None:
-    if commit:
-        producer.commit_transaction(30)
-    else:
-        producer.abort_transaction(30)
+    """Commit or abort; a transaction left open past its ``transaction.timeout.ms`` (librdkafka's
+    default, 60 s: an open transaction spans steps) was aborted by the broker's coordinator, which
+    fenced this producer: its records are aborted, as a read_committed consumer sees them."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    except KafkaException as err:
+        fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+        if not err.args or err.args[0].code() not in fenced:
+            raise
+        commit = False
     for record in sent:
         record.state = "visible" if commit else "aborted"
 
