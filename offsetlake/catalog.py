@@ -58,7 +58,16 @@ def committed(table: NamedTable) -> bool:
             "S3 filesystem for Spark); read it with delta-rs (`offsetlake ledger`, `audit`) or on a cluster with hadoop-aws",
             pipeline=table.pipeline,
         )
-    return (Path(table.location.removeprefix("file://")) / "_delta_log").is_dir()
+    return (_local_path(table) / "_delta_log").is_dir()
+
+
+def _local_path(table: NamedTable) -> Path:
+    """The table's folder on this machine (a plain path, or a ``file:`` URI with its escapes)."""
+    if table.location.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(table.location).path))
+    return Path(table.location)
 
 
 def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable], list[NamedTable]]:
@@ -70,7 +79,7 @@ def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable
         if not committed(table):
             skipped.append(table)
             continue
-        location = str(Path(table.location.removeprefix("file://")).resolve()).replace("'", "\\'")
+        location = str(_local_path(table).resolve()).replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
         registered.append(table)
     return registered, skipped

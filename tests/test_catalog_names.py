@@ -23,3 +23,9 @@ def test_a_table_on_object_storage_is_refused_with_what_to_do_instead() -> None:
     said = str(refused.value)
     assert refused.value.pipeline == "orders"
     assert "orders_ledger" in said and "s3://bucket/lake/_offset_ledger" in said and "delta-rs" in said
+
+
+def test_a_file_uri_with_escapes_names_the_folder_it_escapes(tmp_path) -> None:
+    folder = tmp_path / "a lake" / "orders"
+    (folder / "_delta_log").mkdir(parents=True)
+    assert committed(NamedTable("orders", "orders", "sink", folder.as_uri()))  # file:///.../a%20lake/orders
