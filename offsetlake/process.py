@@ -48,6 +48,7 @@ class DataPath(StrEnum):
 
     SPARK = "spark"  # the read tasks hand every record to Spark, which writes the rows
     DIRECT = "direct"  # the read tasks write the rows of the records they decide (``offsetlake.direct``)
+    JVM = "jvm"  # Spark's Kafka source reads and Spark decodes: no record crosses Python (``offsetlake.kafka_source``)
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,7 @@ def process_ranges(
     per_range = {(r.topic, r.partition): {"records_read": 0, "dead_letters": 0, "rows_written": 0} for r in plan.ranges}
     processed = ProcessedBatch(choice, per_range, rows_schema=choice.rows_schema)
     try:
-        read = _READS[choice.path](config, plan, spark, decoder, keep_raw, processed)
-        decoded = _decoded_and_counted(config, plan, decoder, read, keep_raw, processed) if read.frame is not None else None
+        decoded = _read_and_decoded(config, plan, spark, decoder, keep_raw, processed)
         processed.timings_ms["read"] = log_step(
             "read",
             plan,
@@ -169,10 +169,12 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
     ``data_path: direct`` and this batch needs Spark; the configuration refuses ``direct`` earlier
     for what it alone tells (``config.spark_only_reason``).
     """
-    if not adds_files:
-        return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
     if plan.is_empty:
         return PathChoice(DataPath.SPARK, "the batch reads no records")
+    if config.data_path == "jvm":
+        return _jvm_or_refused(config, plan, decoder)
+    if not adds_files:
+        return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
     if config.data_path == "spark":
         return PathChoice(DataPath.SPARK, "the pipeline says data_path: spark")
     rows_schema = None
@@ -191,6 +193,21 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
     return PathChoice(DataPath.SPARK, why_not)
 
 
+def _jvm_or_refused(config: PipelineConfig, plan: BatchPlan, decoder: Decoder) -> PathChoice:
+    """``data_path: jvm``: the JVM path, or ConfigError naming what this batch's decoder or client
+    settings need that the path does not do (nothing was read)."""
+    from offsetlake import kafka_source
+
+    why_not = kafka_source.problem(config, decoder)
+    if why_not is not None:
+        raise ConfigError(
+            f"batch {plan.batch_id} cannot take the jvm path its data_path asks for: {why_not}; use data_path: auto (or spark)",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+        )
+    return PathChoice(DataPath.JVM, "the pipeline says data_path: jvm")
+
+
 def _rows_schema_before_reading(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder) -> Any:
     """The pyarrow schema the Spark steps give the rows of this batch (an append sink without a
     transform), from analysing them over a read of no ranges: no job runs, nothing is read."""
@@ -202,6 +219,35 @@ def _rows_schema_before_reading(config: PipelineConfig, plan: BatchPlan, spark: 
     return _arrow_schema(
         with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True)), plan.topic_epochs)
     )
+
+
+class _ToReadTasks(Exception):
+    """A ``jvm`` batch the read tasks must read instead (``kafka_source``: the reason)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _read_and_decoded(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, keep_raw: bool, processed: ProcessedBatch
+) -> DataFrame | None:
+    """The batch's records read on its path, decoded, cached and counted (None: the read tasks
+    decided every record). A ``jvm`` batch whose records the Kafka source cannot read as the read
+    tasks do is read again, whole, by the read tasks, and its path says so (``kafka_source``):
+    the same records, the same fates, recorded as the ``spark`` path with the reason."""
+    try:
+        read = _READS[processed.path.path](config, plan, spark, decoder, keep_raw, processed)
+        return _decoded_and_counted(config, plan, decoder, read, keep_raw, processed) if read.frame is not None else None
+    except _ToReadTasks as moved:
+        processed.release()
+        processed.path = PathChoice(DataPath.SPARK, f"{moved.reason}; the read tasks read the batch")
+        log_step("path", plan, time.monotonic(), path=processed.path.path, reason=processed.path.reason)
+        for counts in processed.per_range.values():
+            counts.update(records_read=0, dead_letters=0)
+        read = _read_in_spark(config, plan, spark, decoder, keep_raw, processed)
+        assert read.frame is not None
+        return _decoded_and_counted(config, plan, decoder, read, keep_raw, processed)
 
 
 def _arrow_schema(frame: DataFrame) -> Any:
@@ -218,6 +264,7 @@ class _Read:
 
     frame: DataFrame | None
     counted: bool
+    in_jvm: bool = False  # read by Spark's Kafka source: ``kafka_source``'s columns are there
 
 
 def _read_in_spark(
@@ -267,9 +314,21 @@ def _read_direct(
     return _Read(direct.undecided_frame(spark, config.layout.sink, wrote.undecided, decoder), counted=True)
 
 
+def _read_in_jvm(
+    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, keep_raw: bool, processed: ProcessedBatch
+) -> _Read:
+    """The JVM path: every record of the plan's ranges through Spark's Kafka source, lazily."""
+    from offsetlake import kafka_source
+    from offsetlake.spark import default_parallelism
+
+    sized = [r for r in plan.ranges if r.size > 0]
+    return _Read(kafka_source.read_ranges(spark, sized, config, decoder, default_parallelism(spark)), counted=False, in_jvm=True)
+
+
 _READS: dict[DataPath, Callable[[PipelineConfig, BatchPlan, Any, Decoder, bool, ProcessedBatch], _Read]] = {
     DataPath.SPARK: _read_in_spark,
     DataPath.DIRECT: _read_direct,
+    DataPath.JVM: _read_in_jvm,
 }
 
 
@@ -282,22 +341,65 @@ def _decoded_and_counted(
 ) -> DataFrame:
     """The read records decoded and cached; counted per range (records read, unless the read
     tasks counted them, and dead letters so far)."""
-    from pyspark.sql import functions as F
 
     assert read.frame is not None
     decoded = _decoded(config, plan, decoder, read.frame, keep_raw).persist()
     processed.cached.append(decoded)
-    counts = (
-        decoded.groupBy("topic", "partition")
-        .agg(F.count("*").alias("records_read"), F.sum(F.col(REASON).isNotNull().cast("long")).alias("dead_letters"))
-        .collect()
-    )
+    counts = _counts(decoded, read.in_jvm)
+    if read.in_jvm:
+        decoded, counts = _judged_beside_the_jvm(decoded, decoder, counts, processed)
     for row in counts:
         key = (row["topic"], row["partition"])
         if not read.counted:
             processed.per_range[key]["records_read"] = int(row["records_read"])
         processed.per_range[key]["dead_letters"] = int(row["dead_letters"] or 0)
     return decoded
+
+
+def _counts(decoded: DataFrame, in_jvm: bool) -> list[Any]:
+    """Per topic-partition: records read and dead letters so far; on the JVM path also the
+    records the read tasks' code judges and those the source shifted (``kafka_source``). The
+    batch's first action: a failure of Spark's Kafka source surfaces here."""
+    from pyspark.sql import functions as F
+
+    from offsetlake import kafka_source
+
+    measures = [F.count("*").alias("records_read"), F.sum(F.col(REASON).isNotNull().cast("long")).alias("dead_letters")]
+    if not in_jvm:
+        return decoded.groupBy("topic", "partition").agg(*measures).collect()
+    measures += [F.sum(F.col(c).cast("long")).alias(c) for c in (kafka_source.IN_PYTHON, kafka_source.BEFORE_GREGORIAN)]
+    try:
+        return decoded.groupBy("topic", "partition").agg(*measures).collect()
+    except Exception as err:
+        reason = kafka_source.read_tasks_reason(err)
+        if reason is None:
+            raise
+        raise _ToReadTasks(reason) from err
+
+
+def _judged_beside_the_jvm(
+    decoded: DataFrame, decoder: Decoder, counts: list[Any], processed: ProcessedBatch
+) -> tuple[DataFrame, list[Any]]:
+    """A JVM batch after the read tasks' code judged the records the JVM does not judge alone
+    (``kafka_source.python_problems``): their reasons, and the dead letters counted again."""
+    from pyspark.sql import functions as F
+
+    from offsetlake import kafka_source
+    from offsetlake.spark import dataframe_from_arrow
+
+    if any(row[kafka_source.BEFORE_GREGORIAN] for row in counts):
+        raise _ToReadTasks("a record's timestamp is before 1582-10-15, which Spark's Kafka source shifts to the Julian calendar")
+    done = decoded.drop(kafka_source.IN_PYTHON, kafka_source.BEFORE_GREGORIAN)
+    if not any(row[kafka_source.IN_PYTHON] for row in counts):
+        return done, counts
+    problems = kafka_source.python_problems(decoded.where(F.col(kafka_source.IN_PYTHON)), decoder)
+    if not problems.num_rows:
+        return done, counts
+    found = F.broadcast(dataframe_from_arrow(done.sparkSession, problems.rename_columns(["topic", "partition", "offset", "_found"])))
+    judged = done.join(found, ["topic", "partition", "offset"], "left")
+    judged = judged.withColumn(REASON, F.coalesce(F.col("_found"), F.col(REASON))).drop("_found").persist()
+    processed.cached.append(judged)
+    return judged, _counts(judged, in_jvm=False)
 
 
 def _checked_rows(
@@ -345,6 +447,10 @@ def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: Dat
         # only dead letters and quarantined records need the original bytes: a cache without
         # them for good rows cost the JVM a fifth less per batch (bench, 1M records)
         good = F.col(REASON).isNull()
+        from offsetlake.kafka_source import IN_PYTHON
+
+        if IN_PYTHON in decoded.columns:  # the read tasks' code still judges these (the JVM path)
+            good = good & ~F.col(IN_PYTHON)
         for column in ("key", "value", "headers"):
             decoded = decoded.withColumn(column, F.when(good, F.lit(None)).otherwise(F.col(column)))
     return decoded

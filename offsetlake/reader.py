@@ -232,11 +232,11 @@ def decided_columns(
                 problems[i] = problems[i] or reasons.timestamp_range(s)
     decoded = decoder.decode_chunk(values_to_decode) if decoder is not None else None
     if decoded is not None and decoded.problems is not None:
-        problems = _merge(problems, decoded.problems)
+        problems = merged_problems(problems, decoded.problems)
     key_decoder = decoder.key if isinstance(decoder, KeyedDecoder) and decoder.key.read_type() is not None else None
     decoded_keys = key_decoder.decode_chunk(keys_to_decode) if key_decoder is not None else None
     if decoded_keys is not None and decoded_keys.problems is not None:
-        problems = _merge(problems, decoded_keys.problems)
+        problems = merged_problems(problems, decoded_keys.problems)
     rows = None
     if decoded is not None and decoded.settled is not None:
         rows = decoded.settled if problems is None else [row and problems[i] is None for i, row in enumerate(decoded.settled)]
@@ -282,7 +282,7 @@ def _longest(items: list[bytes | None]) -> int:
     return max(map(len, filter(None, items)), default=0)
 
 
-def _merge(first: list[str | None] | None, then: list[str | None] | None) -> list[str | None] | None:
+def merged_problems(first: list[str | None] | None, then: list[str | None] | None) -> list[str | None] | None:
     """Per-record reasons, the first list's winning where both have one."""
     if first is None or then is None:
         return first if then is None else then

@@ -307,11 +307,12 @@ class PipelineConfig(_Strict):
     # batch's commit) or fail (the batch fails naming the change; nothing is committed).
     on_schema_change: Literal["evolve", "fail"] = "evolve"
     transform: str | None = None  # "module:function" found next to the YAML file
-    # Which data path writes an ingest or stream batch's rows (``offsetlake.process.choose_data_path``):
-    # auto (the read tasks write them when nothing in the batch needs Spark), spark, or direct
-    # (refused here when the pipeline needs Spark, ``spark_only_reason``; a batch that turns out to
-    # need Spark fails instead of falling back). A backfill replaces rows: always Spark.
-    data_path: Literal["auto", "spark", "direct"] = "auto"
+    # Which data path reads a batch and writes its rows (``offsetlake.process.choose_data_path``):
+    # auto (the rule there), spark (read tasks read, Spark decodes and writes), direct (the read
+    # tasks write the rows of an ingest or stream batch; refused here when the pipeline needs
+    # Spark, ``spark_only_reason``) or jvm (Spark's Kafka source reads and Spark decodes a JSON
+    # pipeline's batches, ``offsetlake.kafka_source``; refused here for what it cannot read).
+    data_path: Literal["auto", "spark", "direct", "jvm"] = "auto"
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     source_file: str = ""  # filled in by load_pipeline
@@ -597,9 +598,21 @@ def spark_only_reason(config: PipelineConfig) -> str | None:
     return None
 
 
+def jvm_refusal(config: PipelineConfig) -> str | None:
+    """Why no batch of this pipeline can take the ``jvm`` path, known from its configuration
+    alone, or None (``offsetlake.kafka_source.problem`` checks the batch's decoder too)."""
+    if config.format.type != "json" or getattr(config.format, "envelope", None) is not None:
+        return "the JVM path decodes plain JSON values; this format decodes in the read tasks"
+    if config.key_format is not None and config.key_format.type not in ("string", "bytes", "json", "none"):
+        return f"key_format {config.key_format.type} decodes in the read tasks"
+    return None
+
+
 def _data_path_problem(config: PipelineConfig) -> tuple[str, str] | None:
-    """``data_path: direct`` for a pipeline whose batches need Spark."""
-    reason = spark_only_reason(config) if config.data_path == "direct" else None
-    if reason is None:
-        return None
-    return "data_path", f"pipeline {config.name} cannot take the direct path: {reason} (use auto or spark)"
+    """``data_path: direct`` for a pipeline whose batches need Spark; ``jvm`` for one whose
+    records the JVM path cannot read."""
+    if config.data_path == "direct" and (reason := spark_only_reason(config)) is not None:
+        return "data_path", f"pipeline {config.name} cannot take the direct path: {reason} (use auto or spark)"
+    if config.data_path == "jvm" and (reason := jvm_refusal(config)) is not None:
+        return "data_path", f"pipeline {config.name} cannot take the jvm path: {reason} (use auto or spark)"
+    return None

@@ -174,6 +174,25 @@ def structure_problem(value: bytes | None) -> str | None:
     return None
 
 
+def structure_suspects(value: Column) -> Column:
+    """In the JVM (the ``jvm`` data path, ``offsetlake.kafka_source``): true for every value that
+    ``structure_problem`` may find fault with, and for few others; the read path asks
+    ``structure_problem`` about exactly these, so a record's fate is the same on every path.
+
+    Jackson reads one value and stops, so "more than one JSON value" is found by reading the value
+    inside an array and inside an object: text after a complete value makes one of the two fail
+    (after ``]`` only the object does, after ``,`` the array counts two). Nesting deeper than
+    ``MAX_DEPTH`` fails both (Jackson's own limit), and a surrogate escape is found by its text.
+    """
+    from pyspark.sql import functions as F
+
+    text = value.cast("string")
+    in_array = F.json_array_length(F.concat(F.lit("["), text, F.lit("]")))
+    in_object = F.json_object_keys(F.concat(F.lit('{"_":'), text, F.lit("}")))
+    suspect = F.coalesce(in_array != 1, F.lit(True)) | in_object.isNull() | text.rlike(_SURROGATE_ESCAPE.pattern.decode())
+    return value.isNotNull() & suspect
+
+
 def nesting_depth(value: bytes) -> int:
     """The deepest nesting of JSON objects and arrays in ``value`` (brackets inside strings ignored)."""
     depth = deepest = 0

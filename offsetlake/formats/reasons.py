@@ -21,6 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import Column
 
 SEPARATOR = "\x1f"
@@ -88,16 +90,20 @@ def key_undecodable(text: str) -> str:
     return reason("key_undecodable", f"key: {text_of(text)}")
 
 
+def _record_too_large_text(size: str, limit: int) -> str:
+    return f"record_too_large: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
+
+
 def record_too_large(size: int, limit: int) -> str:
-    return reason(
-        "record_too_large", f"record_too_large: its key and value hold {size} bytes, more than the pipeline's max_record_bytes ({limit})"
-    )
+    return reason("record_too_large", _record_too_large_text(str(size), limit))
+
+
+def _timestamp_range_text(ms: str) -> str:
+    return f"record timestamp {ms} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
 
 
 def timestamp_range(ms: int) -> str:
-    return reason(
-        "timestamp_range", f"record timestamp {ms} ms is outside what the sink's timestamp type holds (0001-01-01 to 9999-12-31 UTC)"
-    )
+    return reason("timestamp_range", _timestamp_range_text(str(ms)))
 
 
 def key_null(column: str) -> str:
@@ -114,6 +120,28 @@ def coded(code: str, text: Column) -> Column:
     from pyspark.sql import functions as F
 
     return F.concat(F.lit(reason(code, "")), text)
+
+
+def _filled(code: str, text_with: Callable[[str], str], value: Column) -> Column:
+    """``coded`` with the text a constructor makes, ``value`` (cast to text) where it puts its
+    argument: one template for a reason made in Python and the same reason made in Spark."""
+    from pyspark.sql import functions as F
+
+    before, after = text_with(_MARK).split(_MARK)
+    return coded(code, F.concat(F.lit(before), value.cast("string"), F.lit(after)))
+
+
+_MARK = "\x00"
+
+
+def record_too_large_column(size: Column, limit: int) -> Column:
+    """``record_too_large`` of a column of sizes (the JVM read path, ``offsetlake.kafka_source``)."""
+    return _filled("record_too_large", lambda s: _record_too_large_text(s, limit), size)
+
+
+def timestamp_range_column(ms: Column) -> Column:
+    """``timestamp_range`` of a column of millisecond timestamps."""
+    return _filled("timestamp_range", _timestamp_range_text, ms)
 
 
 def code_column(value: Column) -> Column:
