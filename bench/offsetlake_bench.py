@@ -1,11 +1,11 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,s3,avro,overhead,planning,upsert,memory]
+                                               [--only consume,write,steady,paths,s3,avro,overhead,planning,upsert,memory]
                                                [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
-noida-db broker (or $KAFKA_BOOTSTRAP_SERVERS), then measures, each as the median of ``--repeats``:
+Apache Kafka broker (or $KAFKA_BOOTSTRAP_SERVERS), then measures, each as the median of ``--repeats``:
 
 consume   a plain confluent-kafka consumer reading every partition to its end and discarding
           the records, and the machine's read limit: 2 such loops in 2 processes, a share of the
@@ -19,6 +19,8 @@ steady    offsetlake ingesting the whole topic (default batch cap) into a fresh 
           attached to a warm `offsetlake spark-server`; next to each warm run (peer, offsetlake,
           offsetlake, peer, ...) the one-process plain peer (bench/plain_peers.py: exact ranges,
           pyarrow JSON parse, one delta-rs commit with a txn per partition, no Spark);
+paths     the warm drain of the whole topic on each data path (jvm, direct, spark), in turn in one
+          session, and Spark's Kafka source alone into the noop sink: each over the JVM limit;
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
           run next to the same ingest into a local folder (local, S3, S3, local, ...): the
           batch time of the same records on both, and their ratio;
@@ -80,7 +82,7 @@ from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "s3", "avro", "overhead", "planning", "upsert", "memory")
+SECTIONS = ("consume", "write", "steady", "paths", "s3", "avro", "overhead", "planning", "upsert", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -512,6 +514,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                     figures["steady_with_session_start"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3
                 ),
             )
+
+    if "paths" in only:
+        data_paths(args, work, bootstrap, topic, records, figures)
 
     if "s3" in only:
         from offsetlake.embedded.local_s3 import LocalS3
@@ -1100,6 +1105,72 @@ def upsert_scaling(args: argparse.Namespace, work: Path, bootstrap: str, figures
             "rows_rewritten": merge["rows_rewritten"],
         }
     emit(figures, "upsert_spread", updates=updates, runs=spread_figures)
+
+
+def spark_source_to_noop(spark: Any, bootstrap: str, topic: str) -> float:
+    """Seconds for Spark's Kafka source to read the whole topic into the noop sink (no decode, no
+    write, as many splits as the jvm path makes): the ceiling of any path that reads through it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from offsetlake.spark import default_parallelism
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-noop"})
+    partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    ends = {str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    consumer.close()
+    source = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("kafka.isolation.level", "read_committed")
+        .option("assign", json.dumps({topic: [int(p) for p in ends]}))
+        .option("startingOffsets", json.dumps({topic: dict.fromkeys(ends, 0)}))
+        .option("endingOffsets", json.dumps({topic: ends}))
+        .option("includeHeaders", "true")
+        .option("minPartitions", str(2 * default_parallelism(spark)))
+        .load()
+    )
+    t = time.monotonic()
+    source.write.format("noop").mode("overwrite").save()
+    return round(time.monotonic() - t, 2)
+
+
+def data_paths(args: argparse.Namespace, work: Path, bootstrap: str, topic: str, records: int, figures: dict) -> None:
+    """The warm ingest of the whole topic on each data path, side by side in one session (jvm,
+    direct, spark, then the next order, ...): medians, and each over the JVM consume limit."""
+    from offsetlake.plan import RunContext
+    from offsetlake.runs import run_pipeline
+    from offsetlake.spark import spark_session, stop_spark
+
+    spark_session()
+    ensure_topic(bootstrap, "bench_warmup", 2)
+    produce_orders(bootstrap, "bench_warmup", 20_000)
+    paths = ("jvm", "direct", "spark")
+    for path in paths:  # each path's first batch (Kafka source classes, Python workers) before timing
+        lake = work / f"lake_warm_{path}"
+        warm = load_pipeline(str(write_pipeline(work / "p", f"bench_warm_{path}", "bench_warmup", bootstrap, lake, data_path=path)))
+        run_pipeline(warm, RunContext("warmup"), spark_session, emit=lambda _: None)
+    samples: dict[str, list[float]] = {path: [] for path in paths}
+    for i in range(args.repeats):
+        for path in paths[i % len(paths) :] + paths[: i % len(paths)]:
+            lake = work / f"lake_path_{path}_{i}"
+            config = load_pipeline(str(write_pipeline(work / "p", f"bench_path_{path}", topic, bootstrap, lake, data_path=path)))
+            t = time.monotonic()
+            results = run_pipeline(config, RunContext(f"path-{path}-{i}"), spark_session, emit=lambda _: None)
+            samples[path].append(round(time.monotonic() - t, 2))
+            assert sum(r.total("records_read") for r in results) == records
+            shutil.rmtree(lake)
+    source_samples = [spark_source_to_noop(spark_session(), bootstrap, topic) for _ in range(args.repeats)]
+    limit = figures.get("jvm_consume_limit_2_processes", {}).get("records_per_s")
+    med = statistics.median(source_samples)
+    extra = {"over_jvm_limit": round(records / med / limit, 3)} if limit else {}
+    emit(
+        figures, "spark_kafka_source_to_noop", median_s=round(med, 2), samples_s=source_samples, records_per_s=round(records / med), **extra
+    )
+    for path in paths:
+        med = statistics.median(samples[path])
+        extra = {"over_jvm_limit": round(records / med / limit, 3)} if limit else {}
+        emit(figures, f"warm_{path}_path", median_s=round(med, 2), samples_s=samples[path], records_per_s=round(records / med), **extra)
+    stop_spark()
 
 
 def main() -> int:

@@ -11,8 +11,9 @@ Every batch takes one data path (``DataPath``), chosen once before anything is r
 (``RowsEntry.data_path``). On the Spark path the read tasks hand every record to Spark, which
 decodes, transforms, validates and writes the rows (``stage_files``); on the direct path the read
 tasks write the rows of the records they decide alone (``offsetlake.direct``) and only the rest
-go through the Spark steps. The seam for another path (issue 37: Spark's own Kafka source) is
-``DataPath`` and ``_READS``: a member, a read function that returns a ``_Read``, and a rule in
+go through the Spark steps; on the jvm path Spark's own Kafka source reads the records and
+Spark decodes them (``offsetlake.kafka_source``), and the Spark steps follow. A path is a
+``DataPath`` member, a read function in ``_READS`` that returns a ``_Read``, and a rule in
 ``choose_data_path`` saying when it is taken.
 """
 

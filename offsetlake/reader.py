@@ -1,9 +1,11 @@
 """Reading planned ranges into a Spark DataFrame: one split per task, consumed with librdkafka.
 
-Spark's own Kafka source is a Maven jar we cannot install, so each task runs a
-confluent-kafka consumer over an exact ``[start, end)`` split (``mapInArrow``, the range rules
-are ``offsetlake.kafka.read_range``'s) and decodes what it read with the pipeline's decoder
-(``offsetlake.formats``). Large ranges are cut into splits so every core works.
+The read tasks of the spark and direct paths: each task runs a confluent-kafka consumer over an
+exact ``[start, end)`` split (``mapInArrow``, the range rules are ``offsetlake.kafka.read_range``'s)
+and decodes what it read with the pipeline's decoder (``offsetlake.formats``). Large ranges are
+cut into splits so every core works. They stay the default read: on the machine measured they
+are faster than Spark's own Kafka source (the jvm path, ``offsetlake.kafka_source``), and they
+decode every format (Avro, Protobuf and JSON Schema through the registry).
 """
 
 from __future__ import annotations

@@ -174,3 +174,25 @@ def test_any_records_get_the_same_rows_and_dead_letters_on_the_jvm_path(spark, s
         assert commit.entry.data_path == path
         lakes.append(repr(_lake(config)))
     assert lakes[0] == lakes[1]
+
+
+def test_every_value_the_read_tasks_fault_is_one_the_jvm_hands_them(spark):
+    """``structure_suspects`` (JVM) must mark every value ``structure_problem`` (the read tasks)
+    finds fault with: random texts from JSON's own pieces, and the hand-made tricks."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from offsetlake.formats.json_records import structure_problem, structure_suspects
+
+    pieces = [b"{", b"}", b"[", b"]", b'"', b",", b":", b"1", b" ", b"\\", b"u", b"d", b"8", b"a", b'"a"', b"null", b'{"a":1}', b"\n"]
+    rng = random.Random(37)
+    values = [v for v in (*PARSE_CASES, *DEEP, *TRICKS) if v is not None]
+    values += [b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))) for _ in range(5_000)]
+    frame = spark.createDataFrame([(v,) for v in values], "value binary")
+    marked = {bytes(r.value) for r in frame.where(structure_suspects(F.col("value"))).collect()}
+    faulted = [v for v in values if structure_problem(v) is not None]
+    assert len(faulted) > 500, "the random texts must hold many faulted values"
+    missed = [v for v in faulted if v not in marked]
+    assert not missed, f"values the read tasks fault that the JVM judged alone: {missed[:5]}"
+    assert len(marked) < len(values), "the JVM must judge some values alone"
