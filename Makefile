@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup jars lock-jars debian test test-fast torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-fast test-jvm torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
 
@@ -43,6 +43,12 @@ torture: setup ## long randomized fault campaign (audit --against-kafka every AU
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
 	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
 	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py tests/test_backfill_replaces.py -k "s3" -p no:cacheprovider
+	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
+
+# the read path's tests (exactly once, crashes at every failpoint, hostile input, properties)
+JVM_PATH_TESTS = tests/test_exactly_once_runs.py tests/test_failpoints.py tests/test_hostile_input.py tests/test_properties.py tests/test_transactions_at_the_tail.py tests/test_offsets_lost.py
+test-jvm: setup ## the read path's tests again, every pipeline that can on the jvm data path (Spark's Kafka source); part of make torture
+	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
 
 RECORDS ?= 2000000
 REPEATS ?= 3

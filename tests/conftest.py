@@ -175,7 +175,7 @@ class Pipeline:
         if "lake" in overrides and "storage" not in overrides:
             body.pop("storage", None)  # a test that names its own lake names its own storage
         body.update(overrides)
-        self.file.write_text(yaml.safe_dump(body, sort_keys=False))
+        self.file.write_text(yaml.safe_dump(on_the_test_data_path(body), sort_keys=False))
         return self.config()
 
     def config(self) -> PipelineConfig:
@@ -205,6 +205,26 @@ class Pipeline:
             env={**os.environ, **(env or {})},
             cwd=ROOT,
         )
+
+
+# ``make test-jvm``: every pipeline a test writes without a data_path of its own takes this one
+# when it can (the jvm path reads plain JSON with client settings the Java client takes)
+TEST_DATA_PATH = os.environ.get("OFFSETLAKE_TEST_DATA_PATH")
+
+
+def on_the_test_data_path(body: dict) -> dict:
+    """``body`` (a pipeline file's mapping) with ``data_path: $OFFSETLAKE_TEST_DATA_PATH`` when
+    that is set, the test names no path of its own, and the pipeline can take it."""
+    if not TEST_DATA_PATH or "data_path" in body:
+        return body
+    if TEST_DATA_PATH == "jvm":
+        from offsetlake.kafka_source import java_options
+
+        fmt, key = body.get("format") or {}, body.get("key_format") or {}
+        options = {"bootstrap.servers": "-", **((body.get("kafka") or {}).get("options") or {})}
+        if fmt.get("type") != "json" or fmt.get("envelope") or key.get("type") in ("avro", "protobuf") or java_options(options)[1]:
+            return body
+    return {**body, "data_path": TEST_DATA_PATH}
 
 
 TEST_LAKE = os.environ.get("OFFSETLAKE_TEST_LAKE", "local")  # "s3": every pipeline's lake on the embedded S3

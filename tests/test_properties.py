@@ -24,6 +24,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import on_the_test_data_path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from raw_records import produce_raw
@@ -79,7 +80,7 @@ class Scene:
         base.update(body)
         path = self.folder / "pipelines" / f"{self.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(base, sort_keys=False, allow_unicode=True))
+        path.write_text(yaml.safe_dump(on_the_test_data_path(base), sort_keys=False, allow_unicode=True))
         return load_pipeline(str(path))
 
 
