@@ -246,6 +246,8 @@ def test_what_a_value_becomes_never_depends_on_the_values_around_it(pipeline, sp
             b'{"order_id": 32, "customer": "\\udc00"}',
             b'{"order_id": 33, "customer": "\\ud83d\\ude00"}',
             b'{"order_id": 34, "customer": "a\\\\ud800"}',
+            # a surrogate pair 1,000 levels deep: checking the pair must not outgrow the recursion limit
+            b'{"order_id": 35, "customer": "\\ud83d\\ude00", "x": ' + b"[" * 998 + b"]" * 998 + b"}",
         ]
     )
     alone = [_decisions(spark, decoder, [case])[0] for case in cases]
@@ -256,9 +258,10 @@ def test_what_a_value_becomes_never_depends_on_the_values_around_it(pipeline, sp
         assert a == g == b, f"value {case[:80]!r}: alone {a}, among good values {g}, next to a malformed one {b}"
     decided = dict(zip(cases, alone, strict=True))
     assert "more than one JSON value" in decided[b'{"order_id": 9}{"order_id": 10}'], "the second object must not vanish"
-    assert "unpaired UTF-16 surrogate" in decided[cases[-4]] and "unpaired UTF-16 surrogate" in decided[cases[-3]]
-    assert "None)" in decided[cases[-2]] and "None)" in decided[cases[-1]], "a valid pair and an escaped backslash are rows"
-    assert decided[cases[-7]].endswith("None)"), "1,000 levels is what Spark reads: a row"
-    assert "nests JSON 1001 levels deep" in decided[cases[-6]] and "nests JSON 5000 levels deep" in decided[cases[-5]]
+    assert "unpaired UTF-16 surrogate" in decided[cases[-5]] and "unpaired UTF-16 surrogate" in decided[cases[-4]]
+    assert "None)" in decided[cases[-3]] and "None)" in decided[cases[-2]], "a valid pair and an escaped backslash are rows"
+    assert "None)" in decided[cases[-1]], "a valid pair 1,000 levels deep is a row"
+    assert decided[cases[-8]].endswith("None)"), "1,000 levels is what Spark reads: a row"
+    assert "nests JSON 1001 levels deep" in decided[cases[-7]] and "nests JSON 5000 levels deep" in decided[cases[-6]]
     reasons = {a.rsplit(", ", 1)[-1] for a in alone}
     assert len(reasons) >= 8, f"the cases should cover several dead-letter reasons: {reasons}"

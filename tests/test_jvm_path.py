@@ -35,6 +35,7 @@ TRICKS = [
     b'{"order_id": 44}]',
     b'{"order_id": 45},"y":2',
     b' \t{"order_id": 46}\n ',
+    b'{"order_id": 47, "customer": "\\ud83d\\ude00", "x": ' + b"[" * 998 + b"]" * 998 + b"}",
 ]
 
 

@@ -159,8 +159,10 @@ def structure_problem(value: bytes | None) -> str | None:
             return reasons.undecodable(f"value nests JSON {depth} levels deep, more than the {MAX_DEPTH} the sink's parser reads")
     limit = sys.getrecursionlimit()
     try:
+        # parsing and re-encoding a value up to MAX_DEPTH deep both recurse once per level
         sys.setrecursionlimit(max(limit, MAX_DEPTH * 3))
         parsed = json.loads(text)
+        lone_surrogate = _SURROGATE_ESCAPE.search(value) is not None and _has_lone_surrogate(parsed)
     except json.JSONDecodeError as err:
         if err.msg == "Extra data":
             return reasons.undecodable(f"value holds more than one JSON value (more text after character {err.pos})")
@@ -169,7 +171,7 @@ def structure_problem(value: bytes | None) -> str | None:
         return None
     finally:
         sys.setrecursionlimit(limit)
-    if _SURROGATE_ESCAPE.search(value) and _has_lone_surrogate(parsed):
+    if lone_surrogate:
         return reasons.undecodable("value holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff), which UTF-8 text cannot hold")
     return None
 
