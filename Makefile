@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup jars lock-jars debian test test-fast test-jvm torture bench bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-fast test-jvm torture bench bench-keyed-dv bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
 
@@ -55,6 +55,9 @@ REPEATS ?= 3
 bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady state, local vs S3, overhead, planning, memory) -> bench-results.json
 	$(PY) bench/offsetlake_bench.py --records $(RECORDS) --repeats $(REPEATS) --out bench-results.json
 	$(PY) bench/report.py bench-results.json
+
+bench-keyed-dv: setup ## a keyed sink's merges: offsetlake (delta-rs) beside delta-spark MERGE with and without deletion vectors, 2M records over 100k keys -> bench-keyed-dv.json
+	$(PY) bench/keyed_deletion_vectors.py --out bench-keyed-dv.json
 
 bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s and the highest sustained rate up to 40,000/s, for the shipped orders pipeline (Spark path) -> bench-stream.json and without its transform and suite (direct path) -> bench-stream-plain.json
 	$(PY) bench/stream_latency.py --out bench-stream.json

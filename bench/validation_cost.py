@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/validation_cost.py [--records 1000000] [--repeats 3]
 
-Produces ``--records`` orders once (2 partitions, noida-db unless KAFKA_BOOTSTRAP_SERVERS is
-set), then per repeat ingests them all as ONE batch into a fresh lake twice, once with
+Produces ``--records`` orders once (2 partitions, a private Apache Kafka broker unless
+KAFKA_BOOTSTRAP_SERVERS is set), then per repeat ingests them all as ONE batch into a fresh lake twice, once with
 ``pipelines/orders.expectations.yaml`` (6 expectations) and once without, alternating the
 order. One warm Spark session (local[2]) serves every run, after a small warm-up batch.
 Prints one JSON line per run and a summary with medians: the validate step's own time, its
