@@ -29,7 +29,10 @@ import pyarrow.compute as pc
 
 from offsetlake import dead_letters
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC, TOPIC_EPOCH
+from offsetlake.config.models import duration_seconds
+from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
+from offsetlake.engine_replay import replay
+from offsetlake.engines import CONTRIBUTION, WINDOW_START, group_columns
 from offsetlake.history import SinkCommit, epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
@@ -82,6 +85,12 @@ class AuditReport:
                     f"the transform; {k['past_retention']} committed offsets are past retention (not checked)"
                 )
             )
+            if "groups" in k:
+                kafka += (
+                    "; the merge engine's rows not compared with a replay (records past retention or of an earlier epoch)"
+                    if k.get("groups_skipped")
+                    else f"; {k['groups_checked']} of {k['groups']} groups compared with the record-by-record replay of their records"
+                )
             if k.get("earlier_epochs"):
                 kafka += (
                     f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
@@ -114,10 +123,15 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
         )
     names = table_schema(table).names
     extra = [c for c in (ROW_INDEX, TOPIC_EPOCH) if c in names]
-    data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *extra])
+    engine = config.sink.engine is not None and HIDDEN in names
+    if engine:  # an engine sink's records are its contribution rows (one per window)
+        extra += [c for c in (WINDOW_START,) if c in names]
+    only = pc.field(HIDDEN) == CONTRIBUTION if engine else None
+    data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *extra], filter=only)
     index = pc.fill_null(data[ROW_INDEX], -1) if ROW_INDEX in names else pa.array(np.full(data.num_rows, -1), pa.int32())
     epochs = pc.fill_null(data[TOPIC_EPOCH], 0) if TOPIC_EPOCH in names else pa.array(np.zeros(data.num_rows, np.int32), pa.int32())
-    return data.select(_COORDS).append_column(EPOCH_OF, epochs.cast(pa.int32())).append_column(ROW_INDEX, index.cast(pa.int32()))
+    keys = data.select(_COORDS).append_column(EPOCH_OF, epochs.cast(pa.int32())).append_column(ROW_INDEX, index.cast(pa.int32()))
+    return keys.append_column(WINDOW_START, data[WINDOW_START]) if engine and WINDOW_START in names else keys
 
 
 def _with_epochs(table: pa.Table, starts: dict[str, list[int]], commits: list) -> pa.Table:
@@ -158,6 +172,9 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     if config.sink.mode == "upsert" and sink is not None:
         report.hidden_rows = rows.num_rows - current_rows(sink, [TOPIC]).num_rows
         report.rows -= report.hidden_rows
+    if config.sink.engine is not None and sink is not None:  # rows counts the contributions
+        report.rows = current_rows(sink, [HIDDEN]).num_rows
+        report.hidden_rows = sink.to_pyarrow_dataset().count_rows() - report.rows
     records = _check_once(config, rows, dead, report)
     rewound = rewound_batches(commits)
     ranges = _committed_ranges(commits, rewound, starts, report)
@@ -173,7 +190,8 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
 def _check_once(config: PipelineConfig, rows: pa.Table, dead: pa.Table, report: AuditReport) -> pa.Table:
     """Check 1: each (record, row index) at most once in the sink, each record at most once in
     the dead letters, no record in both (and, keyed, each key once). Returns the sink's records."""
-    for label, table, columns in (("sink", rows, [*_KEY, ROW_INDEX]), ("dead letters", dead, _KEY)):
+    per_window = [WINDOW_START] if WINDOW_START in rows.column_names else []  # a record counts in each of its windows
+    for label, table, columns in (("sink", rows, [*_KEY, ROW_INDEX, *per_window]), ("dead letters", dead, _KEY)):
         dupes = _duplicates(table, columns)
         for d in dupes.slice(0, _SHOW).to_pylist():
             which = f" row {d[ROW_INDEX]}" if d.get(ROW_INDEX, -1) >= 0 else ""
@@ -308,6 +326,8 @@ def _check_kafka(
             current,
             ranges.current(ranges.gaps, starts),
         )
+        if config.sink.engine is not None:
+            _check_engine_against_kafka(config, report, current, starts)
     report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
 
 
@@ -413,6 +433,76 @@ def _check_keyed_against_kafka(
         report.problems.append(f"... {len(wrong) - _SHOW} more keys whose row is not their newest record")
 
 
+def _check_engine_against_kafka(
+    config: PipelineConfig,
+    report: AuditReport,
+    covered: dict[tuple[str, int], list[tuple[int, int]]],
+    starts: dict[str, list[int]],
+) -> None:
+    """Every visible row of a merge engine's sink equals the replay, record by record, of the
+    committed records read back from Kafka, decoded and transformed as the pipeline does
+    (``offsetlake.engine_replay``, which shares no code with the merge): every group, every
+    output column. Only while every committed record is still in Kafka and the topics were never
+    re-created: otherwise the groups cannot be recomputed from Kafka, and the check says so."""
+    read = {"records": 0, "past_retention": 0}
+    found = {"groups": 0, "groups_checked": 0}
+    if report.against_kafka is not None:
+        report.against_kafka.update(found)
+        found = report.against_kafka
+    chunks, unreadable = _read_committed(config, covered, read, report)
+    if unreadable or any(len(v) > 1 for v in starts.values()):
+        found["groups_skipped"] = 1
+        return
+    sink = open_table(config.layout.sink)
+    current = {t: len(v) for t, v in starts.items()}
+    rows = [r for r in _decoded_rows(config, sink, chunks, current) if _engine_takes(config, r)] if chunks else []
+    expected = replay(config, rows)
+    group = group_columns(config)
+    actual = {tuple(r[c] for c in group): r for r in current_rows(sink).to_pylist()} if sink is not None else {}
+    found["groups"] = len(expected)
+    outputs = [m.name for m in config.sink.aggregates()] if config.sink.mode == "aggregate" else None
+    wrong = []
+    for key in sorted(set(expected) | set(actual), key=repr):
+        want, got = expected.get(key), actual.get(key)
+        if want is None or got is None:
+            wrong.append(f"group {key!r}: {'no visible row' if got is None else 'a visible row no committed record makes'}")
+            continue
+        found["groups_checked"] += 1
+        for column in outputs or list(want):
+            if not _close(want.get(column), got.get(column)):
+                wrong.append(f"group {key!r}: {column} is {got.get(column)!r}, the replay of its records gives {want.get(column)!r}")
+                break
+    report.problems.extend(wrong[:_SHOW])
+    if len(wrong) > _SHOW:
+        report.problems.append(f"... {len(wrong) - _SHOW} more groups that differ from the replay")
+
+
+def _engine_takes(config: PipelineConfig, row: dict) -> bool:
+    """Whether a decoded row reaches the engine (not a dead letter for its key or window)."""
+    from datetime import datetime
+
+    if any(row.get(c) is None for c in config.sink.key):
+        return False
+    window = config.sink.window
+    if window is None:
+        return True
+    at = row.get(window.on)
+    if at is None:
+        return False
+    if config.sink.allowed_lateness is not None and isinstance(row.get(TIMESTAMP), datetime):
+        return (row[TIMESTAMP] - at).total_seconds() <= duration_seconds(config.sink.allowed_lateness)
+    return True
+
+
+def _close(want: object, got: object) -> bool:
+    """Equal, floats within the rounding a different summation order gives."""
+    import math
+
+    if isinstance(want, float) and isinstance(got, float):
+        return math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-9) or _same(want, got)
+    return want == got
+
+
 def _read_committed(
     config: PipelineConfig, covered: dict[tuple[str, int], list[tuple[int, int]]], found: dict[str, int], report: AuditReport
 ) -> tuple[list[tuple[str, int, list]], dict[tuple[str, int], int]]:
@@ -445,23 +535,35 @@ def _replayed(
 ) -> dict[tuple, dict | None]:
     """Each key's newest record (None: a delete), from the records read back, decoded and
     transformed as the pipeline does, plus the sink's state where Kafka no longer has the records."""
+    from offsetlake.formats import CHANGE, DELETE
+
+    readable = _decoded_rows(config, sink, chunks, current)
+    readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
+    return _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
+
+
+def _decoded_rows(
+    config: PipelineConfig, sink: DeltaTable | None, chunks: list[tuple[str, int, list]], current: dict[str, int]
+) -> list[dict]:
+    """The rows of the records read back, decoded and transformed as the pipeline does (a delete
+    with ``CHANGE``), each with its topic's current epoch."""
     from pyspark.sql import functions as F
 
-    from offsetlake.formats import CHANGE, DELETE, REASON, decoder_for, good_rows
+    from offsetlake.formats import REASON, decoder_for, good_rows
     from offsetlake.keyed import mark_tombstones
     from offsetlake.reader import raw_dataframe
     from offsetlake.spark import spark_session
-    from offsetlake.transform import apply_transform
+    from offsetlake.transform import apply_transform, number_rows_per_record
 
     decoder = decoder_for(config, sink_columns=sink_columns(sink))
     decoded = decoder.decode_in_spark(raw_dataframe(spark_session(), chunks, decoder, max_record_bytes=config.max_record_bytes))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
-    if config.sink.delete_on_tombstone:
+    if config.sink.deletes:
         decoded = mark_tombstones(decoded)
     rows = apply_transform(good_rows(decoded, decoder), config)
-    readable = [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
-    readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
-    return _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
+    if config.transform and config.sink.engine is not None:
+        rows = number_rows_per_record(rows)
+    return [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
 
 
 def _shown(config: PipelineConfig, key: tuple) -> str:

@@ -30,7 +30,7 @@ from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch, later_records, process_ranges, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
 from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
@@ -336,7 +336,9 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
         attempt = 1
         while True:
             try:
-                if config.sink.mode == "upsert":
+                if config.sink.engine is not None:
+                    version, entry = _engine_merge_once(config, plan, processed, spark, started)
+                elif config.sink.mode == "upsert":
                     version, entry = _merge_once(config, plan, processed, spark, started, later)
                 else:
                     version, entry = _replace_once(config, plan, processed, spark, started)
@@ -369,6 +371,38 @@ def _merge_once(
         message=(
             f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
             f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"
+        ),
+        staged=processed.dead_letter_files,
+        data_path=str(processed.path.path),
+        merge=c.as_dict(),
+    )
+    version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
+    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
+    return version, entry
+
+
+def _engine_merge_once(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float
+) -> tuple[int, LedgerEntry]:
+    """One attempt of a merge engine's backfill (``offsetlake.engines``): the contributions of the
+    records it reprocesses replaced by theirs, every group either touched folded again from its
+    contributions, in one commit without txns. Raises CommitConflictError if another writer
+    committed meanwhile."""
+    table = storage.table(config.layout.sink)
+    merge = stage_engine_merge(config, plan, processed, spark, table, Selection.of(plan))
+    schema = evolved_schema(table, config, merge.shape, plan)
+    if schema is not None:
+        table = add_columns_first(table, config, schema, plan)
+    t = time.monotonic()
+    c = merge.counts
+    entry = for_plan(
+        plan,
+        processed.per_range,
+        started,
+        processed.validation,
+        message=(
+            f"merged records of {plan.describe()} into the {config.sink.mode} state: {c.inserted} inserted, "
+            f"{c.updated} updated, {c.deleted} deleted; rewrote {c.files_rewritten} files"
         ),
         staged=processed.dead_letter_files,
         data_path=str(processed.path.path),

@@ -124,10 +124,10 @@ def check_key_columns(config: PipelineConfig, columns: list[str], where: str) ->
 
 
 def null_key_reason(config: PipelineConfig) -> Column | None:
-    """The dead-letter reason of a row whose key has a null column (None outside upsert)."""
+    """The dead-letter reason of a row whose key has a null column (None for an append sink)."""
     from pyspark.sql import functions as F
 
-    if config.sink.mode != "upsert":
+    if not config.sink.keyed:
         return None
     reason = None
     for column in config.sink.key:
@@ -187,6 +187,7 @@ class MergeCounts:
     files_rewritten: int = 0
     rows_rewritten: int = 0  # rows (hidden ones too) of the rewritten files of keys the batch did not touch
     hidden: int = 0  # hidden rows (delete markers, superseded records) the merge writes for the touched keys
+    duplicates: int = 0  # first_row: the batch's records that are not their key's first row
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -252,7 +253,7 @@ def _stored_rows(
     if table is None or not files:
         return None
     schema = schema_diff(table_schema(table), to_arrow_schema(batch.schema, timezone="UTC", prefers_large_types=False)).merged
-    return staging.read_files(spark, config.layout.sink, files, _spark_safe(schema), config.sink.partition_by)
+    return staging.read_files(spark, config.layout.sink, files, spark_safe(schema), config.sink.partition_by)
 
 
 @dataclass(frozen=True)
@@ -469,7 +470,7 @@ def refuse_lost_state(
     )
 
 
-def _spark_safe(schema: pa.Schema) -> pa.Schema:
+def spark_safe(schema: pa.Schema) -> pa.Schema:
     """The table's schema with the types Spark takes from Arrow (large/view strings as strings)."""
 
     def plain(t: pa.DataType) -> pa.DataType:

@@ -115,6 +115,7 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
     return {
         **_headline(config, batches),
         "sink": config.sink_path,
+        "sink_mode": config.sink.mode,
         "sink_version": table.version() if table is not None else None,
         "total_lag": total_lag,
         "kafka_error": kafka_error,

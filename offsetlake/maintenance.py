@@ -85,7 +85,13 @@ def _maintain_table(
     if label == "sink" and table.metadata().configuration.get("delta.enableExpiredLogCleanup") != "false":
         table.alter.set_table_properties(KEEP_HISTORY, raise_if_not_exists=False)
     try:
-        if label == "sink" and config.sink.mode == "upsert":
+        if label == "sink" and config.sink.engine is not None:
+            # delta-rs's compaction would put contribution rows and visible rows in one file, and
+            # a merge tells them apart by file (``offsetlake.engines``): its merges rewrite the
+            # visible files; its contribution files are left as the batches wrote them
+            report.skipped = f"mode {config.sink.mode}: its merges keep its files; compaction would mix state and rows"
+            metrics = {"numFilesRemoved": 0, "numFilesAdded": 0}
+        elif label == "sink" and config.sink.mode == "upsert":
             # a keyed sink's merges prune files by their key ranges: compaction sorts by the key
             # (z-order over one column is a sort), so files keep narrow, disjoint ranges; it keeps
             # every row as it is, hidden state rows too: a delete marker is what keeps a deleted

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, failpoints, keyed, staging, storage
+from offsetlake import dead_letters, direct, engines, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.entry import DeadLetterFile
@@ -40,7 +40,7 @@ from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 
 class DataPath(StrEnum):
@@ -410,7 +410,7 @@ def _checked_rows(
     hold; and the batch's dead letters (undecodable, quarantined, unwritable), or None."""
     from pyspark.sql import functions as F
 
-    upsert = config.sink.mode == "upsert"
+    upsert = config.sink.keyed
     rows = _rows(config, decoder, decoded)
     dead = dead_letter_rows(decoded, config.name, plan.batch_id) if _total(processed, "dead_letters") else None
     if suite is not None and _total(processed, "records_read"):
@@ -422,6 +422,14 @@ def _checked_rows(
         dead = _union(dead, quarantined)
     rows, unwritable = _split_unwritable(config, plan, rows, decoded, processed)
     return rows, _union(dead, unwritable)
+
+
+def _coalesced(first: Column | None, then: Column | None) -> Column | None:
+    from pyspark.sql import functions as F
+
+    if first is None or then is None:
+        return first if then is None else then
+    return F.coalesce(first, then)
 
 
 def _union(first: DataFrame | None, then: DataFrame | None) -> DataFrame | None:
@@ -437,7 +445,7 @@ def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: Dat
 
     # a record whose headers or timestamp cannot be kept is a dead letter whatever its value
     decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
-    if config.sink.mode == "upsert" and config.sink.delete_on_tombstone:
+    if config.sink.deletes:
         decoded = keyed.mark_tombstones(decoded)
     if plan.window is not None:  # a backfill by time reprocesses only the records of its window
         decoded = decoded.where(
@@ -461,7 +469,7 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
     """The sink rows of the decoded records, transformed (before validation)."""
     from pyspark.sql import functions as F
 
-    upsert = config.sink.mode == "upsert"
+    upsert = config.sink.keyed
     rows = good_rows(decoded, decoder)
     if not upsert and CHANGE in rows.columns:  # an append sink keeps every change as a row
         rows = rows.drop(CHANGE)
@@ -472,6 +480,7 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
         if CHANGE not in rows.columns:
             rows = rows.withColumn(CHANGE, F.lit(UPSERT))
         keyed.check_key_columns(config, rows.columns, "rows" if not config.transform else "transformed rows")
+        engines.check_columns(config, rows.columns, "rows" if not config.transform else "transformed rows")
     return rows
 
 
@@ -482,7 +491,7 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
 
     if suite is not None and config.validation.on_failure == "quarantine":
         return True
-    if config.sink.mode == "upsert":  # a row whose key is null is a dead letter
+    if config.sink.keyed:  # a row whose key (or window time) is null is a dead letter
         return True
     if not config.sink.partition_by:
         return False
@@ -513,7 +522,7 @@ def _split_unwritable(
     from offsetlake.coordinates import RECORD_KEY
 
     columns = [c for c in config.sink.partition_by if c in rows.columns and isinstance(rows.schema[c].dataType, StringType)]
-    null_key = keyed.null_key_reason(config)
+    null_key = _coalesced(keyed.null_key_reason(config), engines.row_problem(config))
     if not columns and null_key is None:
         return rows, None
     pattern = "[" + "".join(f"\\x{ord(c):02x}" for c in sorted(storage.PARTITION_ESCAPES)) + "]"
@@ -609,18 +618,22 @@ def stage_files(
     rows: DataFrame | None,
     spark: SparkSession,
     sort_by: tuple[str, ...] = (),
+    beside: DataFrame | None = None,
 ) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
     storage alike); counts the rows written per range of the plan. When the read tasks wrote
     files (``processed.written``, the direct path), ``rows`` are those of the records they left
-    to Spark (None: none), written next to theirs."""
+    to Spark (None: none), written next to theirs. ``beside``: more rows written to files of
+    their own (a merge engine's contribution rows, never in a file with visible rows)."""
     t = time.monotonic()
     written = processed.written
     folder = written.folder or staging_dir(config, plan.batch_id)
     staged = list(written.files)
     if rows is not None:
         staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+    if beside is not None:
+        staged += staging.write_rows(beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan))
     written.remove_undecided()
     files = add_actions_for(config.layout.sink, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
@@ -646,6 +659,7 @@ class StagedMerge:
     files: WrittenFiles
     removed: list[dict]
     counts: keyed.MergeCounts
+    shape: Any = None  # a merge engine's row schema (pyarrow), which makes its table
 
 
 def stage_merge(
@@ -686,6 +700,27 @@ def stage_merge(
     )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
     return StagedMerge(files, removed, merged.counts)
+
+
+def stage_engine_merge(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession, table: Any, replaced: Selection | None = None
+) -> StagedMerge:
+    """A merge engine's batch (``offsetlake.engines``): the visible rows of the files holding its
+    keys, folded with its records' contributions, rewritten sorted by (window, key); its
+    contributions in files of their own. ``replaced``: the records a backfill reprocesses."""
+    from pyspark.sql import functions as F
+
+    t = time.monotonic()
+    merge = engines.merged(spark, config, table, processed.rows, replaced)
+    processed.cached.extend(merge.cached)
+    group = engines.group_columns(config)
+    window_first = [*group[len(config.sink.key) :], *config.sink.key]
+    ordered = merge.visible.repartitionByRange(keyed.file_count(merge.visible_rows, config), *[F.col(f"`{c}`") for c in window_first])
+    processed.timings_ms["merge"] = log_step(
+        "merge", plan, t, engine=config.sink.mode, files_read=len(merge.removed), **merge.counts.as_dict()
+    )
+    files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(window_first), beside=merge.contributions)
+    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible))
 
 
 def later_records(

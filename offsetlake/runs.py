@@ -52,7 +52,7 @@ from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import TopicPartitionKey, plan_next_batch
-from offsetlake.process import ProcessedBatch, process_ranges, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, process_ranges, stage_engine_merge, stage_files, stage_merge
 from offsetlake.sink import (
     WrittenFiles,
     add_columns_first,
@@ -249,6 +249,8 @@ def _stage(
     removes (a keyed merge), the merge's counts and the evolved schema; None if meanwhile the
     sink already holds the plan (invariant 3)."""
     rows_schema = processed.rows_schema
+    if config.sink.engine is not None:
+        return _stage_engine(config, plan, processed, spark)
     if config.sink.mode != "upsert":
         files = stage_files(config, plan, processed, processed.rows, spark)
         table = ensure_table(config, rows_schema)
@@ -261,6 +263,27 @@ def _stage(
         return None
     schema = evolved_schema(table, config, rows_schema, plan)
     merge = stage_merge(config, plan, processed, spark, table)
+    if schema is not None and merge.removed:
+        table = add_columns_first(table, config, schema, plan)  # a commit cannot both
+        schema = None
+    return table, merge.files, merge.removed, merge.counts.as_dict(), schema
+
+
+def _stage_engine(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any
+) -> tuple[DeltaTable, WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None] | None:
+    """A merge engine's batch staged (``offsetlake.engines``): the table is made from the engine's
+    row shape, which the batch's records give."""
+    table = open_table(config.layout.sink)
+    if table is not None and not check_plan_applies(table, config, plan):
+        return None
+    merge = stage_engine_merge(config, plan, processed, spark, table)
+    shape = merge.shape
+    if table is None:
+        table = ensure_table(config, shape)
+        if not check_plan_applies(table, config, plan):
+            return None
+    schema = evolved_schema(table, config, shape, plan)
     if schema is not None and merge.removed:
         table = add_columns_first(table, config, schema, plan)  # a commit cannot both
         schema = None

@@ -202,6 +202,7 @@ def test_plugin_api_numbers_match_kafka_and_the_ledger(scene):
     assert status == 200, body[:500]
     detail = json.loads(body)
     assert detail["total_lag"] == orders["total_lag"]
+    assert detail["sink_mode"] == config.sink.mode
     by_partition = {p["partition"]: p for p in detail["partitions"]}
     assert set(by_partition) == {0, 1, 2}
     for p, row in by_partition.items():

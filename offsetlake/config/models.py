@@ -237,32 +237,156 @@ def key_columns(key: KeyFormat) -> dict[str, str]:
     return {}
 
 
+_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+# the merge engines that keep state per key beside the rows (``offsetlake.engines``)
+ENGINE_MODES = ("first_row", "partial_update", "aggregate")
+MEASURE_FUNCTIONS = ("sum", "count", "min", "max", "first", "last", "last_non_null")
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds of a duration written ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (ValueError else)."""
+    found = _DURATION.match(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{text!r} is not a duration: write a whole number with s, m, h or d (30s, 5m, 1h, 7d)")
+    return int(found.group(1)) * _DURATION_UNITS[found.group(2)]
+
+
+class WindowSettings(_Strict):
+    """An event-time window of an aggregate: ``on`` is a timestamp column of the rows; a record
+    counts in the window ``[start, start + size)`` holding its ``on`` value, or, with ``slide``,
+    in each of the ``size / slide`` windows starting every ``slide`` that hold it. The window's
+    ``window_start`` and ``window_end`` are part of the row's key."""
+
+    on: str = Field(min_length=1)
+    size: str
+    slide: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 reads an unquoted ``on:`` key as the boolean true: take it as ``on``."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _sizes(self) -> WindowSettings:
+        size = duration_seconds(self.size)
+        if self.slide is not None:
+            slide = duration_seconds(self.slide)
+            if slide > size or size % slide:
+                raise ValueError(f"window slide {self.slide} must divide size {self.size} (a record is in size/slide windows)")
+        return self
+
+    @property
+    def size_seconds(self) -> int:
+        return duration_seconds(self.size)
+
+    @property
+    def slide_seconds(self) -> int:
+        return duration_seconds(self.slide) if self.slide is not None else self.size_seconds
+
+
+class Measure(_Strict):
+    """One output column of an aggregate: ``function`` over the rows' ``column`` (``*`` for
+    ``count``: every record)."""
+
+    name: str
+    function: Literal["sum", "count", "min", "max", "first", "last", "last_non_null"]
+    column: str
+
+
 class SinkSettings(_Strict):
     table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
     partition_by: list[str] = Field(default_factory=list)
     # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
     # newest record of each key replaces its row, a delete (tombstone, Debezium op d) removes it.
-    mode: Literal["append", "upsert"] = "append"
-    key: list[str] = Field(default_factory=list)  # upsert: the columns that identify a row
-    # upsert: a record with a null value deletes its key's row (default); false: a dead letter
+    # first_row, partial_update, aggregate: merge engines keeping each key's state beside its row
+    # (``offsetlake.engines``): the first record per key; the non-null fields of every record;
+    # declared measures per key (and window).
+    mode: Literal["append", "upsert", "first_row", "partial_update", "aggregate"] = "append"
+    key: list[str] = Field(default_factory=list)  # keyed modes: the columns that identify a row
+    # upsert, partial_update: a record with a null value deletes its key's row (default); false:
+    # a dead letter. first_row and aggregate take no deletes: a tombstone is a dead letter.
     delete_on_tombstone: bool = True
-    # upsert: about how many rows each file a merge writes holds (files sorted by key; a merge
-    # rewrites the files holding the keys its batch touches, so smaller files rewrite less)
+    # keyed modes: about how many rows each file a merge writes holds (files sorted by key; a
+    # merge rewrites the files holding the keys its batch touches, so smaller files rewrite less)
     file_rows: int = Field(default=500_000, gt=0)
+    # aggregate: output column -> {function: column}, e.g. revenue: {sum: amount}, orders: {count: "*"}
+    measures: dict[str, dict[str, str]] = Field(default_factory=dict)
+    window: WindowSettings | None = None  # aggregate: an event-time window, part of the key
+    # aggregate with a window: a record whose Kafka timestamp is more than this after its
+    # window's ``on`` value is a dead letter (``late_record``) instead of updating its window
+    allowed_lateness: str | None = None
 
     @model_validator(mode="after")
     def _keyed(self) -> SinkSettings:
-        if self.mode == "upsert" and not self.key:
-            raise ValueError("mode upsert needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
+        if self.mode != "append" and not self.key:
+            raise ValueError(f"mode {self.mode} needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
         if self.mode == "append" and self.key:
-            raise ValueError("key applies to mode: upsert; an append sink keeps every record's rows")
+            raise ValueError(
+                "key applies to the keyed modes (upsert, first_row, partial_update, aggregate); an append sink keeps every record's rows"
+            )
         doubled = sorted({c for c in self.key if self.key.count(c) > 1})
         if doubled:
             raise ValueError(f"key: {', '.join(doubled)} listed more than once")
         coordinates = [c for c in self.key if c in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_row")]
         if coordinates:
             raise ValueError(f"key: {coordinates[0]} is a record coordinate, not a key column (every record has its own)")
+        self._engine_fields()
         return self
+
+    def _engine_fields(self) -> None:
+        if self.mode != "aggregate":
+            for name in ("measures", "window", "allowed_lateness"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to mode: aggregate, not {self.mode}")
+            return
+        if not self.measures:
+            raise ValueError("mode aggregate needs measures: {output column: {function: column}}, e.g. revenue: {sum: amount}")
+        self.aggregates()  # each measure well-formed
+        if self.partition_by:
+            raise ValueError("partition_by does not apply to mode: aggregate (its files are sorted by window and key instead)")
+        if self.allowed_lateness is not None:
+            if self.window is None:
+                raise ValueError("allowed_lateness needs a window: it is measured from the window's `on` column")
+            duration_seconds(self.allowed_lateness)
+        taken = set(self.key) | ({"window_start", "window_end"} if self.window else set())
+        clash = sorted(taken & set(self.measures))
+        if clash:
+            raise ValueError(f"measure {clash[0]} has the name of a key column")
+        if self.delete_on_tombstone and "delete_on_tombstone" in self.model_fields_set:
+            raise ValueError("mode aggregate takes no deletes: leave out delete_on_tombstone (a tombstone is a dead letter)")
+
+    def aggregates(self) -> list[Measure]:
+        """The declared measures, in order (ValueError naming a bad one)."""
+        out = []
+        for name, spec in self.measures.items():
+            if not isinstance(spec, dict) or len(spec) != 1:
+                raise ValueError(f"measure {name}: write one function and its column, e.g. {name}: {{sum: amount}}")
+            [(function, column)] = spec.items()
+            if function not in MEASURE_FUNCTIONS:
+                raise ValueError(f"measure {name}: unknown function {function!r}; use one of {', '.join(MEASURE_FUNCTIONS)}")
+            if column == "*" and function != "count":
+                raise ValueError(f"measure {name}: only count takes '*' (every record)")
+            out.append(Measure.model_validate({"name": name, "function": function, "column": str(column)}))
+        return out
+
+    @property
+    def keyed(self) -> bool:
+        """One row per key (and window): every mode but append."""
+        return self.mode != "append"
+
+    @property
+    def engine(self) -> str | None:
+        """The merge engine (``ENGINE_MODES``) or None (append, upsert)."""
+        return self.mode if self.mode in ENGINE_MODES else None
+
+    @property
+    def deletes(self) -> bool:
+        """Whether a tombstone deletes its key's row (upsert and partial_update)."""
+        return self.mode in ("upsert", "partial_update") and self.delete_on_tombstone
 
 
 class ValidationSettings(_Strict):
@@ -340,7 +464,7 @@ class PipelineConfig(_Strict):
     def _fields_agree(self) -> PipelineConfig:
         """The rules between fields and the files beside the YAML, in the order a user fixes them;
         the first broken one is reported as ``<field>: <problem>``."""
-        for check in (_locations_problem, _files_problem, _partition_columns_problem, _data_path_problem):
+        for check in (_locations_problem, _files_problem, _partition_columns_problem, _data_path_problem, _engine_problem):
             found = check(self)
             if found:
                 raise PydanticCustomError(FIELD_PROBLEM, "{field}: {problem}", {"field": found[0], "problem": found[1]})
@@ -615,4 +739,15 @@ def _data_path_problem(config: PipelineConfig) -> tuple[str, str] | None:
         return "data_path", f"pipeline {config.name} cannot take the direct path: {reason} (use auto or spark)"
     if config.data_path == "jvm" and (reason := jvm_refusal(config)) is not None:
         return "data_path", f"pipeline {config.name} cannot take the jvm path: {reason} (use auto or spark)"
+    return None
+
+
+def _engine_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """A merge engine that cannot take this pipeline's records: Debezium deletes for the engines
+    that take no deletes."""
+    if config.sink.mode in ("first_row", "aggregate") and getattr(config.format, "envelope", None) == "debezium":
+        return "sink.mode", (
+            f"mode {config.sink.mode} takes no deletes, and a Debezium envelope carries them; "
+            "use partial_update or upsert for a change stream"
+        )
     return None

@@ -36,7 +36,9 @@ CODES = {
     "value_range": "a decoded value does not fit its sink column's type",
     "envelope": "a Debezium event without what its op needs",
     "key_undecodable": "the record key does not decode as key_format",
-    "key_null": "a key column of an upsert sink is null",
+    "key_null": "a key column of a keyed sink is null",
+    "window_time_null": "the column an aggregate's window is on (sink.window.on) is null",
+    "late_record": "the record reached Kafka more than sink.allowed_lateness after its window time",
     "record_too_large": "key and value hold more bytes than max_record_bytes",
     "timestamp_range": "the record timestamp is outside what the sink's timestamp type holds",
     "partition_value": "a string partition value cannot be a folder name",
@@ -108,6 +110,20 @@ def timestamp_range(ms: int) -> str:
 
 def key_null(column: str) -> str:
     return reason("key_null", f"sink.key column '{column}' is null; an upsert row needs its key")
+
+
+def window_time_null(column: str) -> str:
+    return reason("window_time_null", f"window column '{column}' is null: the record has no window")
+
+
+def late_record_column(column: str, lateness: str, late_by_us: Column) -> Column:
+    """The reason of a record whose Kafka timestamp is ``late_by_us`` microseconds after its
+    window column's value, more than ``sink.allowed_lateness``."""
+    from pyspark.sql import functions as F
+
+    seconds = F.format_number(late_by_us / F.lit(1_000_000), 3)
+    text = F.concat(F.lit("record reached Kafka "), seconds, F.lit(f" s after its window time '{column}'; allowed_lateness is {lateness}"))
+    return coded("late_record", text)
 
 
 def partition_value_nul(column: str) -> str:
