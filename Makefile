@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1s
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup jars lock-jars debian test test-fast test-jvm torture bench bench-keyed-dv bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-fast test-stack test-jvm torture bench bench-keyed-dv bench-engines bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
 
@@ -29,7 +29,10 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $@
 
 test: setup lint test-fast ## lint, the fast tier, then the rest of the suite: starts its own broker, one Spark session, temp lakes
-	$(PY) -m pytest tests -m "not fast" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not fast and not stack" $(PYTEST_ARGS)
+
+test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it after make test
+	$(PY) -m pytest tests -m stack -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (a minute or two, no broker, Spark, S3 or Airflow): planner arithmetic, Selection, the DDL parser, ledger entry round trips, file stats, config validation, docs and CLI reference
 	$(PY) -m pytest tests -m fast -p no:cacheprovider $(PYTEST_ARGS)
@@ -41,7 +44,7 @@ EXAMPLES ?= 100
 AUDIT_EVERY ?= 10
 torture: setup ## long randomized fault campaign (audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the long S3 runs of the crash, maintenance, concurrent-run, rewind and backfill tests: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
-	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py -p no:cacheprovider
+	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py tests/test_merge_engine_properties.py -p no:cacheprovider
 	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py tests/test_backfill_replaces.py -k "s3" -p no:cacheprovider
 	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
 
@@ -58,6 +61,9 @@ bench: setup ## benchmarks vs this machine's limits (raw consume/write, steady s
 
 bench-keyed-dv: setup ## a keyed sink's merges: offsetlake (delta-rs) beside delta-spark MERGE with and without deletion vectors, 2M records over 100k keys -> bench-keyed-dv.json
 	$(PY) bench/keyed_deletion_vectors.py --out bench-keyed-dv.json
+
+bench-engines: setup ## merge engines (hourly aggregate, first_row) beside the append sink: time per batch, state size, a 1% backfill, 2M records over 10k keys -> bench-merge-engines.json
+	$(PY) bench/merge_engines.py --out bench-merge-engines.json
 
 bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s and the highest sustained rate up to 40,000/s, for the shipped orders pipeline (Spark path) -> bench-stream.json and without its transform and suite (direct path) -> bench-stream-plain.json
 	$(PY) bench/stream_latency.py --out bench-stream.json

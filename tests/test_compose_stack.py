@@ -1,4 +1,5 @@
-"""The production stack, built and run: `make compose-test` as part of the suite.
+"""The production stack, built and run: `make compose-test` as a test (`make test-stack`, which
+.ci/run runs after `make test`: three and a half minutes of image builds kept out of make test's 45).
 
 scripts/compose_test.py installs Debian's container engine and Compose if missing, starts the
 engine if none runs (and stops only that one), builds the Dockerfile on the official Python image
@@ -22,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / ".compose-test" / "result.json"
 
-pytestmark = [pytest.mark.timeout(2700), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(2700), pytest.mark.slow, pytest.mark.stack]
 
 
 def test_the_stack_builds_runs_and_lands_a_scheduled_run_a_backfill_and_a_cleared_rerun_exactly_once() -> None:

@@ -1,0 +1,152 @@
+"""Merge engines against the append sink (issue 38): time per batch, state size, a 1% backfill.
+
+    .venv/bin/python bench/merge_engines.py [--records 2000000] [--keys 10000] [--batch 200000]
+                                            [--out bench-merge-engines.json]
+
+Produces ``--records`` orders over 6 partitions whose order_id is drawn (seeded) from ``--keys``
+ids, on a private Apache Kafka broker (or $KAFKA_BOOTSTRAP_SERVERS). One warm Spark session then
+drains the topic in batches of ``--batch`` into three sinks in turn, one fresh lake each:
+
+append     the plain sink (every record a row);
+aggregate  an hourly aggregate keyed by order_id (window on created_at, 1h): revenue (sum),
+           orders (count), largest (max), last customer (last_non_null);
+first_row  dedup: each order_id's first record.
+
+Per sink: the median batch time (the ledger entries' ``duration_ms``, batches 2 to n) and every
+batch's time (does it grow with the table?), the table's rows and bytes (visible rows and
+state), and then a backfill of 1% of the range (the first offsets of every partition, one
+backfill each), timed as a whole. Prints one JSON line per sink and writes every figure to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from offsetlake_bench import produce_order_ids, write_pipeline  # noqa: E402
+
+from offsetlake import storage  # noqa: E402
+from offsetlake.backfill import plan_backfill  # noqa: E402
+from offsetlake.config import load_pipeline  # noqa: E402
+from offsetlake.embedded.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.sample_data import ensure_topic  # noqa: E402
+from offsetlake.history import sink_commits  # noqa: E402
+from offsetlake.ledger import Ledger  # noqa: E402
+from offsetlake.plan import RunContext  # noqa: E402
+from offsetlake.runs import execute_recorded_batch, run_pipeline  # noqa: E402
+from offsetlake.spark import spark_session, stop_spark  # noqa: E402
+
+TOPIC = "bench_engines"
+PARTITIONS = 6
+SINKS: dict[str, dict[str, Any]] = {
+    "append": {},
+    "aggregate": {
+        "mode": "aggregate",
+        "key": ["order_id"],
+        "window": {"on": "created_at", "size": "1h"},
+        "measures": {
+            "revenue": {"sum": "amount"},
+            "orders": {"count": "*"},
+            "largest": {"max": "amount"},
+            "last_customer": {"last_non_null": "customer"},
+        },
+    },
+    "first_row": {"mode": "first_row", "key": ["order_id"]},
+}
+
+
+def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
+    """The whole topic into a fresh sink of kind ``label``; its batches' figures and size."""
+    sink = SINKS[label]
+    config = load_pipeline(
+        str(write_pipeline(work / "p", f"bench_{label}", TOPIC, bootstrap, work / f"lake_{label}", max_records_per_batch=batch, sink=sink))
+    )
+    t = time.monotonic()
+    run_pipeline(config, RunContext(f"bench-{label}"), spark_session, emit=lambda _: None)
+    drained = time.monotonic() - t
+    table = storage.table(config.layout.sink)
+    entries = [c.entry for c in sink_commits(table, config.name)]
+    batch_s = [round((e.duration_ms or 0) / 1000, 2) for e in entries]
+    data = table.to_pyarrow_dataset()
+    hidden = data.to_table(columns=["_offsetlake_hidden"]).column(0) if "_offsetlake_hidden" in data.schema.names else None
+    rows = data.count_rows()
+    visible = rows if hidden is None else hidden.null_count  # readers keep _offsetlake_hidden IS NULL
+    figures = {
+        "sink": label,
+        "batches": len(entries),
+        "drain_s": round(drained, 2),
+        "batch_s_median": statistics.median(batch_s[1:]) if len(batch_s) > 1 else batch_s[0],
+        "batch_s": batch_s,
+        "table_rows": rows,
+        "visible_rows": visible,
+        "table_bytes": sum(f["size_bytes"] for f in _files(table)),
+    }
+    figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config)
+    return figures
+
+
+def _files(table: Any) -> list[dict]:
+    import pyarrow as pa
+
+    return pa.table(table.get_add_actions(flatten=True)).to_pylist()
+
+
+def backfill_one_percent(config: Any) -> tuple[float, int]:
+    """Backfill the first 1% of every partition's committed range, one backfill per partition."""
+    table = storage.table(config.layout.sink)
+    ends = {p: table.transaction_version(config.app_id(TOPIC, p)) or 0 for p in range(PARTITIONS)}
+    t = time.monotonic()
+    records = 0
+    for partition, end in ends.items():
+        stop = max(1, end // 100)
+        plan = plan_backfill(config, RunContext(f"bench-backfill-{partition}"), [partition], 0, stop)
+        Ledger.of(config).record_plan(plan)
+        execute_recorded_batch(config, plan.batch_id, spark_session)
+        records += stop
+    return round(time.monotonic() - t, 2), records
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="merge_engines", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=2_000_000, help="orders to produce (default 2,000,000)")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct order ids they are drawn from (default 10,000)")
+    parser.add_argument("--batch", type=int, default=200_000, help="max_records_per_batch (default 200,000)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-merge-engines.json", help="where to write every figure as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    work = Path(tempfile.mkdtemp(prefix="offsetlake-engines-"))
+    figures: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        with broker_for(work / "broker") as (bootstrap, _):
+            ensure_topic(bootstrap, TOPIC, PARTITIONS)
+            rng = random.Random(38)
+            produce_order_ids(bootstrap, TOPIC, [rng.randrange(args.keys) for _ in range(args.records)])
+            spark_session()
+            for label in SINKS:
+                figures[label] = drain(work, bootstrap, label, args.batch)
+                print(json.dumps(figures[label]), flush=True)
+            base = figures["append"]["batch_s_median"]
+            figures["ratios"] = {label: round(figures[label]["batch_s_median"] / base, 2) for label in SINKS}
+            print(json.dumps(figures["ratios"]), flush=True)
+            stop_spark()
+    finally:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
