@@ -56,6 +56,7 @@ class AuditReport:
     rows: int = 0  # rows readers see (an upsert sink's hidden state rows are not among them)
     dead_letters: int = 0
     hidden_rows: int = 0  # an upsert sink's delete markers and superseded records (``keyed.HIDDEN``)
+    hidden_kind: str = "delete markers, superseded records"  # what the hidden rows are, for the text
     problems: list[str] = field(default_factory=list)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
     against_kafka: dict | None = None  # what the Kafka check read and found
@@ -68,7 +69,7 @@ class AuditReport:
         head = (
             f"audit of pipeline {self.pipeline}: {self.rows} sink rows, {self.dead_letters} dead letters, "
             f"{len(self.committed)} partitions committed"
-        ) + (f"; {self.hidden_rows} hidden state rows (delete markers, superseded records)" if self.hidden_rows else "")
+        ) + (f"; {self.hidden_rows} hidden state rows ({self.hidden_kind})" if self.hidden_rows else "")
         kafka = ""
         if self.against_kafka is not None:
             k = self.against_kafka
@@ -175,6 +176,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     if config.sink.engine is not None and sink is not None:  # rows counts the contributions
         report.rows = current_rows(sink, [HIDDEN]).num_rows
         report.hidden_rows = sink.to_pyarrow_dataset().count_rows() - report.rows
+        report.hidden_kind = f"the {config.sink.mode} state: a contribution per record and window"
     records = _check_once(config, rows, dead, report)
     rewound = rewound_batches(commits)
     ranges = _committed_ranges(commits, rewound, starts, report)

@@ -360,7 +360,9 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     cached.append(keys)
     stored_files = []
     if table is not None:
-        holding = keyed.files_holding(table, keys.select(*config.sink.key).distinct().toArrow(), config)
+        # by the key's and the window start's statistics: visible files are sorted by (window, key)
+        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+        holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
         stored_files = [f for f in holding if not is_contribution_file(f)]
     stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
     states = new.select(*group, STATE)

@@ -160,19 +160,21 @@ def mark_later_records(candidates: DataFrame, later: DataFrame, key: list[str]) 
 
 
 # ---- which files hold the batch's keys ---------------------------------------------------------
-def files_holding(table: DeltaTable, keys: pa.Table, config: PipelineConfig) -> list[dict[str, Any]]:
+def files_holding(table: DeltaTable, keys: pa.Table, config: PipelineConfig, columns: list[str] | None = None) -> list[dict[str, Any]]:
     """Live files that may hold a row of one of ``keys`` (the batch's key columns): every file
     whose statistics (or partition value) of each key column admit some key's value, read by
     ``file_stats.may_hold_any``, which widens what statistics lose (a timestamp key's max is kept
     in milliseconds: a file skipped because its largest key looked above the max would get a
     second row of that key, or keep a deleted one; issue 35). Costs O(files x key columns x log
-    keys)."""
+    keys). ``columns``: the columns of ``keys`` to test (default ``sink.key``; a merge engine's
+    window adds its start)."""
     files = live_files(table)
     if not files or keys.num_rows == 0:
         return []
     partition_by = set(config.sink.partition_by)
-    values = {c: values_of(keys.column(c).to_pylist()) for c in config.sink.key}
-    return [f for f in files if all(may_hold_any(f, c, values[c], partitioned=c in partition_by) for c in config.sink.key)]
+    columns = columns or config.sink.key
+    values = {c: values_of(keys.column(c).to_pylist()) for c in columns}
+    return [f for f in files if all(may_hold_any(f, c, values[c], partitioned=c in partition_by) for c in columns)]
 
 
 # ---- the merge ----------------------------------------------------------------------------------
