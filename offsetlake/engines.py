@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 STATE = "_offsetlake_state"  # the partial state of a row (module docstring)
 CONTRIBUTION = "contribution"  # HIDDEN of a contribution row
 WINDOW_START, WINDOW_END = "window_start", "window_end"
-RECORDS = "records"  # inside STATE: how many contributions the state folds
+# inside STATE, beside the measures (aggregate) or the value columns (partial_update), whose names
+# they must not take: how many contributions the state folds; a partial_update's newest record
+# that is not a delete, and its newest delete
+RECORDS, SEEN, DELETED_AT = "__records", "__seen", "__deleted"
 COORDINATES = (TOPIC, PARTITION, OFFSET, TIMESTAMP, TOPIC_EPOCH)
 
 
@@ -201,7 +204,7 @@ class Engine:
             return _struct(**{RECORDS: one}, ok=ok, row=row)
         delete = F.col(CHANGE) == DELETE if CHANGE in rows.columns else F.lit(False)
         fields = {c: _picked(F.when(F.col(f"`{c}`").isNotNull() & ~delete, ok), F.col(f"`{c}`")) for c in values}
-        return _struct(**{RECORDS: one}, seen=F.when(~delete, ok), deleted=F.when(delete, ok), **fields)
+        return _struct(**{RECORDS: one, SEEN: F.when(~delete, ok), DELETED_AT: F.when(delete, ok)}, **fields)
 
     @staticmethod
     def _measure_own(m: Measure, rows: DataFrame, ok: Column) -> Column:
@@ -237,9 +240,9 @@ class Engine:
             fields["ok"] = F.min(s["ok"])
             fields["row"] = F.min_by(s["row"], s["ok"])
         else:
-            fields["seen"] = F.max(s["seen"])
-            fields["deleted"] = F.max(s["deleted"])
-            for name in _field_names(states, STATE, skip=(RECORDS, "seen", "deleted")):
+            fields[SEEN] = F.max(s[SEEN])
+            fields[DELETED_AT] = F.max(s[DELETED_AT])
+            for name in _field_names(states, STATE, skip=(RECORDS, SEEN, DELETED_AT)):
                 fields[name] = _picked(F.max(s[name]["ok"]), F.max_by(s[name]["v"], s[name]["ok"]))
         group = [F.col(f"`{c}`") for c in group_columns(self.config)]
         return states.groupBy(*group).agg(_struct(**fields).alias(STATE))
@@ -272,8 +275,8 @@ class Engine:
         elif self.mode == "first_row":
             outputs = {name: s["row"][name] for name in _field_names(frame, STATE, "row")}
         else:
-            names = _field_names(frame, STATE, skip=(RECORDS, "seen", "deleted"))
-            outputs = {name: F.when(s["deleted"].isNull() | (s[name]["ok"] > s["deleted"]), s[name]["v"]) for name in names}
+            names = _field_names(frame, STATE, skip=(RECORDS, SEEN, DELETED_AT))
+            outputs = {name: F.when(s[DELETED_AT].isNull() | (s[name]["ok"] > s[DELETED_AT]), s[name]["v"]) for name in names}
         for name, column in outputs.items():
             frame = frame.withColumn(name, column)
         return frame
@@ -287,7 +290,7 @@ class Engine:
         hidden = F.lit(None).cast("string")
         if self.mode == "partial_update":
             s = F.col(STATE)
-            gone = s["seen"].isNull() | (s["deleted"].isNotNull() & (s["deleted"] > s["seen"]))
+            gone = s[SEEN].isNull() | (s[DELETED_AT].isNotNull() & (s[DELETED_AT] > s[SEEN]))
             hidden = F.when(gone, F.lit(DELETED))
         return rows.withColumn(HIDDEN, hidden)
 

@@ -10,7 +10,9 @@ add a field inside a struct or an array of structs, add partitions, delete recor
 ``offsetlake topic reset-epoch``) and restart the broker. A second pipeline reads the same topic
 into a keyed sink (``sink.mode: upsert``) whose key is a timestamp with sub-millisecond digits
 taken from the record key, with tombstones that delete keys; it runs, backfills and is compacted
-beside the first. After
+beside the first. A third pipeline reads the same topic into a merge engine (``sink.mode:
+aggregate``) keyed by the same timestamp: per key the count, sum, min, max, first and last order
+id; it runs and backfills beside them, and its maintenance is checked to leave its files. After
 EVERY step the invariants are checked twice. First against an independent model — what the
 campaign itself produced, with offsets and timestamps from the producer's delivery reports —
 and plain deltalake reads of the sink, dead letters and ledger:
@@ -29,7 +31,10 @@ and plain deltalake reads of the sink, dead letters and ledger:
   the same offsets;
 * the keyed sink holds, per key, the newest committed record by offsetlake's ordering rule (the
   key's last record per topic-partition, a later epoch's record being later, then the latest of
-  those by record time, partition, epoch and offset), and no row for a key whose newest record is a tombstone.
+  those by record time, partition, epoch and offset), and no row for a key whose newest record is a tombstone;
+* the aggregate holds, per key, the count, sum, min, max, first and last order id of the key's
+  committed records (not malformed, not tombstones), first and last by record time, partition,
+  epoch and offset.
 
 Then with offsetlake's own audit against Kafka (``audit_pipeline(against_kafka=True)``), which
 reads every committed range back from the broker: the two checks are written apart, so a bug
@@ -37,9 +42,9 @@ shared by offsetlake and its audit still meets the model, and a model blind spot
 
     .venv/bin/python tests/fault_campaign.py --seed 7 --steps 2000      (or: make torture SEED=7 STEPS=2000)
 
-The CI version (tests/test_fault_campaign.py) runs a fixed seed for 22 steps; the first steps
+The CI version (tests/test_fault_campaign.py) runs a fixed seed for 23 steps; the first steps
 are one of each kind (records and a batch first, a rewind last, the rest in a seeded order), so
-every kind of fault is exercised (22 steps cover them all).
+every kind of fault is exercised (23 steps cover them all).
 """
 
 from __future__ import annotations
@@ -165,14 +170,17 @@ class Campaign:
         suffix = uuid.uuid4().hex[:8]
         self.name, self.topic = f"torture_{suffix}", f"torture_{suffix}"
         self.keyed_name = f"{self.name}_keyed"
+        self.engine_name = f"{self.name}_agg"
         self.folder = work / "pipelines"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.file = self.folder / f"{self.name}.yaml"
         self.keyed_file = self.folder / f"{self.keyed_name}.yaml"
+        self.engine_file = self.folder / f"{self.engine_name}.yaml"
         self.with_extra_field = False
-        self.model.epoch_incarnation = {self.name: [0], self.keyed_name: [0]}
+        self.model.epoch_incarnation = {self.name: [0], self.keyed_name: [0], self.engine_name: [0]}
         self.config = self._write_pipeline()
         self.keyed = self._write_keyed_pipeline()
+        self.engine = self._write_engine_pipeline()
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a dropped client cancels its futures
         admin.create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
         self.partitions = 2
@@ -228,6 +236,32 @@ class Campaign:
         )
         return load_pipeline(str(self.keyed_file))
 
+    def _write_engine_pipeline(self):
+        """The merge engine's pipeline: the same topic into an aggregate keyed by the record key's
+        timestamp (tombstones and malformed records are its dead letters); small batches."""
+        from offsetlake.config import load_pipeline
+
+        measures = {f"{f}_id": {f: "order_id"} for f in ("sum", "min", "max", "first", "last")}
+        self.engine_file.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.engine_name,
+                    "topic": self.topic,
+                    "lake": str(self.work / "lake"),
+                    "start": "earliest",
+                    "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-agg"}},
+                    "max_records_per_batch": 250,
+                    "read_timeout_seconds": 60,
+                    "on_offsets_lost": "skip",
+                    "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
+                    "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
+                    "sink": {"mode": "aggregate", "key": ["slot"], "measures": {"records": {"count": "*"}, **measures}, "file_rows": 8},
+                },
+                sort_keys=False,
+            )
+        )
+        return load_pipeline(str(self.engine_file))
+
     # ---- the campaign ---------------------------------------------------------------------
     def kinds(self) -> dict[str, tuple[int, object]]:
         kinds = {
@@ -251,6 +285,7 @@ class Campaign:
             "delete_records": (1, self.delete_records),
             "recreate_topic": (1, self.recreate_topic),
             "keyed_backfill": (1, self.keyed_backfill),
+            "engine_backfill": (1, self.engine_backfill),
         }
         if self.restart_broker is not None:
             kinds["restart_broker"] = (1, self.restart)
@@ -282,6 +317,7 @@ class Campaign:
                 self.stats[f"step:{kind}"] += 1
                 self.check(clean_run=kind == "run")
                 self.check_keyed()
+                self.check_engine()
                 self.audit(against_kafka=(step + 1) % self.kafka_audit_every == 0)
             except InvariantBroken as broken:
                 raise InvariantBroken(f"step {step + 1} ({kind}): {broken}") from None
@@ -290,6 +326,7 @@ class Campaign:
         self.run_in_process(to_the_end=True)
         self.check(clean_run=True, final=True)
         self.check_keyed(final=True)
+        self.check_engine(final=True)
         self.audit()
         figures = self.figures(time.monotonic() - started)
         self.log("campaign figures " + json.dumps(figures))
@@ -328,6 +365,8 @@ class Campaign:
             "keyed_keys_deleted": self.stats["last_keyed_deleted"],
             "keyed_backfills": self.stats["keyed_backfills"],
             "keyed_backfills_refused": self.stats["keyed_backfills_refused"],
+            "engine_keys": self.stats["last_engine_keys"],
+            "engine_backfills": self.stats["engine_backfills"],
             "partitions": self.partitions,
             "duplicates_found": self.stats["duplicates_found"],
             "records_lost": self.stats["records_lost"],
@@ -423,7 +462,7 @@ class Campaign:
         from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session
 
-        for config in (self.config, self.keyed):
+        for config in (self.config, self.keyed, self.engine):
             run_pipeline(
                 config,
                 RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"),
@@ -647,6 +686,10 @@ class Campaign:
         from offsetlake.maintenance import maintain
 
         reports = [*maintain(self.config, retention_hours=1, vacuum=True), *maintain(self.keyed, retention_hours=1, vacuum=True)]
+        engine_files = len(storage.table(self.engine.layout.sink).file_uris()) if storage.is_table(self.engine.layout.sink) else None
+        for report in maintain(self.engine, retention_hours=1, vacuum=True):  # a merge engine's files stay as its merges wrote them
+            if report.table == "sink" and (report.compacted_from or report.files_after != engine_files):
+                raise InvariantBroken(f"maintenance changed the merge engine's files: {report.as_dict()}")
         self.stats["maintenance_runs"] += 1
         self.stats["files_vacuumed"] += sum(r.vacuumed for r in reports)
 
@@ -700,6 +743,30 @@ class Campaign:
         if result.status != "committed":
             raise InvariantBroken(f"keyed backfill {plan.describe()} ended {result.status}")
         self.stats["keyed_backfills"] += 1
+
+    def engine_backfill(self) -> None:
+        """Backfill a random committed range of the merge engine's pipeline (current epoch): its
+        contributions there are replaced, each touched key folded again from all of its own."""
+        from offsetlake.backfill import plan_backfill
+        from offsetlake.ledger import Ledger
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import execute_recorded_batch
+        from offsetlake.spark import spark_session
+
+        ends = self._committed_ends(self.engine)
+        candidates = [(p, e) for p, e in ends.items() if e and e > self.model.deleted_below.get(p, 0) + 1]
+        if not candidates:
+            self.stats["skipped:engine_backfill"] += 1
+            return
+        partition, end = self.rng.choice(candidates)
+        start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
+        stop = self.rng.randrange(start + 1, end + 1)
+        plan = plan_backfill(self.engine, RunContext(run_id=f"campaign-ebackfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
+        Ledger.of(self.engine).record_plan(plan)
+        result = execute_recorded_batch(self.engine, plan.batch_id, spark_session)
+        if result.status != "committed":
+            raise InvariantBroken(f"engine backfill {plan.describe()} ended {result.status}")
+        self.stats["engine_backfills"] += 1
 
     # ---- steps: the topic and the broker ------------------------------------------------------
     def add_partition(self) -> None:
@@ -775,7 +842,11 @@ class Campaign:
         from offsetlake.spark import spark_session
 
         self.finish_open_txn()
-        pipelines = {self.name: (self.config, self.file), self.keyed_name: (self.keyed, self.keyed_file)}
+        pipelines = {
+            self.name: (self.config, self.file),
+            self.keyed_name: (self.keyed, self.keyed_file),
+            self.engine_name: (self.engine, self.engine_file),
+        }
         ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.delete_topics([self.topic])[self.topic].result(30)
@@ -845,7 +916,7 @@ class Campaign:
         """
         from offsetlake.audit import audit_pipeline
 
-        for config in (self.config, self.keyed):
+        for config in (self.config, self.keyed, self.engine):
             if not storage.is_table(config.layout.sink):
                 continue
             report = audit_pipeline(config, against_kafka=against_kafka)
@@ -1149,6 +1220,54 @@ class Campaign:
         if problems:
             self.stats["keyed_problems"] += len(problems)
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, keyed sink: " + "; ".join(problems[:6]))
+
+    def check_engine(self, final: bool = False) -> None:
+        """The merge engine's aggregate against the model: per key, the count, sum, min, max,
+        first and last order id of its committed records, computed here from what the campaign
+        produced, first and last by (record time, partition, epoch, offset)."""
+        if not storage.is_table(self.engine.layout.sink):
+            return
+        ends = self._committed_ends(self.engine)
+        _, _, live, epoch_of = self._history(self.engine)
+        gaps = self._gaps(self.engine_name, live, epoch_of)
+        epochs = self.model.epoch_incarnation[self.engine_name]
+        by_key: dict[int, list[tuple[tuple, int]]] = {}
+        for (inc, p, o), record in self.model.records.items():
+            end = self._ends_of(self.engine_name, inc, ends).get(p)
+            if record.state != "visible" or end is None or o >= end or record.order_id is None:
+                continue
+            if any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps) or inc not in epochs:
+                continue
+            rank = (record.timestamp_ms or 0, p, epochs.index(inc), o)
+            by_key.setdefault(record.slot_us, []).append((rank, record.order_id))
+        expected = {}
+        for slot, ranked in by_key.items():
+            ids = [i for _, i in sorted(ranked)]
+            expected[slot] = (len(ids), sum(ids), min(ids), max(ids), ids[0], ids[-1])
+        from offsetlake.keyed import current_rows
+
+        columns = ["records", "sum_id", "min_id", "max_id", "first_id", "last_id"]
+        rows = current_rows(storage.table(self.engine.layout.sink), ["slot", *columns])
+        slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
+        got = {slot: tuple(r[c] for c in columns) for slot, r in zip(slots, rows.to_pylist(), strict=True)}
+        problems = []
+        if len(got) != len(slots):
+            problems.append(f"the aggregate has {len(slots)} rows for {len(got)} keys")
+        if got != expected:
+            differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+            problems.append(
+                f"the aggregate differs from the model on {len(differ)} keys: "
+                + ", ".join(f"{_iso_us(k)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
+            )
+        self.stats["last_engine_keys"] = len(got)
+        if final:
+            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+            behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
+            if behind:
+                problems.append(f"after the final run the merge engine's partitions are behind their LSO: {behind}")
+        if problems:
+            self.stats["engine_problems"] += len(problems)
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, merge engine: " + "; ".join(problems[:6]))
 
 
 def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: float = 120) -> dict[tuple[int, int], int | None]:

@@ -16,7 +16,7 @@ from fault_campaign import Campaign
 from offsetlake.embedded.local_broker import broker_for
 
 SEED = int(os.environ.get("OFFSETLAKE_CAMPAIGN_SEED", "20261122"))
-STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "22"))
+STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "23"))
 
 
 def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
@@ -46,6 +46,7 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
         "nested_field",
         "recreate_topic",
         "keyed_backfill",
+        "engine_backfill",
     }
     assert expected <= kinds, f"every kind of step must run at least once: missing {expected - kinds}"
     assert figures["records_in_sink"] > 0 and figures["batches_committed"] > 0
@@ -56,3 +57,4 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
     assert figures["topic_recreations"] > 0 and figures["epochs_reset"] > 0, "the topic was never re-created under a pipeline"
     assert figures["nested_fields_added"] > 0 and figures["keyed_rows"] > 0
     assert figures["keyed_backfills"] + figures["keyed_backfills_refused"] > 0
+    assert figures["engine_keys"] > 0 and figures["engine_backfills"] > 0, "the merge engine must have rows and a backfill"

@@ -366,6 +366,8 @@ class SinkSettings(_Strict):
             if not isinstance(spec, dict) or len(spec) != 1:
                 raise ValueError(f"measure {name}: write one function and its column, e.g. {name}: {{sum: amount}}")
             [(function, column)] = spec.items()
+            if name.startswith("__"):
+                raise ValueError(f"measure {name}: names starting with __ are offsetlake's own")
             if function not in MEASURE_FUNCTIONS:
                 raise ValueError(f"measure {name}: unknown function {function!r}; use one of {', '.join(MEASURE_FUNCTIONS)}")
             if column == "*" and function != "count":
