@@ -10,14 +10,19 @@
    which expectation, how many rows, where the report is) and commits nothing; the pipeline is
    switched to `on_failure: quarantine` and the failed task cleared: the same ranges commit,
    the failing records become dead letters;
-5. the ledger, row counts, the audit and where the tables and logs are;
-6. a second pipeline, `payments`: Avro in the Confluent wire format through a Schema Registry
+5. `orders_hourly`, revenue per currency and hour from the same topic (a merge engine,
+   `sink.mode: aggregate`): its first version counts test orders too; after the transform is
+   fixed, `orders_hourly_backfill` runs over every committed offset and each hour is recomputed
+   from its records (shown before and after with `offsetlake sql`); `audit --against-kafka`
+   replays the records and compares every hour;
+6. the ledger, row counts, the audit and where the tables and logs are;
+7. a third pipeline, `payments`: Avro in the Confluent wire format through a Schema Registry
    (the test harness's, unless SCHEMA_REGISTRY_URL names one). Its producer registers a new
    schema version mid-stream; the next run's commit adds the column together with its rows, the
    ledger names both versions, the audit passes.
 
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
-touching pipelines/orders.yaml.
+touching pipelines/orders.yaml (nor step 5 pipelines/orders_hourly.yaml).
 
 With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of the embedded one. With
 OFFSETLAKE_DEMO_LAKE=s3 (`make demo-s3`) the lake is on the embedded S3 server instead of lake/.
@@ -117,8 +122,8 @@ def _story(lake: str) -> int:
 
         say(f"starting Airflow on {airflow.url} (SQLite home {airflow.home})")
         airflow.start()
-        airflow.wait_for_dag("orders_ingest")
-        airflow.wait_for_dag("orders_backfill")
+        for dag_id in ("orders_ingest", "orders_backfill", "orders_hourly_ingest", "orders_hourly_backfill"):
+            airflow.wait_for_dag(dag_id)  # parsed, and unpaused
 
         say("orders_ingest: a normal run")
         run_dag(airflow, "orders_ingest")
@@ -160,6 +165,7 @@ def _story(lake: str) -> int:
         )
         if state != "success":
             raise SystemExit(f"the quarantine rerun ended {state}; logs under {airflow.home / 'logs'}")
+        _hourly_story(airflow, pipelines, lake)
     except BaseException:
         airflow.stop()
         if broker is not None:
@@ -189,6 +195,7 @@ def _story(lake: str) -> int:
                 "WHERE pipeline = 'orders' GROUP BY kind, status ORDER BY kind, status",
             )
         code = offsetlake("audit", "orders", check=False)
+        code = max(code, offsetlake("audit", "orders_hourly", "--against-kafka", check=False))
         code = max(code, _avro_story(bootstrap))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
         print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
@@ -215,6 +222,38 @@ PAYMENT_V1 = {
 }
 # v2 adds an optional field: BACKWARD compatible, so the registry accepts it
 PAYMENT_V2 = {**PAYMENT_V1, "fields": [*PAYMENT_V1["fields"], {"name": "method", "type": ["null", "string"], "default": None}]}
+
+
+def _hourly_story(airflow: LocalAirflow, pipelines: Path, lake: str) -> None:
+    """orders_hourly: an hourly revenue aggregate of the same topic through Airflow, corrected by
+    the backfill DAG after its transform is fixed."""
+    from offsetlake import storage
+    from offsetlake.config import load_pipeline
+    from offsetlake.sink import committed_end
+
+    yaml_file = pipelines / "orders_hourly.yaml"
+    fixed = yaml_file.read_text()
+    yaml_file.write_text(fixed.replace("transform: orders_transform:without_test_orders", "# version 1: no transform"))
+    say(
+        "orders_hourly_ingest: revenue per currency and hour from the same topic (sink.mode: aggregate); "
+        "version 1 counts test orders (under 5.00) too"
+    )
+    run_dag(airflow, "orders_hourly_ingest")
+    hours = (
+        "SELECT currency, window_start, round(revenue, 2) AS revenue, orders FROM orders_hourly "
+        "WHERE _offsetlake_hidden IS NULL AND currency = 'EUR' ORDER BY window_start LIMIT 4"
+    )
+    if not storage.is_uri(lake):
+        offsetlake("sql", "--pipeline", "orders_hourly", hours)
+    yaml_file.write_text(fixed)
+    say("version 2 leaves test orders out; orders_hourly_backfill over every committed offset recomputes each hour from its records")
+    config = load_pipeline("orders_hourly", pipelines)
+    table = storage.table(config.layout.sink)
+    for partition in range(3):
+        end = committed_end(table, config, config.topic, partition)
+        run_dag(airflow, "orders_hourly_backfill", {"partitions": [partition], "from_offset": 0, "to_offset": end})
+    if not storage.is_uri(lake):
+        offsetlake("sql", "--pipeline", "orders_hourly", hours)
 
 
 def _produce_payments(bootstrap: str, topic: str, registry: dict, first: int, count: int, every_v2: int = 0) -> int:
