@@ -45,7 +45,7 @@ AUDIT_EVERY ?= 10
 torture: setup ## long randomized fault campaign (audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the long S3 runs of the crash, maintenance, concurrent-run, rewind and backfill tests: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
 	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py tests/test_merge_engine_properties.py -p no:cacheprovider
-	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py tests/test_backfill_replaces.py -k "s3" -p no:cacheprovider
+	OFFSETLAKE_LONG_S3_VARIANTS=1 $(PY) -m pytest tests/test_failpoints.py tests/test_maintenance.py tests/test_concurrent_runs.py tests/test_rewind.py tests/test_backfill_replaces.py tests/test_merge_engines.py -k "s3" -p no:cacheprovider
 	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
 
 # the read path's tests (exactly once, crashes at every failpoint, hostile input, properties)

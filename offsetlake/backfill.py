@@ -30,7 +30,7 @@ from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, StagedMerge, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
 from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
@@ -361,24 +361,9 @@ def _merge_once(
     Raises CommitConflictError if another writer committed meanwhile."""
     table = _add_new_columns(config, storage.table(config.layout.sink), processed.rows, plan)
     merge = stage_merge(config, plan, processed, spark, table, later)
-    t = time.monotonic()
     c = merge.counts
-    entry = for_plan(
-        plan,
-        processed.per_range,
-        started,
-        processed.validation,
-        message=(
-            f"merged records of {plan.describe()}: {c.inserted} inserted, {c.updated} updated, "
-            f"{c.deleted} deleted, {c.older} older than the rows kept; rewrote {c.files_rewritten} files"
-        ),
-        staged=processed.dead_letter_files,
-        data_path=str(processed.path.path),
-        merge=c.as_dict(),
-    )
-    version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
-    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
-    return version, entry
+    said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted, {c.older} older than the rows kept"
+    return _commit_merge(config, plan, processed, started, table, merge, f"merged records of {plan.describe()}: {said}")
 
 
 def _engine_merge_once(
@@ -393,20 +378,27 @@ def _engine_merge_once(
     schema = evolved_schema(table, config, merge.shape, plan)
     if schema is not None:
         table = add_columns_first(table, config, schema, plan)
-    t = time.monotonic()
     c = merge.counts
+    said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted"
+    return _commit_merge(
+        config, plan, processed, started, table, merge, f"merged records of {plan.describe()} into the {config.sink.mode} state: {said}"
+    )
+
+
+def _commit_merge(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, started: float, table: DeltaTable, merge: StagedMerge, message: str
+) -> tuple[int, LedgerEntry]:
+    """A keyed backfill's one commit: its staged merge with its ledger entry, no txns."""
+    t = time.monotonic()
     entry = for_plan(
         plan,
         processed.per_range,
         started,
         processed.validation,
-        message=(
-            f"merged records of {plan.describe()} into the {config.sink.mode} state: {c.inserted} inserted, "
-            f"{c.updated} updated, {c.deleted} deleted; rewrote {c.files_rewritten} files"
-        ),
+        message=f"{message}; rewrote {merge.counts.files_rewritten} files",
         staged=processed.dead_letter_files,
         data_path=str(processed.path.path),
-        merge=c.as_dict(),
+        merge=merge.counts.as_dict(),
     )
     version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))

@@ -64,13 +64,36 @@ def replay(config: PipelineConfig, rows: Iterable[Mapping[str, Any]]) -> dict[tu
         if mode == "aggregate":
             out[group] = _aggregated(config, ordered)
         elif mode == "first_row":
-            first = ordered[0]
+            first = _first_of_last_episode(config, ordered)
             out[group] = {c: v for c, v in first.items() if c not in _NOT_VALUES and c not in config.sink.key}
         else:
             kept = _partially_updated(config, ordered)
             if kept is not None:
                 out[group] = kept
     return out
+
+
+def _first_of_last_episode(config: PipelineConfig, ordered: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The first record of a key (no horizon); with ``within``, of the key's last episode: in the
+    order of the horizon's time (``within_on``, else the record time; none: before all), a record
+    at least ``within`` after its episode's first starts the next episode."""
+    if config.sink.within is None:
+        return ordered[0]
+    from offsetlake.config.models import duration_seconds
+
+    horizon = timedelta(seconds=duration_seconds(config.sink.within))
+    on = config.sink.within_on or TIMESTAMP
+    floor = datetime.min.replace(tzinfo=UTC)
+
+    def at(row: Mapping[str, Any]) -> datetime:
+        return row.get(on) or floor
+
+    episode = None
+    for row in sorted(ordered, key=lambda r: (at(r), order_of(r))):
+        if episode is None or at(row) - at(episode) >= horizon:
+            episode = row
+    assert episode is not None
+    return episode
 
 
 def _aggregated(config: PipelineConfig, ordered: list[Mapping[str, Any]]) -> dict[str, Any]:

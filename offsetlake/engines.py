@@ -36,6 +36,10 @@ contributions of the records it reprocesses, adds the new ones, and recomputes e
 touched from all of that key's remaining contributions (no retraction is needed, so every
 function is exact). **A rewind** restores the files, state included. The cost: one contribution
 row per record, like an append sink of the keys and measures.
+
+**One fold is in order:** ``first_row`` with a horizon (``within``), whose episodes depend on
+the order (``Engine._episodes``); a batch with a record earlier than its group's stored state
+folds that group again from its contributions (``Engine.late``).
 """
 
 from __future__ import annotations
@@ -45,16 +49,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from offsetlake import keyed, staging
 from offsetlake.config import PipelineConfig
 from offsetlake.config.models import Measure
-from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
+from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.formats import CHANGE, DELETE, reasons
-from offsetlake.keyed import DELETED, HIDDEN, MergeCounts
-from offsetlake.sink import live_files, schema_diff, table_schema
+from offsetlake.keyed import DELETED, HIDDEN
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import Column, DataFrame
 
 STATE = "_offsetlake_state"  # the partial state of a row (module docstring)
@@ -65,6 +66,7 @@ WINDOW_START, WINDOW_END = "window_start", "window_end"
 # that is not a delete, and its newest delete
 RECORDS, SEEN, DELETED_AT = "__records", "__seen", "__deleted"
 COORDINATES = (TOPIC, PARTITION, OFFSET, TIMESTAMP, TOPIC_EPOCH)
+NO_TIME = -(2**62)  # first_row's horizon: the time of a record without one (before every other)
 
 
 ORDER_TYPE = "struct<time:timestamp,topic:string,partition:int,epoch:int,offset:bigint,row:int>"
@@ -86,6 +88,8 @@ def row_problem(config: PipelineConfig) -> Column | None:
     ``allowed_lateness``) a record that reached Kafka more than that after its window time."""
     from pyspark.sql import functions as F
 
+    if config.sink.within_on is not None:
+        return F.when(F.col(f"`{config.sink.within_on}`").isNull(), F.lit(reasons.window_time_null(config.sink.within_on, "horizon")))
     window = config.sink.window
     if config.sink.engine is None or window is None:
         return None
@@ -113,6 +117,8 @@ def check_columns(config: PipelineConfig, columns: list[str], where: str) -> Non
     wanted = [(f"sink.measures.{m.name}", m.column) for m in config.sink.aggregates() if m.column != "*"]
     if config.sink.window is not None:
         wanted.append(("sink.window.on", config.sink.window.on))
+    if config.sink.within_on is not None:
+        wanted.append(("sink.within_on", config.sink.within_on))
     for field, column in wanted:
         if column not in columns:
             shown = ", ".join(c for c in columns if c != CHANGE)
@@ -161,6 +167,12 @@ class Engine:
     def mode(self) -> str:
         return str(self.config.sink.engine)
 
+    @property
+    def sequential(self) -> bool:
+        """Whether the state is a fold in order rather than an associative one: ``first_row``
+        with a horizon, whose episodes each start at the first record past the last one's."""
+        return self.mode == "first_row" and self.config.sink.within is not None
+
     def value_columns(self, rows: DataFrame) -> list[str]:
         """first_row, partial_update: the record's columns a row keeps (not the key, coordinates
         or the change kind)."""
@@ -201,7 +213,11 @@ class Engine:
         values = self.value_columns(rows)
         row = F.struct(*[F.col(f"`{c}`") for c in values])
         if self.mode == "first_row":
-            return _struct(**{RECORDS: one}, ok=ok, row=row)
+            if not self.sequential:
+                return _struct(**{RECORDS: one}, ok=ok, row=row)
+            at = F.unix_micros(F.col(f"`{self.config.sink.within_on or TIMESTAMP}`").cast("timestamp"))
+            at = F.coalesce(at, F.lit(NO_TIME))  # a record without a time is in its key's first episode
+            return _struct(**{RECORDS: one}, ok=ok, row=row, start=at, last=_struct(at=at, ok=ok))
         delete = F.col(CHANGE) == DELETE if CHANGE in rows.columns else F.lit(False)
         fields = {c: _picked(F.when(F.col(f"`{c}`").isNotNull() & ~delete, ok), F.col(f"`{c}`")) for c in values}
         return _struct(**{RECORDS: one, SEEN: F.when(~delete, ok), DELETED_AT: F.when(delete, ok)}, **fields)
@@ -231,6 +247,8 @@ class Engine:
         """``states`` (group columns + ``STATE``) folded per group: one state per key (and window)."""
         from pyspark.sql import functions as F
 
+        if self.sequential:
+            return self._episodes(states)
         s = F.col(STATE)
         fields: dict[str, Column] = {RECORDS: F.sum(s[RECORDS])}
         if self.mode == "aggregate":
@@ -246,6 +264,41 @@ class Engine:
                 fields[name] = _picked(F.max(s[name]["ok"]), F.max_by(s[name]["v"], s[name]["ok"]))
         group = [F.col(f"`{c}`") for c in group_columns(self.config)]
         return states.groupBy(*group).agg(_struct(**fields).alias(STATE))
+
+    def _episodes(self, states: DataFrame) -> DataFrame:
+        """``first_row`` with a horizon: each group's states in order (by ``last``: the time the
+        horizon is measured on, then the order key), folded one at a time. A state whose
+        ``start`` is at least ``within`` past the current episode's start begins a new episode
+        and is its first row; every other one only moves ``last``. The first state may be a
+        stored one (its episode so far), when every record of the batch comes after it."""
+        from pyspark.sql import functions as F
+
+        from offsetlake.config.models import duration_seconds
+
+        horizon = F.lit(duration_seconds(str(self.config.sink.within)) * 1_000_000)
+        group = [F.col(f"`{c}`") for c in group_columns(self.config)]
+        listed = states.groupBy(*group).agg(F.collect_list(F.col(STATE)).alias("_states"))
+        ordered = F.array_sort(F.col("_states"), lambda a, b: F.when(a["last"] < b["last"], -1).when(a["last"] > b["last"], 1).otherwise(0))
+
+        def step(episode: Column, state: Column) -> Column:
+            records = episode[RECORDS] + state[RECORDS]
+            anew = state["start"] >= episode["start"] + horizon
+            return F.when(
+                anew, _struct(**{RECORDS: records}, ok=state["ok"], row=state["row"], start=state["start"], last=state["last"])
+            ).otherwise(_struct(**{RECORDS: records}, ok=episode["ok"], row=episode["row"], start=episode["start"], last=state["last"]))
+
+        folded = F.aggregate(F.slice(F.col("_ordered"), 2, F.size(F.col("_ordered"))), F.col("_ordered")[0], step)
+        return listed.withColumn("_ordered", ordered).select(*group, folded.alias(STATE))
+
+    def late(self, new: DataFrame, stored: DataFrame) -> bool:
+        """Whether a record of the batch comes before what the stored state of its group has
+        folded already (then that group's episodes are folded again from all its contributions)."""
+        from pyspark.sql import functions as F
+
+        group = group_columns(self.config)
+        first = new.groupBy(*group).agg(F.min(F.col(STATE)["last"]).alias("_first"))
+        held = stored.select(*group, F.col(STATE)["last"].alias("_held"))
+        return bool(first.join(held, group).where(F.col("_first") <= F.col("_held")).limit(1).count())
 
     @staticmethod
     def _measure_fold(m: Measure, state: Column) -> Column:
@@ -320,128 +373,3 @@ def arrow_schema_of(frame: DataFrame) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(frame.schema, timezone="UTC", prefers_large_types=False)
-
-
-# ---- a batch's merge ------------------------------------------------------------------------------
-@dataclass
-class EngineMerge:
-    """What a batch's commit writes and removes: the visible rows of the files it rewrites
-    (sorted by group), the contribution rows (the batch's, and for a backfill those of the
-    replaced contribution files outside its ranges), the live files they replace, the counts."""
-
-    visible: DataFrame
-    contributions: DataFrame
-    removed: list[dict[str, Any]]
-    counts: MergeCounts
-    visible_rows: int
-    cached: list[DataFrame]
-
-
-def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame, replaced: Selection | None = None) -> EngineMerge:
-    """The batch's ``rows`` merged (module docstring). An ingest (``replaced`` None) folds each
-    touched group's stored state with the batch's contributions. A backfill (``replaced``: the
-    records it reprocesses) drops the stored contributions of those records, and folds every
-    touched group — the batch's and the dropped contributions' — from all its contributions left
-    plus the batch's; a group none are left for loses its visible row."""
-
-    engine = engine_for(config)
-    group = group_columns(config)
-    new = engine.contributions(rows).persist()
-    cached = [new]
-    files = live_files(table) if table is not None else []
-    contribution_files = [f for f in files if is_contribution_file(f)]
-    replaced_files = [f for f in contribution_files if replaced is not None and replaced.file_may_hold(f)]
-    schema = _merged_schema(table, new)
-    inside = _selected(replaced)
-    dropped = kept = None
-    if replaced_files:
-        old = staging.read_files(spark, config.layout.sink, replaced_files, schema, [])
-        dropped = old.where(inside).select(*group)
-        kept = old.where(~inside)
-    keys = new.select(*group) if dropped is None else new.select(*group).unionByName(dropped)
-    keys = keys.distinct().persist()
-    cached.append(keys)
-    stored_files = []
-    if table is not None:
-        # by the key's and the window start's statistics: visible files are sorted by (window, key)
-        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
-        holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
-        stored_files = [f for f in holding if not is_contribution_file(f)]
-    stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
-    states = new.select(*group, STATE)
-    if replaced is not None and contribution_files:  # every contribution left of the touched groups
-        rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, []).where(~inside)
-        states = states.unionByName(rest.join(keys, group, "left_semi").select(*group, STATE))
-    elif stored is not None:
-        states = states.unionByName(stored.join(keys, group, "left_semi").select(*group, STATE))
-    folded = engine.visible_rows(engine.folded(states))
-    visible = _shaped(folded, new)
-    untouched = None
-    if stored is not None:
-        untouched = stored.join(keys, group, "left_anti").select(*new.columns)
-        visible = visible.unionByName(untouched)
-    visible = visible.persist()
-    cached.append(visible)
-    counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
-    contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
-    return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached)
-
-
-def _selected(replaced: Selection | None) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.coalesce(replaced.spark(), F.lit(False)) if replaced is not None else F.lit(False)
-
-
-def _merged_schema(table: DeltaTable | None, new: DataFrame) -> pa.Schema:
-    """The stored rows' schema with the batch's new columns and fields (null in older files)."""
-    batch = arrow_schema_of(new)
-    if table is None:
-        return batch
-    return keyed.spark_safe(schema_diff(table_schema(table), batch).merged)
-
-
-def _shaped(folded: DataFrame, like: DataFrame) -> DataFrame:
-    """Visible rows in the contribution rows' columns (their coordinates null)."""
-    from pyspark.sql import functions as F
-
-    return folded.select(
-        *[F.col(f"`{c}`") if c in folded.columns else F.lit(None).cast(like.schema[c].dataType).alias(c) for c in like.columns]
-    )
-
-
-def _counts(
-    engine: Engine, new: DataFrame, folded: DataFrame, stored: DataFrame | None, keys: DataFrame, untouched: DataFrame | None, files: int
-) -> MergeCounts:
-    """What the merge did to the groups it touched (visible before, visible after) and the rows
-    of untouched groups it rewrote; for first_row, the batch's records that are not their key's
-    first (``duplicates``)."""
-    from pyspark.sql import functions as F
-
-    group = group_columns(engine.config)
-    after = folded.select(*group, F.col(HIDDEN).isNull().alias("_after"))
-    if stored is not None:
-        before = stored.join(keys, group, "left_semi").select(*group, F.col(HIDDEN).isNull().alias("_before"))
-        after = after.join(before, group, "full_outer")
-    else:
-        after = after.withColumn("_before", F.lit(None).cast("boolean"))
-    a, b = F.coalesce(F.col("_after"), F.lit(False)), F.coalesce(F.col("_before"), F.lit(False))
-    found = after.agg(
-        F.sum((a & ~b).cast("long")).alias("inserted"),
-        F.sum((a & b).cast("long")).alias("updated"),
-        F.sum((~a & b).cast("long")).alias("deleted"),
-    ).first()
-    assert found is not None
-    duplicates = 0
-    if engine.mode == "first_row":
-        first = folded.select(*group, F.col(STATE)["ok"].alias("_ok"))
-        won = first.join(new.select(*group, F.col(STATE)["ok"].alias("_ok")), [*group, "_ok"], "left_semi")
-        duplicates = new.count() - won.count()
-    return MergeCounts(
-        inserted=int(found["inserted"] or 0),
-        updated=int(found["updated"] or 0),
-        deleted=int(found["deleted"] or 0),
-        files_rewritten=files,
-        rows_rewritten=untouched.count() if untouched is not None else 0,
-        duplicates=duplicates,
-    )

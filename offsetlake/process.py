@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, engines, failpoints, keyed, staging, storage
+from offsetlake import dead_letters, direct, engine_merge, engines, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.entry import DeadLetterFile
@@ -711,7 +711,7 @@ def stage_engine_merge(
     from pyspark.sql import functions as F
 
     t = time.monotonic()
-    merge = engines.merged(spark, config, table, processed.rows, replaced)
+    merge = engine_merge.merged(spark, config, table, processed.rows, replaced)
     processed.cached.extend(merge.cached)
     group = engines.group_columns(config)
     window_first = [*group[len(config.sink.key) :], *config.sink.key]

@@ -40,3 +40,33 @@ def assert_every_plan_has_an_outcome(config) -> list[dict]:
     dangling = {(r["batch_id"], r["partition"]) for r in rows if r["status"] == "planned"} - outcomes
     assert not dangling, f"planned ledger rows without an outcome: {sorted(dangling)}"
     return rows
+
+
+def rewind_to_a_random_live_batch(config, rng) -> None:
+    """Rewind to one of the pipeline's live batches, drawn by ``rng`` (none: nothing); a rewind
+    the pipeline refuses (a batch before a topic's new epoch) changes nothing."""
+    from offsetlake.errors import RewindError
+    from offsetlake.history import rewound_batches, sink_commits
+    from offsetlake.rewind import rewind_pipeline
+
+    commits = sink_commits(storage.open_table(config.layout.sink), config.name)
+    undone = rewound_batches(commits)
+    live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
+    if live:
+        try:
+            rewind_pipeline(config, rng.choice(live), reason="property")
+        except RewindError:
+            pass
+
+
+def crash_in_a_run(rng, run) -> None:
+    """``run()`` (an in-process ingest) with a simulated crash at a failpoint drawn by ``rng``."""
+    import pytest
+
+    from offsetlake import failpoints
+
+    def crash(_name: str) -> None:
+        raise failpoints.SimulatedCrash()
+
+    with failpoints.on(rng.choice(failpoints.NAMES), crash), pytest.raises(failpoints.SimulatedCrash):
+        run()

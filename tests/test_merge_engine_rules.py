@@ -49,6 +49,13 @@ def test_an_unquoted_yaml_on_names_the_window_column(tmp_path):
         ({**AGGREGATE, "window": {"on": "created_at", "size": "an hour"}}, "sink.window", "not a duration"),
         ({"mode": "first_row", "key": ["order_id"], "measures": {"r": {"sum": "amount"}}}, "sink", "measures applies to mode: aggregate"),
         ({"mode": "partial_update"}, "sink", "mode partial_update needs key"),
+        (
+            {"mode": "aggregate", "key": ["currency"], "measures": {"r": {"sum": "amount"}}, "within": "1d"},
+            "sink",
+            "within applies to mode: first_row",
+        ),
+        ({"mode": "first_row", "key": ["order_id"], "within_on": "created_at"}, "sink", "within_on needs within"),
+        ({"mode": "first_row", "key": ["order_id"], "within": "a week"}, "sink", "not a duration"),
     ],
 )
 def test_engine_settings_are_refused_at_load_naming_the_field(tmp_path, sink, field, words):
@@ -115,3 +122,24 @@ def test_the_replay_aggregates_every_measure(tmp_path):
         "last": 3.0,
         "known": 3.0,
     }
+
+
+def test_a_horizon_lets_a_key_in_again_once_its_episode_is_over(tmp_path):
+    config = _load(tmp_path, {"mode": "first_row", "key": ["order_id"], "within": "1m"})
+    rows = [
+        _row(0, 0, order_id=1, amount=1.0),
+        _row(1, 59, order_id=1, amount=2.0),  # a resend inside the horizon
+        _row(2, 61, order_id=1, amount=3.0),  # past it: a new episode, its first is the row
+        _row(3, 90, order_id=1, amount=4.0),  # inside the new episode
+        _row(4, 30, order_id=2, amount=5.0),
+        _row(5, 10, order_id=2, amount=6.0),  # earlier in time: the first of key 2
+    ]
+    got = replay(config, rows)
+    assert got[(1,)]["amount"] == 3.0 and got[(2,)]["amount"] == 6.0
+    assert replay(config, rows[:2])[(1,)]["amount"] == 1.0
+    on_event_time = _load(tmp_path, {"mode": "first_row", "key": ["order_id"], "within": "1m", "within_on": "created_at"})
+    events = [
+        _row(0, 0, order_id=1, amount=1.0, created_at=T0),
+        _row(1, 500, order_id=1, amount=2.0, created_at=T0 + timedelta(seconds=30)),
+    ]
+    assert replay(on_event_time, events)[(1,)]["amount"] == 1.0  # 30 s apart by event time, whatever the record times

@@ -25,16 +25,16 @@ import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import on_the_test_data_path
+from crash_runs import crash_in_a_run, rewind_to_a_random_live_batch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from raw_records import produce_raw
 
-from offsetlake import failpoints, storage
+from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.config import PipelineConfig, load_pipeline
-from offsetlake.errors import BackfillParamsError, ConfigError, RewindError
-from offsetlake.history import rewound_batches, sink_commits
+from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.ledger import Ledger
 from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
@@ -388,24 +388,11 @@ class Sequence:
             assert self.keyed, "only a keyed backfill may be refused once planned (a key's state it cannot rebuild)"
 
     def rewind(self) -> None:
-        commits = sink_commits(storage.open_table(self.config.layout.sink), self.config.name)
-        undone = rewound_batches(commits)
-        live = [c.batch_id for c in commits if c.kind != "rewind" and c.batch_id not in undone]
-        if live:
-            try:
-                rewind_pipeline(self.config, self.rng.choice(live), reason="property")
-            except RewindError:
-                pass
+        rewind_to_a_random_live_batch(self.config, self.rng)
 
     def crash(self) -> None:
         self.produce()
-        name = self.rng.choice(failpoints.NAMES)
-
-        def crash(_name: str) -> None:
-            raise failpoints.SimulatedCrash()
-
-        with failpoints.on(name, crash), pytest.raises(failpoints.SimulatedCrash):
-            self.ingest("seq-crash")
+        crash_in_a_run(self.rng, lambda: self.ingest("seq-crash"))
 
     def add_partition(self) -> None:
         from confluent_kafka.admin import NewPartitions

@@ -319,6 +319,12 @@ class SinkSettings(_Strict):
     # aggregate with a window: a record whose Kafka timestamp is more than this after its
     # window's ``on`` value is a dead letter (``late_record``) instead of updating its window
     allowed_lateness: str | None = None
+    # first_row: a horizon after which a key may be inserted again: a record at least this long
+    # after the first record of its key's current episode starts a new episode, whose first
+    # record becomes the key's row; measured on ``within_on`` (a timestamp column; default the
+    # record's Kafka timestamp)
+    within: str | None = None
+    within_on: str | None = None
 
     @model_validator(mode="after")
     def _keyed(self) -> SinkSettings:
@@ -338,6 +344,14 @@ class SinkSettings(_Strict):
         return self
 
     def _engine_fields(self) -> None:
+        if self.mode != "first_row":
+            for name in ("within", "within_on"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to mode: first_row, not {self.mode}")
+        elif self.within is not None:
+            duration_seconds(self.within)
+        elif self.within_on is not None:
+            raise ValueError("within_on needs within: the horizon it measures")
         if self.mode != "aggregate":
             for name in ("measures", "window", "allowed_lateness"):
                 if getattr(self, name):

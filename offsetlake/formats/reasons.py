@@ -37,7 +37,7 @@ CODES = {
     "envelope": "a Debezium event without what its op needs",
     "key_undecodable": "the record key does not decode as key_format",
     "key_null": "a key column of a keyed sink is null",
-    "window_time_null": "the column an aggregate's window is on (sink.window.on) is null",
+    "window_time_null": "the column a merge engine's window or horizon is on (sink.window.on, sink.within_on) is null",
     "late_record": "the record reached Kafka more than sink.allowed_lateness after its window time",
     "record_too_large": "key and value hold more bytes than max_record_bytes",
     "timestamp_range": "the record timestamp is outside what the sink's timestamp type holds",
@@ -112,8 +112,8 @@ def key_null(column: str) -> str:
     return reason("key_null", f"sink.key column '{column}' is null; an upsert row needs its key")
 
 
-def window_time_null(column: str) -> str:
-    return reason("window_time_null", f"window column '{column}' is null: the record has no window")
+def window_time_null(column: str, what: str = "window") -> str:
+    return reason("window_time_null", f"{what} column '{column}' is null: the record has no time for its {what}")
 
 
 def late_record_column(column: str, lateness: str, late_by_us: Column) -> Column:

@@ -1,0 +1,150 @@
+"""A merge engine's batch (``offsetlake.engines``): what its one commit writes and removes.
+
+An ingest folds each touched group's stored state with the batch's contributions; a backfill, or
+an ingest of ``first_row`` with a horizon that meets a late record, folds each touched group again
+from all its contributions. Visible files are found by the statistics of the key (and window
+start), contribution files by those of the offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from offsetlake import keyed, staging
+from offsetlake.config import PipelineConfig
+from offsetlake.coordinates import Selection
+from offsetlake.engines import HIDDEN, STATE, WINDOW_START, Engine, arrow_schema_of, engine_for, group_columns, is_contribution_file
+from offsetlake.keyed import MergeCounts
+from offsetlake.sink import live_files, schema_diff, table_schema
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import Column, DataFrame
+
+
+@dataclass
+class EngineMerge:
+    """What a batch's commit writes and removes: the visible rows of the files it rewrites
+    (sorted by group), the contribution rows (the batch's, and for a backfill those of the
+    replaced contribution files outside its ranges), the live files they replace, the counts."""
+
+    visible: DataFrame
+    contributions: DataFrame
+    removed: list[dict[str, Any]]
+    counts: MergeCounts
+    visible_rows: int
+    cached: list[DataFrame]
+
+
+def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame, replaced: Selection | None = None) -> EngineMerge:
+    """The batch's ``rows`` merged (module docstring). An ingest (``replaced`` None) folds each
+    touched group's stored state with the batch's contributions. A backfill (``replaced``: the
+    records it reprocesses) drops the stored contributions of those records, and folds every
+    touched group — the batch's and the dropped contributions' — from all its contributions left
+    plus the batch's; a group none are left for loses its visible row."""
+
+    engine = engine_for(config)
+    group = group_columns(config)
+    new = engine.contributions(rows).persist()
+    cached = [new]
+    files = live_files(table) if table is not None else []
+    contribution_files = [f for f in files if is_contribution_file(f)]
+    replaced_files = [f for f in contribution_files if replaced is not None and replaced.file_may_hold(f)]
+    schema = _merged_schema(table, new)
+    inside = _selected(replaced)
+    dropped = kept = None
+    if replaced_files:
+        old = staging.read_files(spark, config.layout.sink, replaced_files, schema, [])
+        dropped = old.where(inside).select(*group)
+        kept = old.where(~inside)
+    keys = new.select(*group) if dropped is None else new.select(*group).unionByName(dropped)
+    keys = keys.distinct().persist()
+    cached.append(keys)
+    stored_files = []
+    if table is not None:
+        # by the key's and the window start's statistics: visible files are sorted by (window, key)
+        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+        holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
+        stored_files = [f for f in holding if not is_contribution_file(f)]
+    stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
+    states = new.select(*group, STATE)
+    refold = replaced is not None or (engine.sequential and stored is not None and engine.late(new, stored))
+    if refold and contribution_files:  # every contribution left of the touched groups
+        rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, []).where(~inside)
+        states = states.unionByName(rest.join(keys, group, "left_semi").select(*group, STATE))
+    elif stored is not None:
+        states = states.unionByName(stored.join(keys, group, "left_semi").select(*group, STATE))
+    folded = engine.visible_rows(engine.folded(states))
+    visible = _shaped(folded, new)
+    untouched = None
+    if stored is not None:
+        untouched = stored.join(keys, group, "left_anti").select(*new.columns)
+        visible = visible.unionByName(untouched)
+    visible = visible.persist()
+    cached.append(visible)
+    counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
+    contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
+    return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached)
+
+
+def _selected(replaced: Selection | None) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.coalesce(replaced.spark(), F.lit(False)) if replaced is not None else F.lit(False)
+
+
+def _merged_schema(table: DeltaTable | None, new: DataFrame) -> pa.Schema:
+    """The stored rows' schema with the batch's new columns and fields (null in older files)."""
+    batch = arrow_schema_of(new)
+    if table is None:
+        return batch
+    return keyed.spark_safe(schema_diff(table_schema(table), batch).merged)
+
+
+def _shaped(folded: DataFrame, like: DataFrame) -> DataFrame:
+    """Visible rows in the contribution rows' columns (their coordinates null)."""
+    from pyspark.sql import functions as F
+
+    return folded.select(
+        *[F.col(f"`{c}`") if c in folded.columns else F.lit(None).cast(like.schema[c].dataType).alias(c) for c in like.columns]
+    )
+
+
+def _counts(
+    engine: Engine, new: DataFrame, folded: DataFrame, stored: DataFrame | None, keys: DataFrame, untouched: DataFrame | None, files: int
+) -> MergeCounts:
+    """What the merge did to the groups it touched (visible before, visible after) and the rows
+    of untouched groups it rewrote; for first_row, the batch's records that are not their key's
+    first (``duplicates``)."""
+    from pyspark.sql import functions as F
+
+    group = group_columns(engine.config)
+    after = folded.select(*group, F.col(HIDDEN).isNull().alias("_after"))
+    if stored is not None:
+        before = stored.join(keys, group, "left_semi").select(*group, F.col(HIDDEN).isNull().alias("_before"))
+        after = after.join(before, group, "full_outer")
+    else:
+        after = after.withColumn("_before", F.lit(None).cast("boolean"))
+    a, b = F.coalesce(F.col("_after"), F.lit(False)), F.coalesce(F.col("_before"), F.lit(False))
+    found = after.agg(
+        F.sum((a & ~b).cast("long")).alias("inserted"),
+        F.sum((a & b).cast("long")).alias("updated"),
+        F.sum((~a & b).cast("long")).alias("deleted"),
+    ).first()
+    assert found is not None
+    duplicates = 0
+    if engine.mode == "first_row":
+        first = folded.select(*group, F.col(STATE)["ok"].alias("_ok"))
+        won = first.join(new.select(*group, F.col(STATE)["ok"].alias("_ok")), [*group, "_ok"], "left_semi")
+        duplicates = new.count() - won.count()
+    return MergeCounts(
+        inserted=int(found["inserted"] or 0),
+        updated=int(found["updated"] or 0),
+        deleted=int(found["deleted"] or 0),
+        files_rewritten=files,
+        rows_rewritten=untouched.count() if untouched is not None else 0,
+        duplicates=duplicates,
+    )
