@@ -22,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")  # the triggerer runs asset watchers
 
 
+LOCKED_ATTEMPTS = 4
+
+
+def _database_busy(status: int, detail: str) -> bool:
+    """A request Airflow refused because its SQLite database was locked, rolled back whole.
+
+    Airflow says so with 503 "Database is locked" (backfills) or 500 "Database error" (the
+    other endpoints); either way nothing was written, so the same request may be sent again.
+    """
+    return (status == 503 and "Database is locked" in detail) or (status == 500 and "Database error" in detail)
+
+
 class AirflowApi:
     """Airflow's REST API as a user drives it: a token from /auth/token, then /api/v2."""
 
@@ -47,11 +59,17 @@ class AirflowApi:
             data=json.dumps(body).encode() if body is not None else None,
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token()}"},
         )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as err:
-            raise RuntimeError(f"{method} {path} -> {err.code}: {err.read().decode()[:2000]}") from None
+        for attempt in range(LOCKED_ATTEMPTS):
+            try:
+                with urllib.request.urlopen(request, timeout=90) as response:
+                    return json.loads(response.read() or b"{}")
+            except urllib.error.HTTPError as err:
+                detail = err.read().decode()[:2000]
+                if attempt + 1 < LOCKED_ATTEMPTS and _database_busy(err.code, detail):
+                    time.sleep(2 * (attempt + 1))
+                    continue
+                raise RuntimeError(f"{method} {path} -> {err.code}: {detail}") from None
+        raise AssertionError("unreachable")
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -125,6 +143,9 @@ class LocalAirflow(AirflowApi):
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "2",
+            # wait for SQLite's write lock instead of failing a request after sqlite3's 5 s
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "offsetlake_airflow.sqlite_db.SQLITE_CONNECT_ARGS",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "offsetlake_airflow.sqlite_db.SQLITE_CONNECT_ARGS",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__API__HOST": "127.0.0.1",
