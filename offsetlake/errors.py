@@ -190,6 +190,18 @@ class KafkaUnavailableError(OffsetlakeError):
     transient = True  # an outage (a broker restarting, a leader moving) that the same run waits out
 
 
+class KafkaSinkAbortedError(OffsetlakeError):
+    """A Kafka sink's transaction was aborted: none of its records and none of its source offsets
+    are visible to a read_committed consumer, and the batch may run again."""
+
+    transient = True  # a broker that timed out or lost a leader: the same batch commits once it answers
+
+
+class KafkaSinkFencedError(OffsetlakeError):
+    """A newer producer with the pipeline's transactional id took over (a second runner, or a
+    zombie of this one); this runner's open transaction is aborted and it must stop."""
+
+
 class OffsetsLostError(OffsetlakeError):
     """Invariant 7: a planned start is below the partition's log start offset."""
 

@@ -24,6 +24,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 NAMES = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
+# a Kafka sink's transaction (offsetlake.kafka_commit): its records produced, flushed, committed
+KAFKA_SINK_NAMES = ("after_produce", "after_flush", "after_kafka_commit")
+KNOWN = NAMES + KAFKA_SINK_NAMES
 _HOOKS: dict[str, list[Callable[[str], None]]] = {}
 
 
@@ -32,7 +35,7 @@ class SimulatedCrash(BaseException):
 
 
 def failpoint(name: str) -> None:
-    if name not in NAMES:
+    if name not in KNOWN:
         raise ValueError(f"unknown failpoint {name}")
     for callback in list(_HOOKS.get(name, ())):
         callback(name)
@@ -48,7 +51,7 @@ def failpoint(name: str) -> None:
 @contextmanager
 def on(name: str, callback: Callable[[str], None]) -> Iterator[None]:
     """Run ``callback(name)`` each time this process reaches failpoint ``name``, inside the block."""
-    if name not in NAMES:
+    if name not in KNOWN:
         raise ValueError(f"unknown failpoint {name}")
     _HOOKS.setdefault(name, []).append(callback)
     try:

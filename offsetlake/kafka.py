@@ -150,11 +150,16 @@ _READ_BUFFER_DEFAULTS = {
 }
 
 
+def group_id(pipeline: str) -> str:
+    """The pipeline's consumer group: its progress for lag tools, and a Kafka sink's committed ends."""
+    return f"offsetlake-{pipeline}"
+
+
 def _consumer_config(client_config: dict[str, str], pipeline: str) -> dict[str, object]:
     return {
         **_READ_BUFFER_DEFAULTS,
         **client_config,
-        "group.id": f"offsetlake-{pipeline}",
+        "group.id": group_id(pipeline),
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",

@@ -136,6 +136,7 @@ class Record:
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def read_records(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Record]:
@@ -163,7 +164,7 @@ def read_records(bootstrap: str, topic: str, timeout_s: float = 60) -> list[Reco
                     done.add(m.partition())
                 continue
             if m.offset() < lso[m.partition()]:
-                out.append(Record(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value()))
+                out.append(Record(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(), tuple(m.headers() or ())))
             if m.offset() + 1 >= lso[m.partition()]:
                 done.add(m.partition())
     consumer.close()
