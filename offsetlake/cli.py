@@ -1,5 +1,5 @@
 """``offsetlake`` command line: run, stream, backfill, rewind, topic reset-epoch, status, ledger, ledger rebuild, audit,
-maintenance, spark-server, sql.
+maintenance, spark-server, sql, publish.
 
 Logs (one structured line per batch step) go to stderr; machine-readable results (one JSON
 summary line per batch, ``--json`` views) go to stdout. Errors print one readable line naming
@@ -80,7 +80,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_maintenance_command(commands, common)
     _add_spark_server_command(commands, common)
     _add_sql_command(commands, common)
+    _add_publish_command(commands, common)
     return parser
+
+
+def _add_publish_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    publish = commands.add_parser(
+        "publish",
+        parents=[common],
+        help="publish the sink's committed batches to a Kafka topic, exactly once, in ledger order (an outbox)",
+        description="Send every sink commit not yet published to TOPIC, one Kafka transaction per commit that also "
+        "holds the outbox's progress (topic offsetlake-outbox-progress, compacted, made on first use), so a publish "
+        "killed anywhere sends no commit twice and skips none: run it again and it goes on after the last whole one. "
+        "Each record's value is the row as JSON (without the _kafka_* columns), its headers name the batch "
+        "(offsetlake.batch), its kind (offsetlake.kind: ingest, stream, backfill or rewind), the sink version and the "
+        "source record (offsetlake.topic, .partition, .offset). A backfill publishes its replacement rows marked "
+        "backfill; a rewind publishes one record per batch it undid. Consumers must read with "
+        "isolation.level=read_committed. Append sinks only. A second publisher of the same pipeline and topic "
+        "fences the first. Starts no Spark.",
+    )
+    _add_pipeline(publish)
+    publish.add_argument("--to", required=True, metavar="TOPIC", help="the topic to publish to (it must exist)")
+    publish.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="COLUMN",
+        help="a sink column whose value is the record key (repeat for a composite key, sent as a JSON array); default: no key",
+    )
+    publish.add_argument("--max-batches", type=int, metavar="N", help="publish at most N sink commits, then stop (default: all)")
+    publish.add_argument("--json", action="store_true", help="print one JSON line per published commit")
 
 
 def _add_run_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -596,6 +625,23 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from offsetlake.outbox import publish
+
+    config = _load(args, args.pipeline)
+    if args.max_batches is not None and args.max_batches < 1:
+        raise OffsetlakeError("--max-batches must be at least 1", pipeline=config.name, field="--max-batches")
+    published = [p.as_dict() for p in publish(config, args.to, args.key, args.max_batches)]
+    if args.json:
+        for row in published:
+            print(json.dumps({"pipeline": config.name, "topic": args.to, **row}))
+        return 0
+    print(f"published {len(published)} sink commits of pipeline {config.name} to {args.to}")
+    if published:
+        _print_table(published, ["batch_id", "kind", "sink_version", "records"])
+    return 0
+
+
 def _print_table(rows: list[dict], columns: list[str]) -> None:
     if not rows:
         print("(no rows)")
@@ -699,6 +745,7 @@ COMMANDS = {
     "maintenance": cmd_maintenance,
     "spark-server": cmd_spark_server,
     "sql": cmd_sql,
+    "publish": cmd_publish,
 }
 
 

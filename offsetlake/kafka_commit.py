@@ -40,11 +40,12 @@ log = logging.getLogger("offsetlake.kafka_commit")
 TRANSACTION_TIMEOUT_MS = 60_000  # a dead runner's open transaction blocks read_committed consumers at most this long
 CALL_TIMEOUT_S = 60.0
 
-# Header names carried by every output record: where it came from, and which batch wrote it.
-SOURCE_HEADERS = ("offsetlake.topic", "offsetlake.partition", "offsetlake.offset", "offsetlake.batch", "offsetlake.kind")
+# Headers of every output record: the batch that wrote it and its kind (offsetlake.batch,
+# offsetlake.kind), and the source record it came from, when one did (these three).
+SOURCE_HEADERS = ("offsetlake.topic", "offsetlake.partition", "offsetlake.offset")
 
 
-def transactional_id(pipeline: str, slot: int = 0) -> str:
+def transactional_id(pipeline: str, slot: int | str = 0) -> str:
     """The pipeline's ``transactional.id`` for one writer slot: stable, so a restart fences its zombie."""
     return f"offsetlake-{pipeline}-{slot}"
 
@@ -55,14 +56,17 @@ class OutputRecord:
 
     key: bytes | None
     value: bytes | None
-    topic: str
-    partition: int
-    offset: int
+    topic: str | None  # the source record's coordinates; None for a record no source record made
+    partition: int = -1
+    offset: int = -1
     headers: tuple[tuple[str, bytes], ...] = ()
 
     def all_headers(self, batch_id: str, kind: str) -> list[tuple[str, str | bytes | None]]:
-        coordinates = (self.topic, str(self.partition), str(self.offset), batch_id, kind)
-        return [*((name, value.encode()) for name, value in zip(SOURCE_HEADERS, coordinates, strict=True)), *self.headers]
+        named: list[tuple[str, str | bytes | None]] = [("offsetlake.batch", batch_id.encode()), ("offsetlake.kind", kind.encode())]
+        if self.topic is not None:
+            coordinates = (self.topic, str(self.partition), str(self.offset))
+            named += [(name, value.encode()) for name, value in zip(SOURCE_HEADERS, coordinates, strict=True)]
+        return [*named, *self.headers]
 
 
 @dataclass
@@ -81,7 +85,7 @@ class TransactionalWriter:
     aborts the transaction it left open. ``commit`` then writes one batch per transaction.
     """
 
-    def __init__(self, client_config: Mapping[str, str], pipeline: str, slot: int = 0, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, client_config: Mapping[str, str], pipeline: str, slot: int | str = 0, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.pipeline = pipeline
         self.transactional_id = transactional_id(pipeline, slot)
         self._servers = client_config.get("bootstrap.servers", "?")
@@ -116,9 +120,16 @@ class TransactionalWriter:
         self.close()
 
     def commit(
-        self, batch_id: str, kind: str, out_topic: str, records: Iterable[OutputRecord], ends: Mapping[tuple[str, int], int]
+        self,
+        batch_id: str,
+        kind: str,
+        out_topic: str,
+        records: Iterable[OutputRecord],
+        ends: Mapping[tuple[str, int], int],
+        also: Iterable[tuple[str, bytes, bytes]] = (),
     ) -> CommittedTransaction:
-        """Produce ``records`` to ``out_topic`` and commit them with the source ``ends`` in one
+        """Produce ``records`` to ``out_topic`` and commit them with the source ``ends`` (none: no
+        offsets) and the ``also`` records (topic, key, value: e.g. an outbox's progress) in one
         transaction. On any failure before the commit the transaction is aborted and nothing of it
         is visible; a fenced producer raises ``KafkaSinkFencedError`` and must not be used again."""
         failed: list[KafkaError] = []
@@ -137,6 +148,8 @@ class TransactionalWriter:
             for record in records:
                 self._produce(out_topic, record, record.all_headers(batch_id, kind), delivered)
                 count += 1
+            for topic, key, value in also:
+                self._producer.produce(topic, value=value, key=key, on_delivery=delivered)
             failpoints.failpoint("after_produce")
             remaining = self._producer.flush(CALL_TIMEOUT_S)
             if remaining or failed:
@@ -147,8 +160,9 @@ class TransactionalWriter:
                     batch_id=batch_id,
                 )
             failpoints.failpoint("after_flush")
-            offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in sorted(ends.items())]
-            self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), CALL_TIMEOUT_S)
+            if ends:
+                offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in sorted(ends.items())]
+                self._producer.send_offsets_to_transaction(offsets, self._group.consumer_group_metadata(), CALL_TIMEOUT_S)
             self._producer.commit_transaction(CALL_TIMEOUT_S)
         except KafkaException as err:
             raise self._aborted(batch_id, err.args[0]) from None
