@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Message, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from offsetlake.errors import KafkaUnavailableError, OffsetsLostError, ReadTimeoutError
@@ -276,16 +276,21 @@ def check_log_start(offsets: PartitionOffsets, start: int, pipeline: str) -> Non
         )
 
 
+GROUP_OFFSETS_TIMEOUT_S = 5.0
+
+
 def commit_group_offsets(client_config: dict[str, str], pipeline: str, ends: dict[tuple[str, int], int]) -> None:
     """Publish committed ends as consumer-group offsets so standard lag tools see progress.
 
-    Informational only: the Delta txn versions stay the source of truth (invariant 2).
+    Informational only: the Delta txn versions stay the source of truth (invariant 2). Bounded
+    (``GROUP_OFFSETS_TIMEOUT_S``): a consumer's synchronous commit waits about 45 s for a group
+    coordinator while the broker is down, which held a stream in an outage instead of retrying.
     """
-    consumer = Consumer(_consumer_config(client_config, pipeline))
-    try:
-        consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False)
-    finally:
-        consumer.close()
+    request = ConsumerGroupTopicPartitions(group_id(pipeline), [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())])
+    admin = _admin(client_config)  # held until the answer: a dropped client never completes its futures
+    futures = admin.alter_consumer_group_offsets([request], request_timeout=GROUP_OFFSETS_TIMEOUT_S)
+    for future in futures.values():
+        future.result(timeout=GROUP_OFFSETS_TIMEOUT_S)
 
 
 # ---- record headers, read without confluent-kafka's decoder ------------------------------------

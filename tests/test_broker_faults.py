@@ -23,6 +23,7 @@ from kafka_truth import assert_exactly_once, ledger_rows, read_topic, wait_until
 from offsetlake import storage
 from offsetlake.embedded.local_broker import LocalBroker
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.kafka_commit import committed_ends
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
@@ -207,3 +208,6 @@ def test_a_stream_waits_out_a_broker_outage_and_stays_exactly_once(faulty, own_b
         if stream.process.poll() is None:
             stream.process.kill()
     assert_exactly_once(config, truth)
+    # the committed ends, published to the pipeline's group for lag tools, caught up after the outage
+    published = committed_ends({"bootstrap.servers": faulty.bootstrap}, config.name, [(faulty.topic, p) for p in truth.lso])
+    assert published == {(faulty.topic, p): end for p, end in truth.lso.items()}
