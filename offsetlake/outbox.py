@@ -40,6 +40,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import COORDINATE_COLUMNS, OFFSET, PARTITION, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.errors import ConfigError, KafkaUnavailableError
 from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.kafka import group_id
 from offsetlake.kafka_commit import CALL_TIMEOUT_S, OutputRecord, TransactionalWriter
 from offsetlake.plan import BatchKind
 from offsetlake.sink import table_id
@@ -87,6 +88,10 @@ def publish(config: PipelineConfig, to_topic: str, key_columns: Sequence[str] = 
         progress = read_progress(config, to_topic)  # after the writer fenced any earlier publisher
         if table is None:
             return []
+        columns = table.schema().to_arrow().names
+        missing = [c for c in key_columns if c not in columns]
+        if missing:
+            raise ConfigError(f"--key names {missing}, not columns of the sink (it has {columns})", pipeline=config.name, field="--key")
         identity = table_id(table)
         if progress.sink_table_id not in (None, identity):
             raise ConfigError(
@@ -149,11 +154,6 @@ def commit_records(config: PipelineConfig, commit: SinkCommit, key_columns: Sequ
         return
     then = storage.table(config.layout.sink, version=commit.version)
     rows = then.to_pyarrow_dataset().to_table(filter=where).sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
-    missing = [c for c in key_columns if c not in rows.column_names]
-    if missing:
-        raise ConfigError(
-            f"--key names {missing}, not columns of the sink (it has {rows.column_names})", pipeline=config.name, field="--key"
-        )
     skipped = {*COORDINATE_COLUMNS, TOPIC_EPOCH}
     for row in rows.to_pylist():
         value = {k: v for k, v in row.items() if k not in skipped}
@@ -161,16 +161,15 @@ def commit_records(config: PipelineConfig, commit: SinkCommit, key_columns: Sequ
 
 
 def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes | None:
+    """One column: its value as text (bytes as they are); several: a JSON array; none: no key."""
     if not key_columns:
         return None
-    if len(key_columns) == 1:
-        value = row[key_columns[0]]
-        return (
-            None
-            if value is None
-            else (value if isinstance(value, bytes) else str(_json_value(value) if not isinstance(value, str) else value).encode())
-        )
-    return json.dumps([row[c] for c in key_columns], default=_json_value).encode()
+    if len(key_columns) > 1:
+        return json.dumps([row[c] for c in key_columns], default=_json_value).encode()
+    value = row[key_columns[0]]
+    if value is None or isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(_json_value(value))).encode()
 
 
 def _json_value(value: Any) -> Any:
@@ -193,7 +192,7 @@ def read_progress(config: PipelineConfig, to_topic: str) -> Progress:
     consumer = Consumer(
         {
             **client,
-            "group.id": f"offsetlake-{config.name}-outbox-reader",
+            "group.id": f"{group_id(config.name)}-outbox-reader",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.partition.eof": True,

@@ -65,6 +65,8 @@ def test_publish_sends_every_sink_commit_once_in_order_through_backfill_rewind_a
     batches = run_pipeline(config, RunContext("first"), lambda: spark)
     assert len(batches) == 3
 
+    with pytest.raises(ConfigError, match=r"--key names \['no_such'\], not columns of the sink"):
+        publish(config, out, ["no_such"])
     first = publish(config, out, ["order_id"], max_batches=1)
     assert [p.batch_id for p in first] == [batches[0].plan.batch_id]
 
