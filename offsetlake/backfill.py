@@ -28,6 +28,7 @@ from offsetlake.errors import BackfillParamsError, CommitConflictError, Offsetla
 from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
+from offsetlake.kafka_commit import kafka_sink_ends
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
 from offsetlake.process import ProcessedBatch, StagedMerge, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
@@ -73,8 +74,13 @@ def plan_backfill(
     from_time: str | None = None,
     to_time: str | None = None,
     topic: str | None = None,
+    republish: bool = False,
 ) -> BatchPlan:
     """Validate the request and turn it into per-partition ranges below the committed end.
+
+    A Kafka sink (``sink.type: kafka``) cannot have records replaced: its backfill re-publishes
+    the range, marked ``backfill``, and needs ``republish`` to say so (BackfillParamsError
+    otherwise); ``republish`` on a Delta sink is refused too, as it means nothing there.
 
     Offsets are half-open ``[from_offset, to_offset)``. Times select records by their own
     timestamps, ``[from_time, to_time)``: record timestamps need not grow with offsets (producers
@@ -86,9 +92,15 @@ def plan_backfill(
     """
     config.check_storage()
     by_time = _request_kind(config.name, from_offset, to_offset, from_time, to_time)
+    _republish_agrees(config, republish)
     topic, offsets, chosen = _chosen_partitions(config, topic, partitions)
-    table = open_table(config.layout.sink)
-    ends = committed_ends(table, config, topic, chosen)
+    if config.sink.is_kafka:
+        table = None
+        found = kafka_sink_ends(config, [(topic, p) for p in chosen])
+        ends = {p: found.get((topic, p)) for p in chosen}
+    else:
+        table = open_table(config.layout.sink)
+        ends = committed_ends(table, config, topic, chosen)
     window: RecordTimeWindow | None = None
     if by_time:
         assert from_time and to_time  # checked by _request_kind
@@ -104,6 +116,18 @@ def plan_backfill(
         what = f"{window}" if window is not None else "the requested range"
         raise refused(config.name, f"{what} selects no committed offsets ({', '.join(map(str, ranges))})")
     return _backfill_plan(config, run, ranges, window, table)
+
+
+def _republish_agrees(config: PipelineConfig, republish: bool) -> None:
+    if config.sink.is_kafka and not republish:
+        raise refused(
+            config.name,
+            f"the sink is Kafka topic {config.sink.topic}: a backfill cannot replace records there, it publishes the range "
+            "again, each record marked offsetlake.kind=backfill, beside what consumers already read. Say so with "
+            "--republish (Airflow: the Param republish) if consumers dedupe by the source coordinates in the headers",
+        )
+    if republish and not config.sink.is_kafka:
+        raise refused(config.name, "republish applies to a Kafka sink; a backfill of a Delta sink replaces the range's rows")
 
 
 def _backfill_plan(
@@ -216,22 +240,31 @@ def _time_ranges(
     return ranges
 
 
-def plan_interval_backfill(config: PipelineConfig, run: RunContext, start: datetime, end: datetime) -> BatchPlan | None:
+def plan_interval_backfill(
+    config: PipelineConfig, run: RunContext, start: datetime, end: datetime, republish: bool = False
+) -> BatchPlan | None:
     """The plan of an Airflow backfill run of ``<pipeline>_ingest`` (its data interval ``[start,
     end)``): every topic and partition of the pipeline, replacing the records whose timestamps
     fall in the interval, resolved exactly like a by-time backfill (``plan_backfill``). Returns
     None when the interval selects no committed offset (nothing ingested falls in it, or nothing
-    is ingested yet): the run is a no-op. Never reaches the committed ends (invariant 6)."""
+    is ingested yet): the run is a no-op. Never reaches the committed ends (invariant 6). A Kafka
+    sink's needs ``republish`` (the run's conf ``{"republish": true}``), as ``plan_backfill``'s."""
     config.check_storage()
+    _republish_agrees(config, republish)
     window = RecordTimeWindow(int(start.timestamp() * 1000), int(end.timestamp() * 1000))
-    table = open_table(config.layout.sink)
-    if table is None:
+    table = None if config.sink.is_kafka else open_table(config.layout.sink)
+    if table is None and not config.sink.is_kafka:
         return None
     every = current_offsets(config)
+    group_ends = kafka_sink_ends(config, list(every)) if config.sink.is_kafka else {}
     ranges = []
     for topic in sorted({t for t, _ in every}):
         offsets = {p: o for (t, p), o in every.items() if t == topic}
-        ranges += _time_ranges(config, topic, offsets, committed_ends(table, config, topic, sorted(offsets)), window)
+        if config.sink.is_kafka:
+            ends = {p: group_ends.get((topic, p)) for p in offsets}
+        else:
+            ends = committed_ends(table, config, topic, sorted(offsets))
+        ranges += _time_ranges(config, topic, offsets, ends, window)
     if all(r.size == 0 for r in ranges):
         return None
     return _backfill_plan(config, run, ranges, window, table)

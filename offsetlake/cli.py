@@ -191,6 +191,13 @@ def _add_backfill_command(commands: argparse._SubParsersAction, common: argparse
     backfill.add_argument("--to-offset", type=int, help="end offset (exclusive), at most the committed end")
     backfill.add_argument("--from-time", help="ISO-8601 start time, e.g. 2026-11-01T00:00:00Z (inclusive)")
     backfill.add_argument("--to-time", help="ISO-8601 end time (exclusive)")
+    backfill.add_argument(
+        "--republish",
+        action="store_true",
+        help="a Kafka sink only (sink.type: kafka): publish the range again, each record marked offsetlake.kind=backfill in "
+        "its headers, beside the records consumers already read; the committed ends do not move. Required there, "
+        "refused for a Delta sink",
+    )
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
     _add_spark_options(backfill)
 
@@ -459,7 +466,17 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         Ledger.of(config),
         run,
         BatchKind.BACKFILL,
-        lambda: plan_backfill(config, run, partitions, args.from_offset, args.to_offset, args.from_time, args.to_time, topic=args.topic),
+        lambda: plan_backfill(
+            config,
+            run,
+            partitions,
+            args.from_offset,
+            args.to_offset,
+            args.from_time,
+            args.to_time,
+            topic=args.topic,
+            republish=args.republish,
+        ),
     )
     assert plan is not None  # plan_backfill plans or raises
     try:

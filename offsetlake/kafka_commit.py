@@ -25,14 +25,25 @@ pipeline fences the first, whose next transactional call fails (``KafkaSinkFence
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake import failpoints
-from offsetlake.errors import KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
+from offsetlake.config import PipelineConfig
+from offsetlake.coordinates import COORDINATE_COLUMNS, OFFSET, PARTITION, TOPIC, TOPIC_EPOCH
+from offsetlake.entry import parse
+from offsetlake.errors import ConfigError, KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
+from offsetlake.history import SinkCommit
 from offsetlake.kafka import group_id
 
 log = logging.getLogger("offsetlake.kafka_commit")
@@ -71,11 +82,13 @@ class OutputRecord:
 
 @dataclass
 class CommittedTransaction:
-    """What one committed transaction wrote: records per output partition and the source ends."""
+    """What one committed transaction wrote: records per output partition, the source ends, and
+    the offset each ``also`` record got (in the order given)."""
 
     records: int
     ends: dict[tuple[str, int], int]
     output_partitions: dict[int, int] = field(default_factory=dict)
+    also_offsets: list[int] = field(default_factory=list)
 
 
 class TransactionalWriter:
@@ -126,7 +139,7 @@ class TransactionalWriter:
         out_topic: str,
         records: Iterable[OutputRecord],
         ends: Mapping[tuple[str, int], int],
-        also: Iterable[tuple[str, bytes, bytes]] = (),
+        also: Iterable[tuple] = (),
     ) -> CommittedTransaction:
         """Produce ``records`` to ``out_topic`` and commit them with the source ``ends`` (none: no
         offsets) and the ``also`` records (topic, key, value: e.g. an outbox's progress) in one
@@ -134,6 +147,7 @@ class TransactionalWriter:
         is visible; a fenced producer raises ``KafkaSinkFencedError`` and must not be used again."""
         failed: list[KafkaError] = []
         per_partition: dict[int, int] = {}
+        also_offsets: dict[int, int] = {}
 
         def delivered(err: KafkaError | None, message: Message) -> None:
             partition = message.partition()
@@ -142,14 +156,25 @@ class TransactionalWriter:
             elif partition is not None:
                 per_partition[partition] = per_partition.get(partition, 0) + 1
 
+        def also_delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
+            def answer(err: KafkaError | None, message: Message) -> None:
+                if err is not None:
+                    failed.append(err)
+                else:
+                    also_offsets[index] = message.offset() or 0
+
+            return answer
+
         count = 0
         self._producer.begin_transaction()
         try:
             for record in records:
                 self._produce(out_topic, record, record.all_headers(batch_id, kind), delivered)
                 count += 1
-            for topic, key, value in also:
-                self._producer.produce(topic, value=value, key=key, on_delivery=delivered)
+            for index, (topic, key, value, *headers) in enumerate(also):
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers[0] if headers else None, on_delivery=also_delivered(index)
+                )
             failpoints.failpoint("after_produce")
             remaining = self._producer.flush(CALL_TIMEOUT_S)
             if remaining or failed:
@@ -171,7 +196,7 @@ class TransactionalWriter:
             raise
         failpoints.failpoint("after_kafka_commit")
         log.info("batch %s: %d records to %s committed with the source ends in %s", batch_id, count, out_topic, self.transactional_id)
-        return CommittedTransaction(count, dict(ends), per_partition)
+        return CommittedTransaction(count, dict(ends), per_partition, [also_offsets[i] for i in sorted(also_offsets)])
 
     def _produce(
         self,
@@ -218,13 +243,156 @@ def committed_ends(
     committed ends. A read_committed consumer asks with ``require_stable``, so an offset commit
     still inside an open transaction is waited out (until it commits or aborts), never read half-done."""
     wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+    if not wanted:
+        return {}
     consumer = Consumer({**client_config, "group.id": group_id(pipeline), "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        found = consumer.committed(wanted, timeout=CALL_TIMEOUT_S)
-    except KafkaException as err:
-        raise KafkaUnavailableError(
-            f"reading the committed offsets of group {group_id(pipeline)} failed: {err.args[0].str()}", pipeline=pipeline
-        ) from None
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            try:
+                found = consumer.committed(wanted, timeout=CALL_TIMEOUT_S)
+                break
+            except KafkaException as err:
+                # a coordinator still loading (right after a broker start) answers this for a while
+                retriable = err.args[0].retriable() or err.args[0].code() in _COORDINATOR_NOT_READY
+                if not retriable or time.monotonic() > deadline:
+                    raise KafkaUnavailableError(
+                        f"reading the committed offsets of group {group_id(pipeline)} failed: {err.args[0].str()}", pipeline=pipeline
+                    ) from None
+                time.sleep(0.5)
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
+_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
+# ---- the commit log: each committed transaction's ledger entry, inside the transaction ------------
+def commit_log_topic(pipeline: str) -> str:
+    """The compacted one-partition topic where a Kafka sink's transactions record their ledger
+    entries (key: the batch id): the sink's history, as a Delta sink's is its commits."""
+    return f"offsetlake-commits-{pipeline}"
+
+
+def read_commit_log(client_config: Mapping[str, str], pipeline: str) -> list[tuple[int, str]]:
+    """Every committed entry of the pipeline's commit log: (offset, entry JSON), in order; read by a
+    read_committed consumer up to the last stable offset, so an open transaction's entry is not
+    read (nor anything after it) until it commits or aborts. Empty when the topic does not exist."""
+    topic = commit_log_topic(pipeline)
+    consumer = Consumer(
+        {
+            **client_config,
+            "group.id": f"{group_id(pipeline)}-commit-log-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    out: list[tuple[int, str]] = []
+    try:
+        if topic not in consumer.list_topics(timeout=CALL_TIMEOUT_S).topics:
+            return out
+        start, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=CALL_TIMEOUT_S, cached=False)
+        if end <= start:
+            return out
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise KafkaUnavailableError(f"reading the commit log '{topic}' failed: {error.str()}", pipeline=pipeline)
+            if message.value():
+                out.append((message.offset() or 0, (message.value() or b"").decode()))
+        raise KafkaUnavailableError(
+            f"reading the commit log '{topic}' did not reach its end within {CALL_TIMEOUT_S:.0f}s", pipeline=pipeline
+        )
+    except KafkaException as err:
+        raise KafkaUnavailableError(f"reading the commit log '{topic}' failed: {err.args[0].str()}", pipeline=pipeline) from None
+    finally:
+        consumer.close()
+
+
+def ensure_topics(client_config: Mapping[str, str], pipeline: str, needed: Iterable[str], made: Mapping[str, dict[str, str]]) -> None:
+    """Each topic of ``needed`` must exist (its partitions are the user's to choose: a clear error
+    names it); each of ``made`` (name -> config) is created once, with one partition, if missing."""
+    admin = AdminClient(dict(client_config))
+    try:
+        topics = admin.list_topics(timeout=CALL_TIMEOUT_S).topics
+    except KafkaException as err:
+        raise KafkaUnavailableError(f"listing topics failed: {err.args[0].str()}", pipeline=pipeline) from None
+    for topic in needed:
+        if topic not in topics:
+            raise ConfigError(
+                f"topic '{topic}' does not exist: create it first (its partitions and retention are yours to choose)",
+                pipeline=pipeline,
+                topic=topic,
+            )
+    missing = [NewTopic(name, num_partitions=1, config=dict(settings)) for name, settings in made.items() if name not in topics]
+    for name, future in admin.create_topics(missing).items() if missing else ():
+        try:
+            future.result(CALL_TIMEOUT_S)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise KafkaUnavailableError(f"creating topic '{name}' failed: {err.args[0].str()}", pipeline=pipeline) from None
+
+
+def kafka_sink_commits(config: PipelineConfig) -> list[SinkCommit]:
+    """A Kafka sink's history: each committed transaction's ledger entry, its ``version`` the
+    entry's offset in the commit log (what a Delta sink's commits are to a Delta sink)."""
+    out = []
+    for offset, raw in read_commit_log(config.kafka_client_config(), config.name):
+        entry = parse(raw)
+        if entry is not None and entry.pipeline == config.name:
+            out.append(SinkCommit(offset, entry))
+    return out
+
+
+def kafka_sink_ends(config: PipelineConfig, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+    """A Kafka sink's committed end per source partition: the group's committed offset, which
+    only the sink's transactions move (None: never committed)."""
+    return committed_ends(config.kafka_client_config(), config.name, sorted(keys))
+
+
+# ---- rows as records ------------------------------------------------------------------------------
+def record_key(row: Mapping[str, Any], key_columns: Sequence[str]) -> bytes | None:
+    """One column: its value as text (bytes as they are); several: a JSON array; none: no key."""
+    if not key_columns:
+        return None
+    if len(key_columns) > 1:
+        return json.dumps([row[c] for c in key_columns], default=json_value).encode()
+    value = row[key_columns[0]]
+    if value is None or isinstance(value, bytes):
+        return value
+    return (value if isinstance(value, str) else str(json_value(value))).encode()
+
+
+def json_value(value: Any) -> Any:
+    """A column value JSON cannot write as itself: timestamps and dates ISO 8601, decimals as text,
+    bytes base64."""
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def row_record(row: Mapping[str, Any], key_columns: Sequence[str], headers: tuple[tuple[str, bytes], ...] = ()) -> OutputRecord:
+    """A sink row as a record: its key columns' key, a JSON object of its columns without the
+    record coordinates, and the source record's coordinates."""
+    value = {k: v for k, v in row.items() if k not in _NOT_IN_VALUES}
+    return OutputRecord(
+        record_key(row, key_columns), json.dumps(value, default=json_value).encode(), row[TOPIC], row[PARTITION], row[OFFSET], headers
+    )
+
+
+_NOT_IN_VALUES = frozenset({*COORDINATE_COLUMNS, TOPIC_EPOCH})

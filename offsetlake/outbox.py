@@ -22,14 +22,11 @@ source record to publish.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
-from decimal import Decimal
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -37,11 +34,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import COORDINATE_COLUMNS, OFFSET, PARTITION, TOPIC, TOPIC_EPOCH, Selection
+from offsetlake.coordinates import OFFSET, PARTITION, TOPIC, Selection
 from offsetlake.errors import ConfigError, KafkaUnavailableError
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import group_id
-from offsetlake.kafka_commit import CALL_TIMEOUT_S, OutputRecord, TransactionalWriter
+from offsetlake.kafka_commit import CALL_TIMEOUT_S, OutputRecord, TransactionalWriter, row_record
 from offsetlake.plan import BatchKind
 from offsetlake.sink import table_id
 
@@ -154,34 +151,8 @@ def commit_records(config: PipelineConfig, commit: SinkCommit, key_columns: Sequ
         return
     then = storage.table(config.layout.sink, version=commit.version)
     rows = then.to_pyarrow_dataset().to_table(filter=where).sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
-    skipped = {*COORDINATE_COLUMNS, TOPIC_EPOCH}
     for row in rows.to_pylist():
-        value = {k: v for k, v in row.items() if k not in skipped}
-        yield OutputRecord(_key(row, key_columns), json.dumps(value, default=_json_value).encode(), row[TOPIC], row[PARTITION], row[OFFSET])
-
-
-def _key(row: dict[str, Any], key_columns: Sequence[str]) -> bytes | None:
-    """One column: its value as text (bytes as they are); several: a JSON array; none: no key."""
-    if not key_columns:
-        return None
-    if len(key_columns) > 1:
-        return json.dumps([row[c] for c in key_columns], default=_json_value).encode()
-    value = row[key_columns[0]]
-    if value is None or isinstance(value, bytes):
-        return value
-    return (value if isinstance(value, str) else str(_json_value(value))).encode()
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    return value
+        yield row_record(row, key_columns)
 
 
 def read_progress(config: PipelineConfig, to_topic: str) -> Progress:

@@ -15,6 +15,7 @@ from offsetlake.errors import KafkaUnavailableError
 from offsetlake.formats import resolve_reader_schema
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, topic_ids
+from offsetlake.kafka_commit import kafka_sink_commits, kafka_sink_ends
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
 from offsetlake.sink import committed_ends, open_table, sink_columns, table_id
 from offsetlake.topic_epochs import check_topic_identity
@@ -95,14 +96,14 @@ def all_committed_ends(table: object, config: PipelineConfig, keys: list[TopicPa
     return out
 
 
-def check_no_topic_gone(config: PipelineConfig, table: object, present: set[str]) -> None:
+def check_no_topic_gone(config: PipelineConfig, commits: list[SinkCommit], present: set[str]) -> None:
     """A topic the pattern matches whose records the sink holds must still exist: one deleted
     (or unreadable) fails the plan, naming it; its committed ranges stay in the sink's history.
     (A listed topic that is missing already failed when the topics were described.)"""
     if config.topic_pattern is None:
         return
     pattern = re.compile(config.topic_pattern)
-    committed = {t for c in sink_commits(table, config.name) for t in c.entry.topics()}  # type: ignore[arg-type]
+    committed = {t for c in commits for t in c.entry.topics()}
     gone = sorted(t for t in committed - present if pattern.fullmatch(t))
     if gone:
         raise KafkaUnavailableError(
@@ -130,10 +131,15 @@ def plan_next_batch(
     when the run started).
     """
     offsets = current_offsets(config)
-    table = open_table(config.layout.sink)
-    check_no_topic_gone(config, table, {t for t, _ in offsets})
-    ends = all_committed_ends(table, config, sorted(offsets))
-    commits = sink_commits(table, config.name)
+    if config.sink.is_kafka:  # its ends are the group's offsets, its history the commit log
+        table = None
+        commits = kafka_sink_commits(config)
+        ends = kafka_sink_ends(config, sorted(offsets))
+    else:
+        table = open_table(config.layout.sink)
+        commits = sink_commits(table, config.name)
+        ends = all_committed_ends(table, config, sorted(offsets))
+    check_no_topic_gone(config, commits, {t for t, _ in offsets})
     current_ids = topic_ids(config, sorted({t for t, _ in offsets}))
     check_topic_identity(config, commits, ends, offsets, current_ids)  # invariant 16, before anything else
     identity = {t: i for t, i in current_ids.items() if i is not None}

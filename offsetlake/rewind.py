@@ -305,6 +305,15 @@ def rewind_pipeline(
     requested_by = requested_by or _user()
     run = run or RunContext(run_id=f"cli-rewind-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
     started = time.monotonic()
+    if config.sink.is_kafka:
+        raise refused(
+            config,
+            to_batch,
+            f"the sink is Kafka topic {config.sink.topic}: read_committed consumers may already have read what the "
+            "batches after it produced, and a Kafka log cannot take records back. To correct records, publish the range "
+            "again with `offsetlake backfill --republish` (each record marked offsetlake.kind=backfill); to move the "
+            "pipeline's position, reset its consumer group's offsets with Kafka's own tools while nothing runs",
+        )
     table = open_table(config.layout.sink)
     if table is None:
         raise refused(config, to_batch, f"the sink {config.sink_path} does not exist")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters, failpoints, storage
+from offsetlake import dead_letters, failpoints, kafka_sink, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
@@ -47,6 +47,7 @@ from offsetlake.history import (
     sink_commits,
 )
 from offsetlake.kafka import current_offsets
+from offsetlake.kafka_commit import kafka_sink_ends
 from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
@@ -81,6 +82,9 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``), and so is
     a sink table that belongs to another pipeline (invariant 16), before anything is planned."""
     config.check_storage()
+    if config.sink.is_kafka:  # its history is the commit log, its ends the group's offsets
+        kafka_sink.reconcile(config, ledger or Ledger.of(config))
+        return
     refuse_foreign_sink(open_table(config.layout.sink), config.name)
     dead_letters.apply_pending(config)
     reconcile_ledger(config, ledger or Ledger.of(config))
@@ -142,6 +146,9 @@ def execute_batch(
     """
     from offsetlake.reader import errors_from_spark_tasks
 
+    if config.sink.is_kafka:
+        with errors_from_spark_tasks(), storage_errors_named(config, plan):
+            return kafka_sink.execute(config, plan, ledger, spark_factory, before_commit)
     plan = with_current_epochs(config, plan)
     with errors_from_spark_tasks(), storage_errors_named(config, plan):
         if plan.kind == BatchKind.BACKFILL:
@@ -740,8 +747,11 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
             f"batch {batch_id} is not in the ledger, not committed; nothing published", pipeline=config.name, batch_id=batch_id
         )
     batch = BatchView.from_rows(rows)
-    table = open_table(config.layout.sink)
-    ends = {(r.range.topic, r.range.partition): committed_end(table, config, r.range.topic, r.range.partition) for r in batch.ranges}
+    if config.sink.is_kafka:
+        ends = kafka_sink_ends(config, [(r.range.topic, r.range.partition) for r in batch.ranges])
+    else:
+        table = open_table(config.layout.sink)
+        ends = {(r.range.topic, r.range.partition): committed_end(table, config, r.range.topic, r.range.partition) for r in batch.ranges}
     held = all((ends[(r.range.topic, r.range.partition)] or 0) >= r.range.end for r in batch.ranges)
     if not (all(s.committed for s in batch.statuses) or (batch.status == BatchStatus.SUPERSEDED and held)):
         states = ", ".join(sorted(batch.statuses))

@@ -181,6 +181,13 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     concurrent commit fails it with CommitConflictError; nothing is written then.
     """
     config.check_storage()
+    if config.sink.is_kafka:
+        raise TopicEpochError(
+            f"the sink is Kafka topic {config.sink.topic}, whose committed ends are the consumer group's offsets: reset the "
+            "group's offsets for this topic with Kafka's own tools while nothing runs",
+            pipeline=config.name,
+            topic=topic,
+        )
     started = time.monotonic()
     table = open_table(config.layout.sink)
     commits = sink_commits(table, config.name)

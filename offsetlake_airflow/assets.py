@@ -40,6 +40,9 @@ def sink_asset(pipeline: str | PipelineConfig) -> Asset:
     """The pipeline's sink table as an Asset (what a downstream DAG schedules on): reads the
     pipeline's YAML only (no connection, no Kafka, no Delta), so it is safe at DAG parse time."""
     config = load_pipeline(pipeline, pipelines_folder()) if isinstance(pipeline, str) else pipeline
+    if config.sink.is_kafka:  # the topic, named as Airflow's Kafka asset URIs do: kafka://<broker>/<topic>
+        broker = config.kafka.bootstrap_servers.split(",")[0].strip()
+        return Asset(name=f"{config.name}_sink", uri=f"kafka://{broker}/{config.sink.topic}")
     return Asset(name=f"{config.name}_sink", uri=table_uri(config.sink_path))
 
 

@@ -19,9 +19,9 @@ from offsetlake import jars
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline
 from offsetlake.errors import ConfigError
 from offsetlake_airflow import pipelines_folder, project_dir
-from offsetlake_airflow.assets import commits_alias
+from offsetlake_airflow.assets import commits_alias, sink_asset
 from offsetlake_airflow.operators import OffsetlakeSparkSubmitOperator, OffsetlakeStreamOperator
-from offsetlake_airflow.tasks import plan_backfill_run, plan_ingest, publish_batch, rewind_run
+from offsetlake_airflow.tasks import plan_backfill_run, plan_ingest, publish_batch, publish_outbox, rewind_run
 from offsetlake_airflow.wake import ON_NEW_DATA, new_data_asset
 
 log = logging.getLogger("offsetlake.airflow")
@@ -59,16 +59,26 @@ def ingest_schedule(config: PipelineConfig) -> Any:
     return CronDataIntervalTimetable(config.schedule, timezone="UTC")
 
 
+REPUBLISH_PARAM = Param(
+    False,
+    type="boolean",
+    title="Republish (Kafka sink)",
+    description="The sink is a Kafka topic: records cannot be replaced there, so the range is published again, each record "
+    "marked offsetlake.kind=backfill, beside what consumers already read. Tick to say so; the committed ends do not move.",
+)
+
+
 def ingest_dag(config: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"{config.name}_ingest",
-        description=f"Kafka {config.topic_label} → Delta {config.sink_path}, exactly once",
+        description=f"Kafka {config.topic_label} → {config.sink_label}, exactly once",
         schedule=ingest_schedule(config),
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,
         default_args=_default_args(),
         tags=["offsetlake", config.name],
+        params={"republish": REPUBLISH_PARAM} if config.sink.is_kafka else {},
         doc_md=f"""### {config.name}_ingest
 **plan** records this run's offset ranges in the ledger (a retry reuses them; nothing new → skip),
 **ingest** runs `jobs/ingest_job.py` on `spark_default` for exactly that plan,
@@ -186,8 +196,8 @@ def backfill_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
         config,
         "backfill",
-        BACKFILL_PARAMS,
-        f"Reprocess an offset or time range of {config.topic_label}, replacing its rows in {config.sink_path}",
+        {**BACKFILL_PARAMS, "republish": REPUBLISH_PARAM} if config.sink.is_kafka else BACKFILL_PARAMS,
+        f"Reprocess an offset or time range of {config.topic_label}, replacing its rows in {config.sink_label}",
         f"""### {config.name}_backfill
 Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
 Kafka coordinates are replaced in one Delta commit (so repeating a backfill changes nothing);
@@ -280,7 +290,7 @@ def stream_dag(config: PipelineConfig) -> DAG:
         config,
         "stream",
         STREAM_PARAMS,
-        f"Ingest {config.topic_label} continuously into {config.sink_path} (micro-batches on one warm Spark session)",
+        f"Ingest {config.topic_label} continuously into {config.sink_label} (micro-batches on one warm Spark session)",
         f"""### {config.name}_stream
 One long-running task runs `offsetlake stream {config.name}`: a micro-batch every trigger interval, each a
 ledger batch of kind `stream` with the same exactly-once commit as `{config.name}_ingest`. While it runs it
@@ -302,6 +312,29 @@ releases the lease and exits; scheduled runs take over from its last commit. It 
     return dag
 
 
+def outbox_dag(config: PipelineConfig) -> DAG:
+    """``<pipeline>_outbox``: scheduled on the sink asset, so every committed batch (ingest,
+    backfill, rewind) is followed by a run that publishes what is new to ``outbox.topic``."""
+    assert config.outbox is not None
+    with DAG(
+        dag_id=f"{config.name}_outbox",
+        description=f"Delta {config.sink_path} → Kafka {config.outbox.topic}, exactly once, in commit order",
+        schedule=[sink_asset(config)],
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(),
+        tags=["offsetlake", config.name, "outbox"],
+        doc_md=f"""### {config.name}_outbox
+Runs after each event on the sink asset `{config.name}_sink`: publishes every sink commit not yet
+published to Kafka topic `{config.outbox.topic}` (key: {", ".join(config.outbox.key) or "none"}), one Kafka
+transaction per commit holding its records and the outbox's progress, as `offsetlake publish`. Rerunning
+it publishes nothing twice.""",
+    ) as dag:
+        PythonOperator(task_id="publish", python_callable=publish_outbox, op_kwargs={"pipeline": config.name})
+    return dag
+
+
 def pipeline_dags() -> dict[str, DAG]:
     """Every pipeline's four DAGs by dag id; a pipeline file that does not load is logged and
     skipped, so one broken file never hides the other pipelines."""
@@ -312,6 +345,11 @@ def pipeline_dags() -> dict[str, DAG]:
         except ConfigError as err:
             log.error("skipping %s: %s", path, err)
             continue
-        for dag in (ingest_dag(config), backfill_dag(config), rewind_dag(config), stream_dag(config)):
+        made = [ingest_dag(config), backfill_dag(config), stream_dag(config)]
+        if not config.sink.is_kafka:  # a Kafka sink takes no rewind (offsetlake.kafka_sink)
+            made.append(rewind_dag(config))
+        if config.outbox is not None:
+            made.append(outbox_dag(config))
+        for dag in made:
             dags[dag.dag_id] = dag
     return dags

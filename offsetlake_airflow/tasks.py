@@ -77,7 +77,7 @@ def plan_interval_backfill_run(config: PipelineConfig, context: dict[str, Any]) 
                 f"backfill run {run.run_id} has no data interval; use the {config.name}_backfill DAG with offsets or times",
                 pipeline=config.name,
             )
-        return plan_interval_backfill(config, run, start, end)
+        return plan_interval_backfill(config, run, start, end, republish=bool((context.get("params") or {}).get("republish")))
 
     plan, reused = plan_or_reuse(Ledger.of(config), run, BatchKind.BACKFILL, plan_new)
     if plan is None:
@@ -119,6 +119,7 @@ def plan_backfill_run(pipeline: str, **context: Any) -> str:
             from_time=params.get("from_time") or None,
             to_time=params.get("to_time") or None,
             topic=params.get("topic") or None,
+            republish=bool(params.get("republish")),
         ),
     )
     assert plan is not None  # plan_backfill plans or raises
@@ -136,7 +137,7 @@ def publish_batch(pipeline: str, batch_id: str, **context: Any) -> dict:
     config = load_config(pipeline)
     publishable = publishable_batch(config, batch_id)
     batch, summary = publishable.batch, publishable.summary()
-    if batch.kind == BatchKind.INGEST:
+    if batch.kind == BatchKind.INGEST and not config.sink.is_kafka:  # a Kafka sink's transaction committed them
         commit_group_offsets(config.kafka_client_config(), config.name, publishable.committed_ends)
     log.info("batch summary %s", json.dumps(summary))
     if batch.status == BatchStatus.COMMITTED:  # superseded: the batch that committed the ranges announced them
@@ -187,3 +188,16 @@ def superseded_message(pipeline: str, batch_id: str | None) -> str | None:
             f"batch {batch_id} was superseded ({rows[0]['message'] or 'no reason recorded'})", {"pipeline": pipeline, "batch_id": batch_id}
         )
     return None
+
+
+def publish_outbox(pipeline: str, **context: Any) -> list[dict]:
+    """Outbox task (``outbox:`` in the YAML): every sink commit not yet published goes to the
+    outbox topic, one Kafka transaction each with the outbox's progress (``offsetlake.outbox``);
+    a retry or an overlapping run publishes nothing twice (the newer publisher fences the older)."""
+    from offsetlake.outbox import publish
+
+    config = load_config(pipeline)
+    assert config.outbox is not None  # the DAG exists only with an outbox
+    published = [p.as_dict() for p in publish(config, config.outbox.topic, config.outbox.key)]
+    log.info("pipeline %s outbox to %s: %d commits published %s", pipeline, config.outbox.topic, len(published), json.dumps(published))
+    return published

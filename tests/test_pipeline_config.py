@@ -167,3 +167,26 @@ def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_pa
     local_lake_with_storage = {**BASE, "lake": str(tmp_path / "lake"), "storage": {"AWS_REGION": "eu-west-1"}}
     with pytest.raises(ValidationError, match="storage: settings for object storage, but lake .* is a local folder"):
         PipelineConfig.model_validate(local_lake_with_storage)
+
+
+@pytest.mark.parametrize(
+    ("sink", "problem"),
+    [
+        ({"type": "kafka"}, "a Kafka sink \\(type: kafka\\) needs topic"),
+        ({"type": "kafka", "topic": "out", "mode": "upsert", "key": ["order_id"]}, "takes mode append only, not upsert"),
+        ({"type": "kafka", "topic": "out", "table": "t"}, "table applies to a Delta sink"),
+        ({"type": "kafka", "topic": "no good"}, "topic: 'no good' is not a Kafka topic name"),
+        ({"type": "kafka", "topic": "orders"}, "sink.topic: orders is also a source of pipeline orders_x: it would read its own output"),
+        ({"type": "kafka", "topic": "out", "dead_letter_topic": "orders"}, "sink.dead_letter_topic: orders is also a source"),
+        ({"topic": "out"}, "topic applies to a Kafka sink"),
+        ({"format": "json"}, "format applies to a Kafka sink"),
+    ],
+)
+def test_a_kafka_sink_is_checked_with_the_yaml(tmp_path, sink, problem):
+    with pytest.raises(ConfigError, match=problem):
+        load_pipeline(str(write(tmp_path, {**BASE, "sink": sink})))
+
+
+def test_a_kafka_sink_keys_its_records_and_names_its_dead_letter_topic(tmp_path):
+    config = load_pipeline(str(write(tmp_path, {**BASE, "sink": {"type": "kafka", "topic": "orders-by-customer", "key": ["order_id"]}})))
+    assert config.sink.is_kafka and config.sink.key == ["order_id"] and config.sink.dead_letters_to == "orders-by-customer.dead-letters"

@@ -298,7 +298,19 @@ class Measure(_Strict):
 
 
 class SinkSettings(_Strict):
+    # delta: a Delta table in the lake (the default). kafka: a topic (``offsetlake.kafka_sink``):
+    # each batch's rows are produced in ONE Kafka transaction with the source end offsets
+    # committed for the pipeline's group; the transaction is the commit point, the ledger follows.
+    type: Literal["delta", "kafka"] = "delta"
     table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
+    # kafka: the output topic (it must exist: its partitions are yours to choose); key: the
+    # columns that become the record key (one: its value as text; several: a JSON array; none:
+    # no key); format: how a row becomes the record value (json: an object of the row's columns
+    # without the _kafka_* coordinates); dead_letter_topic: where records that became no row go,
+    # in the same transaction, with the reason in headers (default <topic>.dead-letters).
+    topic: str | None = Field(default=None, min_length=1)
+    format: Literal["json"] = "json"
+    dead_letter_topic: str | None = Field(default=None, min_length=1)
     partition_by: list[str] = Field(default_factory=list)
     # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
     # newest record of each key replaces its row, a delete (tombstone, Debezium op d) removes it.
@@ -328,6 +340,14 @@ class SinkSettings(_Strict):
 
     @model_validator(mode="after")
     def _keyed(self) -> SinkSettings:
+        if self.type == "kafka":
+            self._kafka_fields()
+            return self
+        for name in ("topic", "dead_letter_topic"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
+        if "format" in self.model_fields_set:
+            raise ValueError("format applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
         if self.mode != "append" and not self.key:
             raise ValueError(f"mode {self.mode} needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
         if self.mode == "append" and self.key:
@@ -342,6 +362,40 @@ class SinkSettings(_Strict):
             raise ValueError(f"key: {coordinates[0]} is a record coordinate, not a key column (every record has its own)")
         self._engine_fields()
         return self
+
+    def _kafka_fields(self) -> None:
+        """A Kafka sink: a topic, the append mode (a log cannot replace or fold rows) and none of a
+        Delta table's settings."""
+        if self.topic is None:
+            raise ValueError("a Kafka sink (type: kafka) needs topic: the topic its rows are produced to")
+        if self.mode != "append":
+            raise ValueError(
+                f"a Kafka sink takes mode append only, not {self.mode}: a topic cannot replace or delete a key's row "
+                "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
+            )
+        for name in ("table", "partition_by"):
+            if getattr(self, name):
+                raise ValueError(f"{name} applies to a Delta sink; a Kafka sink writes to topic {self.topic}")
+        for name in ("measures", "window", "allowed_lateness", "within", "within_on"):
+            if getattr(self, name):
+                raise ValueError(f"{name} applies to a Delta sink's merge engines, not to a Kafka sink")
+        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
+        if doubled:
+            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+        for name in ("topic", "dead_letter_topic"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
+                raise ValueError(f"{name}: '{value}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
+
+    @property
+    def is_kafka(self) -> bool:
+        """The sink is a Kafka topic (``type: kafka``), not a Delta table."""
+        return self.type == "kafka"
+
+    @property
+    def dead_letters_to(self) -> str:
+        """A Kafka sink's dead-letter topic."""
+        return self.dead_letter_topic or f"{self.topic}.dead-letters"
 
     def _engine_fields(self) -> None:
         if self.mode != "first_row":
@@ -405,6 +459,14 @@ class SinkSettings(_Strict):
         return self.mode in ("upsert", "partial_update") and self.delete_on_tombstone
 
 
+class OutboxSettings(_Strict):
+    """``outbox:``: the Airflow DAG ``<name>_outbox`` publishes the Delta sink's committed batches to
+    ``topic`` after each commit, exactly as ``offsetlake publish <name> --to <topic> --key ...``."""
+
+    topic: str = Field(min_length=1)
+    key: list[str] = Field(default_factory=list)
+
+
 class ValidationSettings(_Strict):
     # Great Expectations suite next to the YAML (a YAML list or a GX 1.x suite JSON); default
     # <name>.expectations.yaml in the pipeline's folder, used when that file exists.
@@ -455,6 +517,7 @@ class PipelineConfig(_Strict):
     data_path: Literal["auto", "spark", "direct", "jvm"] = "auto"
     sink: SinkSettings = Field(default_factory=SinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    outbox: OutboxSettings | None = None  # lake -> Kafka after each commit (append Delta sinks)
     source_file: str = ""  # filled in by load_pipeline
     _layout: LakeLayout | None = PrivateAttr(default=None)
 
@@ -480,7 +543,14 @@ class PipelineConfig(_Strict):
     def _fields_agree(self) -> PipelineConfig:
         """The rules between fields and the files beside the YAML, in the order a user fixes them;
         the first broken one is reported as ``<field>: <problem>``."""
-        for check in (_locations_problem, _files_problem, _partition_columns_problem, _data_path_problem, _engine_problem):
+        for check in (
+            _locations_problem,
+            _files_problem,
+            _partition_columns_problem,
+            _data_path_problem,
+            _engine_problem,
+            _kafka_sink_problem,
+        ):
             found = check(self)
             if found:
                 raise PydanticCustomError(FIELD_PROBLEM, "{field}: {problem}", {"field": found[0], "problem": found[1]})
@@ -561,6 +631,11 @@ class PipelineConfig(_Strict):
     @property
     def lake_path(self) -> str:
         return self.layout.lake.path
+
+    @property
+    def sink_label(self) -> str:
+        """The sink as messages and DAG descriptions name it."""
+        return f"Kafka topic {self.sink.topic}" if self.sink.is_kafka else f"Delta {self.sink_path}"
 
     @property
     def sink_path(self) -> str:
@@ -766,4 +841,21 @@ def _engine_problem(config: PipelineConfig) -> tuple[str, str] | None:
             f"mode {config.sink.mode} takes no deletes, and a Debezium envelope carries them; "
             "use partial_update or upsert for a change stream"
         )
+    return None
+
+
+def _kafka_sink_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """A Kafka sink that would read its own output: its topic (or dead-letter topic) is a source."""
+    if config.outbox is not None and (config.sink.is_kafka or config.sink.mode != "append"):
+        what = "a Kafka sink (its topic is already the output)" if config.sink.is_kafka else f"sink.mode {config.sink.mode}"
+        return "outbox", f"publishes an append Delta sink's rows, not {what}"
+    if not config.sink.is_kafka:
+        return None
+    for name, topic in (("sink.topic", config.sink.topic), ("sink.dead_letter_topic", config.sink.dead_letters_to)):
+        if (
+            topic == config.topic
+            or topic in (config.topics or ())
+            or (config.topic_pattern and re.fullmatch(config.topic_pattern, topic or ""))
+        ):
+            return name, f"{topic} is also a source of pipeline {config.name}: it would read its own output"
     return None
