@@ -209,3 +209,47 @@ def test_ingest_task_attaches_to_the_spark_server_of_connection_spark_connect_de
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     committed = [r for r in ledger_rows(config) if r["status"] == "committed"]
     assert committed and all(r["dag_id"] == dag_id for r in committed)
+
+
+def test_a_kafka_sink_through_airflow_survives_a_job_killed_after_its_kafka_commit(airflow_env, pipeline):
+    """``<p>_ingest`` of a Kafka-sink pipeline: a job killed between the Kafka commit and its ledger
+    row fails its run; the next run learns the batch from the commit log and goes on; each valid
+    record once in the output topic. ``<p>_backfill`` needs the Param republish."""
+    import json
+    import shutil
+    from collections import Counter
+
+    from kafka_truth import read_records
+
+    out = f"{pipeline.topic}-by-customer"
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    ensure_topic(pipeline.bootstrap, out, 2)
+    config = pipeline.write(schedule=None, max_records_per_batch=500, sink={"type": "kafka", "topic": out, "key": ["customer"]})
+    shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 800)
+    assert airflow(airflow_env, "dags", "reserialize").returncode == 0
+    dag_id = f"{pipeline.name}_ingest"
+
+    killed = airflow({**airflow_env, "OFFSETLAKE_FAILPOINT": "after_kafka_commit"}, "dags", "test", dag_id)
+    assert "failpoint after_kafka_commit reached" in killed.stdout + killed.stderr, (killed.stdout + killed.stderr)[-4000:]
+    assert not [r for r in ledger_rows(config) if r["status"] == "committed"], "the job died before its ledger row"
+    for _ in range(2):  # the first learns the killed batch from the commit log and ingests the rest
+        run = airflow(airflow_env, "dags", "test", dag_id)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    committed = {r["batch_id"] for r in ledger_rows(config) if r["status"] == "committed"}
+    assert len(committed) == 2
+    seen = Counter(
+        (int(dict(r.headers)["offsetlake.partition"]), int(dict(r.headers)["offsetlake.offset"]))
+        for r in read_records(pipeline.bootstrap, out)
+    )
+    assert len(seen) == 800 and set(seen.values()) == {1}, "each source record once in the output topic"
+
+    backfill = f"{pipeline.name}_backfill"
+    refused = airflow(airflow_env, "dags", "test", backfill, "-c", json.dumps({"partitions": [0], "from_offset": 0, "to_offset": 10}))
+    assert "Say so with --republish (Airflow: the Param republish)" in refused.stdout + refused.stderr
+    marked = airflow(
+        airflow_env, "dags", "test", backfill, "-c", json.dumps({"partitions": [0], "from_offset": 0, "to_offset": 10, "republish": True})
+    )
+    assert marked.returncode == 0, (marked.stdout + marked.stderr)[-4000:]
+    kinds = Counter(dict(r.headers)["offsetlake.kind"].decode() for r in read_records(pipeline.bootstrap, out))
+    assert kinds == {"ingest": 800, "backfill": 10}
