@@ -19,6 +19,7 @@ are decoded and transformed again on Spark, and the ones that do give rows are l
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ from offsetlake.engine_replay import replay
 from offsetlake.engines import CONTRIBUTION, WINDOW_START, group_columns
 from offsetlake.history import SinkCommit, epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
+from offsetlake.kafka_commit import kafka_sink_commits, kafka_sink_ends, read_committed_headers
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
@@ -161,7 +163,9 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
 def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
     """The independent check (``offsetlake audit``): reads the sink, its history, the dead letters
     and the ledger (and Kafka with ``against_kafka``) and reports every problem it finds; it
-    changes nothing."""
+    changes nothing. A Kafka sink is read back from its topics (``audit_kafka_sink``)."""
+    if config.sink.is_kafka:
+        return audit_kafka_sink(config)
     config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.layout.sink)
@@ -878,3 +882,68 @@ def _group_offsets(table: pa.Table, more: list[str] | None = None) -> dict[tuple
             mask = pc.and_(mask, pc.equal(table[column], key[column]))
         out[tuple(key[c] for c in columns)] = table.filter(mask)[OFFSET].to_numpy()
     return out
+
+
+def audit_kafka_sink(config: PipelineConfig) -> AuditReport:
+    """A Kafka sink read back as its consumers read it (read_committed), against its commit log,
+    its group's offsets and the ledger: the commit log's ranges follow each other from the start
+    to the committed ends (nothing skipped or read twice); every visible record belongs to a
+    committed batch (an aborted one shows nothing), each batch shows exactly the rows and dead
+    letters its entry counts, and no source record is in two forward batches; the ledger holds
+    every commit."""
+    report = AuditReport(config.name)
+    commits = kafka_sink_commits(config)
+    keys = sorted(current_offsets(config))
+    ends = kafka_sink_ends(config, keys)
+    report.committed = {k: v for k, v in ends.items() if v is not None}
+    report.problems += _commit_log_coverage(commits, ends)
+    expected = {c.batch_id: c for c in commits}
+    seen_rows: dict[str, int] = {}
+    seen_dead: dict[str, int] = {}
+    owner: dict[tuple[str, int, int], str] = {}
+    client = config.kafka_client_config()
+    assert config.sink.topic is not None
+    for topic, counts in ((config.sink.topic, seen_rows), (config.sink.dead_letters_to, seen_dead)):
+        for headers in read_committed_headers(client, topic, config.name):
+            batch = headers.get("offsetlake.batch", b"").decode()
+            counts[batch] = counts.get(batch, 0) + 1
+            if batch not in expected:
+                report.problems.append(f"{topic}: a record of batch {batch or '(none)'}, which the commit log does not hold")
+                continue
+            if expected[batch].kind in OFFSET_MOVING_KINDS and "offsetlake.topic" in headers:
+                at = (headers["offsetlake.topic"].decode(), int(headers["offsetlake.partition"]), int(headers["offsetlake.offset"]))
+                if owner.setdefault(at, batch) != batch:
+                    report.problems.append(f"{at[0]}[{at[1]}] offset {at[2]}: produced by batch {owner[at]} and again by batch {batch}")
+    for batch_id, c in expected.items():
+        rows = sum(r.count("rows_written") or 0 for r in c.entry.ranges)
+        dead = sum(r.count("dead_letters") or 0 for r in c.entry.ranges)
+        if (seen_rows.get(batch_id, 0), seen_dead.get(batch_id, 0)) != (rows, dead):
+            report.problems.append(
+                f"batch {batch_id}: its entry counts {rows} rows and {dead} dead letters, the topics show "
+                f"{seen_rows.get(batch_id, 0)} and {seen_dead.get(batch_id, 0)}"
+            )
+    report.rows, report.dead_letters = sum(seen_rows.values()), sum(seen_dead.values())
+    recorded = {r["batch_id"] for r in Ledger.of(config).batches() if BatchStatus(r["status"]).committed}
+    for batch_id in sorted(set(expected) - recorded):
+        report.problems.append(f"batch {batch_id} is in the commit log but not committed in the ledger (the next run reconciles it)")
+    return report
+
+
+def _commit_log_coverage(commits: list[SinkCommit], ends: Mapping[tuple[str, int], int | None]) -> list[str]:
+    """Per partition, the forward commits' ranges must follow each other, and end at the group's offset."""
+    by_partition: dict[tuple[str, int], list[tuple[int, int, str]]] = {}
+    for c in commits:
+        if c.kind in OFFSET_MOVING_KINDS:
+            for r in c.entry.offset_ranges:
+                if r.size:
+                    by_partition.setdefault((r.topic, r.partition), []).append((r.start, r.end, c.batch_id))
+    problems = []
+    for key, spans in sorted(by_partition.items()):
+        spans.sort()
+        for (_, end, first), (start, _, then) in itertools.pairwise(spans):
+            if start != end:
+                what = "overlaps" if start < end else "leaves a hole after"
+                problems.append(f"{key[0]}[{key[1]}]: batch {then} starts at {start}, which {what} batch {first}'s end {end}")
+        if ends.get(key) != spans[-1][1]:
+            problems.append(f"{key[0]}[{key[1]}]: the group's committed offset is {ends.get(key)}, the commit log ends at {spans[-1][1]}")
+    return problems

@@ -29,7 +29,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -314,6 +314,50 @@ def read_commit_log(client_config: Mapping[str, str], pipeline: str) -> list[tup
         )
     except KafkaException as err:
         raise KafkaUnavailableError(f"reading the commit log '{topic}' failed: {err.args[0].str()}", pipeline=pipeline) from None
+    finally:
+        consumer.close()
+
+
+def read_committed_headers(client_config: Mapping[str, str], topic: str, pipeline: str) -> Iterator[dict[str, bytes]]:
+    """The headers of every committed record of ``topic`` (every partition, up to its last stable
+    offset), read by a read_committed consumer: what a Kafka sink's audit counts."""
+    consumer = Consumer(
+        {**client_config, "group.id": f"{group_id(pipeline)}-audit", "isolation.level": "read_committed", "enable.auto.commit": False}
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=CALL_TIMEOUT_S).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=CALL_TIMEOUT_S, cached=False)
+            if high > low:
+                ends[partition] = high  # a read_committed consumer's high watermark is the last stable offset
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        deadline = time.monotonic() + 10 * CALL_TIMEOUT_S
+        while ends:
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"reading '{topic}' to its last stable offsets did not finish", pipeline=pipeline)
+            for message in consumer.consume(10_000, 1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaUnavailableError(f"reading '{topic}' failed: {error.str()}", pipeline=pipeline)
+                partition, offset = message.partition() or 0, message.offset() or 0
+                headers: dict[str, bytes] = {}
+                for header in message.headers() or []:
+                    value = header[1]
+                    headers[str(header[0])] = value.encode() if isinstance(value, str) else (value or b"")
+                yield headers
+                if offset + 1 >= ends.get(partition, 0):
+                    ends.pop(partition, None)
+            for partition, end in list(ends.items()):  # transaction markers end a partition without a record
+                position = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if position >= end:
+                    ends.pop(partition)
+    except KafkaException as err:
+        raise KafkaUnavailableError(f"reading '{topic}' failed: {err.args[0].str()}", pipeline=pipeline) from None
     finally:
         consumer.close()
 

@@ -16,6 +16,7 @@ other functions return plain JSON-ready dicts (timestamps as ISO-8601 strings), 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from deltalake import DeltaTable
@@ -23,12 +24,15 @@ from deltalake import DeltaTable
 from offsetlake.batch_view import BatchView, batch_views, iso_time
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
-from offsetlake.history import sink_commits
-from offsetlake.kafka import current_offsets
+from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.kafka import current_offsets, topic_ids
+from offsetlake.kafka_commit import kafka_sink_commits, kafka_sink_ends
 from offsetlake.lease import current_lease
 from offsetlake.ledger import Ledger
 from offsetlake.sink import committed_ends, open_table
-from offsetlake.topic_epochs import check_pipeline_identity
+from offsetlake.topic_epochs import check_pipeline_identity, check_topic_identity
+
+log = logging.getLogger("offsetlake.ledger_view")
 
 RECENT_BATCHES = 25
 
@@ -45,12 +49,17 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     TopicIdentityError when a committed end is past its log end or the topic's id changed.
     """
     offsets = current_offsets(config)
-    table = table if table is not None else open_table(config.layout.sink)
-    check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
     ends: dict[tuple[str, int], int | None] = {}
-    for topic in sorted({t for t, _ in offsets}):
-        found = committed_ends(table, config, topic, sorted(p for t, p in offsets if t == topic))
-        ends.update({(topic, p): end for p, end in found.items()})
+    if config.sink.is_kafka:  # the group's offsets, which only the sink's transactions move
+        ends = kafka_sink_ends(config, sorted(offsets))
+        current = topic_ids(config, sorted({t for t, _ in offsets}))
+        check_topic_identity(config, kafka_sink_commits(config), ends, offsets, current)
+    else:
+        table = table if table is not None else open_table(config.layout.sink)
+        check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
+        for topic in sorted({t for t, _ in offsets}):
+            found = committed_ends(table, config, topic, sorted(p for t, p in offsets if t == topic))
+            ends.update({(topic, p): end for p, end in found.items()})
     rows = []
     for (topic, p), o in sorted(offsets.items()):
         committed = ends[(topic, p)]
@@ -73,7 +82,19 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
 def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[dict]:
     """One row per (batch, topic, partition) with its most final outcome, the sink's commits
     included even where the ledger projection has not caught up with them yet."""
-    return Ledger.of(config).batches_as_reconciled(sink_commits(table, config.name))
+    return Ledger.of(config).batches_as_reconciled(_commits(config, table))
+
+
+def _commits(config: PipelineConfig, table: DeltaTable | None) -> list[SinkCommit]:
+    """The sink's history: a Delta sink's commits, or a Kafka sink's commit log (none while Kafka
+    cannot be read: the ledger alone is still worth showing)."""
+    if not config.sink.is_kafka:
+        return sink_commits(table, config.name)
+    try:
+        return kafka_sink_commits(config)
+    except OffsetlakeError as err:
+        log.warning("pipeline=%s the commit log could not be read, showing the ledger alone: %s", config.name, err)
+        return []
 
 
 def pipeline_batches(config: PipelineConfig, table: DeltaTable | None) -> list[BatchView]:
@@ -114,7 +135,8 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
     partitions, total_lag, kafka_error = _lag(config, table)
     return {
         **_headline(config, batches),
-        "sink": config.sink_path,
+        "sink": config.sink.topic if config.sink.is_kafka else config.sink_path,
+        "sink_type": config.sink.type,
         "sink_mode": config.sink.mode,
         "sink_version": table.version() if table is not None else None,
         "total_lag": total_lag,

@@ -11,14 +11,17 @@ import threading
 from collections import Counter
 
 import pytest
+from confluent_kafka import Producer
 from kafka_truth import read_records
 
 from offsetlake import failpoints
+from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import BackfillParamsError, KafkaSinkFencedError, RewindError
 from offsetlake.kafka_commit import committed_ends, kafka_sink_commits
 from offsetlake.ledger import Ledger
+from offsetlake.ledger_view import partition_status, pipeline_detail
 from offsetlake.plan import BatchStatus, RunContext
 from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import execute_recorded_batch, plan_or_reuse, run_pipeline
@@ -90,6 +93,13 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     ledger = {r["batch_id"]: r["sink_version"] for r in Ledger.of(config).batches() if r["status"] == "committed"}
     assert ledger == commits == {b.plan.batch_id: b.sink_version for b in batches}
 
+    # status, the Offset ledger view and metrics read the group's offsets and the commit log
+    assert [p["lag"] for p in partition_status(config)] == [0, 0]
+    detail = pipeline_detail(config)
+    assert detail["sink_type"] == "kafka" and detail["batch_count"] == 4 and detail["total_lag"] == 0
+    audit = audit_pipeline(config)
+    assert audit.ok and audit.rows == 1_000 - audit.dead_letters and audit.dead_letters > 0, audit.text()
+
     # an Airflow clear re-executes a committed batch's recorded plan: nothing is produced
     again = execute_recorded_batch(config, batches[0].plan.batch_id, lambda: spark)
     assert again.status == BatchStatus.ALREADY_COMMITTED
@@ -110,8 +120,16 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     assert set(republished) == {(0, o) for o in range(10, 60) if source[(0, o)] is not None} and max(republished.values()) == 1
     _check_exactly_once(pipeline, config, out)  # the ingest records and the ends are unchanged
 
+    assert audit_pipeline(config).ok
     with pytest.raises(RewindError, match="cannot take records back"):
         rewind_pipeline(config, batches[0].plan.batch_id)
+
+    # the audit finds a record no committed transaction wrote (e.g. a stray producer)
+    stray = Producer({"bootstrap.servers": pipeline.bootstrap})
+    stray.produce(out, b"{}", headers=[("offsetlake.batch", b"nobody"), ("offsetlake.kind", b"backfill")])
+    stray.flush(30)
+    found = audit_pipeline(config)
+    assert not found.ok and "a record of batch nobody, which the commit log does not hold" in found.text(), found.text()
 
 
 def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark):
@@ -132,6 +150,7 @@ def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark):
     rows = Ledger.of(config).rows().to_pylist()
     outcomes = {r["batch_id"] for r in rows if r["status"] != "planned"}
     assert {r["batch_id"] for r in rows} == outcomes, "every plan got an outcome"
+    assert audit_pipeline(config).ok
     # the batch that died after its Kafka commit is in the ledger as committed, learned from the commit log
     assert len({r["batch_id"] for r in rows if r["status"] == "committed"}) == len(kafka_sink_commits(config))
 
