@@ -98,30 +98,47 @@ class TransactionalWriter:
     aborts the transaction it left open. ``commit`` then writes one batch per transaction.
     """
 
-    def __init__(self, client_config: Mapping[str, str], pipeline: str, slot: int | str = 0, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        client_config: Mapping[str, str],
+        pipeline: str,
+        slot: int | str = 0,
+        timeout_s: float = CALL_TIMEOUT_S,
+        transaction_timeout_ms: int = TRANSACTION_TIMEOUT_MS,
+    ) -> None:
         self.pipeline = pipeline
         self.transactional_id = transactional_id(pipeline, slot)
         self._servers = client_config.get("bootstrap.servers", "?")
-        self._producer = Producer(
-            {
-                **client_config,
-                "transactional.id": self.transactional_id,
-                "enable.idempotence": True,
-                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                "linger.ms": 20,
-            }
-        )
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._producer_config = {
+            **client_config,
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "transaction.timeout.ms": transaction_timeout_ms,
+            "linger.ms": 20,
+        }
         # the consumer only names the group whose offsets the transaction commits; it never polls
         self._group = Consumer({**client_config, "group.id": group_id(pipeline), "enable.auto.commit": False})
+        self._needs_restart = False  # an abort failed: the producer is unusable, its successor aborts its transaction
         try:
-            self._producer.init_transactions(timeout_s)
-        except KafkaException as err:
+            self._producer = self._started(timeout_s)
+        except KafkaUnavailableError:
             self._group.close()
+            raise
+
+    def _started(self, timeout_s: float) -> Producer:
+        """A producer with the pipeline's transactional id: ``init_transactions`` fences every
+        earlier one and aborts the transaction it left open."""
+        producer = Producer(self._producer_config)
+        try:
+            producer.init_transactions(timeout_s)
+        except KafkaException as err:
             raise KafkaUnavailableError(
                 f"the Kafka sink's producer ({self.transactional_id}) could not start its transactions on {self._servers} "
                 f"within {timeout_s:.0f}s: {err.args[0].str()}",
-                pipeline=pipeline,
+                pipeline=self.pipeline,
             ) from None
+        return producer
 
     def close(self) -> None:
         self._group.close()
@@ -166,6 +183,9 @@ class TransactionalWriter:
             return answer
 
         count = 0
+        if self._needs_restart:
+            self._producer = self._started(CALL_TIMEOUT_S)
+            self._needs_restart = False
         self._producer.begin_transaction()
         try:
             for record in records:
@@ -215,9 +235,11 @@ class TransactionalWriter:
     def _aborted(self, batch_id: str, error: KafkaError) -> Exception:
         if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
             return KafkaSinkFencedError(
-                f"batch {batch_id}: the Kafka sink's producer {self.transactional_id} was fenced by a newer one "
-                f"({error.str()}): another runner of this pipeline took over; nothing of this batch is visible. "
-                "Only one runner per pipeline writes a Kafka sink: let the other finish, then run again",
+                f"batch {batch_id}: the Kafka sink's producer {self.transactional_id} was fenced ({error.str()}): either "
+                "another runner of this pipeline started (a newer producer with the same transactional.id) or this "
+                f"transaction stayed open longer than transaction.timeout.ms ({self._transaction_timeout_ms} ms) and the broker "
+                "aborted it. Nothing of this batch is visible. Only one runner per pipeline writes a Kafka sink: let the "
+                "other finish, then run again",
                 pipeline=self.pipeline,
                 batch_id=batch_id,
             )
@@ -232,7 +254,8 @@ class TransactionalWriter:
     def _abort(self, batch_id: str) -> None:
         try:
             self._producer.abort_transaction(CALL_TIMEOUT_S)
-        except KafkaException as err:  # fenced or fatal: the broker aborts it when the new producer starts
+        except KafkaException as err:  # fenced or fatal: the broker aborts it when the next producer starts
+            self._needs_restart = True
             log.warning("batch %s: aborting the transaction of %s failed: %s", batch_id, self.transactional_id, err.args[0].str())
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -235,3 +236,63 @@ def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30) -> None:
     while topic in admin.list_topics(timeout=10).topics:
         assert time.monotonic() < deadline, f"{topic} still listed {timeout_s} s after its deletion"
         time.sleep(0.2)
+
+
+# ---- a Kafka sink (sink.type: kafka), read back as its consumers read it --------------------------
+def source_orders(bootstrap: str, topic: str) -> dict[tuple[int, int], dict | None]:
+    """Every committed source record by (partition, offset): its JSON object, or None when it is
+    malformed (not JSON, not an object, or no integer order_id)."""
+    out: dict[tuple[int, int], dict | None] = {}
+    for record in read_records(bootstrap, topic):
+        try:
+            body = json.loads(record.value or b"")
+        except ValueError:
+            body = None
+        out[(record.partition, record.offset)] = body if isinstance(body, dict) and isinstance(body.get("order_id"), int) else None
+    return out
+
+
+def by_source(bootstrap: str, topic: str, kinds: tuple[str, ...] = ("ingest", "stream")) -> Counter:
+    """How many times each source (partition, offset) appears among the committed records of ``kinds``."""
+    seen: Counter = Counter()
+    for record in read_records(bootstrap, topic):
+        h = dict(record.headers)
+        if h["offsetlake.kind"].decode() in kinds:
+            seen[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))] += 1
+    return seen
+
+
+def group_offsets(bootstrap: str, group: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+    """The group's committed offsets, asked as a read_committed consumer (a pending transactional
+    commit is waited out)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=60)
+    finally:
+        consumer.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
+
+
+def check_kafka_sink(bootstrap: str, source_topic: str, config) -> None:
+    """A Kafka sink's independent check: each valid source record's row exactly once in the output
+    topic (keyed by its customer, its value its fields), each malformed one exactly once in the
+    dead-letter topic with a reason, and the group's committed offsets at the source's end."""
+    out, dead_topic = config.sink.topic, config.sink.dead_letters_to
+    source = source_orders(bootstrap, source_topic)
+    valid = {k for k, v in source.items() if v is not None}
+    seen = by_source(bootstrap, out)
+    assert set(seen) == valid, f"missing {sorted(valid - set(seen))[:5]}, extra {sorted(set(seen) - valid)[:5]}"
+    assert not seen or max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:5]
+    for record in read_records(bootstrap, out):
+        h = dict(record.headers)
+        if h["offsetlake.kind"].decode() not in ("ingest", "stream"):
+            continue
+        expected = source[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))]
+        assert expected is not None and json.loads(record.value or b"")["order_id"] == expected["order_id"]
+        assert record.key == (expected["customer"] or "").encode() or (record.key is None and expected["customer"] is None)
+    dead = by_source(bootstrap, dead_topic)
+    assert all(dict(r.headers)["offsetlake.reason"] for r in read_records(bootstrap, dead_topic))
+    assert set(dead) == set(source) - valid and (not dead or max(dead.values()) == 1)
+    partitions = sorted({p for p, _ in source})
+    per_partition = Counter(p for p, _ in source)
+    assert group_offsets(bootstrap, f"offsetlake-{config.name}", source_topic, partitions) == {p: per_partition[p] for p in partitions}

@@ -6,20 +6,18 @@ plain read_committed consumer (``kafka_truth``) and compares them with the sourc
 
 from __future__ import annotations
 
-import json
 import threading
-from collections import Counter
 
 import pytest
 from confluent_kafka import Producer
-from kafka_truth import read_records
+from kafka_truth import by_source, check_kafka_sink, source_orders
 
 from offsetlake import failpoints
 from offsetlake.audit import audit_pipeline
 from offsetlake.backfill import plan_backfill
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import BackfillParamsError, KafkaSinkFencedError, RewindError
-from offsetlake.kafka_commit import committed_ends, kafka_sink_commits
+from offsetlake.kafka_commit import kafka_sink_commits
 from offsetlake.ledger import Ledger
 from offsetlake.ledger_view import partition_status, pipeline_detail
 from offsetlake.plan import BatchStatus, RunContext
@@ -37,56 +35,12 @@ def _kafka_sink(pipeline, **sink):
     return config, out
 
 
-def _source(pipeline) -> dict[tuple[int, int], dict | None]:
-    """Every source record by (partition, offset): its JSON object, or None when it is malformed."""
-    out: dict[tuple[int, int], dict | None] = {}
-    for record in read_records(pipeline.bootstrap, pipeline.topic):
-        try:
-            body = json.loads(record.value or b"")
-            out[(record.partition, record.offset)] = body if isinstance(body, dict) and isinstance(body.get("order_id"), int) else None
-        except ValueError:
-            out[(record.partition, record.offset)] = None
-    return out
-
-
-def _by_source(bootstrap: str, topic: str, kinds=("ingest",)) -> Counter:
-    """How many times each source (partition, offset) appears among the committed records of ``kinds``."""
-    seen: Counter = Counter()
-    for record in read_records(bootstrap, topic):
-        h = dict(record.headers)
-        if h["offsetlake.kind"].decode() in kinds:
-            seen[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))] += 1
-    return seen
-
-
-def _check_exactly_once(pipeline, config, out: str) -> None:
-    """The independent check: each valid source record's row once in ``out`` (keyed by its
-    customer, its value its fields), each malformed one once as a dead letter, and the group's
-    committed offsets at the source's end."""
-    source = _source(pipeline)
-    valid = {k for k, v in source.items() if v is not None}
-    seen = _by_source(pipeline.bootstrap, out)
-    assert set(seen) == valid, f"missing {sorted(valid - set(seen))[:5]}, extra {sorted(set(seen) - valid)[:5]}"
-    assert max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:5]
-    for record in read_records(pipeline.bootstrap, out):
-        h = dict(record.headers)
-        body = json.loads(record.value)
-        expected = source[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))]
-        assert body["order_id"] == expected["order_id"] and record.key == expected["customer"].encode()
-    dead = _by_source(pipeline.bootstrap, config.sink.dead_letters_to)
-    assert all(dict(r.headers)["offsetlake.reason"] for r in read_records(pipeline.bootstrap, config.sink.dead_letters_to))
-    assert set(dead) == set(source) - valid and (not dead or max(dead.values()) == 1)
-    ends = committed_ends(config.kafka_client_config(), config.name, [(pipeline.topic, 0), (pipeline.topic, 1)])
-    per_partition = Counter(p for p, _ in source)
-    assert ends == {(pipeline.topic, p): per_partition[p] for p in (0, 1)}
-
-
 def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipeline, spark):
     config, out = _kafka_sink(pipeline)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000, malformed_every=41)
     batches = run_pipeline(config, RunContext("first"), lambda: spark)
     assert len(batches) == 4 and all(b.status == BatchStatus.COMMITTED for b in batches)
-    _check_exactly_once(pipeline, config, out)
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
 
     # the ledger follows the commit log: every batch committed, its version the entry's offset there
     commits = {c.batch_id: c.version for c in kafka_sink_commits(config)}
@@ -104,7 +58,7 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     again = execute_recorded_batch(config, batches[0].plan.batch_id, lambda: spark)
     assert again.status == BatchStatus.ALREADY_COMMITTED
     assert run_pipeline(config, RunContext("second"), lambda: spark) == []
-    _check_exactly_once(pipeline, config, out)
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
 
     # a backfill must say it republishes; it marks its records and leaves the ends where they are
     with pytest.raises(BackfillParamsError, match="--republish"):
@@ -115,10 +69,10 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     )
     assert execute_recorded_batch(config, plan.batch_id, lambda: spark).status == BatchStatus.COMMITTED
     assert execute_recorded_batch(config, plan.batch_id, lambda: spark).status == BatchStatus.ALREADY_COMMITTED
-    republished = _by_source(pipeline.bootstrap, out, kinds=("backfill",))
-    source = _source(pipeline)
+    republished = by_source(pipeline.bootstrap, out, kinds=("backfill",))
+    source = source_orders(pipeline.bootstrap, pipeline.topic)
     assert set(republished) == {(0, o) for o in range(10, 60) if source[(0, o)] is not None} and max(republished.values()) == 1
-    _check_exactly_once(pipeline, config, out)  # the ingest records and the ends are unchanged
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)  # the ingest records and the ends are unchanged
 
     assert audit_pipeline(config).ok
     with pytest.raises(RewindError, match="cannot take records back"):
@@ -146,7 +100,7 @@ def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark):
         with failpoints.on(step, crash), pytest.raises(failpoints.SimulatedCrash):
             run_pipeline(config, RunContext(f"crash-{step}"), lambda: spark)
     run_pipeline(config, RunContext("recover"), lambda: spark)
-    _check_exactly_once(pipeline, config, out)
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
     rows = Ledger.of(config).rows().to_pylist()
     outcomes = {r["batch_id"] for r in rows if r["status"] != "planned"}
     assert {r["batch_id"] for r in rows} == outcomes, "every plan got an outcome"
@@ -175,6 +129,6 @@ def test_a_second_runner_fences_the_first_whose_batch_shows_nothing(pipeline, sp
     with failpoints.on("after_flush", second_runner_starts), pytest.raises(KafkaSinkFencedError, match="fenced"):
         run_pipeline(config, RunContext("first"), lambda: spark, max_batches=1)
     assert [r.status for r in other["results"]] == [BatchStatus.COMMITTED, BatchStatus.COMMITTED]
-    _check_exactly_once(pipeline, config, out)
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
     first = [r for r in Ledger.of(config).batches() if r["run_id"] == "first"]
     assert {r["status"] for r in first} <= {"failed", "superseded"} and first

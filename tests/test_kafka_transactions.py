@@ -17,7 +17,7 @@ from kafka_truth import read_records
 
 from offsetlake import failpoints
 from offsetlake.embedded.sample_data import ensure_topic
-from offsetlake.errors import KafkaSinkFencedError, KafkaUnavailableError
+from offsetlake.errors import KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
 from offsetlake.kafka_commit import OutputRecord, TransactionalWriter, committed_ends
 
 SOURCE = f"source-{uuid.uuid4().hex[:8]}"  # the coordinates are data here: the topic exists (offsets commit to it) but is not read
@@ -98,6 +98,30 @@ def test_a_failure_before_the_commit_aborts_the_records_and_the_offsets(client, 
         writer.commit("b2", "ingest", out_topic, batch, ends)  # the same writer commits the batch again
 
     assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in committed + batch)
+    assert committed_ends(client, pipeline, ends) == ends
+
+
+def test_a_transaction_open_past_its_timeout_is_aborted_by_the_broker_and_shows_nothing(client, out_topic):
+    """A runner stalled inside its transaction longer than transaction.timeout.ms: the broker aborts
+    it (bumping the producer's epoch), the late commit fails, nothing of it is visible, and the batch
+    commits once when run again."""
+    import time
+
+    pipeline = f"p_{uuid.uuid4().hex[:8]}"
+    batch, ends = _batch(0, 80)
+
+    def stall(_: str) -> None:  # the broker checks for timed-out transactions every 10 s
+        time.sleep(16)
+
+    with TransactionalWriter(client, pipeline, transaction_timeout_ms=2_000) as writer:
+        with failpoints.on("after_flush", stall), pytest.raises((KafkaSinkAbortedError, KafkaSinkFencedError)) as failed:
+            writer.commit("b1", "ingest", out_topic, batch, ends)
+        assert "longer than transaction.timeout.ms (2000 ms)" in str(failed.value), str(failed.value)
+    assert _visible(client["bootstrap.servers"], out_topic) == []
+    assert committed_ends(client, pipeline, ends) == {key: None for key in ends}
+    with TransactionalWriter(client, pipeline) as writer:
+        writer.commit("b1", "ingest", out_topic, batch, ends)
+    assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in batch)
     assert committed_ends(client, pipeline, ends) == ends
 
 
