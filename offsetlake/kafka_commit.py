@@ -116,7 +116,9 @@ class TransactionalWriter:
             "enable.idempotence": True,
             "transaction.timeout.ms": transaction_timeout_ms,
             "linger.ms": 20,
+            "error_cb": self._on_error,
         }
+        self._fatal: KafkaError | None = None
         # the consumer only names the group whose offsets the transaction commits; it never polls
         self._group = Consumer({**client_config, "group.id": group_id(pipeline), "enable.auto.commit": False})
         self._needs_restart = False  # an abort failed: the producer is unusable, its successor aborts its transaction
@@ -125,6 +127,12 @@ class TransactionalWriter:
         except KafkaUnavailableError:
             self._group.close()
             raise
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback: a fatal error (fenced) is kept, since a call that meets it
+        inside a delivery callback (``flush``) can surface as a bare SystemError."""
+        if error.fatal():
+            self._fatal = error
 
     def _started(self, timeout_s: float) -> Producer:
         """A producer with the pipeline's transactional id: ``init_transactions`` fences every
@@ -185,7 +193,7 @@ class TransactionalWriter:
         count = 0
         if self._needs_restart:
             self._producer = self._started(CALL_TIMEOUT_S)
-            self._needs_restart = False
+            self._needs_restart, self._fatal = False, None
         self._producer.begin_transaction()
         try:
             for record in records:
@@ -211,7 +219,12 @@ class TransactionalWriter:
             self._producer.commit_transaction(CALL_TIMEOUT_S)
         except KafkaException as err:
             raise self._aborted(batch_id, err.args[0]) from None
-        except Exception:
+        except Exception as err:
+            # fenced while flushing: the fatal error can come out of a delivery callback as a bare SystemError
+            fatal = self._fatal or next((e for e in failed if e.fatal() or e.code() in _FENCED), None) or _kafka_error_in(err)
+            log.warning("batch %s: %s while in its transaction (fatal: %s)", batch_id, type(err).__name__, fatal.str() if fatal else None)
+            if fatal is not None:
+                raise self._aborted(batch_id, fatal) from None
             self._abort(batch_id)
             raise
         failpoints.failpoint("after_kafka_commit")
@@ -233,7 +246,7 @@ class TransactionalWriter:
                 self._producer.poll(0.5)
 
     def _aborted(self, batch_id: str, error: KafkaError) -> Exception:
-        if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        if error.fatal() or error.code() in _FENCED:
             return KafkaSinkFencedError(
                 f"batch {batch_id}: the Kafka sink's producer {self.transactional_id} was fenced ({error.str()}): either "
                 "another runner of this pipeline started (a newer producer with the same transactional.id) or this "
@@ -257,6 +270,20 @@ class TransactionalWriter:
         except KafkaException as err:  # fenced or fatal: the broker aborts it when the next producer starts
             self._needs_restart = True
             log.warning("batch %s: aborting the transaction of %s failed: %s", batch_id, self.transactional_id, err.args[0].str())
+
+
+def _kafka_error_in(err: BaseException) -> KafkaError | None:
+    """The KafkaError an exception was raised over (a SystemError out of a callback carries the
+    KafkaException that was pending as its cause or context)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, KafkaException) and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 def committed_ends(

@@ -132,3 +132,29 @@ def test_a_second_runner_fences_the_first_whose_batch_shows_nothing(pipeline, sp
     check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
     first = [r for r in Ledger.of(config).batches() if r["run_id"] == "first"]
     assert {r["status"] for r in first} <= {"failed", "superseded"} and first
+
+
+def test_a_runner_that_commits_between_anothers_state_read_and_its_commit_fences_it(pipeline, spark, monkeypatch):
+    """The state a runner checks its plan against is read after its producer fenced every earlier
+    one: a second runner that commits the same ranges right after that read fences the first,
+    whose commit fails and shows nothing (read before fencing, the first would commit them again)."""
+    from offsetlake import kafka_sink
+
+    config, out = _kafka_sink(pipeline)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 200)
+    read = kafka_sink.KafkaSinkState.read
+    calls: list = []
+    second: list = []
+
+    def read_then_another_runner_commits(config_, keys):
+        state = read(config_, keys)
+        calls.append(keys)
+        if len(calls) == 2:  # the first runner's batch (its run's reconcile read first)
+            second.extend(run_pipeline(config, RunContext("second"), lambda: spark))
+        return state
+
+    monkeypatch.setattr(kafka_sink.KafkaSinkState, "read", staticmethod(read_then_another_runner_commits))
+    with pytest.raises(KafkaSinkFencedError):
+        run_pipeline(config, RunContext("first"), lambda: spark, max_batches=1)
+    assert [r.status for r in second] == [BatchStatus.COMMITTED]
+    check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
