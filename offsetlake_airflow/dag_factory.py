@@ -319,7 +319,7 @@ def outbox_dag(config: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"{config.name}_outbox",
         description=f"Delta {config.sink_path} → Kafka {config.outbox.topic}, exactly once, in commit order",
-        schedule=[sink_asset(config)],
+        schedule=None if os.environ.get("OFFSETLAKE_DISABLE_SCHEDULES") == "1" else [sink_asset(config)],
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,

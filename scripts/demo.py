@@ -120,9 +120,25 @@ def _story(lake: str) -> int:
         print(f"produced 60,000 events (every 500th malformed), 500 aborted and 500 committed transactional events to '{topic}'")
         offsetlake("status", "orders")
 
+        # the Kafka -> Kafka pipeline's output topic, and an outbox for the orders sink
+        ensure_topic(bootstrap, os.environ.setdefault("ORDERS_BY_CUSTOMER_TOPIC", "orders-by-customer"), 3)
+        ensure_topic(bootstrap, OUTBOX_TOPIC, 1)  # one partition: the topic's order is the commit order
+        orders_yaml = pipelines / "orders.yaml"
+        orders_yaml.write_text(
+            orders_yaml.read_text()
+            + f"outbox:                            # the orders_outbox DAG\n  topic: {OUTBOX_TOPIC}\n  key: [order_id]\n"
+        )
+
         say(f"starting Airflow on {airflow.url} (SQLite home {airflow.home})")
         airflow.start()
-        for dag_id in ("orders_ingest", "orders_backfill", "orders_hourly_ingest", "orders_hourly_backfill"):
+        for dag_id in (
+            "orders_ingest",
+            "orders_backfill",
+            "orders_hourly_ingest",
+            "orders_hourly_backfill",
+            "orders_by_customer_ingest",
+            "orders_outbox",
+        ):
             airflow.wait_for_dag(dag_id)  # parsed, and unpaused
 
         say("orders_ingest: a normal run")
@@ -166,6 +182,10 @@ def _story(lake: str) -> int:
         if state != "success":
             raise SystemExit(f"the quarantine rerun ended {state}; logs under {airflow.home / 'logs'}")
         _hourly_story(airflow, pipelines, lake)
+        say("orders_by_customer_ingest: Kafka -> Kafka, the valid orders re-keyed by customer, one Kafka transaction per batch")
+        run_dag(airflow, "orders_by_customer_ingest")
+        say(f"orders_outbox: the orders sink's commits (ingests, the backfill, the quarantine rerun) published to '{OUTBOX_TOPIC}'")
+        run_dag(airflow, "orders_outbox")
     except BaseException:
         airflow.stop()
         if broker is not None:
@@ -196,6 +216,7 @@ def _story(lake: str) -> int:
             )
         code = offsetlake("audit", "orders", check=False)
         code = max(code, offsetlake("audit", "orders_hourly", "--against-kafka", check=False))
+        code = max(code, _check_kafka_outputs(bootstrap, topic, config))
         code = max(code, _avro_story(bootstrap))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
         print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
@@ -206,6 +227,35 @@ def _story(lake: str) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+OUTBOX_TOPIC = "orders-outbox"
+
+
+def _check_kafka_outputs(bootstrap: str, topic: str, orders) -> int:
+    """The independent read_committed checker (offsetlake.embedded.checker) on the two Kafka outputs."""
+    from offsetlake.embedded.checker import CheckFailed, check_kafka_sink, check_outbox
+
+    out = os.environ["ORDERS_BY_CUSTOMER_TOPIC"]
+    say("checking both Kafka outputs with an independent read_committed consumer")
+    offsetlake("audit", "orders_by_customer", check=False)
+    try:
+
+        def valid(order: dict) -> bool:  # what orders_by_customer's format requires
+            return isinstance(order.get("order_id"), int) and order.get("customer") is not None and order.get("created_at") is not None
+
+        found = check_kafka_sink(bootstrap, topic, out, f"{out}.dead-letters", "offsetlake-orders_by_customer", valid, key="customer")
+        print(
+            f"{out}: each of the {found['rows']} valid orders of {found['source_records']} source records exactly once, keyed by "
+            f"customer; {found['dead_letters']} dead letters exactly once; the group committed at the source's end"
+        )
+        sink = orders.layout.sink
+        published = check_outbox(bootstrap, OUTBOX_TOPIC, sink.path, "orders", dict(sink.options) if sink.options else None)
+        print(f"{OUTBOX_TOPIC}: {published['records']} records, exactly the rows of the orders sink's {published['commits']} commits")
+    except CheckFailed as failed:
+        print(f"CHECK FAILED: {failed}")
+        return 1
+    return 0
 
 
 PAYMENT_V1 = {

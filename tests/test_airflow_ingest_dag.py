@@ -115,9 +115,11 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     import json
     import shutil
 
-    config = pipeline.write(schedule=None)
+    outbox = f"{pipeline.topic}-outbox"
+    config = pipeline.write(schedule=None, outbox={"topic": outbox, "key": ["order_id"]})
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    ensure_topic(pipeline.bootstrap, outbox, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
     assert airflow(airflow_env, "dags", "test", f"{pipeline.name}_ingest").returncode == 0
@@ -137,6 +139,14 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
     backfills = [r for r in ledger_rows(config) if r["kind"] == "backfill" and r["status"] == "committed"]
     assert [(r["partition"], r["start_offset"], r["end_offset"], r["dag_id"]) for r in backfills] == [(0, 10, 60, dag_id)]
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+
+    # <p>_outbox publishes the ingest and the backfill, each once; run again, it publishes nothing
+    from offsetlake.embedded.checker import check_outbox
+
+    for _ in range(2):
+        published = airflow(airflow_env, "dags", "test", f"{pipeline.name}_outbox")
+        assert published.returncode == 0, (published.stdout + published.stderr)[-4000:]
+        assert check_outbox(pipeline.bootstrap, outbox, config.sink_path, pipeline.name) == {"commits": 2, "records": 1_000 + 50}
 
 
 def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_each_topics_lag(airflow_env, pipeline):
@@ -194,9 +204,11 @@ def test_ingest_task_attaches_to_the_spark_server_of_connection_spark_connect_de
         **airflow_env,
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
     }
-    config = pipeline.write(schedule=None)
+    outbox = f"{pipeline.topic}-outbox"
+    config = pipeline.write(schedule=None, outbox={"topic": outbox, "key": ["order_id"]})
     shutil.copy(pipeline.file, Path(airflow_env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    ensure_topic(pipeline.bootstrap, outbox, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 1_000)
     dag_id = f"{pipeline.name}_ingest"
     assert airflow(airflow_env, "dags", "reserialize").returncode == 0
