@@ -62,6 +62,7 @@ class AuditReport:
     problems: list[str] = field(default_factory=list)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
     against_kafka: dict | None = None  # what the Kafka check read and found
+    sink_topic: str | None = None  # a Kafka sink: what was read back (``audit_kafka_sink``)
 
     @property
     def ok(self) -> bool:
@@ -99,6 +100,14 @@ class AuditReport:
                     f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
                     "(their records are gone from Kafka: not checked)"
                 )
+        if self.ok and self.sink_topic is not None:
+            ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
+            return (
+                f"audit of pipeline {self.pipeline}: {self.rows} records in {self.sink_topic}, {self.dead_letters} dead letters, "
+                f"read back read_committed\nOK: the commit log's ranges follow each other to the group's offsets, every record "
+                f"belongs to a committed batch with the counts its entry gives, no source record in two batches, the ledger "
+                f"holds every commit\ncommitted ends (group offsets): {ends}"
+            )
         if self.ok:
             ends = ", ".join(f"{t}[{p}]→{e}" for (t, p), e in sorted(self.committed.items()))
             return (
@@ -891,7 +900,7 @@ def audit_kafka_sink(config: PipelineConfig) -> AuditReport:
     committed batch (an aborted one shows nothing), each batch shows exactly the rows and dead
     letters its entry counts, and no source record is in two forward batches; the ledger holds
     every commit."""
-    report = AuditReport(config.name)
+    report = AuditReport(config.name, sink_topic=config.sink.topic)
     commits = kafka_sink_commits(config)
     keys = sorted(current_offsets(config))
     ends = kafka_sink_ends(config, keys)

@@ -191,6 +191,8 @@ def _commit(
     )
     ledger.record_commit(SinkCommit(version, entry))
     failpoints.failpoint("after_ledger")
+    if processed is not None:
+        _remove_staged(config, processed)
     if plan.kind == BatchKind.GAP:
         log_line(log, "gap", plan=plan, level=logging.WARNING, lost=", ".join(str(r) for r in plan.ranges))
     timings["total"] = int((time.monotonic() - started) * 1000)
@@ -227,3 +229,14 @@ def _dead_letter_records(config: PipelineConfig, processed: ProcessedBatch, kind
                 ("offsetlake.kind", kind.encode()),
             ]
             yield (config.sink.dead_letters_to, row.get("key"), row.get("value"), headers)
+
+
+def _remove_staged(config: PipelineConfig, processed: ProcessedBatch) -> None:
+    """The staged dead-letter files went out in the transaction: nothing else reads them (a batch
+    that died before this leaves them to the lake's vacuum, like any staged file no commit names)."""
+    for staged in processed.dead_letter_files:
+        fs, path = storage.filesystem(config.layout.dead_letters.child(staged.path))
+        try:
+            fs.delete_file(path)
+        except OSError as err:
+            log.warning("pipeline=%s could not remove the staged dead letters %s: %s", config.name, path, err)

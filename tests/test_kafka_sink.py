@@ -7,6 +7,7 @@ plain read_committed consumer (``kafka_truth``) and compares them with the sourc
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -41,6 +42,9 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     batches = run_pipeline(config, RunContext("first"), lambda: spark)
     assert len(batches) == 4 and all(b.status == BatchStatus.COMMITTED for b in batches)
     check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
+
+    staged = Path(config.layout.dead_letters.path) / "staged"
+    assert not list(staged.glob("*.parquet")), "a batch's staged dead letters went out in its transaction and are removed"
 
     # the ledger follows the commit log: every batch committed, its version the entry's offset there
     commits = {c.batch_id: c.version for c in kafka_sink_commits(config)}
@@ -86,7 +90,7 @@ def test_a_kafka_sink_commits_each_record_once_and_a_rerun_produces_nothing(pipe
     assert not found.ok and "a record of batch nobody, which the commit log does not hold" in found.text(), found.text()
 
 
-def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark):
+def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark, monkeypatch):
     """A crash (the process dies: no outcome recorded, an open transaction left to the broker) at
     each step of the batch, then a run that recovers: nothing twice, nothing lost."""
     config, out = _kafka_sink(pipeline)
@@ -99,6 +103,24 @@ def test_a_run_crashed_at_every_step_leaves_each_record_once(pipeline, spark):
         next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 150, first_id=next_id, malformed_every=37)
         with failpoints.on(step, crash), pytest.raises(failpoints.SimulatedCrash):
             run_pipeline(config, RunContext(f"crash-{step}"), lambda: spark)
+    # and a crash during the reconcile that records the batch killed after its Kafka commit: before
+    # its ledger rows are written, then after
+    from offsetlake import kafka_sink
+
+    reconcile = kafka_sink.reconcile
+
+    def crash_before(config_, ledger):
+        raise failpoints.SimulatedCrash()
+
+    def crash_after(config_, ledger):
+        reconcile(config_, ledger)
+        raise failpoints.SimulatedCrash()
+
+    for crashing in (crash_before, crash_after):
+        monkeypatch.setattr(kafka_sink, "reconcile", crashing)
+        with pytest.raises(failpoints.SimulatedCrash):
+            run_pipeline(config, RunContext(f"crash-in-{crashing.__name__}"), lambda: spark)
+    monkeypatch.setattr(kafka_sink, "reconcile", reconcile)
     run_pipeline(config, RunContext("recover"), lambda: spark)
     check_kafka_sink(pipeline.bootstrap, pipeline.topic, config)
     rows = Ledger.of(config).rows().to_pylist()
