@@ -329,17 +329,20 @@ def read_commit_log(client_config: Mapping[str, str], pipeline: str) -> list[tup
     """Every committed entry of the pipeline's commit log: (offset, entry JSON), in order; read by a
     read_committed consumer up to the last stable offset, so an open transaction's entry is not
     read (nor anything after it) until it commits or aborts. Empty when the topic does not exist."""
-    topic = commit_log_topic(pipeline)
+    found = read_one_partition(client_config, commit_log_topic(pipeline), f"{group_id(pipeline)}-commit-log-reader", pipeline)
+    return [(offset, value.decode()) for offset, _, value in found if value]
+
+
+def read_one_partition(
+    client_config: Mapping[str, str], topic: str, group: str, pipeline: str
+) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every committed record of partition 0 of ``topic``, in order, read
+    by a read_committed consumer to the last stable offset: a commit log, an outbox's progress.
+    Empty when the topic does not exist."""
     consumer = Consumer(
-        {
-            **client_config,
-            "group.id": f"{group_id(pipeline)}-commit-log-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
+        {**client_config, "group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True}
     )
-    out: list[tuple[int, str]] = []
+    out: list[tuple[int, bytes | None, bytes | None]] = []
     try:
         if topic not in consumer.list_topics(timeout=CALL_TIMEOUT_S).topics:
             return out
@@ -356,14 +359,11 @@ def read_commit_log(client_config: Mapping[str, str], pipeline: str) -> list[tup
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     return out
-                raise KafkaUnavailableError(f"reading the commit log '{topic}' failed: {error.str()}", pipeline=pipeline)
-            if message.value():
-                out.append((message.offset() or 0, (message.value() or b"").decode()))
-        raise KafkaUnavailableError(
-            f"reading the commit log '{topic}' did not reach its end within {CALL_TIMEOUT_S:.0f}s", pipeline=pipeline
-        )
+                raise KafkaUnavailableError(f"reading '{topic}' failed: {error.str()}", pipeline=pipeline)
+            out.append((message.offset() or 0, message.key(), message.value()))
+        raise KafkaUnavailableError(f"reading '{topic}' did not reach its end within {CALL_TIMEOUT_S:.0f}s", pipeline=pipeline)
     except KafkaException as err:
-        raise KafkaUnavailableError(f"reading the commit log '{topic}' failed: {err.args[0].str()}", pipeline=pipeline) from None
+        raise KafkaUnavailableError(f"reading '{topic}' failed: {err.args[0].str()}", pipeline=pipeline) from None
     finally:
         consumer.close()
 

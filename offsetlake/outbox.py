@@ -29,16 +29,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC, Selection
-from offsetlake.errors import ConfigError, KafkaUnavailableError
+from offsetlake.errors import ConfigError
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import group_id
-from offsetlake.kafka_commit import CALL_TIMEOUT_S, OutputRecord, TransactionalWriter, row_record
+from offsetlake.kafka_commit import OutputRecord, TransactionalWriter, ensure_topics, read_one_partition, row_record
 from offsetlake.plan import BatchKind
 from offsetlake.sink import table_id
 
@@ -79,7 +76,7 @@ def publish(config: PipelineConfig, to_topic: str, key_columns: Sequence[str] = 
     ``max_batches`` of them), one transaction each; returns what was published, in order."""
     refuse_unpublishable(config)
     client = config.kafka_client_config()
-    _ensure_topics(client, config, to_topic)
+    ensure_topics(client, config.name, [to_topic], {PROGRESS_TOPIC: {"cleanup.policy": "compact"}})
     table = storage.open_table(config.layout.sink)
     with TransactionalWriter(client, config.name, slot=f"outbox-{to_topic}") as writer:
         progress = read_progress(config, to_topic)  # after the writer fenced any earlier publisher
@@ -158,72 +155,12 @@ def commit_records(config: PipelineConfig, commit: SinkCommit, key_columns: Sequ
 def read_progress(config: PipelineConfig, to_topic: str) -> Progress:
     """The outbox's last committed progress: the newest value of its key in the progress topic,
     read by a read_committed consumer up to the stable offset."""
-    client = config.kafka_client_config()
     key = progress_key(config, to_topic)
-    consumer = Consumer(
-        {
-            **client,
-            "group.id": f"{group_id(config.name)}-outbox-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    try:
-        start, end = consumer.get_watermark_offsets(TopicPartition(PROGRESS_TOPIC, 0), timeout=CALL_TIMEOUT_S, cached=False)
-        found = Progress()
-        if end <= start:
-            return found
-        consumer.assign([TopicPartition(PROGRESS_TOPIC, 0, OFFSET_BEGINNING)])
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while True:
-            message = consumer.poll(1.0)
-            if time.monotonic() > deadline:
-                raise KafkaUnavailableError(
-                    f"reading the outbox progress in '{PROGRESS_TOPIC}' did not reach offset {end}", pipeline=config.name
-                )
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    return found
-                raise KafkaUnavailableError(
-                    f"reading the outbox progress in '{PROGRESS_TOPIC}' failed: {error.str()}", pipeline=config.name
-                )
-            if message.key() == key and message.value():
-                body = json.loads(message.value() or b"{}")
-                found = Progress(body.get("sink_table_id"), int(body["version"]), body.get("batch_id"))
-            if (message.offset() or 0) + 1 >= end:
-                return found
-    except KafkaException as err:
-        raise KafkaUnavailableError(
-            f"reading the outbox progress in '{PROGRESS_TOPIC}' failed: {err.args[0].str()}", pipeline=config.name
-        ) from None
-    finally:
-        consumer.close()
-
-
-def _ensure_topics(client: dict[str, str], config: PipelineConfig, to_topic: str) -> None:
-    """The progress topic (made once, compacted, one partition) and the output topic (it must exist)."""
-    admin = AdminClient(dict(client))
-    try:
-        topics = admin.list_topics(timeout=CALL_TIMEOUT_S).topics
-    except KafkaException as err:
-        raise KafkaUnavailableError(f"listing topics for the outbox failed: {err.args[0].str()}", pipeline=config.name) from None
-    if to_topic not in topics:
-        raise ConfigError(
-            f"the topic to publish to, '{to_topic}', does not exist: create it first (its partitions are yours to choose)",
-            pipeline=config.name,
-            topic=to_topic,
-        )
-    if PROGRESS_TOPIC in topics:
-        return
-    made = admin.create_topics([NewTopic(PROGRESS_TOPIC, num_partitions=1, config={"cleanup.policy": "compact"})])[PROGRESS_TOPIC]
-    try:
-        made.result(CALL_TIMEOUT_S)
-    except KafkaException as err:
-        if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise KafkaUnavailableError(
-                f"creating the outbox progress topic '{PROGRESS_TOPIC}' failed: {err.args[0].str()}", pipeline=config.name
-            ) from None
+    found = Progress()
+    for _, record_key, value in read_one_partition(
+        config.kafka_client_config(), PROGRESS_TOPIC, f"{group_id(config.name)}-outbox-reader", config.name
+    ):
+        if record_key == key and value:
+            body = json.loads(value)
+            found = Progress(body.get("sink_table_id"), int(body["version"]), body.get("batch_id"))
+    return found

@@ -110,7 +110,7 @@ def test_publish_refuses_what_it_cannot_publish(pipeline, broker):
         publish(keyed, "anything")
     config = pipeline.write()
     missing = f"missing-{uuid.uuid4().hex[:6]}"
-    with pytest.raises(ConfigError, match=f"'{missing}', does not exist"):
+    with pytest.raises(ConfigError, match=f"topic '{missing}' does not exist: create it first"):
         publish(config, missing)
     bad = pipeline.cli("publish", "--to", missing, "--max-batches", "0")
     assert bad.returncode == 2 and "--max-batches must be at least 1" in bad.stderr
