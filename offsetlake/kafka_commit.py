@@ -200,9 +200,8 @@ class TransactionalWriter:
                 self._produce(out_topic, record, record.all_headers(batch_id, kind), delivered)
                 count += 1
             for index, (topic, key, value, *headers) in enumerate(also):
-                self._producer.produce(
-                    topic, value=value, key=key, headers=headers[0] if headers else None, on_delivery=also_delivered(index)
-                )
+                extra = OutputRecord(key, value, None, headers=tuple(headers[0]) if headers else ())
+                self._produce(topic, extra, list(extra.headers), also_delivered(index))
             failpoints.failpoint("after_produce")
             remaining = self._producer.flush(CALL_TIMEOUT_S)
             if remaining or failed:

@@ -174,6 +174,8 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
         return PathChoice(DataPath.SPARK, "the batch reads no records")
     if config.data_path == "jvm":
         return _jvm_or_refused(config, plan, decoder)
+    if config.sink.is_kafka:
+        return PathChoice(DataPath.SPARK, "the sink is a Kafka topic: Spark hands the rows to the driver's transactional producer")
     if not adds_files:
         return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
     if config.data_path == "spark":

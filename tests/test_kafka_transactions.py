@@ -125,6 +125,18 @@ def test_a_transaction_open_past_its_timeout_is_aborted_by_the_broker_and_shows_
     assert committed_ends(client, pipeline, ends) == ends
 
 
+def test_a_batch_larger_than_the_producers_queue_commits_with_its_extra_records(client, out_topic):
+    """More records (and extra records: dead letters, the commit log entry) than the producer's
+    local queue holds: producing waits for deliveries instead of failing the batch."""
+    pipeline = f"p_{uuid.uuid4().hex[:8]}"
+    batch, ends = _batch(0, 300)
+    extra = [(out_topic, f"x{n}".encode(), b"{}") for n in range(250)]
+    with TransactionalWriter({**client, "queue.buffering.max.messages": "100"}, pipeline) as writer:
+        done = writer.commit("b1", "ingest", out_topic, batch, ends, also=extra)
+    assert done.records == 300 and len(done.also_offsets) == 250
+    assert len(_visible(client["bootstrap.servers"], out_topic)) == 550
+
+
 def test_a_second_runner_fences_the_first_whose_batch_stays_invisible(client, out_topic):
     pipeline = f"p_{uuid.uuid4().hex[:8]}"
     batch, ends = _batch(0, 80)

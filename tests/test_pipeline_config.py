@@ -179,12 +179,15 @@ def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_pa
         ({"type": "kafka", "topic": "orders"}, "sink.topic: orders is also a source of pipeline orders_x: it would read its own output"),
         ({"type": "kafka", "topic": "out", "dead_letter_topic": "orders"}, "sink.dead_letter_topic: orders is also a source"),
         ({"topic": "out"}, "topic applies to a Kafka sink"),
+        ({"type": "kafka", "topic": "out", "data_path": "direct"}, "data_path: a Kafka sink takes auto or spark"),
         ({"format": "json"}, "format applies to a Kafka sink"),
     ],
 )
 def test_a_kafka_sink_is_checked_with_the_yaml(tmp_path, sink, problem):
+    sink = dict(sink)
+    top = {"data_path": sink.pop("data_path")} if "data_path" in sink else {}
     with pytest.raises(ConfigError, match=problem):
-        load_pipeline(str(write(tmp_path, {**BASE, "sink": sink})))
+        load_pipeline(str(write(tmp_path, {**BASE, **top, "sink": sink})))
 
 
 def test_a_kafka_sink_keys_its_records_and_names_its_dead_letter_topic(tmp_path):

@@ -851,6 +851,8 @@ def _kafka_sink_problem(config: PipelineConfig) -> tuple[str, str] | None:
         return "outbox", f"publishes an append Delta sink's rows, not {what}"
     if not config.sink.is_kafka:
         return None
+    if config.data_path in ("direct", "jvm"):
+        return "data_path", f"a Kafka sink takes auto or spark (Spark hands the rows to the driver's producer), not {config.data_path}"
     for name, topic in (("sink.topic", config.sink.topic), ("sink.dead_letter_topic", config.sink.dead_letters_to)):
         if (
             topic == config.topic
