@@ -65,6 +65,9 @@ bench-keyed-dv: setup ## a keyed sink's merges: offsetlake (delta-rs) beside del
 bench-engines: setup ## merge engines (hourly aggregate, first_row) beside the append sink: time per batch, state size, a 1% backfill, 2M records over 10k keys -> bench-merge-engines.json
 	$(PY) bench/merge_engines.py --out bench-merge-engines.json
 
+bench-kafka-sink: setup ## a Kafka topic as the sink: Kafka -> Kafka, 2M orders, offsetlake beside a plain transactional consume-transform-produce loop, and the cost of a transaction per batch size -> bench-kafka-sink.json
+	$(PY) bench/kafka_sink.py --out bench-kafka-sink.json
+
 bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s and the highest sustained rate up to 40,000/s, for the shipped orders pipeline (Spark path) -> bench-stream.json and without its transform and suite (direct path) -> bench-stream-plain.json
 	$(PY) bench/stream_latency.py --out bench-stream.json
 	$(PY) bench/stream_latency.py --plain --out bench-stream-plain.json
