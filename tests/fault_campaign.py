@@ -12,10 +12,15 @@ into a keyed sink (``sink.mode: upsert``) whose key is a timestamp with sub-mill
 taken from the record key, with tombstones that delete keys; it runs, backfills and is compacted
 beside the first. A third pipeline reads the same topic into a merge engine (``sink.mode:
 aggregate``) keyed by the same timestamp: per key the count, sum, min, max, first and last order
-id; it runs and backfills beside them, and its maintenance is checked to leave its files. After
-EVERY step the invariants are checked twice. First against an independent model — what the
-campaign itself produced, with offsets and timestamps from the producer's delivery reports —
-and plain deltalake reads of the sink, dead letters and ledger:
+id; it runs and backfills beside them, and its maintenance is checked to leave its files. A
+fourth pipeline reads the same topic into a Kafka topic (``sink: {type: kafka}``, one Kafka
+transaction per batch): it runs in this process, crashed one time in three at a step of its
+batch, and republishes committed ranges (a backfill with ``republish``); after a re-creation of
+the topic its group is deleted and it writes to a new output topic, as its user would (a Kafka
+sink's epoch cannot be reset). An outbox publishes the first pipeline's sink commits to a topic
+(``offsetlake.outbox``), its publisher crashed one time in three. After EVERY step the
+invariants are checked twice. First against an independent model — what the campaign itself
+produced, with offsets and timestamps from the producer's delivery reports — and plain deltalake reads of the sink, dead letters and ledger:
 
 * every sink row is a committed record, at most once, with its own order id and record time;
   none is aborted or still in an open transaction; a field no record carries reads null;
@@ -34,7 +39,13 @@ and plain deltalake reads of the sink, dead letters and ledger:
   those by record time, partition, epoch and offset), and no row for a key whose newest record is a tombstone;
 * the aggregate holds, per key, the count, sum, min, max, first and last order id of the key's
   committed records (not malformed, not tombstones), first and last by record time, partition,
-  epoch and offset.
+  epoch and offset;
+* the Kafka sink's output topic holds every committed valid record of the current topic below
+  its group's committed offsets exactly once among its ingest records, and its dead-letter topic
+  every malformed one exactly once, but for offsets delete_records took before the pipeline read
+  them; nothing else (read with plain read_committed consumers, tests/kafka_truth.py);
+* the outbox topic holds, per sink commit up to its progress, the rows of that commit's ranges in
+  the table at its version (or one record per batch a rewind undid), once each, in version order.
 
 Then with offsetlake's own audit against Kafka (``audit_pipeline(against_kafka=True)``), which
 reads every committed range back from the broker: the two checks are written apart, so a bug
@@ -42,9 +53,9 @@ shared by offsetlake and its audit still meets the model, and a model blind spot
 
     .venv/bin/python tests/fault_campaign.py --seed 7 --steps 2000      (or: make torture SEED=7 STEPS=2000)
 
-The CI version (tests/test_fault_campaign.py) runs a fixed seed for 23 steps; the first steps
+The CI version (tests/test_fault_campaign.py) runs a fixed seed for 25 steps; the first steps
 are one of each kind (records and a batch first, a rewind last, the rest in a seeded order), so
-every kind of fault is exercised (23 steps cover them all).
+every kind of fault is exercised (25 steps cover them all).
 """
 
 from __future__ import annotations
@@ -67,13 +78,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
+from kafka_truth import group_offsets, last_stable_offsets, read_records
 
-from offsetlake import dead_letters, storage
+from offsetlake import dead_letters, failpoints, storage
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILPOINTS = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
+# where an in-process run of the Kafka-sink pipeline crashes (tests/test_kafka_sink.py's steps), and a publish of the outbox
+KAFKA_SINK_CRASH_STEPS = ("after_plan", "after_read", "after_produce", "after_flush", "after_kafka_commit", "after_ledger")
+OUTBOX_CRASH_STEPS = ("after_produce", "after_kafka_commit")
+OUTBOX_KEY = ["order_id"]  # the outbox's record key: the row's order id
 MAX_PARTITIONS = 4
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double"}
 # The sink is partitioned by customer: null and "" (both the default partition folder, issue 35
@@ -121,6 +137,7 @@ class Record:
     incarnation: int = 0  # which creation of the topic the record was produced to
     slot_us: int = 0  # its key: the keyed sink's key column (a timestamp, in microseconds)
     tombstone: bool = False  # a null value: deletes its key in the keyed sink
+    customer: str | None = None  # the customer field of a valid record (the Kafka sink's record key)
 
 
 @dataclass
@@ -154,9 +171,20 @@ class Model:
 
 class Campaign:
     def __init__(
-        self, seed: int, steps: int, bootstrap: str, work: Path, restart_broker=None, log=print, kafka_audit_every: int = 1
+        self,
+        seed: int,
+        steps: int,
+        bootstrap: str,
+        work: Path,
+        restart_broker=None,
+        log=print,
+        kafka_audit_every: int = 1,
+        kafka_sinks: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
+        # the Kafka sink's and the outbox's steps and checks (issue 39): in `make torture` (main);
+        # the CI test keeps to the steps that fit its time
+        self.kafka_sinks = kafka_sinks
         self.seed, self.steps = seed, steps
         self.kafka_audit_every = kafka_audit_every
         self.bootstrap = bootstrap
@@ -176,6 +204,8 @@ class Campaign:
         self.file = self.folder / f"{self.name}.yaml"
         self.keyed_file = self.folder / f"{self.keyed_name}.yaml"
         self.engine_file = self.folder / f"{self.engine_name}.yaml"
+        self.kafka_name = f"{self.name}_kafka"
+        self.kafka_file = self.folder / f"{self.kafka_name}.yaml"
         self.with_extra_field = False
         self.model.epoch_incarnation = {self.name: [0], self.keyed_name: [0], self.engine_name: [0]}
         self.config = self._write_pipeline()
@@ -184,6 +214,20 @@ class Campaign:
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a dropped client cancels its futures
         admin.create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
         self.partitions = 2
+        # The Kafka-sink pipeline writes to a new output topic per creation of the source topic (a
+        # re-created topic cannot have its epoch reset under a Kafka sink: its user deletes the
+        # group and starts a new output topic). Offsets of the current topic it lost to
+        # delete_records before reading them (its gap batches), per partition: [start, end) spans.
+        self.kafka_generation = 0
+        self.kafka_lost: dict[int, list[tuple[int, int]]] = {}
+        self.kafka = self._new_kafka_output()
+        # The outbox publishes the plain pipeline's Delta sink to one topic (one partition: its
+        # order is the publish order); expected records per sink version, computed once each.
+        self.outbox_topic = f"{self.topic}-outbox"
+        admin.create_topics([_new_topic(self.outbox_topic, 1)])[self.outbox_topic].result(30)
+        self._outbox_expected: dict[int, list[tuple]] = {}
+        self._outbox_checked_at: tuple | None = None
+        self._kafka_checked_at: tuple | None = None
 
     def _write_pipeline(self):
         """(Re)write the pipeline YAML, with or without the extra field and with the nested
@@ -262,6 +306,40 @@ class Campaign:
         )
         return load_pipeline(str(self.engine_file))
 
+    def _new_kafka_output(self):
+        """Create the Kafka-sink pipeline's next output topic (2 partitions) and its dead-letter
+        topic, and (re)write its YAML to produce there: keyed by customer, or (every other output
+        topic) without a key. JSON like the plain pipeline's, small batches."""
+        from offsetlake.config import load_pipeline
+
+        out = f"{self.topic}-kout{self.kafka_generation}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        # the dead-letter topic too: offsetlake would make it at its first batch, and reading it
+        # before that (the check) must not auto-create it with the broker's default partitions
+        futures = admin.create_topics([_new_topic(out, 2), _new_topic(f"{out}.dead-letters", 1)])
+        for future in futures.values():
+            future.result(30)
+        sink = {"type": "kafka", "topic": out, **({"key": ["customer"]} if self.kafka_generation % 2 == 0 else {})}
+        self.kafka_file.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.kafka_name,
+                    "topic": self.topic,
+                    "lake": str(self.work / "lake"),
+                    "start": "earliest",
+                    "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-kafka-sink"}},
+                    "max_records_per_batch": 300,
+                    "read_timeout_seconds": 60,
+                    "on_offsets_lost": "skip",
+                    "key_format": "none",
+                    "format": {"type": "json", "schema": SCHEMA, "required": ["order_id"]},
+                    "sink": sink,
+                },
+                sort_keys=False,
+            )
+        )
+        return load_pipeline(str(self.kafka_file))
+
     # ---- the campaign ---------------------------------------------------------------------
     def kinds(self) -> dict[str, tuple[int, object]]:
         kinds = {
@@ -287,6 +365,14 @@ class Campaign:
             "keyed_backfill": (1, self.keyed_backfill),
             "engine_backfill": (1, self.engine_backfill),
         }
+        if self.kafka_sinks:
+            kinds.update(
+                {
+                    "kafka_sink_run": (2, self.kafka_sink_run),
+                    "kafka_sink_republish": (1, self.kafka_sink_republish),
+                    "outbox_publish": (1, self.outbox_publish),
+                }
+            )
         if self.restart_broker is not None:
             kinds["restart_broker"] = (1, self.restart)
         return kinds
@@ -299,9 +385,10 @@ class Campaign:
         # seeded order, and the rewind last (it needs a live batch before the latest one).
         # The topic is re-created early, then fed and run again, so the steps after it (backfills
         # above all) act on the new topic's committed records rather than find none.
-        first = [k for k in kinds if k not in ("produce", "run", "rewind", "recreate_topic")]
+        # The Kafka sink runs right after those, so its republishing backfill finds a committed range.
+        first = [k for k in kinds if k not in ("produce", "run", "rewind", "recreate_topic", "kafka_sink_run")]
         self.rng.shuffle(first)
-        first = ["produce", "run", "recreate_topic", "produce", "run", *first, "rewind"]
+        first = ["produce", "run", "recreate_topic", "produce", "run", *(["kafka_sink_run"] if self.kafka_sinks else []), *first, "rewind"]
         self.first_steps = len(first)
         names, weights = zip(*[(k, w) for k, (w, _) in kinds.items()], strict=True)
         started = time.monotonic()
@@ -318,15 +405,26 @@ class Campaign:
                 self.check(clean_run=kind == "run")
                 self.check_keyed()
                 self.check_engine()
+                if self.kafka_sinks:
+                    checked = time.monotonic()
+                    self.check_kafka_sink()
+                    self.check_outbox()
+                    self.stats["kafka_checks_ms"] += int((time.monotonic() - checked) * 1000)
                 self.audit(against_kafka=(step + 1) % self.kafka_audit_every == 0)
             except InvariantBroken as broken:
                 raise InvariantBroken(f"step {step + 1} ({kind}): {broken}") from None
             self.log(f"campaign seed={self.seed} step={step + 1}/{self.steps} kind={kind} took_ms={int((time.monotonic() - t) * 1000)} ok")
         self.finish_open_txn()
         self.run_in_process(to_the_end=True)
+        if self.kafka_sinks:
+            self._run_kafka_sink(max_batches=None)
+            self._publish_outbox()
         self.check(clean_run=True, final=True)
         self.check_keyed(final=True)
         self.check_engine(final=True)
+        if self.kafka_sinks:
+            self.check_kafka_sink(final=True)
+            self.check_outbox(final=True)
         self.audit()
         figures = self.figures(time.monotonic() - started)
         self.log("campaign figures " + json.dumps(figures))
@@ -367,6 +465,20 @@ class Campaign:
             "keyed_backfills_refused": self.stats["keyed_backfills_refused"],
             "engine_keys": self.stats["last_engine_keys"],
             "engine_backfills": self.stats["engine_backfills"],
+            "kafka_sink_batches": self._kafka_sink_batches(),
+            "kafka_sink_runs": self.stats["kafka_sink_runs"],
+            "kafka_sink_crashes": self.stats["kafka_sink_crashes"],
+            "kafka_sink_republished": self.stats["kafka_sink_republished"],
+            "kafka_sink_rows": self.stats["last_kafka_sink_rows"],
+            "kafka_sink_dead_letters": self.stats["last_kafka_sink_dead"],
+            "kafka_sink_lost_to_gaps": self.stats["last_kafka_sink_lost"],
+            "kafka_sink_output_topics": self.kafka_generation + 1,
+            "kafka_sink_refused_recreated_topic": self.stats["kafka_sink_refused_recreated"],
+            "outbox_publishes": self.stats["outbox_publishes"],
+            "outbox_commits_published": self.stats["last_outbox_commits_published"],
+            "outbox_records": self.stats["last_outbox_records"],
+            "outbox_crashes": self.stats["outbox_crashes"],
+            "kafka_sink_and_outbox_checks_seconds": round(self.stats["kafka_checks_ms"] / 1000, 1),
             "partitions": self.partitions,
             "duplicates_found": self.stats["duplicates_found"],
             "records_lost": self.stats["records_lost"],
@@ -379,18 +491,20 @@ class Campaign:
         }
 
     # ---- steps: producing -----------------------------------------------------------------
-    def _values(self, count: int, malformed_share: float, tombstone_share: float = 0.0) -> list[tuple[int | None, bytes | None, int]]:
-        """(order id or None, value or None for a tombstone, key slot in microseconds) per record."""
-        values: list[tuple[int | None, bytes | None, int]] = []
+    def _values(
+        self, count: int, malformed_share: float, tombstone_share: float = 0.0
+    ) -> list[tuple[int | None, bytes | None, int, str | None]]:
+        """(order id or None, value or None for a tombstone, key slot in microseconds, customer) per record."""
+        values: list[tuple[int | None, bytes | None, int, str | None]] = []
         for _ in range(count):
             order_id = self.model.next_id
             self.model.next_id += 1
             slot = self.rng.choice(SLOT_POOL_US)
             draw = self.rng.random()
             if draw < malformed_share:
-                values.append((None, b'{"order_id": ' + str(order_id).encode() + b', "cut', slot))
+                values.append((None, b'{"order_id": ' + str(order_id).encode() + b', "cut', slot, None))
             elif draw < malformed_share + tombstone_share:
-                values.append((None, None, slot))
+                values.append((None, None, slot, None))
             else:
                 body = {
                     "order_id": order_id,
@@ -398,7 +512,7 @@ class Campaign:
                     "amount": order_id % 1000 / 10,
                     **nested_values(order_id),
                 }
-                values.append((order_id, json.dumps(body).encode(), slot))
+                values.append((order_id, json.dumps(body).encode(), slot, body["customer"]))
         return values
 
     def _send(
@@ -407,15 +521,17 @@ class Campaign:
         sent: list[Record] = []
         failures: list[str] = []
         incarnation = self.model.incarnation
-        for order_id, value, slot in self._values(count, malformed_share, tombstone_share):
+        for order_id, value, slot, customer in self._values(count, malformed_share, tombstone_share):
             partition = self.rng.randrange(self.partitions)
 
-            def delivered(err, msg, order_id=order_id, slot=slot, tombstone=value is None):
+            def delivered(err, msg, order_id=order_id, slot=slot, tombstone=value is None, customer=customer):
                 if err is not None:
                     failures.append(str(err))
                 else:
                     sent.append(
-                        Record(msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1], incarnation, slot, tombstone)
+                        Record(
+                            msg.partition(), msg.offset(), order_id, state, txn, msg.timestamp()[1], incarnation, slot, tombstone, customer
+                        )
                     )
 
             key = json.dumps({"slot": _iso_us(slot)}).encode()
@@ -504,14 +620,18 @@ class Campaign:
             self.log(f"campaign: failpoint {name} did not fire (attempt {attempt + 1}), nothing was pending")
         raise InvariantBroken(f"failpoint {name} never fired in 3 runs with records pending")
 
-    def _ensure_pending(self, timeout_s: float = 30.0) -> None:
+    def _ensure_pending(self, timeout_s: float = 30.0, ends=None) -> None:
         """Produce records unless some partition's last stable offset is past its committed end
-        (or a gap is due), then wait until the broker reports them stable."""
+        (or a gap is due), then wait until the broker reports them stable. With ``ends`` (a
+        function: the Kafka sink's committed ends) records to read must be due, not only a gap."""
 
         def pending() -> bool:
-            ends = self._committed_ends()
             lso = _last_stable(self.bootstrap, self.topic, self.partitions)
-            return any(lso[p] > (ends.get(p) or self.model.deleted_below.get(p, 0)) for p in lso)
+            if ends is not None:
+                committed = ends()
+                return any(lso[p] > max(committed.get(p) or 0, self.model.deleted_below.get(p, 0)) for p in lso)
+            committed = self._committed_ends()
+            return any(lso[p] > (committed.get(p) or self.model.deleted_below.get(p, 0)) for p in lso)
 
         if pending():
             return
@@ -768,6 +888,117 @@ class Campaign:
             raise InvariantBroken(f"engine backfill {plan.describe()} ended {result.status}")
         self.stats["engine_backfills"] += 1
 
+    # ---- steps: the Kafka sink and the outbox ---------------------------------------------------
+    def _kafka_ends(self) -> dict[int, int | None]:
+        """The Kafka-sink pipeline's committed ends: its group's offsets on the source topic, as a
+        plain read_committed consumer reads them (kafka_truth, not offsetlake)."""
+        not_ready = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return group_offsets(self.bootstrap, f"offsetlake-{self.kafka_name}", self.topic, list(range(self.partitions)))
+            except KafkaException as err:  # a coordinator still loading (a new broker, one just restarted)
+                if time.monotonic() > deadline or not (err.args[0].retriable() or err.args[0].code() in not_ready):
+                    raise
+                time.sleep(0.5)
+
+    def _run_kafka_sink(self, max_batches: int | None) -> None:
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import run_pipeline
+        from offsetlake.spark import spark_session
+
+        run_pipeline(
+            self.kafka, RunContext(run_id=f"campaign-k-{uuid.uuid4().hex[:6]}"), spark_session, max_batches=max_batches, emit=lambda _: None
+        )
+        self.stats["kafka_sink_runs"] += 1
+
+    def kafka_sink_run(self) -> None:
+        """Run the Kafka-sink pipeline in this process; one time in three it crashes (SimulatedCrash,
+        as tests/test_kafka_sink.py does) at a random step of its batch: planned, read, produced,
+        flushed, committed in Kafka, recorded in the ledger. Before a crash the step makes sure a
+        batch is due (a failpoint fires only in a batch; a gap batch does not read: tried again)."""
+        if self.rng.random() >= 1 / 3:
+            return self._run_kafka_sink(self.rng.choice([1, 2, None]))
+        step = self.rng.choice(KAFKA_SINK_CRASH_STEPS)
+        for attempt in range(3):
+            self._ensure_pending(ends=self._kafka_ends)
+            try:
+                with failpoints.on(step, _simulated_crash):
+                    self._run_kafka_sink(max_batches=1)
+            except failpoints.SimulatedCrash:
+                self.stats["kafka_sink_crashes"] += 1
+                return
+            self.log(f"campaign: Kafka sink failpoint {step} did not fire (attempt {attempt + 1})")
+        raise InvariantBroken(f"Kafka sink failpoint {step} never fired in 3 runs with records pending")
+
+    def kafka_sink_republish(self) -> None:
+        """A republishing backfill of a random committed range of partition 0 of the Kafka-sink
+        pipeline (plan_backfill(republish=True), executed as recorded): the records of that batch
+        are exactly the model's committed records of the range, valid ones in the output topic and
+        malformed ones in the dead-letter topic, once each, marked ``backfill``."""
+        from offsetlake.backfill import plan_backfill
+        from offsetlake.ledger import Ledger
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import execute_recorded_batch
+        from offsetlake.spark import spark_session
+
+        end = self._kafka_ends().get(0)
+        low = self.model.deleted_below.get(0, 0)
+        if end is None or end <= low + 1:
+            self.stats["skipped:kafka_sink_republish"] += 1
+            return
+        start = self.rng.randrange(low, end - 1)
+        stop = self.rng.randrange(start + 1, end + 1)
+        plan = plan_backfill(self.kafka, RunContext(run_id=f"campaign-kbf-{uuid.uuid4().hex[:6]}"), [0], start, stop, republish=True)
+        Ledger.of(self.kafka).record_plan(plan)
+        result = execute_recorded_batch(self.kafka, plan.batch_id, spark_session)
+        if result.status != "committed":
+            raise InvariantBroken(f"Kafka sink republish {plan.describe()} ended {result.status}")
+        (done,) = plan.ranges
+        want = {
+            (r.partition, r.offset): r
+            for r in self.model.current()
+            if r.state == "visible" and r.partition == 0 and done.start <= r.offset < done.end
+        }
+        problems = []
+        for topic, valid in ((self.kafka.sink.topic, True), (self.kafka.sink.dead_letters_to, False)):
+            got = Counter(
+                (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
+                for h in (_headers(r) for r in read_records(self.bootstrap, topic))
+                if h.get("offsetlake.batch") == plan.batch_id
+            )
+            expected = {k for k, r in want.items() if (r.order_id is not None) == valid}
+            if set(got) != expected or any(n > 1 for n in got.values()):
+                problems.append(
+                    f"{topic}: only republished {sorted(set(got) - expected)[:5]}, only in the model {sorted(expected - set(got))[:5]}, "
+                    f"twice {sorted(k for k, n in got.items() if n > 1)[:5]}"
+                )
+        if problems:
+            raise InvariantBroken(f"Kafka sink republish {plan.describe()} (batch {plan.batch_id}): " + "; ".join(problems))
+        self.stats["kafka_sink_republished"] += 1
+
+    def _publish_outbox(self, max_batches: int | None = None) -> None:
+        from offsetlake.outbox import publish
+
+        publish(self.config, self.outbox_topic, OUTBOX_KEY, max_batches=max_batches)
+        self.stats["outbox_publishes"] += 1
+
+    def outbox_publish(self) -> None:
+        """Publish the plain pipeline's sink commits to the outbox topic (offsetlake.outbox); one
+        time in three the publisher crashes (SimulatedCrash) after producing a commit's records or
+        after its Kafka commit. With nothing left to publish no failpoint is reached: counted."""
+        max_batches = self.rng.choice([1, 3, None])
+        if self.rng.random() >= 1 / 3:
+            return self._publish_outbox(max_batches)
+        step = self.rng.choice(OUTBOX_CRASH_STEPS)
+        try:
+            with failpoints.on(step, _simulated_crash):
+                self._publish_outbox(max_batches)
+        except failpoints.SimulatedCrash:
+            self.stats["outbox_crashes"] += 1
+        else:
+            self.stats["outbox_crash_nothing_pending"] += 1
+
     # ---- steps: the topic and the broker ------------------------------------------------------
     def add_partition(self) -> None:
         if self.partitions >= MAX_PARTITIONS:
@@ -790,6 +1021,11 @@ class Campaign:
         if not targets:
             return
         target = self.rng.choice(targets)
+        # The Kafka sink has not read below ``target`` past its group's offset: those offsets are
+        # lost to it (its next run commits a gap over them, or starts at the new log start).
+        kafka_end = self._kafka_ends().get(partition) or 0
+        if kafka_end < target:
+            self.kafka_lost.setdefault(partition, []).append((kafka_end, target))
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         futures = admin.delete_records([TopicPartition(self.topic, partition, target)])
         for future in futures.values():
@@ -848,6 +1084,7 @@ class Campaign:
             self.engine_name: (self.engine, self.engine_file),
         }
         ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
+        kafka_ends = self._kafka_ends()
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.delete_topics([self.topic])[self.topic].result(30)
         deadline = time.monotonic() + 60
@@ -897,7 +1134,53 @@ class Campaign:
                 raise InvariantBroken(f"{name}: offsetlake topic reset-epoch exited {done.returncode}: {done.stderr[-2000:]}")
             epochs.append(self.model.incarnation)
             self.stats["epochs_reset"] += 1
+        if self.kafka_sinks:
+            self._recover_kafka_sink(any(end is not None for end in kafka_ends.values()))
         self.stats["recreations"] += 1
+
+    def _recover_kafka_sink(self, committed: bool) -> None:
+        """The Kafka-sink pipeline after its source topic was re-created. Its epoch cannot be reset
+        (offsetlake refuses: its ends are the group's offsets); planning on the new topic from the
+        old group offsets must refuse, unless Kafka dropped the group's offsets of the deleted
+        topic (then it has none, counted). Its user deletes the group and sends the new topic's
+        records to a new output topic, where the check starts afresh."""
+        from offsetlake.errors import TopicEpochError, TopicIdentityError
+        from offsetlake.plan import RunContext
+        from offsetlake.planner import plan_next_batch
+        from offsetlake.topic_epochs import reset_topic_epoch
+
+        try:
+            reset_topic_epoch(self.kafka, self.topic, reason="campaign re-created the topic")
+        except TopicEpochError:
+            pass
+        else:
+            raise InvariantBroken(f"{self.kafka_name}: reset_topic_epoch went through for a Kafka sink")
+        if committed:
+            try:
+                plan_next_batch(self.kafka, RunContext(run_id=f"campaign-kprobe-{uuid.uuid4().hex[:6]}"))
+            except TopicIdentityError:
+                self.stats["kafka_sink_refused_recreated"] += 1
+            else:
+                self.stats["kafka_sink_offsets_gone_with_topic"] += 1
+        group = f"offsetlake-{self.kafka_name}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                admin.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+                break
+            except KafkaException as err:
+                if err.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                    break
+                if time.monotonic() > deadline or not err.args[0].retriable():
+                    raise InvariantBroken(f"deleting group {group} failed: {err}") from None
+                time.sleep(0.5)
+        left = {p: e for p, e in self._kafka_ends().items() if e is not None}
+        if left:
+            raise InvariantBroken(f"group {group} still has offsets {left} on {self.topic} after its deletion")
+        self.kafka_generation += 1
+        self.kafka_lost = {}
+        self.kafka = self._new_kafka_output()
 
     def restart(self) -> None:
         self.finish_open_txn()  # a transaction coordinator's state across restarts is not under test
@@ -1269,6 +1552,215 @@ class Campaign:
             self.stats["engine_problems"] += len(problems)
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, merge engine: " + "; ".join(problems[:6]))
 
+    def check_kafka_sink(self, final: bool = False) -> None:
+        """The Kafka-sink pipeline against the model, read back with plain read_committed
+        consumers (kafka_truth): every committed record of the current topic below the group's
+        committed offset is in the output topic exactly once among the records marked ingest or
+        stream (valid ones: its order id, customer, amount; keyed by its customer when the sink
+        has that key) or exactly once in the dead-letter topic (malformed ones and tombstones,
+        with a reason), unless delete_records took it before the pipeline read it; nothing else
+        is there. Republished (``backfill``) records are committed records of the model too."""
+        ends = self._kafka_ends()
+        sink = self.kafka.sink
+        # Unchanged topics, group offsets and lost offsets give the same outcome: the model's
+        # records below the group's offsets never change (an open transaction's lie above them).
+        marks = (
+            sink.topic,
+            last_stable_offsets(self.bootstrap, sink.topic),
+            last_stable_offsets(self.bootstrap, sink.dead_letters_to),
+            ends,
+            repr(self.kafka_lost),
+        )
+        if marks == self._kafka_checked_at and not final:
+            return
+        by_coords = {(r.partition, r.offset): r for r in self.model.current()}
+        problems: list[str] = []
+        counted: dict[bool, Counter] = {True: Counter(), False: Counter()}  # valid (output topic) / malformed (dead letters)
+        for valid, topic in ((True, sink.topic), (False, sink.dead_letters_to)):
+            for record in read_records(self.bootstrap, topic):
+                h = _headers(record)
+                kind = h.get("offsetlake.kind")
+                try:
+                    coords = (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
+                except (KeyError, TypeError, ValueError):
+                    problems.append(f"{topic} {record.partition}:{record.offset} has no source coordinates in its headers: {h}")
+                    continue
+                if h.get("offsetlake.topic") != self.topic:
+                    problems.append(f"{topic} {record.partition}:{record.offset} names source topic {h.get('offsetlake.topic')}")
+                if kind in ("ingest", "stream"):
+                    counted[valid][coords] += 1
+                elif kind != "backfill":
+                    problems.append(f"{topic} {record.partition}:{record.offset} is marked {kind}")
+                source = by_coords.get(coords)
+                if source is None or source.state != "visible" or (source.order_id is not None) != valid:
+                    what = "valid" if valid else "malformed"
+                    problems.append(f"{topic} holds source record {coords} ({kind}), which is not a committed {what} record ({source})")
+                    continue
+                if not valid:
+                    if not h.get("offsetlake.reason"):
+                        problems.append(f"dead letter of {coords} carries no reason")
+                    continue
+                value = json.loads(record.value or b"null") or {}
+                want = {"order_id": source.order_id, "customer": source.customer, "amount": source.order_id % 1000 / 10}
+                if {k: value.get(k) for k in want} != want:
+                    problems.append(f"{topic} record of {coords} holds {value}, the record {want}")
+                if not sink.key or source.customer is None:
+                    keys: set = {None}
+                else:  # an empty key may come back as no key
+                    keys = {source.customer.encode(), *([None] if source.customer == "" else [])}
+                if record.key not in keys:
+                    problems.append(f"{topic} record of {coords} has key {record.key!r}, the record's customer is {source.customer!r}")
+        expected: dict[bool, set] = {True: set(), False: set()}
+        lost = 0
+        for r in self.model.current():
+            end = ends.get(r.partition)
+            if r.state != "visible" or end is None or r.offset >= end:
+                continue
+            if any(a <= r.offset < b for a, b in self.kafka_lost.get(r.partition, ())):
+                lost += 1
+                continue
+            expected[r.order_id is not None].add((r.partition, r.offset))
+        for valid, label in ((True, "output topic"), (False, "dead-letter topic")):
+            got, want = counted[valid], expected[valid]
+            missing, extra = sorted(want - set(got)), sorted(set(got) - want)
+            twice = sorted(k for k, n in got.items() if n > 1)
+            if missing or extra or twice:
+                self.stats["records_lost"] += len(missing)
+                self.stats["duplicates_found"] += len(twice)
+                problems.append(
+                    f"the {label} ({len(got)} records) differs from the model below the group's offsets {ends} "
+                    f"(lost to deletes {self.kafka_lost}): missing {len(missing)} {missing[:5]}, beyond {len(extra)} {extra[:5]}, "
+                    f"twice {len(twice)} {twice[:5]}"
+                )
+        self.stats["last_kafka_sink_rows"] = sum(counted[True].values())
+        self.stats["last_kafka_sink_dead"] = sum(counted[False].values())
+        self.stats["last_kafka_sink_lost"] = lost
+        if final:
+            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+            behind = {
+                p: (ends.get(p), lso[p])
+                for p in lso
+                if (ends.get(p) if ends.get(p) is not None else self.model.deleted_below.get(p, 0)) < lso[p]
+            }
+            if behind:
+                problems.append(f"after the final run the Kafka sink's group is behind the LSO: {behind}")
+        if problems:
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, Kafka sink: " + "; ".join(problems[:6]))
+        self._kafka_checked_at = marks
+
+    def check_outbox(self, final: bool = False) -> None:
+        """The outbox topic against the plain pipeline's sink history (tests/test_outbox.py's
+        check): per sink commit up to the outbox's progress, the rows of its ranges (of its epoch
+        of the topic, and of its time window for a backfill by time) in the table at that version,
+        read with plain deltalake, or one record per batch a rewind undid; each published once, in
+        sink version order, and nothing of a commit past the progress. Skipped while neither topic
+        changed since the last check (what a published version holds never changes)."""
+        from offsetlake.history import sink_commits
+        from offsetlake.outbox import PROGRESS_TOPIC
+
+        if not storage.is_table(self.config.layout.sink):
+            return
+        if PROGRESS_TOPIC not in AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=30).topics:
+            marks: tuple = (None, None)
+        else:
+            marks = (last_stable_offsets(self.bootstrap, self.outbox_topic), last_stable_offsets(self.bootstrap, PROGRESS_TOPIC))
+        if marks == self._outbox_checked_at and not final:
+            return
+        key = f"{self.name}>{self.outbox_topic}".encode()
+        progress = -1
+        if marks[1] is not None:
+            for record in read_records(self.bootstrap, PROGRESS_TOPIC):
+                if record.key == key and record.value:
+                    progress = int(json.loads(record.value)["version"])
+        commits = sorted(sink_commits(storage.table(self.config.layout.sink), self.name), key=lambda c: c.version)
+        _, _, _, epoch_of = self._history(self.config)
+        done = [c for c in commits if c.version <= progress]
+        expected = [e for c in done for e in self._outbox_expected_of(c, epoch_of)]
+        published = []
+        problems = []
+        for record in read_records(self.bootstrap, self.outbox_topic):
+            h = _headers(record)
+            kind = h.get("offsetlake.kind")
+            if kind == "rewind":
+                source: tuple = ("undone", json.loads(record.value or b"{}").get("rewound_batch"))
+            else:
+                source = (h.get("offsetlake.topic"), int(h.get("offsetlake.partition", -1)), int(h.get("offsetlake.offset", -1)))
+                order_id = (json.loads(record.value or b"null") or {}).get("order_id")
+                if record.key is None or order_id is None or int(record.key) != order_id:
+                    problems.append(f"outbox record {record.offset}: key {record.key!r}, order id {order_id}")
+            published.append((int(h.get("offsetlake.sink_version", -1)), h.get("offsetlake.batch"), kind, source))
+        versions = [v for v, *_ in published]
+        if versions != sorted(versions):
+            problems.append(
+                f"the outbox is not in sink version order: {[v for v, w in zip(versions, versions[1:], strict=False) if w < v][:5]}"
+            )
+        got, want = Counter(published), Counter(expected)
+        if got != want:
+            only_topic, only_sink = got - want, want - got
+            problems.append(
+                f"the outbox (progress at sink version {progress}) differs from the sink's commits: only published "
+                f"{len(list(only_topic.elements()))} {sorted(only_topic, key=str)[:4]}, only in the sink "
+                f"{len(list(only_sink.elements()))} {sorted(only_sink, key=str)[:4]}"
+            )
+            self.stats["duplicates_found"] += sum(n - 1 for n in got.values() if n > 1)
+        if final and commits and progress != commits[-1].version:
+            problems.append(
+                f"after the final publish the outbox's progress is sink version {progress}, the sink's last {commits[-1].version}"
+            )
+        self.stats["last_outbox_commits_published"] = len(done)
+        self.stats["last_outbox_records"] = len(published)
+        if problems:
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, outbox: " + "; ".join(problems[:6]))
+        self._outbox_checked_at = marks
+
+    def _outbox_expected_of(self, commit, epoch_of) -> list[tuple]:
+        """(sink version, batch, kind, source) of each record sink commit ``commit`` must publish;
+        computed once per version (a version's table never changes)."""
+        cached = self._outbox_expected.get(commit.version)
+        if cached is not None:
+            return cached
+        kind, version = str(commit.kind), commit.version
+        out: list[tuple] = []
+        if kind == "rewind":
+            out = [(version, commit.batch_id, kind, ("undone", b)) for b in commit.entry.rewound]
+        elif kind in ("ingest", "stream", "backfill"):
+            where = None
+            for r in commit.entry.offset_ranges:
+                if r.end > r.start:
+                    term = (pc.field("_kafka_topic") == r.topic) & (pc.field("_kafka_partition") == r.partition)
+                    term = term & (pc.field("_kafka_offset") >= r.start) & (pc.field("_kafka_offset") < r.end)
+                    where = term if where is None else where | term
+            if where is not None:
+                dataset = storage.table(self.config.layout.sink, version=version).to_pyarrow_dataset()
+                epoch_column = ["_offsetlake_epoch"] if "_offsetlake_epoch" in dataset.schema.names else []
+                data = dataset.to_table(
+                    columns=["_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", *epoch_column], filter=where
+                )
+                micros = pc.cast(data["_kafka_timestamp"], pa.int64()).to_pylist()
+                epochs = data[epoch_column[0]].to_pylist() if epoch_column else [None] * data.num_rows
+                window = commit.entry.record_time
+                for t, p, o, us, e in zip(
+                    data["_kafka_topic"].to_pylist(),
+                    data["_kafka_partition"].to_pylist(),
+                    data["_kafka_offset"].to_pylist(),
+                    micros,
+                    epochs,
+                    strict=True,
+                ):
+                    if (e or 0) != epoch_of(version):  # rows of an earlier creation of the topic at the same offsets
+                        continue
+                    if window is not None and not (us is not None and window.from_ms * 1000 <= us < window.to_ms * 1000):
+                        continue
+                    out.append((version, commit.batch_id, kind, (t, p, o)))
+        self._outbox_expected[version] = out
+        return out
+
+    def _kafka_sink_batches(self) -> int:
+        """The Kafka sink's committed ingest batches, from its commit log (for the figures)."""
+        from offsetlake.kafka_commit import kafka_sink_commits
+
+        return sum(1 for c in kafka_sink_commits(self.kafka) if str(c.kind) in ("ingest", "stream"))
+
 
 def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: float = 120) -> dict[tuple[int, int], int | None]:
     """(partition, offset) -> order id (None: malformed) of every record a plain read_committed
@@ -1311,6 +1803,15 @@ def _consumer_view(bootstrap: str, topic: str, lso: dict[int, int], timeout_s: f
     finally:
         consumer.close()
     return seen
+
+
+def _simulated_crash(_name: str) -> None:
+    raise failpoints.SimulatedCrash()
+
+
+def _headers(record) -> dict[str, str | None]:
+    """A record's headers as text (kafka_truth.Record)."""
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in record.headers}
 
 
 def _end_transaction(producer: Producer, sent: list[Record], commit: bool) -> None:
@@ -1376,6 +1877,9 @@ def main() -> int:
     parser.add_argument("--figures", type=Path, help="append the final figures as a JSON line to this file")
     parser.add_argument("--minutes", type=float, help="draw no new step after this long; the final phase still runs")
     parser.add_argument(
+        "--no-kafka-sinks", action="store_true", help="leave out the Kafka sink's and the outbox's steps and checks (the CI test does)"
+    )
+    parser.add_argument(
         "--kafka-audit-every",
         type=int,
         default=1,
@@ -1411,6 +1915,7 @@ def main() -> int:
                 broker.restart if broker else None,
                 log=lambda line: print(line, flush=True),
                 kafka_audit_every=args.kafka_audit_every,
+                kafka_sinks=not args.no_kafka_sinks,
             )
             figures = campaign.run(args.minutes)
         finally:
