@@ -128,6 +128,22 @@ class TransactionalWriter:
             self._group.close()
             raise
 
+    def _check_delivered(self, batch_id: str, out_topic: str, remaining: int, failed: list[KafkaError]) -> None:
+        """After the flush: every record acknowledged, or the reason the transaction must abort."""
+        if (fatal := self._fatal_among(failed)) is not None:  # fenced while producing: deliveries fail fatally
+            raise self._aborted(batch_id, fatal)
+        if remaining or failed:
+            reason = failed[0].str() if failed else f"{remaining} records not acknowledged within {CALL_TIMEOUT_S:.0f}s"
+            raise KafkaSinkAbortedError(
+                f"batch {batch_id}: producing to '{out_topic}' failed ({reason}); the transaction is aborted",
+                pipeline=self.pipeline,
+                batch_id=batch_id,
+            )
+
+    def _fatal_among(self, failed: list[KafkaError]) -> KafkaError | None:
+        """The fatal error (fenced) this producer met, from its error callback or a delivery report."""
+        return self._fatal or next((e for e in failed if e.fatal() or e.code() in _FENCED), None)
+
     def _on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback: a fatal error (fenced) is kept, since a call that meets it
         inside a delivery callback (``flush``) can surface as a bare SystemError."""
@@ -204,13 +220,7 @@ class TransactionalWriter:
                 self._produce(topic, extra, list(extra.headers), also_delivered(index))
             failpoints.failpoint("after_produce")
             remaining = self._producer.flush(CALL_TIMEOUT_S)
-            if remaining or failed:
-                reason = failed[0].str() if failed else f"{remaining} records not acknowledged within {CALL_TIMEOUT_S:.0f}s"
-                raise KafkaSinkAbortedError(
-                    f"batch {batch_id}: producing to '{out_topic}' failed ({reason}); the transaction is aborted",
-                    pipeline=self.pipeline,
-                    batch_id=batch_id,
-                )
+            self._check_delivered(batch_id, out_topic, remaining, failed)
             failpoints.failpoint("after_flush")
             if ends:
                 offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in sorted(ends.items())]
@@ -220,7 +230,7 @@ class TransactionalWriter:
             raise self._aborted(batch_id, err.args[0]) from None
         except Exception as err:
             # fenced while flushing: the fatal error can come out of a delivery callback as a bare SystemError
-            fatal = self._fatal or next((e for e in failed if e.fatal() or e.code() in _FENCED), None) or _kafka_error_in(err)
+            fatal = self._fatal_among(failed) or _kafka_error_in(err)
             log.warning("batch %s: %s while in its transaction (fatal: %s)", batch_id, type(err).__name__, fatal.str() if fatal else None)
             if fatal is not None:
                 raise self._aborted(batch_id, fatal) from None
@@ -282,7 +292,7 @@ def _kafka_error_in(err: BaseException) -> KafkaError | None:
     return None
 
 
-_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+_FENCED = (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 def committed_ends(

@@ -273,7 +273,21 @@ def group_offsets(bootstrap: str, group: str, topic: str, partitions: list[int])
     return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
 
 
-def check_kafka_sink(bootstrap: str, source_topic: str, config) -> None:
+def check_kafka_sink(bootstrap: str, source_topic: str, config, wait_s: float = 30) -> None:
+    """``_check_kafka_sink``, again for up to ``wait_s`` while it fails: a committed transaction's
+    markers reach its partitions just after ``commit_transaction`` returns, and until then a
+    read_committed consumer stops before its records."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return _check_kafka_sink(bootstrap, source_topic, config)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _check_kafka_sink(bootstrap: str, source_topic: str, config) -> None:
     """A Kafka sink's independent check: each valid source record's row exactly once in the output
     topic (keyed by its customer, its value its fields), each malformed one exactly once in the
     dead-letter topic with a reason, and the group's committed offsets at the source's end."""

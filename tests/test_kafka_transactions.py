@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -39,6 +40,15 @@ def _visible(bootstrap: str, topic: str) -> list[dict]:
 
 def _keys(rows: list[dict]) -> list[bytes]:
     return sorted(r["key"] for r in rows)
+
+
+def _eventually_keys(bootstrap: str, topic: str, expected: list[bytes], wait_s: float = 30) -> list[bytes]:
+    """The visible keys once they equal ``expected`` or ``wait_s`` passed: ``commit_transaction``
+    returns once the commit is decided, and the markers reach the partitions just after."""
+    deadline = time.monotonic() + wait_s
+    while (found := _keys(_visible(bootstrap, topic))) != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
 
 
 @pytest.fixture
@@ -93,11 +103,15 @@ def test_a_failure_before_the_commit_aborts_the_records_and_the_offsets(client, 
         writer.commit("b1", "ingest", out_topic, committed, committed_at)
         with failpoints.on(step, fail), pytest.raises(OSError):
             writer.commit("b2", "ingest", out_topic, batch, ends)
-        assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in committed)
+        assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in committed)) == sorted(
+            r.key for r in committed
+        )
         assert committed_ends(client, pipeline, ends) == committed_at  # the offsets were aborted with the records
         writer.commit("b2", "ingest", out_topic, batch, ends)  # the same writer commits the batch again
 
-    assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in committed + batch)
+    assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in committed + batch)) == sorted(
+        r.key for r in committed + batch
+    )
     assert committed_ends(client, pipeline, ends) == ends
 
 
@@ -121,7 +135,7 @@ def test_a_transaction_open_past_its_timeout_is_aborted_by_the_broker_and_shows_
     assert committed_ends(client, pipeline, ends) == {key: None for key in ends}
     with TransactionalWriter(client, pipeline) as writer:
         writer.commit("b1", "ingest", out_topic, batch, ends)
-    assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in batch)
+    assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in batch)) == sorted(r.key for r in batch)
     assert committed_ends(client, pipeline, ends) == ends
 
 
@@ -157,7 +171,7 @@ def test_a_second_runner_fences_the_first_whose_batch_stays_invisible(client, ou
         second.close()
     finally:
         first.close()
-    assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in batch)
+    assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in batch)) == sorted(r.key for r in batch)
 
 
 _KILLED_RUNNER = """
@@ -190,10 +204,14 @@ def test_a_runner_killed_mid_batch_leaves_nothing_or_the_whole_batch(client, out
 
     if step == "after_flush":
         # the dead runner's records were acknowledged but stay invisible: the stable offset stops before them
-        assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in committed)
+        assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in committed)) == sorted(
+            r.key for r in committed
+        )
         with TransactionalWriter(client, pipeline):  # the restarted runner: aborts what the dead one left open
             pass
-        assert _keys(_visible(client["bootstrap.servers"], out_topic)) == sorted(r.key for r in committed)
+        assert _eventually_keys(client["bootstrap.servers"], out_topic, sorted(r.key for r in committed)) == sorted(
+            r.key for r in committed
+        )
         assert committed_ends(client, pipeline, committed_at) == committed_at
     else:
         assert len(_visible(client["bootstrap.servers"], out_topic)) == 30 + 40
