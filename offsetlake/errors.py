@@ -202,6 +202,11 @@ class KafkaSinkFencedError(OffsetlakeError):
     zombie of this one); this runner's open transaction is aborted and it must stop."""
 
 
+class KafkaSinkValueError(OffsetlakeError):
+    """A row of a Kafka sink's batch cannot be written in the sink's value format (a value its
+    schema cannot hold); the batch produced nothing. Not transient: the rows or the format must change."""
+
+
 class OffsetsLostError(OffsetlakeError):
     """Invariant 7: a planned start is below the partition's log start offset."""
 

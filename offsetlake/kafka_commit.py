@@ -25,14 +25,11 @@ pipeline fences the first, whose next transactional call fails (``KafkaSinkFence
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
-from decimal import Decimal
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -45,6 +42,7 @@ from offsetlake.entry import parse
 from offsetlake.errors import ConfigError, KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import group_id
+from offsetlake.sink_values import Encode, encode_json, json_value
 
 log = logging.getLogger("offsetlake.kafka_commit")
 
@@ -475,27 +473,14 @@ def record_key(row: Mapping[str, Any], key_columns: Sequence[str]) -> bytes | No
     return (value if isinstance(value, str) else str(json_value(value))).encode()
 
 
-def json_value(value: Any) -> Any:
-    """A column value JSON cannot write as itself: timestamps and dates ISO 8601, decimals as text,
-    bytes base64."""
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    return value
+def row_record(
+    row: Mapping[str, Any], key_columns: Sequence[str], headers: tuple[tuple[str, bytes], ...] = (), encode: Encode = encode_json
+) -> OutputRecord:
+    """A sink row as a record: its key columns' key, its columns without the record coordinates
+    as the value (``encode``: a JSON object unless the sink's format says otherwise), and the
+    source record's coordinates."""
+    value = {k: v for k, v in row.items() if k not in NOT_IN_VALUES}
+    return OutputRecord(record_key(row, key_columns), encode(value), row[TOPIC], row[PARTITION], row[OFFSET], headers)
 
 
-def row_record(row: Mapping[str, Any], key_columns: Sequence[str], headers: tuple[tuple[str, bytes], ...] = ()) -> OutputRecord:
-    """A sink row as a record: its key columns' key, a JSON object of its columns without the
-    record coordinates, and the source record's coordinates."""
-    value = {k: v for k, v in row.items() if k not in _NOT_IN_VALUES}
-    return OutputRecord(
-        record_key(row, key_columns), json.dumps(value, default=json_value).encode(), row[TOPIC], row[PARTITION], row[OFFSET], headers
-    )
-
-
-_NOT_IN_VALUES = frozenset({*COORDINATE_COLUMNS, TOPIC_EPOCH})
+NOT_IN_VALUES = frozenset({*COORDINATE_COLUMNS, TOPIC_EPOCH})

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from offsetlake import failpoints, storage
@@ -43,6 +44,7 @@ from offsetlake.errors import StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets
 from offsetlake.kafka_commit import (
+    NOT_IN_VALUES,
     OutputRecord,
     TransactionalWriter,
     commit_log_topic,
@@ -55,6 +57,7 @@ from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus
 from offsetlake.process import ProcessedBatch, process_ranges
+from offsetlake.sink_values import value_encoder
 from offsetlake.validation import load_suite
 
 log = logging.getLogger("offsetlake.kafka_sink")
@@ -205,9 +208,13 @@ def _output_records(config: PipelineConfig, processed: ProcessedBatch | None) ->
     if processed is None or processed.rows is None:
         return
     rows = processed.rows.orderBy(TOPIC, PARTITION, OFFSET).toArrow()
+    if rows.num_rows == 0:
+        return
+    columns = pa.schema([f for f in rows.schema if f.name not in NOT_IN_VALUES])
+    encode = value_encoder(config, columns)  # a registry format: the schema is registered on the first row
     for batch in rows.to_batches(max_chunksize=10_000):
         for row in batch.to_pylist():
-            yield row_record(row, config.sink.key)
+            yield row_record(row, config.sink.key, encode=encode)
 
 
 def _dead_letter_records(config: PipelineConfig, processed: ProcessedBatch, kind: str) -> Iterator[tuple]:

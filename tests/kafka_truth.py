@@ -273,24 +273,25 @@ def group_offsets(bootstrap: str, group: str, topic: str, partitions: list[int])
     return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in found}
 
 
-def check_kafka_sink(bootstrap: str, source_topic: str, config, wait_s: float = 30) -> None:
+def check_kafka_sink(bootstrap: str, source_topic: str, config, wait_s: float = 30, decode=json.loads) -> None:
     """``_check_kafka_sink``, again for up to ``wait_s`` while it fails: a committed transaction's
     markers reach its partitions just after ``commit_transaction`` returns, and until then a
     read_committed consumer stops before its records."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return _check_kafka_sink(bootstrap, source_topic, config)
+            return _check_kafka_sink(bootstrap, source_topic, config, decode)
         except AssertionError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
 
 
-def _check_kafka_sink(bootstrap: str, source_topic: str, config) -> None:
+def _check_kafka_sink(bootstrap: str, source_topic: str, config, decode) -> None:
     """A Kafka sink's independent check: each valid source record's row exactly once in the output
-    topic (keyed by its customer, its value its fields), each malformed one exactly once in the
-    dead-letter topic with a reason, and the group's committed offsets at the source's end."""
+    topic (keyed by its customer, its value its fields as ``decode`` reads them), each malformed
+    one exactly once in the dead-letter topic with a reason, and the group's committed offsets at
+    the source's end."""
     out, dead_topic = config.sink.topic, config.sink.dead_letters_to
     source = source_orders(bootstrap, source_topic)
     valid = {k for k, v in source.items() if v is not None}
@@ -302,7 +303,8 @@ def _check_kafka_sink(bootstrap: str, source_topic: str, config) -> None:
         if h["offsetlake.kind"].decode() not in ("ingest", "stream"):
             continue
         expected = source[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))]
-        assert expected is not None and json.loads(record.value or b"")["order_id"] == expected["order_id"]
+        value = decode(record.value or b"")
+        assert expected is not None and value["order_id"] == expected["order_id"] and value["customer"] == expected["customer"]
         assert record.key == (expected["customer"] or "").encode() or (record.key is None and expected["customer"] is None)
     dead = by_source(bootstrap, dead_topic)
     assert all(dict(r.headers)["offsetlake.reason"] for r in read_records(bootstrap, dead_topic))

@@ -181,6 +181,12 @@ def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_pa
         ({"topic": "out"}, "topic applies to a Kafka sink"),
         ({"type": "kafka", "topic": "out", "data_path": "direct"}, "data_path: a Kafka sink takes auto or spark"),
         ({"format": "json"}, "format applies to a Kafka sink"),
+        ({"register": False}, "register applies to a Kafka sink"),
+        ({"subject": "s-value"}, "subject applies to a Kafka sink"),
+        ({"type": "kafka", "topic": "out", "format": "xml"}, "sink.format: Input should be 'json', 'avro', 'json_schema' or 'protobuf'"),
+        ({"type": "kafka", "topic": "out", "subject": "s-value"}, "subject applies to the registry formats .* not to format json"),
+        ({"type": "kafka", "topic": "out", "register": False}, "register applies to the registry formats"),
+        ({"type": "kafka", "topic": "out", "format": "avro", "schema_registry": {"nope": "x"}}, "schema_registry"),
     ],
 )
 def test_a_kafka_sink_is_checked_with_the_yaml(tmp_path, sink, problem):
@@ -188,6 +194,13 @@ def test_a_kafka_sink_is_checked_with_the_yaml(tmp_path, sink, problem):
     top = {"data_path": sink.pop("data_path")} if "data_path" in sink else {}
     with pytest.raises(ConfigError, match=problem):
         load_pipeline(str(write(tmp_path, {**BASE, **top, "sink": sink})))
+
+
+def test_a_kafka_sinks_registry_settings_come_from_the_file_or_the_connection(tmp_path):
+    sink = {"type": "kafka", "topic": "out", "format": "protobuf", "subject": "out-v", "register": False}
+    config = load_pipeline(str(write(tmp_path, {**BASE, "sink": sink})))
+    assert config.sink.format == "protobuf" and config.sink.subject == "out-v" and config.sink.register_schema is False
+    assert config.with_registry_overrides({"url": "http://registry:8081"}).sink.schema_registry == {"url": "http://registry:8081"}
 
 
 def test_a_kafka_sink_keys_its_records_and_names_its_dead_letter_topic(tmp_path):

@@ -309,7 +309,13 @@ class SinkSettings(_Strict):
     # without the _kafka_* coordinates); dead_letter_topic: where records that became no row go,
     # in the same transaction, with the reason in headers (default <topic>.dead-letters).
     topic: str | None = Field(default=None, min_length=1)
-    format: Literal["json"] = "json"
+    # format avro, json_schema, protobuf: the Confluent wire format through the Schema Registry
+    # (``offsetlake.sink_values``): the schema derived from the output columns is registered
+    # under ``subject`` (default <topic>-value), or with register: false only looked up there.
+    format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
+    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    subject: str | None = Field(default=None, min_length=1)
+    register_schema: bool = Field(default=True, alias="register")  # YAML: register
     dead_letter_topic: str | None = Field(default=None, min_length=1)
     partition_by: list[str] = Field(default_factory=list)
     # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
@@ -338,16 +344,23 @@ class SinkSettings(_Strict):
     within: str | None = None
     within_on: str | None = None
 
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _registry_options(cls, value: Any) -> Any:
+        return registry_options(value)
+
     @model_validator(mode="after")
     def _keyed(self) -> SinkSettings:
         if self.type == "kafka":
             self._kafka_fields()
             return self
-        for name in ("topic", "dead_letter_topic"):
+        for name in ("topic", "dead_letter_topic", "subject"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
-        if "format" in self.model_fields_set:
-            raise ValueError("format applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+        for name in ("format", "schema_registry", "register_schema"):
+            if name in self.model_fields_set:
+                name = name.removesuffix("_schema")
+                raise ValueError(f"{name} applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
         if self.mode != "append" and not self.key:
             raise ValueError(f"mode {self.mode} needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
         if self.mode == "append" and self.key:
@@ -382,6 +395,11 @@ class SinkSettings(_Strict):
         doubled = sorted({c for c in self.key if self.key.count(c) > 1})
         if doubled:
             raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+        if self.format == "json":
+            for name in ("schema_registry", "subject", "register_schema"):
+                if name in self.model_fields_set:
+                    name = name.removesuffix("_schema")
+                    raise ValueError(f"{name} applies to the registry formats (avro, json_schema, protobuf), not to format json")
         for name in ("topic", "dead_letter_topic"):
             value = getattr(self, name)
             if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
@@ -729,6 +747,12 @@ class PipelineConfig(_Strict):
             if problem:
                 raise ConfigError(f"schema registry connection: {problem}", pipeline=self.name)
             update[field_name] = fmt.model_copy(update={"schema_registry": merged})
+        if self.sink.is_kafka and self.sink.format != "json":
+            merged = {**self.sink.schema_registry, **options}
+            problem = registry_settings_problem(merged)
+            if problem:
+                raise ConfigError(f"schema registry connection: {problem}", pipeline=self.name)
+            update["sink"] = self.sink.model_copy(update={"schema_registry": merged})
         return self.model_copy(update=update) if update else self
 
     def check_storage(self) -> None:

@@ -77,6 +77,11 @@ def _client(settings: dict[str, str]) -> Any:
         return client
 
 
+def sdk_client(settings: dict[str, str]) -> Any:
+    """confluent-kafka's ``SchemaRegistryClient`` for ``settings`` (one per process), for its serdes."""
+    return _client(settings)
+
+
 def _call(pipeline: str, settings: dict[str, str], what: str, call: Any) -> Any:
     """Run one registry request: its answer, SchemaNotFound for a 404 that means "no such
     schema/subject/version", SchemaRegistryUnavailableError for anything else."""
