@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from offsetlake import json_text
 from offsetlake.errors import OffsetlakeError
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RangeCounts, ReaderSchema, RecordTimeWindow
 
@@ -187,8 +188,9 @@ class LedgerEntry:
         return out
 
     def to_json(self) -> str:
-        """The commit's ``userMetadata``: compact, sorted JSON with offsetlake's marker."""
-        return json.dumps({**self.as_dict(), MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
+        """The commit's ``userMetadata``: compact, sorted JSON with offsetlake's marker (a NaN or
+        infinite number, say a validation's observed value, as its string: ``json_text``)."""
+        return json_text.dumps({**self.as_dict(), MARKER: 1}, separators=(",", ":"), sort_keys=True, default=str)
 
     # ---- derived shapes -----------------------------------------------------------------
     def ledger_rows(

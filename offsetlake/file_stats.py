@@ -33,7 +33,6 @@ file without a bound for the column may hold anything.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +42,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from offsetlake import json_text
+from offsetlake.json_text import is_finite_number
 
 _STAT_TYPES = (
     pa.types.is_integer,
@@ -70,13 +72,22 @@ def delta_stats(metadata: pq.FileMetaData) -> str:
 
     Only top-level columns of simple types get statistics, found by their parquet leaf path (a
     nested column before them has several leaves, so arrow field positions are not leaf
-    positions: reading by position gave ``_kafka_offset`` another column's statistics). A
-    column whose statistics cannot be stated (incomplete, or a value Python's datetime cannot
-    hold) gets none at all, which readers treat as "may hold anything". Timestamps are written
-    in milliseconds, truncated, as the protocol has them (readers widen them: ``may_hold_any``).
-    Text is written as UTF-8, not as ``\\u`` escapes: deltalake 1.6.6 reads the escaped surrogate
-    pair of a character from U+20000 up as a character 0x10000 lower (seen here: U+20000 read
-    back as U+10000), which made a string max lower than the file's largest value.
+    positions: reading by position gave ``_kafka_offset`` another column's statistics).
+    Timestamps are written in milliseconds, truncated, as the protocol has them (readers widen
+    them: ``may_hold_any``). Text is written as UTF-8, not as ``\\u`` escapes: deltalake 1.6.6
+    reads the escaped surrogate pair of a character from U+20000 up as a character 0x10000 lower
+    (seen here: U+20000 read back as U+10000), which made a string max lower than the file's
+    largest value.
+
+    When any such column holds values whose bounds cannot be stated, the file gets no column
+    statistics at all, only ``numRecords``: an infinite bound (not JSON: written as ``Infinity``
+    it made the Delta log unreadable, issue 48, finding 1), a column of NaNs only (parquet
+    leaves NaN out of min/max), incomplete footer statistics, a value Python's datetime cannot
+    hold. Leaving out just that column is not enough: deltalake 1.6's pyarrow dataset reads a
+    simple column missing from a file's statistics, beside columns that have them, as all null,
+    and prunes the file for any filter on it (seen here: ``amount > 0`` matched none of a file's
+    rows once its ``amount`` bounds were left out, or written as null the way delta-rs writes
+    them itself). A file without statistics is read whole by every reader.
     """
     arrow_schema = metadata.schema.to_arrow_schema()
     leaves = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
@@ -90,17 +101,25 @@ def delta_stats(metadata: pq.FileMetaData) -> str:
         try:
             null_count, low, high = _column_stats(metadata, index)
         except (OverflowError, ValueError, TypeError):
-            continue
+            return _records_only(metadata)
         if null_count is None:
-            continue
-        # Every column with values needs min and max: delta-rs turns a missing bound into a null
-        # guarantee and its pyarrow dataset then prunes the file for any filter on that column
-        # (seen here: a filter on _kafka_topic matched no rows).
-        if low is not None:
+            return _records_only(metadata)
+        # Every column with values needs min and max (the delta-rs pruning above)
+        if low is None:
+            if null_count < metadata.num_rows:
+                return _records_only(metadata)
+        elif not (is_finite_number(low) and is_finite_number(high)):
+            return _records_only(metadata)
+        else:
             mins[column.name], maxs[column.name] = _stat_value(low), _stat_value(high)
         nulls[column.name] = null_count
     stats = {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return json.dumps(stats, ensure_ascii=False)
+    return json_text.dumps(stats, ensure_ascii=False)
+
+
+def _records_only(metadata: pq.FileMetaData) -> str:
+    """The statistics of a file whose column bounds cannot all be stated (``delta_stats``)."""
+    return json_text.dumps({"numRecords": metadata.num_rows})
 
 
 def _column_stats(metadata: pq.FileMetaData, index: int) -> tuple[int | None, Any, Any]:

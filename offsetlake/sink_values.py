@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from offsetlake import json_text
 from offsetlake.errors import ConfigError, KafkaSinkValueError, SchemaRegistryUnavailableError
 from offsetlake.formats.registry import registry_url, sdk_client
+from offsetlake.json_text import NON_FINITE_TEXT, finite_text, is_finite_number
 
 if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
@@ -53,7 +55,9 @@ def json_value(value: Any) -> Any:
 
 
 def encode_json(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, default=json_value).encode()
+    """A row as a JSON object; a NaN or infinite double as the string ``"NaN"``, ``"Infinity"``
+    or ``"-Infinity"`` (``json_text``: a bare ``NaN`` is not JSON, and a consumer's parser refuses it)."""
+    return json_text.dumps(value, default=json_value).encode()
 
 
 def value_encoder(config: PipelineConfig, columns: pa.Schema) -> Encode:
@@ -222,7 +226,8 @@ def _json_type(t: pa.DataType, pipeline: str, column: str) -> dict[str, Any]:
     if pa.types.is_integer(t):
         return {"type": "integer"}
     if pa.types.is_floating(t):
-        return {"type": "number"}
+        # a NaN or infinite double is written as its string (``json_text``), as in JSON
+        return {"oneOf": [{"type": "number"}, {"enum": _NON_FINITE}]}
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return {"type": "string"}
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
@@ -246,8 +251,13 @@ def _json_type(t: pa.DataType, pipeline: str, column: str) -> dict[str, Any]:
     )
 
 
+_NON_FINITE = sorted(NON_FINITE_TEXT.values())
+
+
 def _json_ready(value: Any) -> Any:
     """A row as the JSON it is written as (what the JSON Schema is checked against)."""
+    if isinstance(value, float) and not is_finite_number(value):
+        return finite_text(value)
     if isinstance(value, dict):
         return {k: _json_ready(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from offsetlake import storage
+from offsetlake import json_text, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import COORDINATE_COLUMNS
 from offsetlake.errors import OffsetlakeError, SuiteError, ValidationFailedError
@@ -437,7 +437,7 @@ def write_report(config: PipelineConfig, plan: BatchPlan, summary: dict) -> str:
     report_uri = storage.display_uri(storage.child(folder.path, f"{stamp}.html"))
     summary = {**summary, "report": report_uri}
     with filesystem.open_output_stream(f"{root}/{stamp}.json") as out:
-        out.write(json.dumps({"pipeline": config.name, "batch_id": plan.batch_id, **summary}, indent=2, default=str).encode())
+        out.write(json_text.dumps({"pipeline": config.name, "batch_id": plan.batch_id, **summary}, indent=2, default=str).encode())
     with filesystem.open_output_stream(f"{root}/{stamp}.html") as out:
         out.write(render_report(config, plan, summary).encode())
     return report_uri
@@ -493,7 +493,7 @@ examples are computed for the ones that fail.</p>
 
 # ---- small helpers ----------------------------------------------------------------------------
 def _short(value: Any) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    text = json_text.dumps(value, default=str) if not isinstance(value, str) else value
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -503,7 +503,7 @@ def _round(value: Any) -> Any:
 
 def _jsonable(value: Any) -> Any:
     """Plain JSON values, long strings cut, so summaries fit in ledger rows and commit metadata."""
-    value = json.loads(json.dumps(value, default=str))
+    value = json.loads(json_text.dumps(value, default=str))
     if isinstance(value, str) and len(value) > _EXAMPLE_TEXT:
         return value[:_EXAMPLE_TEXT] + "..."
     if isinstance(value, list):
