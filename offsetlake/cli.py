@@ -535,6 +535,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     # without a committed end begins at its log start (``planner.plan_ranges``)
     begins_at_lso = config.start == "latest" and all(r["committed_end"] is None for r in rows)
     for r in rows:
+        if "group_offset" in r and r["group_offset"] != r["committed_end"]:
+            group = r["group_offset"] if r["group_offset"] is not None else "missing"
+            print(
+                f"note: {r['topic']}[{r['partition']}] the group's offset is {group} (expired or deleted), "
+                f"the commit log's end {r['committed_end']}: the next run restores it"
+            )
         if r["lost"]:
             print(f"WARNING: {r['topic']}[{r['partition']}] offsets [{r['committed_end']}, {r['log_start']}) are gone from Kafka")
         elif r["removed_before_start"]:
@@ -546,16 +552,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from offsetlake.history import sink_commits
     from offsetlake.ledger import Ledger
+    from offsetlake.ledger_view import sink_history
     from offsetlake.runs import reconcile
-    from offsetlake.sink import open_table
 
     words = args.words
     if len(words) == 2 and words[0] == "rebuild":
         config = _load(args, words[1])
         ledger = Ledger.of(config)
-        count = ledger.rebuild(sink_commits(open_table(config.layout.sink), config.name))
+        count = ledger.rebuild(sink_history(config))
         print(f"rebuilt ledger of pipeline {config.name} from sink history: {count} rows at {config.ledger_path}")
         return 0
     if len(words) != 1:

@@ -4,7 +4,8 @@ A Delta commit and a Kafka commit cannot be one atomic step (the two-phase API o
 in a released broker), so for a Kafka sink the Kafka transaction is where a batch commits: its
 output records and its source end offsets, committed for the pipeline's consumer group with
 ``send_offsets_to_transaction``, become visible to read_committed consumers together or not at
-all. The ledger follows the transaction and is reconciled from the group's committed offsets.
+all. The ledger follows the transaction and is reconciled from the commit log the same
+transaction writes.
 
 Mapped onto Flink's two-phase commit (docs/design.md, "A Kafka topic as a sink"):
 
@@ -15,9 +16,11 @@ Mapped onto Flink's two-phase commit (docs/design.md, "A Kafka topic as a sink")
 * abort: any failure before the commit aborts the transaction (``KafkaSinkAbortedError``); a
   process that dies leaves it open until the next producer with the same ``transactional.id``
   starts (``init_transactions`` aborts it and fences the dead one) or ``transaction.timeout.ms``;
-* recovery: ``committed_ends`` reads the group's offsets with ``require_stable`` semantics (a
-  read_committed consumer waits out a pending transactional offset commit), so a runner that
-  died between the Kafka commit and the ledger finds the batch committed.
+* recovery: the commit log (``kafka_sink_commits``, read read_committed after the fence) holds
+  each committed batch's entry, so a runner that died between the Kafka commit and the ledger
+  finds the batch committed; the committed ends are read from it (``kafka_sink_ends``). The
+  group's offsets (``group_offsets``, read with ``require_stable`` semantics) are a copy for
+  Kafka's tools, restored from the commit log when they expired or were deleted.
 
 A ``transactional.id`` is stable per pipeline and writer slot: a second runner of the same
 pipeline fences the first, whose next transactional call fails (``KafkaSinkFencedError``).
@@ -42,6 +45,7 @@ from offsetlake.entry import parse
 from offsetlake.errors import ConfigError, KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import group_id
+from offsetlake.plan import OFFSET_MOVING_KINDS
 from offsetlake.sink_values import Encode, encode_json, json_value
 
 log = logging.getLogger("offsetlake.kafka_commit")
@@ -293,7 +297,7 @@ def _kafka_error_in(err: BaseException) -> KafkaError | None:
 _FENCED = (KafkaError._FENCED, KafkaError._FATAL, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
-def committed_ends(
+def group_offsets(
     client_config: Mapping[str, str], pipeline: str, partitions: Iterable[tuple[str, int]]
 ) -> dict[tuple[str, int], int | None]:
     """The group's committed offset per source partition (None: never committed): a Kafka sink's
@@ -455,9 +459,29 @@ def kafka_sink_commits(config: PipelineConfig) -> list[SinkCommit]:
 
 
 def kafka_sink_ends(config: PipelineConfig, keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
-    """A Kafka sink's committed end per source partition: the group's committed offset, which
-    only the sink's transactions move (None: never committed)."""
-    return committed_ends(config.kafka_client_config(), config.name, sorted(keys))
+    """A Kafka sink's committed end per source partition (None: never committed), from its commit
+    log: the sink's history, as a Delta sink's txn versions are its ends (invariant 15).
+
+    The pipeline group's offsets, which the same transactions commit, are a copy for Kafka's own
+    tools (lag monitors, ``kafka-consumer-groups``), never the record of progress: a group that
+    has no members has its offsets expired ``offsets.retention.minutes`` after its last commit (7
+    days by default), and an operator may delete it; planning from them then restarted from the
+    log start and published every record again (issue 48, finding 2)."""
+    return commit_log_ends(kafka_sink_commits(config), keys)
+
+
+def commit_log_ends(commits: Iterable[SinkCommit], keys: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+    """Per source partition, the end of the last offset-moving commit (ingest, stream, gap) of a
+    Kafka sink's commit log (None: none committed it). Backfills never move an end."""
+    ends: dict[tuple[str, int], int | None] = dict.fromkeys(keys)
+    for commit in commits:
+        if commit.kind not in OFFSET_MOVING_KINDS:
+            continue
+        for r in commit.entry.ranges:
+            key = (r.topic, r.partition)
+            if key in ends:
+                ends[key] = max(r.end, ends[key] or 0)
+    return ends
 
 
 # ---- rows as records ------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """A Kafka topic as a pipeline's sink (``sink: {type: kafka, topic, key}``, invariant 15).
 
-A batch is planned from the pipeline group's committed offsets and recorded in the ledger before
+A batch is planned from the ends the commit log records and recorded in the ledger before
 it reads, as for a Delta sink. Its rows then go out in ONE Kafka transaction
 (``offsetlake.kafka_commit.TransactionalWriter``) together with:
 
 * the batch's source end offsets, committed for the pipeline's group
-  (``send_offsets_to_transaction``): the sink's committed ends, which only its transactions move;
+  (``send_offsets_to_transaction``): a copy of the committed ends for Kafka's tools (restored from
+  the commit log when they expire or are deleted; planning never reads them);
 * its dead letters, to the dead-letter topic, each with the reason in its headers;
 * its ledger entry, to the pipeline's commit log (``offsetlake-commits-<pipeline>``): the sink's
-  history, read back the way a Delta sink's commits are.
+  history, read back the way a Delta sink's commits are, and the record of its committed ends.
 
 The transaction is the commit point: read_committed consumers see the rows, the dead letters, the
 entry and the new ends together or nothing. The ledger row follows it; a runner that dies between
@@ -40,22 +41,23 @@ from offsetlake import failpoints, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
 from offsetlake.entry import for_plan
-from offsetlake.errors import StalePlanError
+from offsetlake.errors import KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
-from offsetlake.kafka import current_offsets
+from offsetlake.kafka import current_offsets, group_id
 from offsetlake.kafka_commit import (
     NOT_IN_VALUES,
     OutputRecord,
     TransactionalWriter,
+    commit_log_ends,
     commit_log_topic,
     ensure_topics,
+    group_offsets,
     kafka_sink_commits,
-    kafka_sink_ends,
     row_record,
 )
 from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
-from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, BatchResult, BatchStatus
 from offsetlake.process import ProcessedBatch, process_ranges
 from offsetlake.sink_values import value_encoder
 from offsetlake.validation import load_suite
@@ -67,14 +69,20 @@ COMMIT_LOG_SETTINGS = {"cleanup.policy": "compact"}  # one key per batch: compac
 
 @dataclass(frozen=True)
 class KafkaSinkState:
-    """What a Kafka sink holds now: its commits (from the commit log) and its committed ends."""
+    """What a Kafka sink holds now: its commits (from the commit log), the committed ends they
+    say, and the pipeline group's offsets (Kafka's copy of those ends, which can expire)."""
 
     commits: list[SinkCommit]
     ends: dict[tuple[str, int], int | None]
+    group: dict[tuple[str, int], int | None]
 
     @classmethod
     def read(cls, config: PipelineConfig, keys: list[tuple[str, int]]) -> KafkaSinkState:
-        return cls(kafka_sink_commits(config), kafka_sink_ends(config, keys))
+        """The group's offsets first, then the commit log: a batch committing in between makes the
+        group look behind (restored, harmlessly), never ahead."""
+        group = group_offsets(config.kafka_client_config(), config.name, sorted(keys))
+        commits = kafka_sink_commits(config)
+        return cls(commits, commit_log_ends(commits, keys), group)
 
     def commit_of(self, batch_id: str) -> SinkCommit | None:
         return next((c for c in self.commits if c.batch_id == batch_id), None)
@@ -82,13 +90,92 @@ class KafkaSinkState:
     def end(self, topic: str, partition: int) -> int | None:
         return self.ends.get((topic, partition))
 
+    def group_behind(self) -> dict[tuple[str, int], int]:
+        """The ends whose group offset is missing (expired, deleted) or lower: to restore."""
+        return {k: end for k, end in self.ends.items() if end is not None and (self.group.get(k) is None or self.group[k] < end)}  # type: ignore[operator]
+
+    def group_ahead(self) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """(group offset, commit-log end) where the group is past what the commit log records."""
+        return {k: (g, self.ends.get(k)) for k, g in self.group.items() if g is not None and g > (self.ends.get(k) or 0)}
+
+
+def read_state(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Ledger | None = None) -> KafkaSinkState:
+    """The sink's state, refused (``KafkaSinkProgressError``, nothing produced) when its records
+    of progress disagree in a way that must not be guessed: the group's offsets past the commit
+    log, or a commit log without batches the ledger recorded committed.
+
+    Read in the order the records are written, followers first: the ledger (which follows the
+    commit log), then the group's offsets, then the commit log, so a batch committing meanwhile
+    can only make the commit log look ahead, never behind. The group past the log can also be the
+    moment a commit's markers reach the two topics one after the other, so the log is read again
+    for a few seconds before refusing."""
+    recorded = ledger.committed_batches(OFFSET_MOVING_KINDS) if ledger is not None else set()
+    state = KafkaSinkState.read(config, keys)
+    deadline = time.monotonic() + _SETTLE_S
+    while state.group_ahead() and time.monotonic() < deadline:
+        time.sleep(0.5)
+        commits = kafka_sink_commits(config)
+        state = KafkaSinkState(commits, commit_log_ends(commits, keys), state.group)
+    ahead = state.group_ahead()
+    if ahead:
+        (topic, partition), (group, logged) = sorted(ahead.items())[0]
+        raise KafkaSinkProgressError(
+            f"the group {group_id(config.name)} has committed offset {group} here, past the end the sink's commit log "
+            f"{commit_log_topic(config.name)} records ({logged if logged is not None else 'none'}): something other than this "
+            "pipeline's transactions moved the group (a reset with kafka-consumer-groups?), or the commit log lost entries. "
+            "The commit log is the record of what was published, and nothing was produced. To go on from the commit log, "
+            f"delete the group's offsets (kafka-consumer-groups --delete-offsets --group {group_id(config.name)} --topic {topic}) "
+            "and run again: they are restored from the commit log",
+            pipeline=config.name,
+            topic=topic,
+            partition=partition,
+        )
+    lost = sorted(recorded - {c.batch_id for c in state.commits})
+    if lost:
+        raise KafkaSinkProgressError(
+            f"the sink's commit log {commit_log_topic(config.name)} lacks {len(lost)} batch(es) the ledger recorded committed "
+            f"(first: {lost[0]}): the topic was deleted, re-created or lost by the broker. Planning from it would publish their "
+            "records again, so nothing was produced. To publish from the commit log as it stands (every source record after "
+            f"its last entry, again), rebuild the ledger from it first: offsetlake ledger rebuild {config.name}",
+            pipeline=config.name,
+        )
+    return state
+
+
+_SETTLE_S = 5.0
+
 
 def reconcile(config: PipelineConfig, ledger: Ledger) -> int:
     """Invariant 4 for a Kafka sink: the ledger gets the commits it lacks (a runner died between
-    the Kafka commit and its ledger row) and the outcomes of plans the group's ends moved past."""
+    the Kafka commit and its ledger row) and the outcomes of plans the committed ends moved past.
+    Group offsets that expired or were deleted are restored from the commit log (``restore_group_offsets``)."""
     keys = sorted(current_offsets(config))
-    state = KafkaSinkState.read(config, keys)
+    state = read_state(config, keys, ledger)
+    if state.group_behind():
+        restore_group_offsets(config, keys, ledger)
     return ledger.reconcile(state.commits, state.end)
+
+
+def restore_group_offsets(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Ledger) -> dict[tuple[str, int], int]:
+    """Commit the commit log's ends for the pipeline's group where its offsets are missing or
+    behind, in a transaction of their own after fencing every other runner (so the log is read
+    whole); returns what was restored. Only Kafka's tools read them: planning reads the log."""
+    client = config.kafka_client_config()
+    with TransactionalWriter(client, config.name) as writer:
+        behind = read_state(config, keys, ledger).group_behind()
+        if behind:
+            assert config.sink.topic is not None  # checked with the YAML
+            writer.commit("restore-group-offsets", "restore", config.sink.topic, [], behind)
+            log_line(
+                log,
+                "kafka_sink",
+                "group offsets restored from the commit log",
+                level=logging.WARNING,
+                pipeline=config.name,
+                group=group_id(config.name),
+                restored=", ".join(f"{t}[{p}]={e}" for (t, p), e in sorted(behind.items())),
+            )
+    return behind
 
 
 def execute(
@@ -110,7 +197,7 @@ def execute(
     )
     with TransactionalWriter(client, config.name) as writer:  # fences every earlier runner first
         keys = [(r.topic, r.partition) for r in plan.ranges]
-        state = KafkaSinkState.read(config, keys)
+        state = read_state(config, keys, ledger)
         done = state.commit_of(plan.batch_id)
         if done is not None:
             ledger.reconcile(state.commits, state.end)
@@ -122,7 +209,7 @@ def execute(
         if plan.kind != BatchKind.GAP:
             processed = process_ranges(config, plan, spark_factory(), load_suite(config))
         try:
-            return _commit(config, plan, ledger, writer, processed, started, before_commit)
+            return _commit(config, plan, ledger, writer, processed, started, before_commit, state.group_behind())
         finally:
             if processed is not None:
                 processed.release()
@@ -166,6 +253,7 @@ def _commit(
     processed: ProcessedBatch | None,
     started: float,
     before_commit: Callable[[], None],
+    restore: dict[tuple[str, int], int],
 ) -> BatchResult:
     per_range = processed.per_range if processed is not None else {}
     records = list(_output_records(config, processed))
@@ -180,8 +268,9 @@ def _commit(
     else:
         assert processed is not None
         entry = for_plan(plan, per_range, started, processed.validation, staged=(), data_path=str(processed.path.path))
-    # a backfill re-publishes below the committed ends and never moves them
-    ends = {} if plan.kind == BatchKind.BACKFILL else {(r.topic, r.partition): r.end for r in plan.ranges}
+    # a backfill re-publishes below the committed ends and never moves them; group offsets that
+    # expired or were deleted go back to the commit log's ends in the same transaction
+    ends = {**restore, **({} if plan.kind == BatchKind.BACKFILL else {(r.topic, r.partition): r.end for r in plan.ranges})}
     t = time.monotonic()
     before_commit()
     assert config.sink.topic is not None

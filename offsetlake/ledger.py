@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -142,6 +142,14 @@ class Ledger:
         mine = pc.field("pipeline") == self.pipeline
         data = table.to_pyarrow_dataset().to_table(filter=mine if where is None else mine & where)
         return data.sort_by([("recorded_at", "ascending")])
+
+    def committed_batches(self, kinds: Iterable[BatchKind]) -> set[str]:
+        """The batch ids of ``kinds`` the ledger recorded ``committed`` (and no rewind undid):
+        what a sink's history must hold (a Kafka sink's commit log, ``kafka_sink.read_state``)."""
+        kind_names = pa.array(sorted(str(k) for k in kinds))
+        rows = self.rows(pc.field("kind").isin(kind_names) & pc.field("status").isin(pa.array([str(COMMITTED), str(REWOUND)])))
+        rewound = set(pc.unique(rows.filter(pc.equal(rows["status"], str(REWOUND)))["batch_id"]).to_pylist())
+        return set(pc.unique(rows["batch_id"]).to_pylist()) - rewound
 
     def batches(self, where: pc.Expression | None = None) -> list[dict]:
         """One row per (batch, topic, partition): the batch's most final outcome.

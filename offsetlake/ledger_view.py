@@ -26,7 +26,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import current_offsets, topic_ids
-from offsetlake.kafka_commit import kafka_sink_commits, kafka_sink_ends
+from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits
 from offsetlake.lease import current_lease
 from offsetlake.ledger import Ledger
 from offsetlake.sink import committed_ends, open_table
@@ -38,7 +38,9 @@ RECENT_BATCHES = 25
 
 
 def partition_status(config: PipelineConfig, table: DeltaTable | None = None) -> list[dict]:
-    """Per partition: committed end (sink txn version), log start, LSO and lag.
+    """Per partition: committed end (sink txn version; a Kafka sink's commit log), log start, LSO
+    and lag; a Kafka sink's rows also give its group's offset (``group_offset``, Kafka's copy,
+    which can expire or be deleted: the next run restores it).
 
     Lag is ``last_stable - committed_end`` (from the log start when nothing was committed yet),
     never negative. ``lost`` flags a committed end below the log start: those offsets are gone
@@ -50,10 +52,13 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     """
     offsets = current_offsets(config)
     ends: dict[tuple[str, int], int | None] = {}
-    if config.sink.is_kafka:  # the group's offsets, which only the sink's transactions move
-        ends = kafka_sink_ends(config, sorted(offsets))
+    group: dict[tuple[str, int], int | None] = {}
+    if config.sink.is_kafka:  # what its commit log records (the group's offsets are Kafka's copy)
+        group = group_offsets(config.kafka_client_config(), config.name, sorted(offsets))
+        commits = kafka_sink_commits(config)
+        ends = commit_log_ends(commits, sorted(offsets))
         current = topic_ids(config, sorted({t for t, _ in offsets}))
-        check_topic_identity(config, kafka_sink_commits(config), ends, offsets, current)
+        check_topic_identity(config, commits, ends, offsets, current)
     else:
         table = table if table is not None else open_table(config.layout.sink)
         check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
@@ -74,6 +79,7 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
                 "lag": max(lag, 0),
                 "lost": committed is not None and committed < o.log_start,
                 "removed_before_start": o.log_start if committed is None else 0,
+                **({"group_offset": group.get((topic, p))} if config.sink.is_kafka else {}),
             }
         )
     return rows
@@ -85,13 +91,20 @@ def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[
     return Ledger.of(config).batches_as_reconciled(_commits(config, table))
 
 
+def sink_history(config: PipelineConfig, table: DeltaTable | None = None) -> list[SinkCommit]:
+    """The sink's history: a Delta sink's commits, or a Kafka sink's commit log (raises
+    KafkaUnavailableError when Kafka cannot be read)."""
+    if config.sink.is_kafka:
+        return kafka_sink_commits(config)
+    return sink_commits(table if table is not None else open_table(config.layout.sink), config.name)
+
+
 def _commits(config: PipelineConfig, table: DeltaTable | None) -> list[SinkCommit]:
-    """The sink's history: a Delta sink's commits, or a Kafka sink's commit log (none while Kafka
-    cannot be read: the ledger alone is still worth showing)."""
+    """``sink_history``, or none while Kafka cannot be read: the ledger alone is still worth showing."""
     if not config.sink.is_kafka:
         return sink_commits(table, config.name)
     try:
-        return kafka_sink_commits(config)
+        return sink_history(config)
     except OffsetlakeError as err:
         log.warning("pipeline=%s the commit log could not be read, showing the ledger alone: %s", config.name, err)
         return []

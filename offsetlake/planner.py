@@ -15,7 +15,7 @@ from offsetlake.errors import KafkaUnavailableError
 from offsetlake.formats import resolve_reader_schema
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, topic_ids
-from offsetlake.kafka_commit import kafka_sink_commits, kafka_sink_ends
+from offsetlake.kafka_commit import commit_log_ends, kafka_sink_commits
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
 from offsetlake.sink import committed_ends, open_table, sink_columns, table_id
 from offsetlake.topic_epochs import check_topic_identity
@@ -131,10 +131,10 @@ def plan_next_batch(
     when the run started).
     """
     offsets = current_offsets(config)
-    if config.sink.is_kafka:  # its ends are the group's offsets, its history the commit log
+    if config.sink.is_kafka:  # its history is the commit log, and its ends what the log records
         table = None
         commits = kafka_sink_commits(config)
-        ends = kafka_sink_ends(config, sorted(offsets))
+        ends = commit_log_ends(commits, sorted(offsets))
     else:
         table = open_table(config.layout.sink)
         commits = sink_commits(table, config.name)

@@ -24,7 +24,7 @@ from offsetlake import storage
 from offsetlake.audit import audit_pipeline
 from offsetlake.embedded.local_broker import LocalBroker
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
-from offsetlake.kafka_commit import committed_ends
+from offsetlake.kafka_commit import group_offsets as committed_ends
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 

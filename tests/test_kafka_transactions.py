@@ -19,7 +19,8 @@ from kafka_truth import read_records
 from offsetlake import failpoints
 from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.errors import KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
-from offsetlake.kafka_commit import OutputRecord, TransactionalWriter, committed_ends
+from offsetlake.kafka_commit import OutputRecord, TransactionalWriter
+from offsetlake.kafka_commit import group_offsets as committed_ends
 
 SOURCE = f"source-{uuid.uuid4().hex[:8]}"  # the coordinates are data here: the topic exists (offsets commit to it) but is not read
 
