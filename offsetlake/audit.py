@@ -28,12 +28,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters
+from offsetlake import dead_letters, foreign
 from offsetlake.config import PipelineConfig
 from offsetlake.config.models import duration_seconds
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.engine_replay import replay
 from offsetlake.engines import CONTRIBUTION, WINDOW_START, group_columns
+from offsetlake.errors import ForeignCommitError
 from offsetlake.history import SinkCommit, epoch_at, epoch_starts, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits, read_committed_headers
@@ -87,7 +88,8 @@ class AuditReport:
                 else (
                     f"\nagainst Kafka: {k['records']} committed records read back, {k['in_sink']} in the sink, "
                     f"{k['dead_letters']} dead letters, {k['in_gaps']} in recorded gaps, {k['filtered']} filtered by "
-                    f"the transform; {k['past_retention']} committed offsets are past retention (not checked)"
+                    f"the transform, {k.get('deleted_by_others', 0)} deleted by commits offsetlake did not make; "
+                    f"{k['past_retention']} committed offsets are past retention (not checked)"
                 )
             )
             if "groups" in k:
@@ -200,11 +202,48 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     ranges = _committed_ranges(commits, rewound, starts, report)
     _check_inside_ranges(records, dead, ranges.covered, report)
     _check_txn_versions(config, sink, commits, starts, set(ranges.by_tp), report)
+    outside = _foreign_commits(config, sink, rows, report)
     if config.sink.mode == "append":
-        _check_counts_match_entries(commits, rewound, starts, rows, dead, report)
+        _check_counts_match_entries(commits, rewound, starts, rows, dead, report, outside)
     if against_kafka:
-        _check_kafka(config, sink, starts, records, dead, ranges, report)
+        _check_kafka(config, sink, starts, records, dead, ranges, report, outside)
     return report
+
+
+@dataclass(frozen=True)
+class _ForeignRows:
+    """What commits offsetlake did not make changed, per (topic, partition, epoch): (offset, sink
+    version) of each row they deleted that is still absent, and of each row they added."""
+
+    removed: dict[tuple[str, int, int], list[tuple[int, int]]] = field(default_factory=dict)
+    added: dict[tuple[str, int, int], list[tuple[int, int]]] = field(default_factory=dict)
+
+    def count(self, which: str, key: tuple[str, int, int], start: int, end: int, after_version: int) -> int:
+        """Rows in ``[start, end)`` that foreign commits after ``after_version`` deleted or added
+        (a batch committed after a foreign delete counted only what it wrote)."""
+        return sum(1 for o, v in getattr(self, which).get(key, ()) if start <= o < end and v > after_version)
+
+
+def _foreign_commits(config: PipelineConfig, sink: DeltaTable | None, rows: pa.Table, report: AuditReport) -> _ForeignRows:
+    """Commits offsetlake did not make (docs/design.md, "Foreign commits"): each is said in a note
+    with what it changed, and the rows it deleted or added explain the counts and the check
+    against Kafka instead of showing as lost or stray. One whose files are gone is a note too."""
+    out = _ForeignRows()
+    try:
+        changes = foreign.foreign_changes(sink, config.name)
+    except ForeignCommitError as err:
+        report.notes.append(f"{err.text}; the counts of the ranges it touched cannot be explained")
+        return out
+    keys = rows.select([TOPIC, PARTITION, OFFSET, *[c for c in (ROW_INDEX, EPOCH_OF) if c in rows.column_names]])
+    present = foreign.identities(keys.rename_columns([TOPIC_EPOCH if c == EPOCH_OF else c for c in keys.column_names]))
+    for change in changes:
+        report.notes.append(f"sink {change.describe()}: a commit offsetlake did not make")
+        for (topic, partition, offset, _, epoch), n in change.removed.items():
+            if (topic, partition, offset, _, epoch) not in present:
+                out.removed.setdefault((topic, partition, epoch), []).extend([(offset, change.commit.version)] * n)
+        for (topic, partition, offset, _, epoch), n in change.added.items():
+            out.added.setdefault((topic, partition, epoch), []).extend([(offset, change.commit.version)] * n)
+    return out
 
 
 def _check_once(config: PipelineConfig, rows: pa.Table, dead: pa.Table, report: AuditReport) -> pa.Table:
@@ -329,6 +368,7 @@ def _check_kafka(
     dead: pa.Table,
     ranges: _CommittedRanges,
     report: AuditReport,
+    outside: _ForeignRows,
 ) -> None:
     """``--against-kafka``: the current epoch's committed ranges read back from Kafka. Offsets are
     compared with records only where they mean the same records (invariant 16)."""
@@ -345,6 +385,7 @@ def _check_kafka(
             _current_epoch_only(dead, starts),
             current,
             ranges.current(ranges.gaps, starts),
+            {(t, p): {o for o, _ in deleted} for (t, p, epoch), deleted in outside.removed.items() if epoch == len(starts.get(t, []))},
         )
         if config.sink.engine is not None:
             _check_engine_against_kafka(config, report, current, starts)
@@ -356,14 +397,15 @@ _WRITING_KINDS = frozenset({BatchKind.INGEST, BatchKind.STREAM, BatchKind.BACKFI
 
 
 def _check_counts_match_entries(
-    commits: list, rewound: dict, starts: dict[str, list[int]], rows: pa.Table, dead: pa.Table, report: AuditReport
+    commits: list, rewound: dict, starts: dict[str, list[int]], rows: pa.Table, dead: pa.Table, report: AuditReport, outside: _ForeignRows
 ) -> None:
     """Per batch and range, the sink rows and dead letters a scan finds equal the ``rows_written``
     and ``dead_letters`` its entry recorded — for every range no later commit replaced in part
     (a backfill replaces its range; a backfill by record time only the rows in its window, so a
     range it touched is not checked, nor is that backfill's). This is how a committed file that
     lost rows after its task counted them shows without Kafka (issue 35, finding 1). Rows are
-    counted in the topic epoch of the commit (``offsetlake.topic_epochs``)."""
+    counted in the topic epoch of the commit (``offsetlake.topic_epochs``). Rows a commit offsetlake
+    did not make deleted or added (``outside``) are counted back: a GDPR delete is explained, not lost."""
     writes = [c for c in sorted(commits, key=lambda c: c.version) if c.kind in _WRITING_KINDS and c.batch_id not in rewound]
     seen = {label: _group_offsets(table, [EPOCH_OF]) for label, table in (("rows_written", rows), ("dead_letters", dead))}
     for i, commit in enumerate(writes):
@@ -381,6 +423,10 @@ def _check_counts_match_entries(
                     continue
                 offsets = np.sort(counted.get((*tp, epoch), np.array([], np.int64)))
                 found = int(np.searchsorted(offsets, r.end) - np.searchsorted(offsets, r.start))
+                if label == "rows_written":
+                    key = (*tp, epoch)
+                    found += outside.count("removed", key, r.start, r.end, commit.version)
+                    found -= outside.count("added", key, r.start, r.end, commit.version)
                 if found != said:
                     what = "sink rows" if label == "rows_written" else "dead letters"
                     report.problems.append(
@@ -755,9 +801,11 @@ def _check_against_kafka(
     dead: pa.Table,
     covered: dict[tuple[str, int], list[tuple[int, int]]],
     gaps: dict[tuple[str, int], list[tuple[int, int]]],
+    deleted: dict[tuple[str, int], set[int]],
 ) -> None:
-    """Every committed record Kafka still holds is in exactly one of sink, dead letters or a gap."""
-    found = {"records": 0, "in_sink": 0, "dead_letters": 0, "in_gaps": 0, "filtered": 0, "past_retention": 0}
+    """Every committed record Kafka still holds is in exactly one of sink, dead letters or a gap,
+    or its rows were deleted by a commit offsetlake did not make (``deleted``: counted, not lost)."""
+    found = {"records": 0, "in_sink": 0, "dead_letters": 0, "in_gaps": 0, "filtered": 0, "past_retention": 0, "deleted_by_others": 0}
     report.against_kafka = found
     offsets = current_offsets(config)
     in_sink = _group_offsets(records)
@@ -786,7 +834,10 @@ def _check_against_kafka(
                     if as_dead:
                         found["dead_letters"] += 1
                     if not as_row and not as_dead:
-                        missing.append(message)
+                        if offset in deleted.get((topic, partition), ()):
+                            found["deleted_by_others"] += 1
+                        else:
+                            missing.append(message)
         found["records"] += len(served)
         retained = [(max(s, log_start), e) for s, e in _merged(spans) if e > log_start]
         phantoms = sorted(o for o in sink_set | dead_set if _inside(o, retained) and o not in served)

@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
-from offsetlake import keyed, storage
+from offsetlake import foreign, keyed, storage
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import Selection
+from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.entry import LedgerEntry, for_plan
 from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
+from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.kafka_commit import kafka_sink_ends
 from offsetlake.log_lines import log_step
@@ -294,6 +294,42 @@ def kept_rows(table: DeltaTable, files: list[dict[str, Any]], selected: Selectio
     return subset.to_table(filter=outside) if outside is not None else subset.to_table()
 
 
+def _keeping_foreign_deletes(
+    config: PipelineConfig, table: DeltaTable, plan: BatchPlan, processed: ProcessedBatch, selected: Selection, spark: Any
+) -> Any:
+    """``processed.rows`` without the rows that commits offsetlake did not make deleted and that
+    are still absent (``foreign.still_deleted``): a user's GDPR delete stays deleted through a
+    backfill of its range. Their ranges' ``rows_written`` count only what is written."""
+    rows = processed.rows
+    if rows is None or not foreign_commits(table, config.name):
+        return rows
+    where = selected.arrow()
+    names = table.schema().to_arrow().names
+    present = table.to_pyarrow_dataset().to_table(filter=where, columns=[c for c in foreign.IDENTITY_COLUMNS if c in names])
+    epochs = {t: plan.topic_epochs.get(t, 0) for t in {r.topic for r in plan.ranges}}
+    gone = [
+        i
+        for i in foreign.still_deleted(table, config.name, foreign.identities(present))
+        if epochs.get(i[0]) == i[4] and any(r.topic == i[0] and r.partition == i[1] and r.start <= i[2] < r.end for r in plan.ranges)
+    ]
+    if not gone:
+        return rows
+    from pyspark.sql import functions as F
+
+    schema = f"`{TOPIC}` string, `{PARTITION}` int, `{OFFSET}` long, _identity_row int, _identity_epoch int"
+    deleted = spark.createDataFrame(gone, schema)
+    keyed = rows.withColumn("_identity_row", F.coalesce(F.col(ROW_INDEX), F.lit(-1)) if ROW_INDEX in rows.columns else F.lit(-1))
+    keyed = keyed.withColumn("_identity_epoch", F.coalesce(F.col(TOPIC_EPOCH), F.lit(0)) if TOPIC_EPOCH in rows.columns else F.lit(0))
+    on = [TOPIC, PARTITION, OFFSET, "_identity_row", "_identity_epoch"]
+    dropped = {
+        (r[TOPIC], r[PARTITION]): r["count"] for r in keyed.join(deleted, on, "left_semi").groupBy(TOPIC, PARTITION).count().collect()
+    }
+    for (topic, partition), n in dropped.items():
+        processed.per_range[(topic, partition)]["rows_written"] = processed.per_range[(topic, partition)]["rows_written"] - n
+    log_step("keep_foreign_deletes", plan, time.monotonic(), rows_kept_deleted=sum(dropped.values()))
+    return keyed.join(deleted, on, "left_anti").drop("_identity_row", "_identity_epoch")
+
+
 def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> DeltaTable:
     """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
     commit first (``sink.add_columns_first``); a column whose type changed is refused
@@ -345,8 +381,13 @@ COMMIT_ATTEMPTS = 3  # full attempts: find the files, rewrite them, commit
 QUICK_COMMIT_ATTEMPTS = 10  # commits of one rewrite, each on the newest snapshot
 
 
-def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Callable) -> tuple[int, LedgerEntry, ProcessedBatch]:
+def execute_backfill(
+    config: PipelineConfig, plan: BatchPlan, spark_factory: Callable, restore_deleted: bool = False
+) -> tuple[int, LedgerEntry, ProcessedBatch]:
     """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
+
+    In an append sink, a row that a commit offsetlake did not make deleted, and that is still
+    absent, is not written again (``restore_deleted`` writes it: docs/design.md, "Foreign commits").
 
     Returns (sink version, ledger entry, processed ranges). A commit conflict (a compaction or
     another backfill replaced one of the same files meanwhile) is retried on the new snapshot, up
@@ -374,7 +415,7 @@ def execute_backfill(config: PipelineConfig, plan: BatchPlan, spark_factory: Cal
                 elif config.sink.mode == "upsert":
                     version, entry = _merge_once(config, plan, processed, spark, started, later)
                 else:
-                    version, entry = _replace_once(config, plan, processed, spark, started)
+                    version, entry = _replace_once(config, plan, processed, spark, started, restore_deleted)
                 return version, entry, processed
             except CommitConflictError as err:
                 if attempt == COMMIT_ATTEMPTS:
@@ -439,14 +480,14 @@ def _commit_merge(
 
 
 def _replace_once(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float, restore_deleted: bool = False
 ) -> tuple[int, LedgerEntry]:
     """One attempt: find the files holding the range now, rewrite them without it plus the new
     rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
     table = storage.table(config.layout.sink)
     selected = Selection.of(plan)
     removed = touched_files(table, selected)
-    rows = processed.rows
+    rows = processed.rows if restore_deleted else _keeping_foreign_deletes(config, table, plan, processed, selected, spark)
     kept_count = 0
     if removed:
         kept = kept_rows(table, removed, selected)

@@ -83,3 +83,120 @@ def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable
         spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
         registered.append(table)
     return registered, skipped
+
+
+# ---- what a statement may do (``offsetlake sql`` is read-only unless asked) ----------------------
+# Commands (Spark's ``Command`` plans) that only read: everything else that is a command, and every
+# statement that writes without being one (INSERT, RESTORE, ...), needs ``--write``.
+_READING_COMMANDS = frozenset(
+    {
+        "ShowTables",
+        "ShowTablesExtended",
+        "ShowColumns",
+        "ShowTableProperties",
+        "ShowCreateTable",
+        "ShowPartitions",
+        "ShowFunctions",
+        "ShowNamespaces",
+        "ShowViews",
+        "ShowCatalogs",
+        "DescribeRelation",
+        "DescribeColumn",
+        "DescribeNamespace",
+        "DescribeFunction",
+        "DescribeDeltaHistory",
+        "DescribeDeltaDetail",
+        "ExplainCommand",
+        "SetCommand",
+        "ResetCommand",
+    }
+)
+_WRITING_STATEMENTS = ("Insert", "Restore", "Clone", "Statement")  # plans that write but are not commands
+_WRITE_WORDS = r"\b(INSERT|DELETE|UPDATE|MERGE|DROP|ALTER|CREATE|REPLACE|TRUNCATE|RESTORE|OPTIMIZE|VACUUM|CONVERT|REORG|CLONE)\b"
+
+
+def writes(spark: Any, statement: str) -> bool:
+    """Whether ``statement`` may change a table (or the catalog) rather than only read.
+
+    In a classic session Spark's own parser decides: any node of the parsed plan that is a
+    ``Command`` other than the reading ones (SHOW, DESCRIBE, DESCRIBE HISTORY, EXPLAIN, SET), or an
+    INSERT or RESTORE (plans that write without being commands) writes; a WITH around an INSERT is
+    walked into. Attached to a Spark Connect server, whose parser is out of reach, any writing
+    keyword outside quotes counts (a column named ``update`` then needs --write too)."""
+    java = getattr(spark, "_jsparkSession", None)
+    if java is None:
+        import re
+
+        unquoted = re.sub(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`", "''", statement)
+        return re.search(_WRITE_WORDS, unquoted, re.IGNORECASE) is not None
+    plan = java.sessionState().sqlParser().parsePlan(statement)
+    command = spark._jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.plans.logical.Command")
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        name = node.getClass().getSimpleName()
+        if command.isInstance(node) and name not in _READING_COMMANDS:
+            return True
+        if not command.isInstance(node) and any(part in name for part in _WRITING_STATEMENTS):
+            return True
+        pending += list(_scala_seq(node.children())) + list(_scala_seq(node.innerChildren()))
+    return False
+
+
+def _scala_seq(seq: Any) -> list[Any]:
+    iterator = seq.iterator()
+    out = []
+    while iterator.hasNext():
+        out.append(iterator.next())
+    return out
+
+
+def refuse_write(statement: str, number: int, write: bool, tables: list[NamedTable]) -> None:
+    """Without ``--write`` a writing statement is refused; with it, one that names a dead-letter
+    or ledger table is refused still: those are offsetlake's own records (the ledger is rebuilt
+    from the sinks' history, dead letters follow their sink), written only by offsetlake."""
+    import re
+
+    if not write:
+        raise OffsetlakeError(
+            f"statement {number} would change a table, and offsetlake sql only reads unless asked: add --write to run it "
+            "(a change to a sink is a commit offsetlake did not make: runs, status and audit report it, and backfills "
+            "keep the rows it deletes deleted; see docs/design.md, 'Foreign commits')"
+        )
+    own = [
+        t.name
+        for t in tables
+        if t.kind != "sink" and re.search(rf"(?<![\w`]){re.escape(t.name)}(?![\w`])|`{re.escape(t.name)}`", statement)
+    ]
+    if own:
+        raise OffsetlakeError(
+            f"statement {number} names {', '.join(own)}, which only offsetlake writes (the ledger is rebuilt from the sinks' "
+            "history with `offsetlake ledger rebuild`, dead letters follow their sink); nothing was run"
+        )
+
+
+def table_versions(tables: list[NamedTable]) -> dict[str, int]:
+    """Each table's current Delta version (delta-rs: nothing is read but the log)."""
+    versions = {}
+    for table in tables:
+        found = storage.open_table(table.location)
+        if found is not None:
+            versions[table.name] = found.version()
+    return versions
+
+
+def changes_since(tables: list[NamedTable], before: dict[str, int]) -> list[str]:
+    """What was committed to ``tables`` after the versions ``before``: one line per new commit
+    (table, version, operation, its metrics), for ``offsetlake sql --write`` to say what it changed."""
+    from offsetlake.history import commit_infos
+
+    lines = []
+    for table in tables:
+        found = storage.open_table(table.location)
+        if found is None or found.version() <= before.get(table.name, -1):
+            continue
+        for info in commit_infos(found, before.get(table.name, -1) + 1, found.version()):
+            metrics = {k: v for k, v in (info.get("operationMetrics") or {}).items() if str(v) not in ("0", "")}
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(metrics.items()) if k.startswith(("num", "rows")))
+            lines.append(f"{table.name}: version {info['version']} {info.get('operation', '?')}" + (f" ({shown})" if shown else ""))
+    return lines

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -89,15 +89,16 @@ def _add_publish_command(commands: argparse._SubParsersAction, common: argparse.
         "publish",
         parents=[common],
         help="publish the sink's committed batches to a Kafka topic, exactly once, in ledger order (an outbox)",
-        description="Send every sink commit not yet published to TOPIC, one Kafka transaction per commit that also "
-        "holds the outbox's progress (topic offsetlake-outbox-progress, compacted, made on first use), so a publish "
-        "killed anywhere sends no commit twice and skips none: run it again and it goes on after the last whole one. "
-        "Each record's value is the row as JSON (without the _kafka_* columns), its headers name the batch "
-        "(offsetlake.batch), its kind (offsetlake.kind: ingest, stream, backfill or rewind), the sink version and the "
-        "source record (offsetlake.topic, .partition, .offset). A backfill publishes its replacement rows marked "
-        "backfill; a rewind publishes one record per batch it undid. Consumers must read with "
-        "isolation.level=read_committed. Append sinks only. A second publisher of the same pipeline and topic "
-        "fences the first. Starts no Spark.",
+        description="Send every sink version not yet published that changed rows to TOPIC, one Kafka transaction per "
+        "version that also holds the outbox's progress (topic offsetlake-outbox-progress, compacted, made on first use), "
+        "so a publish killed anywhere sends no version twice and skips none: run it again and it goes on after the last "
+        "whole one. A record is about one source record (headers offsetlake.topic, .partition, .offset): op=row carries "
+        "one of its rows as JSON (without the _kafka_* columns), op=delete (null value) says it has no row any more; "
+        "each also names the sink version (offsetlake.sink_version), batch and kind (ingest, stream, backfill, rewind, "
+        "or foreign: a commit offsetlake did not make). A consumer that keeps, per source record, the rows of the "
+        "highest sink version it has seen holds what the table holds (docs/guides/kafka-outbox.md); --check replays "
+        "the topic that way and compares. Consumers must read with isolation.level=read_committed. Append sinks only. "
+        "A second publisher of the same pipeline and topic fences the first. Starts no Spark.",
     )
     _add_pipeline(publish)
     publish.add_argument("--to", required=True, metavar="TOPIC", help="the topic to publish to (it must exist)")
@@ -108,8 +109,14 @@ def _add_publish_command(commands: argparse._SubParsersAction, common: argparse.
         metavar="COLUMN",
         help="a sink column whose value is the record key (repeat for a composite key, sent as a JSON array); default: no key",
     )
-    publish.add_argument("--max-batches", type=int, metavar="N", help="publish at most N sink commits, then stop (default: all)")
-    publish.add_argument("--json", action="store_true", help="print one JSON line per published commit")
+    publish.add_argument("--max-batches", type=int, metavar="N", help="publish at most N sink versions, then stop (default: all)")
+    publish.add_argument("--json", action="store_true", help="print one JSON line per published version")
+    publish.add_argument(
+        "--check",
+        action="store_true",
+        help="publish nothing: replay TOPIC by the consumer's rule and compare it with the sink at the last published "
+        "version; exit 1 when a consumer would hold other rows than the table",
+    )
 
 
 def _add_run_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -198,6 +205,12 @@ def _add_backfill_command(commands: argparse._SubParsersAction, common: argparse
         "its headers, beside the records consumers already read; the committed ends do not move. Required there, "
         "refused for a Delta sink",
     )
+    backfill.add_argument(
+        "--restore-deleted",
+        action="store_true",
+        help="also write the rows of the range that a commit offsetlake did not make deleted (a GDPR delete from Spark, "
+        "`offsetlake sql --write`); by default they stay deleted",
+    )
     backfill.add_argument("--run-id", help="run id recorded in the ledger")
     _add_spark_options(backfill)
 
@@ -224,6 +237,12 @@ def _add_rewind_command(commands: argparse._SubParsersAction, common: argparse.A
     rewind.add_argument("--reason", help="why, recorded in the rewind commit and the ledger (default: no reason given)")
     rewind.add_argument(
         "--dry-run", action="store_true", help="print the batches, files, txn versions and dead letters that would change; write nothing"
+    )
+    rewind.add_argument(
+        "--restore-deleted",
+        action="store_true",
+        help="rewind even where commits offsetlake did not make deleted rows after the target batch: those rows come "
+        "back (refused by default)",
     )
     rewind.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
@@ -355,7 +374,8 @@ def _add_sql_command(commands: argparse._SubParsersAction, common: argparse.Argu
         'filter on `pipeline`). Then run QUERY and print its rows, e.g. `offsetlake sql "SELECT status, count(*) '
         'FROM orders_ledger GROUP BY status"` or `... FROM orders VERSION AS OF 3`. Without QUERY, read '
         "statements ending in `;` from stdin, one result after another (a shell when stdin is a terminal). "
-        "Registering reads only the tables' logs; nothing is written to the lake unless a statement does so.",
+        "Registering reads only the tables' logs. Read-only by default: a statement that would change a table "
+        "(DELETE, UPDATE, MERGE, INSERT, DDL, RESTORE, OPTIMIZE, ...) is refused unless --write is given.",
     )
     sql.add_argument("query", nargs="?", metavar="QUERY", help="one SQL statement (default: read statements from stdin)")
     sql.add_argument(
@@ -363,6 +383,13 @@ def _add_sql_command(commands: argparse._SubParsersAction, common: argparse.Argu
     )
     sql.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     sql.add_argument("--limit", type=int, default=1000, help="print at most N rows per statement (default 1000, 0 = all)")
+    sql.add_argument(
+        "--write",
+        action="store_true",
+        help="let statements change the sink tables (a GDPR delete, a fix); each one's new commits are printed. Such a "
+        "commit is one offsetlake did not make: runs, status and audit report it, backfills keep the rows it deleted "
+        "deleted, a rewind past it is refused unless asked. Dead-letter and ledger tables stay offsetlake's alone",
+    )
     _add_spark_options(sql)
 
 
@@ -480,7 +507,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     )
     assert plan is not None  # plan_backfill plans or raises
     try:
-        result = execute_recorded_batch(config, plan.batch_id, lambda: spark_session(args.master, remote=args.remote))
+        result = execute_recorded_batch(
+            config, plan.batch_id, lambda: spark_session(args.master, remote=args.remote), restore_deleted=args.restore_deleted
+        )
     finally:
         stop_spark()
     print(json.dumps(result.summary()), flush=True)
@@ -491,7 +520,7 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     from offsetlake.rewind import rewind_pipeline
 
     config = _load(args, args.pipeline)
-    result = rewind_pipeline(config, args.to_batch, reason=args.reason, dry_run=args.dry_run)
+    result = rewind_pipeline(config, args.to_batch, reason=args.reason, dry_run=args.dry_run, restore_deleted=args.restore_deleted)
     print(json.dumps(result.as_dict(), default=str) if args.json else result.text(), flush=True)
     return 0
 
@@ -506,12 +535,15 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from offsetlake.foreign import summaries
     from offsetlake.lease import current_lease
     from offsetlake.ledger_view import partition_status
+    from offsetlake.storage import open_table
 
     config = _load(args, args.pipeline)
     rows = partition_status(config)
     lease = current_lease(config)
+    foreign = [] if config.sink.is_kafka else summaries(open_table(config.layout.sink), config.name)
     if args.json:
         print(
             json.dumps(
@@ -520,6 +552,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "partitions": rows,
                     "total_lag": sum(r["lag"] for r in rows),
                     "stream_lease": lease.as_dict() if lease else None,
+                    "foreign_commits": foreign,
                 }
             )
         )
@@ -534,6 +567,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     # ``start`` applies to the pipeline's first plan only: once anything is committed, a partition
     # without a committed end begins at its log start (``planner.plan_ranges``)
     begins_at_lso = config.start == "latest" and all(r["committed_end"] is None for r in rows)
+    for f in foreign:
+        what = "its files are gone (vacuumed)" if f.get("files_gone") else f"{f['rows_removed']} row(s) removed, {f['rows_added']} added"
+        print(f"note: sink version {f['version']} is a commit offsetlake did not make ({f['operation']} by {f['engine']}): {what}")
     for r in rows:
         if "group_offset" in r and r["group_offset"] != r["committed_end"]:
             group = r["group_offset"] if r["group_offset"] is not None else "missing"
@@ -648,9 +684,13 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from offsetlake.outbox import publish
+    from offsetlake.outbox import check_outbox, publish
 
     config = _load(args, args.pipeline)
+    if args.check:
+        check = check_outbox(config, args.to)
+        print(check.text())
+        return 0 if check.ok else 1
     if args.max_batches is not None and args.max_batches < 1:
         raise OffsetlakeError("--max-batches must be at least 1", pipeline=config.name, field="--max-batches")
     published = [p.as_dict() for p in publish(config, args.to, args.key, args.max_batches)]
@@ -658,7 +698,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         for row in published:
             print(json.dumps({"pipeline": config.name, "topic": args.to, **row}))
         return 0
-    print(f"published {len(published)} sink commits of pipeline {config.name} to {args.to}")
+    print(f"published {len(published)} sink versions of pipeline {config.name} to {args.to}")
     if published:
         _print_table(published, ["batch_id", "kind", "sink_version", "records"])
     return 0
@@ -696,7 +736,7 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from offsetlake.catalog import register
+    from offsetlake.catalog import changes_since, refuse_write, register, table_versions, writes
     from offsetlake.config import all_pipeline_files
     from offsetlake.spark import spark_session, stop_spark
 
@@ -710,8 +750,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
         log_line(log, "tables", registered=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped))
         statements = [args.query] if args.query else _statements(sys.stdin)
         for number, statement in enumerate(statements, start=1):
+            writing = _parsed(writes, spark, statement, number, registered)
+            if writing:
+                refuse_write(statement, number, args.write, registered)
+                before = table_versions(registered)
             frame = _query(spark, statement, number, [t.name for t in registered])
             rows = [r.asDict(recursive=True) for r in (frame.limit(args.limit) if args.limit else frame).collect()]
+            if writing:
+                changed = [f"statement {number} changed {line}" for line in changes_since(registered, before)]
+                print("\n".join(changed) or f"statement {number} changed no table", file=sys.stderr)
             if args.json:
                 for row in rows:
                     print(json.dumps(row, default=str))
@@ -720,6 +767,19 @@ def cmd_sql(args: argparse.Namespace) -> int:
     finally:
         stop_spark()
     return 0
+
+
+def _parsed(check: Callable[[Any, str], bool], spark: Any, statement: str, number: int, tables: list[Any]) -> bool:
+    """``check(spark, statement)`` (which parses it), a statement Spark cannot parse refused like ``_query`` does."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import ParseException
+
+    try:
+        return check(spark, statement)
+    except (ParseException, Py4JJavaError) as err:
+        text = str(err.java_exception) if isinstance(err, Py4JJavaError) else str(err)
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        raise OffsetlakeError(f"statement {number}: {first} (tables here: {', '.join(t.name for t in tables) or 'none'})") from None
 
 
 def _query(spark: Any, statement: str, number: int, tables: list[str]) -> Any:

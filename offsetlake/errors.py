@@ -202,6 +202,18 @@ class KafkaSinkFencedError(OffsetlakeError):
     zombie of this one); this runner's open transaction is aborted and it must stop."""
 
 
+class KafkaSinkProgressError(OffsetlakeError):
+    """A Kafka sink's records of progress disagree in a way offsetlake will not guess about (its
+    group's offsets past its commit log, or a commit log that lacks batches the ledger recorded
+    committed): nothing was produced. Not transient: an operator says which record is right."""
+
+
+class ForeignCommitError(OffsetlakeError):
+    """A commit offsetlake did not make changed the sink in a way that stops an operation: what it
+    deleted cannot be read any more (its files were vacuumed), or a rewind would bring back rows it
+    deleted. The message names its version, operation and engine, and the way forward."""
+
+
 class KafkaSinkValueError(OffsetlakeError):
     """A row of a Kafka sink's batch cannot be written in the sink's value format (a value its
     schema cannot hold); the batch produced nothing. Not transient: the rows or the format must change."""

@@ -17,7 +17,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deltalake import DeltaTable
@@ -32,6 +32,7 @@ log = logging.getLogger("offsetlake.history")
 
 CACHE_FOLDER = "_offsetlake_history"  # inside the table folder: Delta and vacuum ignore "_" paths
 CREATED_BY = "offsetlake_sink_of"  # userMetadata key of a sink's create commit: the pipeline that created it
+DATA_CHANGE = "_offsetlake_data_change"  # key of a commit_infos row: the data files its actions added and removed
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,44 @@ class SinkCommit:
     @property
     def kind(self) -> BatchKind:
         return self.entry.kind
+
+
+@dataclass(frozen=True)
+class ForeignCommit:
+    """A commit on the sink that offsetlake did not make and that changed rows: a user's DELETE,
+    UPDATE or MERGE from Spark, delta-rs or any other engine (``offsetlake sql --write`` among
+    them). What it changed is in the files it removed and added (``offsetlake.foreign``)."""
+
+    version: int
+    operation: str  # commitInfo.operation: DELETE, UPDATE, MERGE, WRITE, ...
+    engine: str  # commitInfo.engineInfo (or clientVersion): who made it
+    timestamp_ms: int | None
+    removed: tuple[str, ...]  # log paths of the data files it removed (dataChange)
+    added: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"version {self.version} ({self.operation} by {self.engine})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "operation": self.operation,
+            "engine": self.engine,
+            "timestamp_ms": self.timestamp_ms,
+            "removed": list(self.removed),
+            "added": list(self.added),
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ForeignCommit:
+        return ForeignCommit(
+            int(data["version"]),
+            str(data["operation"]),
+            str(data["engine"]),
+            data.get("timestamp_ms"),
+            tuple(data["removed"]),
+            tuple(data["added"]),
+        )
 
 
 # ---- the ledger entry (``offsetlake.entry``) --------------------------------------------------
@@ -86,6 +125,7 @@ class _History:
 
     commits: list[SinkCommit]
     owners: dict[str, int]
+    foreign: list[ForeignCommit] = field(default_factory=list)
 
 
 def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
@@ -98,6 +138,14 @@ def sink_commits(table: DeltaTable | None, pipeline: str) -> list[SinkCommit]:
     is missing, unreadable or from another table, the whole history is read.
     """
     return _history(table, pipeline).commits
+
+
+def foreign_commits(table: DeltaTable | None, pipeline: str) -> list[ForeignCommit]:
+    """The sink's commits that offsetlake did not make and that changed rows (oldest first): a
+    commit without an offsetlake ledger entry whose actions add or remove data files with
+    ``dataChange`` (compaction and vacuum change no rows; offsetlake's own create commit adds none).
+    Read with ``sink_commits`` and kept in the same cache."""
+    return _history(table, pipeline).foreign
 
 
 def _history(table: DeltaTable | None, pipeline: str) -> _History:
@@ -114,7 +162,7 @@ def _history(table: DeltaTable | None, pipeline: str) -> _History:
         owner = _owner_of(info)
         if owner is not None:
             owners.setdefault(owner, int(info["version"]))
-    history = _History(history.commits + _commits_in(infos, pipeline), owners)
+    history = _History(history.commits + _commits_in(infos, pipeline), owners, history.foreign + _foreign_in(infos))
     if version > seen:
         _write_cache(cache, table_id, version, history)
     return history
@@ -148,6 +196,26 @@ def refuse_foreign_sink(table: DeltaTable | None, pipeline: str) -> None:
     )
 
 
+def _foreign_in(infos: list[dict]) -> list[ForeignCommit]:
+    found = []
+    for info in infos:
+        change = info.get(DATA_CHANGE)
+        if not change or not (change["add"] or change["remove"]) or _marked_entry(info) is not None:
+            continue
+        engine = info.get("engineInfo") or info.get("clientVersion") or "an unnamed engine"
+        found.append(
+            ForeignCommit(
+                int(info["version"]),
+                str(info.get("operation") or "?"),
+                str(engine),
+                info.get("timestamp"),
+                tuple(change["remove"]),
+                tuple(change["add"]),
+            )
+        )
+    return found
+
+
 def _commits_in(history: list[dict], pipeline: str) -> list[SinkCommit]:
     commits = []
     for info in history:
@@ -165,7 +233,8 @@ def _read_cache(location: storage.Location, table_id: object, version: int) -> t
         if data["table_id"] != table_id or data["version"] > version:
             return None
         owners = {str(k): int(v) for k, v in data["owners"].items()}  # a cache without owners is read again
-        return data["version"], _History([SinkCommit(version=v, entry=from_dict(e)) for v, e in data["commits"]], owners)
+        foreign = [ForeignCommit.from_dict(f) for f in data["foreign"]]  # nor one without foreign commits
+        return data["version"], _History([SinkCommit(version=v, entry=from_dict(e)) for v, e in data["commits"]], owners, foreign)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, EntryFormatError):
         return None
 
@@ -177,6 +246,7 @@ def _write_cache(location: storage.Location, table_id: object, version: int, his
             "version": version,
             "owners": history.owners,
             "commits": [[c.version, c.entry.as_dict()] for c in history.commits],
+            "foreign": [f.as_dict() for f in history.foreign],
         }
     )
     try:
@@ -196,7 +266,9 @@ def _write_cache(location: storage.Location, table_id: object, version: int, his
 
 
 def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any]]:
-    """The ``commitInfo`` of versions ``first``..``last`` (each with its ``version``), oldest first.
+    """The ``commitInfo`` of versions ``first``..``last`` (each with its ``version`` and, read from
+    the commit file, ``DATA_CHANGE``: the paths its add and remove actions with ``dataChange`` name),
+    oldest first.
 
     Read from the commit files ``_delta_log/<version>.json`` themselves: delta-rs 1.6.6's
     ``history()`` returns nothing for a table whose path holds ``#`` or ``?`` (checked here, while
@@ -217,8 +289,16 @@ def commit_infos(table: DeltaTable, first: int, last: int) -> list[dict[str, Any
         except FileNotFoundError:
             missing.append(version)
             continue
-        info: dict[str, Any] = next((json.loads(line)["commitInfo"] for line in text.splitlines() if line.startswith('{"commitInfo"')), {})
-        infos.append({**info, "version": version})
+        info: dict[str, Any] = {}
+        change: dict[str, list[str]] = {"add": [], "remove": []}
+        for line in text.splitlines():
+            if line.startswith('{"commitInfo"'):
+                info = json.loads(line)["commitInfo"]
+            elif line.startswith(('{"add"', '{"remove"')):
+                action_kind, action = next(iter(json.loads(line).items()))
+                if action.get("dataChange", True):
+                    change[action_kind].append(action["path"])
+        infos.append({**info, "version": version, DATA_CHANGE: change})
     if missing:
         known = {int(h["version"]): h for h in table.history()}
         infos += [known[v] for v in missing if v in known]

@@ -382,9 +382,17 @@ def read_one_partition(
 def read_committed_headers(client_config: Mapping[str, str], topic: str, pipeline: str) -> Iterator[dict[str, bytes]]:
     """The headers of every committed record of ``topic`` (every partition, up to its last stable
     offset), read by a read_committed consumer: what a Kafka sink's audit counts."""
-    consumer = Consumer(
-        {**client_config, "group.id": f"{group_id(pipeline)}-audit", "isolation.level": "read_committed", "enable.auto.commit": False}
-    )
+    for _, _, headers in read_committed_records(client_config, topic, pipeline, f"{group_id(pipeline)}-audit"):
+        yield headers
+
+
+def read_committed_records(
+    client_config: Mapping[str, str], topic: str, pipeline: str, group: str
+) -> Iterator[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
+    """(key, value, headers) of every committed record of ``topic`` (every partition, up to its
+    last stable offset), read by a read_committed consumer in group ``group`` (which commits
+    nothing); nothing when the topic does not exist."""
+    consumer = Consumer({**client_config, "group.id": group, "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         metadata = consumer.list_topics(topic, timeout=CALL_TIMEOUT_S).topics.get(topic)
         if metadata is None or metadata.error is not None:
@@ -410,7 +418,7 @@ def read_committed_headers(client_config: Mapping[str, str], topic: str, pipelin
                 for header in message.headers() or []:
                     value = header[1]
                     headers[str(header[0])] = value.encode() if isinstance(value, str) else (value or b"")
-                yield headers
+                yield message.key(), message.value(), headers
                 if offset + 1 >= ends.get(partition, 0):
                     ends.pop(partition, None)
             for partition, end in list(ends.items()):  # transaction markers end a partition without a record

@@ -55,10 +55,10 @@ from typing import Any
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from offsetlake import dead_letters, failpoints, storage
+from offsetlake import dead_letters, failpoints, foreign, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.entry import LedgerEntry, RewindEntry, for_plan
-from offsetlake.errors import RewindError
+from offsetlake.errors import ForeignCommitError, RewindError
 from offsetlake.history import (
     SinkCommit,
     current_epochs,
@@ -293,8 +293,13 @@ def rewind_pipeline(
     requested_by: str | None = None,
     dry_run: bool = False,
     run: RunContext | None = None,
+    restore_deleted: bool = False,
 ) -> RewindResult:
     """Restore the sink to its state right after ``to_batch`` in ONE commit (see the module doc).
+
+    A commit offsetlake did not make after ``to_batch`` that deleted rows (a user's GDPR delete)
+    refuses the rewind (ForeignCommitError naming it), since restoring the earlier files would
+    bring those rows back; ``restore_deleted`` says that is what is wanted.
 
     The commit is the only one a rewind makes on the sink, and together with the txn actions it
     is the only place offsets move backwards (invariant 2). ``dry_run`` computes the same plan and
@@ -311,14 +316,15 @@ def rewind_pipeline(
             to_batch,
             f"the sink is Kafka topic {config.sink.topic}: read_committed consumers may already have read what the "
             "batches after it produced, and a Kafka log cannot take records back. To correct records, publish the range "
-            "again with `offsetlake backfill --republish` (each record marked offsetlake.kind=backfill); to move the "
-            "pipeline's position, reset its consumer group's offsets with Kafka's own tools while nothing runs",
+            "again with `offsetlake backfill --republish` (each record marked offsetlake.kind=backfill)",
         )
     table = open_table(config.layout.sink)
     if table is None:
         raise refused(config, to_batch, f"the sink {config.sink_path} does not exist")
     plan = plan_rewind(config, to_batch, table)
     result = RewindResult(plan, dry_run, reason=reason)
+    if not restore_deleted and not plan.noop:
+        _refuse_undoing_foreign_deletes(config, table, plan)
     if dry_run:
         return result
     if not plan.noop:
@@ -345,6 +351,22 @@ def rewind_pipeline(
         result.dead_letters_removed = max(0, before - dead_letters.row_count(config))
     reconcile_ledger(config, Ledger.of(config))
     return result
+
+
+def _refuse_undoing_foreign_deletes(config: PipelineConfig, table: DeltaTable, plan: RewindPlan) -> None:
+    """A rewind restores earlier files: rows a commit offsetlake did not make deleted after the
+    target would come back (docs/design.md, "Foreign commits": a deletion a user made stays deleted
+    unless they ask otherwise)."""
+    after = [c for c in foreign.foreign_changes(table, config.name, since_version=plan.to_version) if c.removed]
+    if not after:
+        return
+    said = "; ".join(c.describe() for c in after[:3])
+    raise ForeignCommitError(
+        f"rewinding to batch {plan.to_batch} (sink version {plan.to_version}) would bring back rows that commits offsetlake "
+        f"did not make deleted after it: {said}. Nothing was changed. To restore them too, rewind with --restore-deleted; "
+        "to keep them deleted, correct the rows with a backfill instead (a backfill keeps them deleted)",
+        pipeline=config.name,
+    )
 
 
 def _entry(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters, failpoints, kafka_sink, storage
+from offsetlake import dead_letters, failpoints, foreign, kafka_sink, storage
 from offsetlake.backfill import execute_backfill
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
@@ -82,12 +82,17 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``), and so is
     a sink table that belongs to another pipeline (invariant 16), before anything is planned."""
     config.check_storage()
-    if config.sink.is_kafka:  # its history is the commit log, its ends the group's offsets
+    if config.sink.is_kafka:  # its history is the commit log (its group's offsets are restored from it)
         kafka_sink.reconcile(config, ledger or Ledger.of(config))
         return
-    refuse_foreign_sink(open_table(config.layout.sink), config.name)
+    table = open_table(config.layout.sink)
+    refuse_foreign_sink(table, config.name)
     dead_letters.apply_pending(config)
     reconcile_ledger(config, ledger or Ledger.of(config))
+    # commits offsetlake did not make since its own last one: said at every run until the next
+    # batch commits after them (status and audit keep saying them): docs/design.md, "Foreign commits"
+    last_own = max((c.version for c in sink_commits(table, config.name)), default=-1)
+    foreign.report(table, config.name, since_version=last_own)
 
 
 # ---- how a batch ended ------------------------------------------------------------------------
@@ -133,6 +138,7 @@ def execute_batch(
     ledger: Ledger,
     spark_factory: Callable,
     before_commit: Callable[[], None] = lambda: None,
+    restore_deleted: bool = False,
 ) -> BatchResult:
     """Execute exactly ``plan``'s ranges, by the plan's kind; never anything else.
 
@@ -142,7 +148,8 @@ def execute_batch(
     inside Spark tasks (a range no longer readable, a read timeout) surface as themselves. The
     rows carry each topic's current epoch (``with_current_epochs``).
     ``before_commit`` runs right before the sink commit; raising there commits nothing (a stream
-    checks its lease there).
+    checks its lease there). ``restore_deleted``: a backfill writes again the rows commits
+    offsetlake did not make deleted (``backfill.execute_backfill``).
     """
     from offsetlake.reader import errors_from_spark_tasks
 
@@ -152,7 +159,7 @@ def execute_batch(
     plan = with_current_epochs(config, plan)
     with errors_from_spark_tasks(), storage_errors_named(config, plan):
         if plan.kind == BatchKind.BACKFILL:
-            return _execute_backfill(config, plan, ledger, spark_factory)
+            return _execute_backfill(config, plan, ledger, spark_factory, restore_deleted)
         return _execute_forward(config, plan, ledger, spark_factory, before_commit)
 
 
@@ -316,7 +323,9 @@ def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started
     return BatchResult(plan, BatchStatus.COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
 
 
-def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable) -> BatchResult:
+def _execute_backfill(
+    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, restore_deleted: bool = False
+) -> BatchResult:
     """Run a recorded backfill plan; a rerun after its commit writes nothing and succeeds."""
     started = time.monotonic()
     done = {c.batch_id: c for c in sink_commits(open_table(config.layout.sink), config.name)}
@@ -324,7 +333,7 @@ def _execute_backfill(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, s
         reconcile(config, ledger)
         log_step("skip", plan, started, reason="already_committed")
         return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
-    version, entry, processed = execute_backfill(config, plan, spark_factory)
+    version, entry, processed = execute_backfill(config, plan, spark_factory, restore_deleted)
     return _committed(config, ledger, plan, SinkCommit(version, entry), processed, started)
 
 
@@ -686,8 +695,9 @@ def plan_for_dag_run(config: PipelineConfig, run: RunContext) -> BatchPlan | Non
             raise
 
 
-def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable) -> BatchResult:
-    """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised."""
+def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory: Callable, restore_deleted: bool = False) -> BatchResult:
+    """Execute the plan recorded for ``batch_id``; a failure is recorded on the ledger and re-raised.
+    ``restore_deleted``: see ``execute_batch``."""
     config.check_storage()
     ledger = Ledger.of(config)
     dead_letters.apply_pending(config)
@@ -696,7 +706,7 @@ def execute_recorded_batch(config: PipelineConfig, batch_id: str, spark_factory:
         raise OffsetlakeError(f"no planned batch {batch_id} in the ledger at {config.ledger_path}", pipeline=config.name, batch_id=batch_id)
     try:
         _refuse_rewound(config, plan)
-        return execute_batch(config, plan, ledger, spark_factory)
+        return execute_batch(config, plan, ledger, spark_factory, restore_deleted=restore_deleted)
     except Exception as err:
         record_outcome(ledger, plan, err)
         raise

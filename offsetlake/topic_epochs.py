@@ -183,8 +183,11 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     config.check_storage()
     if config.sink.is_kafka:
         raise TopicEpochError(
-            f"the sink is Kafka topic {config.sink.topic}, whose committed ends are the consumer group's offsets: reset the "
-            "group's offsets for this topic with Kafka's own tools while nothing runs",
+            f"the sink is Kafka topic {config.sink.topic}, whose committed ends are what its commit log "
+            f"offsetlake-commits-{config.name} records, and a Kafka log cannot start an epoch beside the old one. To start the "
+            f"pipeline afresh on the new topic, while nothing runs: delete its commit log topic and its consumer group "
+            f"offsetlake-{config.name}, run `offsetlake ledger rebuild {config.name}`, and point sink.topic at a new topic "
+            "(or keep it, and its consumers see the new topic's records from its start)",
             pipeline=config.name,
             topic=topic,
         )

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import os
 import random
@@ -80,7 +81,7 @@ import pyarrow.compute as pc
 import yaml
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
-from kafka_truth import group_offsets, last_stable_offsets, read_records
+from kafka_truth import delete_topic, group_offsets, last_stable_offsets, read_records
 
 from offsetlake import dead_letters, failpoints, storage
 
@@ -112,6 +113,23 @@ SLOT_BASE_US = 1_795_000_000_000_000
 SLOT_POOL_US = [SLOT_BASE_US + ms * 1000 + us for ms in range(6) for us in (0, 1, 499, 999)]
 KEYED_SCHEMA = {"order_id": "long", "customer": "string", "amount": "double"}
 TOMBSTONE_SHARE = 0.04  # of plain records: a null value, the keyed sink's delete (a dead letter in the other)
+
+
+def amount_of(order_id: int) -> float:
+    """The amount of record ``order_id``: mostly plain, and now and then NaN or an infinity (issue
+    48, finding 1: a non-finite double is a row, and every table stays readable)."""
+    return {5: float("inf"), 11: float("-inf"), 17: float("nan")}.get(order_id % 37, order_id % 1000 / 10)
+
+
+def amount_json(order_id: int) -> str:
+    """``amount_of`` as the record's JSON text: overflowing numbers (1e400) and the bare tokens
+    Spark's parser takes (NaN, -Infinity)."""
+    return {5: "1e400", 11: "-Infinity", 17: "NaN"}.get(order_id % 37, repr(order_id % 1000 / 10))
+
+
+def amount_published(order_id: int) -> object:
+    """``amount_of`` as a Kafka sink's JSON value holds it: non-finite numbers as strings."""
+    return {5: "Infinity", 11: "-Infinity", 17: "NaN"}.get(order_id % 37, order_id % 1000 / 10)
 
 
 def nested_values(order_id: int) -> dict:
@@ -225,7 +243,7 @@ class Campaign:
         # order is the publish order); expected records per sink version, computed once each.
         self.outbox_topic = f"{self.topic}-outbox"
         admin.create_topics([_new_topic(self.outbox_topic, 1)])[self.outbox_topic].result(30)
-        self._outbox_expected: dict[int, list[tuple]] = {}
+        self._outbox_verified = -1  # the last sink version a replay of the outbox was compared at
         self._outbox_checked_at: tuple | None = None
         self._kafka_checked_at: tuple | None = None
 
@@ -370,7 +388,9 @@ class Campaign:
                 {
                     "kafka_sink_run": (2, self.kafka_sink_run),
                     "kafka_sink_republish": (1, self.kafka_sink_republish),
+                    "kafka_group_lost": (1, self.kafka_group_lost),
                     "outbox_publish": (1, self.outbox_publish),
+                    "rewind_a_backfill": (1, self.rewind_a_backfill),
                 }
             )
         if self.restart_broker is not None:
@@ -506,13 +526,9 @@ class Campaign:
             elif draw < malformed_share + tombstone_share:
                 values.append((None, None, slot, None))
             else:
-                body = {
-                    "order_id": order_id,
-                    "customer": self.rng.choice(CUSTOMERS),
-                    "amount": order_id % 1000 / 10,
-                    **nested_values(order_id),
-                }
-                values.append((order_id, json.dumps(body).encode(), slot, body["customer"]))
+                body = {"order_id": order_id, "customer": self.rng.choice(CUSTOMERS), "amount": 0.0, **nested_values(order_id)}
+                text = json.dumps(body).replace('"amount": 0.0', f'"amount": {amount_json(order_id)}', 1)
+                values.append((order_id, text.encode(), slot, body["customer"]))
         return values
 
     def _send(
@@ -890,8 +906,24 @@ class Campaign:
 
     # ---- steps: the Kafka sink and the outbox ---------------------------------------------------
     def _kafka_ends(self) -> dict[int, int | None]:
-        """The Kafka-sink pipeline's committed ends: its group's offsets on the source topic, as a
-        plain read_committed consumer reads them (kafka_truth, not offsetlake)."""
+        """The Kafka-sink pipeline's committed ends: what its commit log (topic
+        offsetlake-commits-<pipeline>) records, as a plain read_committed consumer reads it
+        (kafka_truth, not offsetlake): per partition, the end of its last ingest, stream or gap."""
+        ends: dict[int, int | None] = dict.fromkeys(range(self.partitions))
+        log_topic = f"offsetlake-commits-{self.kafka_name}"
+        if log_topic not in AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=30).topics:
+            return ends
+        for record in read_records(self.bootstrap, log_topic):
+            entry = json.loads(record.value or b"null") or {}
+            if entry.get("pipeline") != self.kafka_name or entry.get("kind", "ingest") not in ("ingest", "stream", "gap"):
+                continue
+            for r in entry.get("ranges", ()):
+                if r["topic"] == self.topic and r["partition"] in ends:
+                    ends[r["partition"]] = max(r["end"], ends[r["partition"]] or 0)
+        return ends
+
+    def _kafka_group_offsets(self) -> dict[int, int | None]:
+        """The Kafka-sink pipeline's group offsets (Kafka's copy of its ends, which expire)."""
         not_ready = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
         deadline = time.monotonic() + 60
         while True:
@@ -901,6 +933,19 @@ class Campaign:
                 if time.monotonic() > deadline or not (err.args[0].retriable() or err.args[0].code() in not_ready):
                     raise
                 time.sleep(0.5)
+
+    def kafka_group_lost(self) -> None:
+        """The Kafka sink's group deleted by an operator (what offsets.retention.minutes does to an
+        idle pipeline's group, which the torture broker also lets happen after a minute): the next
+        run must neither publish anything again nor lose its place (issue 48, finding 2)."""
+        group = f"offsetlake-{self.kafka_name}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})  # held: a dropped client cancels its futures
+        try:
+            admin.delete_consumer_groups([group], request_timeout=30)[group].result(60)
+            self.stats["kafka_groups_deleted"] += 1
+        except KafkaException as err:  # never committed yet, or already expired
+            self.stats["kafka_groups_not_deleted"] += 1
+            self.log(f"campaign: group {group} not deleted: {err.args[0].str()}")
 
     def _run_kafka_sink(self, max_batches: int | None) -> None:
         from offsetlake.plan import RunContext
@@ -1140,19 +1185,21 @@ class Campaign:
 
     def _recover_kafka_sink(self, committed: bool) -> None:
         """The Kafka-sink pipeline after its source topic was re-created. Its epoch cannot be reset
-        (offsetlake refuses: its ends are the group's offsets); planning on the new topic from the
-        old group offsets must refuse, unless Kafka dropped the group's offsets of the deleted
-        topic (then it has none, counted). Its user deletes the group and sends the new topic's
-        records to a new output topic, where the check starts afresh."""
+        (offsetlake refuses: a Kafka log cannot hold two epochs); planning on the new topic from the
+        old commit log must refuse. Its user starts the pipeline afresh as the refusal says: deletes
+        its commit log and group, rebuilds its ledger, and sends the new topic's records to a new
+        output topic, where the check starts afresh."""
         from offsetlake.errors import TopicEpochError, TopicIdentityError
+        from offsetlake.ledger import Ledger
         from offsetlake.plan import RunContext
         from offsetlake.planner import plan_next_batch
         from offsetlake.topic_epochs import reset_topic_epoch
 
         try:
             reset_topic_epoch(self.kafka, self.topic, reason="campaign re-created the topic")
-        except TopicEpochError:
-            pass
+        except TopicEpochError as refused:
+            if "ledger rebuild" not in str(refused):
+                raise InvariantBroken(f"{self.kafka_name}: the epoch refusal gives no way forward: {refused}") from None
         else:
             raise InvariantBroken(f"{self.kafka_name}: reset_topic_epoch went through for a Kafka sink")
         if committed:
@@ -1161,7 +1208,7 @@ class Campaign:
             except TopicIdentityError:
                 self.stats["kafka_sink_refused_recreated"] += 1
             else:
-                self.stats["kafka_sink_offsets_gone_with_topic"] += 1
+                raise InvariantBroken(f"{self.kafka_name}: planned on the re-created topic from the old commit log's ends")
         group = f"offsetlake-{self.kafka_name}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         deadline = time.monotonic() + 60
@@ -1175,9 +1222,13 @@ class Campaign:
                 if time.monotonic() > deadline or not err.args[0].retriable():
                     raise InvariantBroken(f"deleting group {group} failed: {err}") from None
                 time.sleep(0.5)
+        log_topic = f"offsetlake-commits-{self.kafka_name}"
+        if log_topic in admin.list_topics(timeout=30).topics:
+            delete_topic(self.bootstrap, log_topic)
+        Ledger.of(self.kafka).rebuild([])  # what `offsetlake ledger rebuild` does with the empty commit log
         left = {p: e for p, e in self._kafka_ends().items() if e is not None}
         if left:
-            raise InvariantBroken(f"group {group} still has offsets {left} on {self.topic} after its deletion")
+            raise InvariantBroken(f"the commit log of {self.kafka_name} still has ends {left} on {self.topic} after its deletion")
         self.kafka_generation += 1
         self.kafka_lost = {}
         self.kafka = self._new_kafka_output()
@@ -1263,7 +1314,9 @@ class Campaign:
         if storage.is_table(self.config.layout.sink):
             dataset = storage.table(self.config.layout.sink).to_pyarrow_dataset()
             extra = [EXTRA_FIELD[0]] if EXTRA_FIELD[0] in dataset.schema.names else []
-            data = dataset.to_table(columns=["_kafka_partition", "_kafka_offset", "order_id", "_kafka_timestamp", "addr", "lines", *extra])
+            data = dataset.to_table(
+                columns=["_kafka_partition", "_kafka_offset", "order_id", "amount", "_kafka_timestamp", "addr", "lines", *extra]
+            )
             micros = pc.cast(data["_kafka_timestamp"], pa.int64()).to_pylist()
             sink_rows = data.drop_columns(["_kafka_timestamp"]).to_pylist()
             for row, t in zip(sink_rows, micros, strict=True):
@@ -1312,6 +1365,9 @@ class Campaign:
                 problems.append(f"sink row {p}:{o} (topic creation {record.incarnation}) lies beyond the committed end {end}")
             elif record.timestamp_ms is not None and row["time_ms"] != record.timestamp_ms:
                 problems.append(f"sink row {p}:{o} has record time {row['time_ms']} ms, the record {record.timestamp_ms} ms")
+            want = amount_of(order_id)
+            if not (row["amount"] == want or (row["amount"] != row["amount"] and want != want)):  # NaN equals NaN here
+                problems.append(f"sink row {p}:{o} has amount {row['amount']}, the record {want}")
             problems += self._nested_problems(row, record)
         for inc, p, o in dead:
             record = self.model.records.get((inc, p, o))
@@ -1601,7 +1657,7 @@ class Campaign:
                         problems.append(f"dead letter of {coords} carries no reason")
                     continue
                 value = json.loads(record.value or b"null") or {}
-                want = {"order_id": source.order_id, "customer": source.customer, "amount": source.order_id % 1000 / 10}
+                want = {"order_id": source.order_id, "customer": source.customer, "amount": amount_published(source.order_id)}
                 if {k: value.get(k) for k in want} != want:
                     problems.append(f"{topic} record of {coords} holds {value}, the record {want}")
                 if not sink.key or source.customer is None:
@@ -1635,6 +1691,10 @@ class Campaign:
         self.stats["last_kafka_sink_rows"] = sum(counted[True].values())
         self.stats["last_kafka_sink_dead"] = sum(counted[False].values())
         self.stats["last_kafka_sink_lost"] = lost
+        group = self._kafka_group_offsets()
+        wrong = {p: (g, ends.get(p)) for p, g in group.items() if g is not None and g != ends.get(p)}
+        if wrong:  # expired or deleted (None) is Kafka's to do; anything else must equal the commit log
+            problems.append(f"the Kafka sink's group offsets differ from its commit log's ends (group, log): {wrong}")
         if final:
             lso = _last_stable(self.bootstrap, self.topic, self.partitions)
             behind = {
@@ -1643,19 +1703,19 @@ class Campaign:
                 if (ends.get(p) if ends.get(p) is not None else self.model.deleted_below.get(p, 0)) < lso[p]
             }
             if behind:
-                problems.append(f"after the final run the Kafka sink's group is behind the LSO: {behind}")
+                problems.append(f"after the final run the Kafka sink's commit log is behind the LSO: {behind}")
         if problems:
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, Kafka sink: " + "; ".join(problems[:6]))
         self._kafka_checked_at = marks
 
     def check_outbox(self, final: bool = False) -> None:
-        """The outbox topic against the plain pipeline's sink history (tests/test_outbox.py's
-        check): per sink commit up to the outbox's progress, the rows of its ranges (of its epoch
-        of the topic, and of its time window for a backfill by time) in the table at that version,
-        read with plain deltalake, or one record per batch a rewind undid; each published once, in
-        sink version order, and nothing of a commit past the progress. Skipped while neither topic
-        changed since the last check (what a published version holds never changes)."""
-        from offsetlake.history import sink_commits
+        """The outbox topic replayed as its guide tells a consumer to (per source record, the rows
+        of the highest sink version seen: offsetlake.embedded.checker, plain confluent-kafka and
+        deltalake) equals the plain pipeline's sink table at every version it has published; its
+        record keys are the rows' order ids; it is in sink version order, and after the final
+        publish its progress is the sink's last version. Versions checked once stay checked (what
+        a published version holds never changes)."""
+        from offsetlake.embedded.checker import outbox_replay, read_committed, sink_view
         from offsetlake.outbox import PROGRESS_TOPIC
 
         if not storage.is_table(self.config.layout.sink):
@@ -1672,88 +1732,71 @@ class Campaign:
             for record in read_records(self.bootstrap, PROGRESS_TOPIC):
                 if record.key == key and record.value:
                     progress = int(json.loads(record.value)["version"])
-        commits = sorted(sink_commits(storage.table(self.config.layout.sink), self.name), key=lambda c: c.version)
-        _, _, _, epoch_of = self._history(self.config)
-        done = [c for c in commits if c.version <= progress]
-        expected = [e for c in done for e in self._outbox_expected_of(c, epoch_of)]
-        published = []
+        seen = list(read_committed(self.bootstrap, self.outbox_topic))
         problems = []
-        for record in read_records(self.bootstrap, self.outbox_topic):
-            h = _headers(record)
-            kind = h.get("offsetlake.kind")
-            if kind == "rewind":
-                source: tuple = ("undone", json.loads(record.value or b"{}").get("rewound_batch"))
-            else:
-                source = (h.get("offsetlake.topic"), int(h.get("offsetlake.partition", -1)), int(h.get("offsetlake.offset", -1)))
+        for record in seen:
+            if record.headers.get("offsetlake.op") == "row":
                 order_id = (json.loads(record.value or b"null") or {}).get("order_id")
                 if record.key is None or order_id is None or int(record.key) != order_id:
                     problems.append(f"outbox record {record.offset}: key {record.key!r}, order id {order_id}")
-            published.append((int(h.get("offsetlake.sink_version", -1)), h.get("offsetlake.batch"), kind, source))
-        versions = [v for v, *_ in published]
+        versions = [int(r.headers["offsetlake.sink_version"]) for r in seen]
         if versions != sorted(versions):
-            problems.append(
-                f"the outbox is not in sink version order: {[v for v, w in zip(versions, versions[1:], strict=False) if w < v][:5]}"
-            )
-        got, want = Counter(published), Counter(expected)
-        if got != want:
-            only_topic, only_sink = got - want, want - got
-            problems.append(
-                f"the outbox (progress at sink version {progress}) differs from the sink's commits: only published "
-                f"{len(list(only_topic.elements()))} {sorted(only_topic, key=str)[:4]}, only in the sink "
-                f"{len(list(only_sink.elements()))} {sorted(only_sink, key=str)[:4]}"
-            )
-            self.stats["duplicates_found"] += sum(n - 1 for n in got.values() if n > 1)
-        if final and commits and progress != commits[-1].version:
-            problems.append(
-                f"after the final publish the outbox's progress is sink version {progress}, the sink's last {commits[-1].version}"
-            )
-        self.stats["last_outbox_commits_published"] = len(done)
-        self.stats["last_outbox_records"] = len(published)
+            problems.append(f"the outbox is not in sink version order: {[v for v, w in itertools.pairwise(versions) if w < v][:5]}")
+        if max(versions, default=-1) > progress:
+            problems.append(f"the outbox holds records of sink version {max(versions)}, past its progress {progress}")
+        sink = self.config.layout.sink
+        for version in range(self._outbox_verified + 1, progress + 1):
+            replayed, table = outbox_replay(seen, version), sink_view(sink.path, version, dict(sink.options) if sink.options else None)
+            if replayed != table:
+                missing, stale = sorted(set(table) - set(replayed)), sorted(set(replayed) - set(table))
+                differ = sorted(c for c in set(table) & set(replayed) if table[c] != replayed[c])
+                self.stats["records_lost"] += len(missing)
+                self.stats["duplicates_found"] += sum(max(len(replayed[c]) - len(table[c]), 0) for c in differ)
+                problems.append(
+                    f"a consumer of the outbox differs from the sink at version {version}: missing {len(missing)} {missing[:3]}, "
+                    f"stale {len(stale)} {stale[:3]}, differing {len(differ)} {differ[:3]}"
+                )
+                break
+            self._outbox_verified = version
+        last = storage.table(sink).version()
+        if final and progress < last and any(c.version > progress for c in self._sink_data_commits()):
+            problems.append(f"after the final publish the outbox's progress is sink version {progress}, the sink's last {last}")
+        self.stats["last_outbox_commits_published"] = len(set(versions))
+        self.stats["last_outbox_records"] = len(seen)
         if problems:
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, outbox: " + "; ".join(problems[:6]))
         self._outbox_checked_at = marks
 
-    def _outbox_expected_of(self, commit, epoch_of) -> list[tuple]:
-        """(sink version, batch, kind, source) of each record sink commit ``commit`` must publish;
-        computed once per version (a version's table never changes)."""
-        cached = self._outbox_expected.get(commit.version)
-        if cached is not None:
-            return cached
-        kind, version = str(commit.kind), commit.version
-        out: list[tuple] = []
-        if kind == "rewind":
-            out = [(version, commit.batch_id, kind, ("undone", b)) for b in commit.entry.rewound]
-        elif kind in ("ingest", "stream", "backfill"):
-            where = None
-            for r in commit.entry.offset_ranges:
-                if r.end > r.start:
-                    term = (pc.field("_kafka_topic") == r.topic) & (pc.field("_kafka_partition") == r.partition)
-                    term = term & (pc.field("_kafka_offset") >= r.start) & (pc.field("_kafka_offset") < r.end)
-                    where = term if where is None else where | term
-            if where is not None:
-                dataset = storage.table(self.config.layout.sink, version=version).to_pyarrow_dataset()
-                epoch_column = ["_offsetlake_epoch"] if "_offsetlake_epoch" in dataset.schema.names else []
-                data = dataset.to_table(
-                    columns=["_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", *epoch_column], filter=where
-                )
-                micros = pc.cast(data["_kafka_timestamp"], pa.int64()).to_pylist()
-                epochs = data[epoch_column[0]].to_pylist() if epoch_column else [None] * data.num_rows
-                window = commit.entry.record_time
-                for t, p, o, us, e in zip(
-                    data["_kafka_topic"].to_pylist(),
-                    data["_kafka_partition"].to_pylist(),
-                    data["_kafka_offset"].to_pylist(),
-                    micros,
-                    epochs,
-                    strict=True,
-                ):
-                    if (e or 0) != epoch_of(version):  # rows of an earlier creation of the topic at the same offsets
-                        continue
-                    if window is not None and not (us is not None and window.from_ms * 1000 <= us < window.to_ms * 1000):
-                        continue
-                    out.append((version, commit.batch_id, kind, (t, p, o)))
-        self._outbox_expected[version] = out
-        return out
+    def _sink_data_commits(self) -> list:
+        """The plain pipeline's sink commits that the outbox publishes (offsetlake's; no foreign writes here)."""
+        from offsetlake.history import sink_commits
+
+        return sink_commits(storage.table(self.config.layout.sink), self.name)
+
+    def rewind_a_backfill(self) -> None:
+        """A backfill of a committed range of the plain pipeline, then a rewind to the batch before
+        it, which undoes the backfill and restores the rows it replaced; then the outbox publishes
+        both (issue 48, finding 3: a consumer lost the restored rows)."""
+        from offsetlake.errors import RewindError
+        from offsetlake.history import live_commits, sink_commits
+        from offsetlake.rewind import rewind_pipeline
+
+        if not storage.is_table(self.config.layout.sink):
+            self.stats["skipped:rewind_a_backfill"] += 1
+            return
+        before = [c for c in live_commits(sink_commits(storage.table(self.config.layout.sink), self.name)) if str(c.kind) == "ingest"]
+        if not before:
+            self.stats["skipped:rewind_a_backfill"] += 1
+            return
+        self.backfill()
+        try:
+            rewind_pipeline(self.config, before[-1].batch_id, reason="campaign: undo a backfill")
+        except RewindError as refused:  # of an earlier epoch, or its files vacuumed
+            self.log(f"campaign: rewind of a backfill refused: {refused}")
+            self.stats["rewinds_refused"] += 1
+        else:
+            self.stats["rewinds_of_backfills"] += 1
+        self._publish_outbox()
 
     def _kafka_sink_batches(self) -> int:
         """The Kafka sink's committed ingest batches, from its commit log (for the figures)."""
@@ -1905,7 +1948,10 @@ def main() -> int:
     from offsetlake.spark import stop_spark
 
     work = args.work or Path(tempfile.mkdtemp(prefix="offsetlake-torture-"))
-    with broker_for(work / "broker") as (bootstrap, broker):
+    # Group offsets of a memberless group (the Kafka sink's) expire a minute after their last
+    # commit here, not after 7 days: the campaign meets what an idle week does (issue 48, finding 2)
+    expiry = {} if args.no_kafka_sinks else {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "5000"}
+    with broker_for(work / "broker", settings=expiry) as (bootstrap, broker):
         try:
             campaign = Campaign(
                 args.seed,

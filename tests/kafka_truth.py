@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from offsetlake import storage  # only for the lake's storage options: DeltaTable as delta-rs opens it
+from offsetlake.embedded.checker import check_outbox, outbox_replay, read_committed, sink_view
 
 
 @dataclass(frozen=True)
@@ -312,3 +313,24 @@ def _check_kafka_sink(bootstrap: str, source_topic: str, config, decode) -> None
     partitions = sorted({p for p, _ in source})
     per_partition = Counter(p for p, _ in source)
     assert group_offsets(bootstrap, f"offsetlake-{config.name}", source_topic, partitions) == {p: per_partition[p] for p in partitions}
+
+
+# ---- an outbox (offsetlake publish), replayed as its guide tells a consumer to -------------------
+def check_outbox_replay(bootstrap: str, topic: str, sink: storage.Where) -> int:
+    """An outbox topic replayed by a consumer equals the sink table at every version it has
+    published, from the first to the last (versions no record names, like compactions, too);
+    returns the last version checked (-1: nothing published). The demo's independent checker
+    (``offsetlake.embedded.checker``: plain confluent-kafka and deltalake) does the replay."""
+    where = sink if isinstance(sink, storage.Location) else storage.Location.of(str(sink))
+    check_outbox(bootstrap, topic, where.path, "?", dict(where.options) if where.options else None)
+    records = list(read_committed(bootstrap, topic))
+    return max((int(r.headers["offsetlake.sink_version"]) for r in records), default=-1)
+
+
+def outbox_view(bootstrap: str, topic: str, upto_version: int) -> dict[tuple, list[str]]:
+    return outbox_replay(read_committed(bootstrap, topic), upto_version)
+
+
+def sink_rows_view(sink: storage.Where, version: int) -> dict[tuple, list[str]]:
+    where = sink if isinstance(sink, storage.Location) else storage.Location.of(str(sink))
+    return sink_view(where.path, version, dict(where.options) if where.options else None)

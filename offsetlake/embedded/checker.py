@@ -8,16 +8,17 @@ offsetlake cannot hide itself from it.
 * ``check_kafka_sink``: every valid source record's output record exactly once (kinds ingest and
   stream), every invalid one exactly once in the dead-letter topic, and the pipeline's group
   committed at the source's end;
-* ``check_outbox``: the outbox topic holds, per sink commit, exactly the rows of that commit's
-  ranges in the table at that version, each once (one record per undone batch for a rewind).
+* ``check_outbox``: the outbox topic, replayed by the rule its guide gives consumers (per source
+  record, the rows of the highest sink version seen), equals the sink table at every version.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -127,44 +128,67 @@ def check_kafka_sink(
 
 
 def check_outbox(bootstrap: str, out: str, sink_path: str, pipeline: str, storage_options: dict[str, str] | None = None) -> dict[str, int]:
-    """The outbox topic against the sink's history: per commit, the rows of its ranges at its version."""
-    expected: Counter = Counter()
-    history = DeltaTable(sink_path, storage_options=storage_options).history()
-    for info in history:
-        try:
-            entry = json.loads(info.get("userMetadata") or "")
-        except ValueError:
+    """The outbox topic replayed as its guide tells a consumer to (``outbox_replay``) equals the
+    sink table (plain deltalake) at every version it has published, from the first to the last."""
+    seen = list(read_committed(bootstrap, out))
+    versions = {int(s.headers["offsetlake.sink_version"]) for s in seen}
+    for version in range(max(versions, default=-1) + 1):
+        replayed, table = outbox_replay(seen, version), sink_view(sink_path, version, storage_options)
+        if replayed != table:
+            missing, stale = sorted(set(table) - set(replayed))[:3], sorted(set(replayed) - set(table))[:3]
+            differ = sorted(c for c in set(table) & set(replayed) if table[c] != replayed[c])[:3]
+            raise CheckFailed(
+                f"{out}: a consumer following the guide differs from the sink {pipeline} at version {version}: "
+                f"missing {missing}, stale {stale}, differing {differ}"
+            )
+    return {"commits": len(versions), "records": len(seen)}
+
+
+# what a published value leaves out of a row: the source coordinates (in headers) and the epoch
+_NOT_PUBLISHED = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_offsetlake_epoch")
+
+
+def spelled(value: dict) -> str:
+    """A row's value in one spelling: null fields left out, timestamps and dates ISO 8601, NaN and
+    infinities as the strings the outbox's guide names, sorted keys."""
+    return json.dumps({k: _plain(v) for k, v in value.items() if v is not None}, sort_keys=True)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def outbox_replay(seen: Iterable[Seen], upto_version: int) -> dict[tuple, list[str]]:
+    """What a consumer following docs/guides/kafka-outbox.md holds after reading every record of a
+    sink version up to ``upto_version``, in any order: per source record, the rows of the highest
+    sink version seen (a row of the same version joins them; a delete leaves none)."""
+    held: dict[tuple, tuple[int, list[str]]] = {}
+    for record in seen:
+        h = record.headers
+        version = int(h["offsetlake.sink_version"])
+        if version > upto_version:
             continue
-        if not isinstance(entry, dict) or entry.get("offsetlake") != 1 or entry.get("pipeline") != pipeline:
-            continue
-        version, kind = int(info["version"]), entry.get("kind", "ingest")
-        if kind == "rewind":
-            expected.update((version, "undone", b) for b in entry.get("rewound", ()))
-            continue
-        if kind not in ("ingest", "stream", "backfill"):
-            continue
-        spans = [(r["topic"], r["partition"], r["start"], r["end"]) for r in entry.get("ranges", ())]
-        window = entry.get("record_time")
-        then = DeltaTable(sink_path, version=version, storage_options=storage_options)
-        columns = ["_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp"]
-        for row in then.to_pyarrow_table(columns=columns).to_pylist():
-            at = (row["_kafka_topic"], row["_kafka_partition"], row["_kafka_offset"])
-            if not any(t == at[0] and p == at[1] and s <= at[2] < e for t, p, s, e in spans):
-                continue
-            if window and not (window["from_ms"] <= int(row["_kafka_timestamp"].timestamp() * 1000) < window["to_ms"]):
-                continue
-            expected[(version, *at)] += 1
-    published: Counter = Counter()
-    for seen in read_committed(bootstrap, out):
-        version = int(seen.headers["offsetlake.sink_version"])
-        if seen.headers["offsetlake.kind"] == "rewind":
-            published[(version, "undone", json.loads(seen.value or b"{}")["rewound_batch"])] += 1
-        else:
-            published[(version, seen.headers["offsetlake.topic"], *_coordinates(seen))] += 1
-    if published != expected:
-        missing, extra = expected - published, published - expected
-        raise CheckFailed(
-            f"{out}: {sum(missing.values())} records missing (e.g. {list(missing)[:3]}), "
-            f"{sum(extra.values())} extra (e.g. {list(extra)[:3]})"
-        )
-    return {"commits": len({k[0] for k in expected}), "records": sum(published.values())}
+        coordinate = (h["offsetlake.topic"], int(h["offsetlake.partition"]), int(h["offsetlake.offset"]), int(h.get("offsetlake.epoch", 0)))
+        rows = [] if h["offsetlake.op"] == "delete" else [spelled(json.loads(record.value or b"null"))]
+        have = held.get(coordinate)
+        if have is None or version > have[0]:
+            held[coordinate] = (version, rows)
+        elif version == have[0]:
+            have[1].extend(rows)
+    return {c: sorted(rows) for c, (_, rows) in held.items() if rows}
+
+
+def sink_view(sink_path: str, version: int, storage_options: dict[str, str] | None = None) -> dict[tuple, list[str]]:
+    """The sink table at ``version`` (plain deltalake), per source record: its rows as the outbox spells them."""
+    table = DeltaTable(sink_path, version=version, storage_options=storage_options)
+    out: dict[tuple, list[str]] = {}
+    for row in table.to_pyarrow_table().to_pylist():
+        coordinate = (row["_kafka_topic"], row["_kafka_partition"], row["_kafka_offset"], row.get("_offsetlake_epoch") or 0)
+        out.setdefault(coordinate, []).append(spelled({k: v for k, v in row.items() if k not in _NOT_PUBLISHED}))
+    return {c: sorted(rows) for c, rows in out.items()}

@@ -90,8 +90,16 @@ class LocalBroker:
     """One Apache Kafka broker in ``data_dir`` (its settings in ``server.properties`` there, its
     logs under ``log/``); ``log_path`` gets the JVM's output."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, log_path: Path | None = None, cluster_id: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        log_path: Path | None = None,
+        cluster_id: str | None = None,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
+        self.settings = dict(settings or {})  # broker settings over SETTINGS (e.g. a short offsets.retention.minutes)
         self.cluster_id = cluster_id  # the id a first start formats the folder with (default: a random one)
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
@@ -120,6 +128,7 @@ class LocalBroker:
         log_dir = self.data_dir / "log"
         settings = {
             **SETTINGS,
+            **self.settings,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
@@ -231,14 +240,15 @@ def _port_of(listeners: str, name: str) -> int | None:
 
 
 @contextmanager
-def broker_for(data_dir: Path) -> Iterator[tuple[str, LocalBroker | None]]:
+def broker_for(data_dir: Path, settings: dict[str, str] | None = None) -> Iterator[tuple[str, LocalBroker | None]]:
     """(bootstrap, local broker or None) for a tool: ``$KAFKA_BOOTSTRAP_SERVERS`` if set, else an
-    Apache Kafka broker in ``data_dir`` for the duration, stopped by its PID afterwards."""
+    Apache Kafka broker in ``data_dir`` (with ``settings`` over the usual ones) for the duration,
+    stopped by its PID afterwards."""
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if external:
         yield external, None
         return
-    broker = LocalBroker(data_dir).start()
+    broker = LocalBroker(data_dir, settings=settings).start()
     try:
         yield broker.bootstrap, broker
     finally:
