@@ -35,7 +35,7 @@ from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TIM
 from offsetlake.engine_replay import replay
 from offsetlake.engines import CONTRIBUTION, WINDOW_START, group_columns
 from offsetlake.errors import ForeignCommitError
-from offsetlake.history import SinkCommit, epoch_at, epoch_starts, rewound_batches, sink_commits
+from offsetlake.history import SinkCommit, epoch_at, epoch_starts, refuse_foreign_sink, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits, read_committed_headers
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
@@ -185,6 +185,7 @@ def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> Audit
     config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.layout.sink)
+    refuse_foreign_sink(sink, config.name)  # another pipeline's table: say so, as a run does, not "rows outside every range"
     commits = sink_commits(sink, config.name)
     starts = epoch_starts(commits)  # a topic re-created under the pipeline: its epochs are kept apart
     rows = _sink_keys(config)

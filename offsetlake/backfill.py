@@ -24,7 +24,7 @@ from offsetlake import foreign, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.entry import LedgerEntry, for_plan
-from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError, StalePlanError
+from offsetlake.errors import BackfillParamsError, CommitConflictError, ForeignCommitError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
@@ -307,9 +307,19 @@ def _keeping_foreign_deletes(
     names = table.schema().to_arrow().names
     present = table.to_pyarrow_dataset().to_table(filter=where, columns=[c for c in foreign.IDENTITY_COLUMNS if c in names])
     epochs = {t: plan.topic_epochs.get(t, 0) for t in {r.topic for r in plan.ranges}}
+    try:
+        deleted = foreign.still_deleted(table, config.name, foreign.identities(present))
+    except ForeignCommitError as err:
+        raise ForeignCommitError(
+            f"backfill {plan.batch_id}: {err.text}, so which of its rows to keep deleted cannot be told; nothing was "
+            "committed. To recompute the range as Kafka has it (rows that commit deleted come back), backfill with "
+            "--restore-deleted",
+            pipeline=config.name,
+            batch_id=plan.batch_id,
+        ) from None
     gone = [
         i
-        for i in foreign.still_deleted(table, config.name, foreign.identities(present))
+        for i in deleted
         if epochs.get(i[0]) == i[4] and any(r.topic == i[0] and r.partition == i[1] and r.start <= i[2] < r.end for r in plan.ranges)
     ]
     if not gone:

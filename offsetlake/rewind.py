@@ -357,7 +357,14 @@ def _refuse_undoing_foreign_deletes(config: PipelineConfig, table: DeltaTable, p
     """A rewind restores earlier files: rows a commit offsetlake did not make deleted after the
     target would come back (docs/design.md, "Foreign commits": a deletion a user made stays deleted
     unless they ask otherwise)."""
-    after = [c for c in foreign.foreign_changes(table, config.name, since_version=plan.to_version) if c.removed]
+    try:
+        after = [c for c in foreign.foreign_changes(table, config.name, since_version=plan.to_version) if c.removed]
+    except ForeignCommitError as err:
+        raise ForeignCommitError(
+            f"rewinding to batch {plan.to_batch}: {err.text}, so whether the rewind would bring back rows it deleted cannot "
+            "be told; nothing was changed. Rewind with --restore-deleted to restore the earlier rows whatever it deleted",
+            pipeline=config.name,
+        ) from None
     if not after:
         return
     said = "; ".join(c.describe() for c in after[:3])

@@ -67,6 +67,9 @@ def test_a_second_pipeline_on_the_same_sink_table_is_refused_naming_both(pipelin
     assert shared in message and "topics:" in message and "Nothing was committed" in message, message
     cli = us.cli("run")
     assert cli.returncode == 2 and f"belongs to pipeline {eu_config.name}" in cli.stdout + cli.stderr, cli.stdout + cli.stderr
+    # the audit of the refused pipeline says the same, not that the owner's rows lie outside its ranges (issue 48, finding 6)
+    with pytest.raises(SinkOwnedError, match=f"belongs to pipeline {eu_config.name}"):
+        audit_pipeline(us_config, against_kafka=True)
 
     # eu goes on; nothing of it is lost, nothing of us is in its table
     produce_orders(eu.bootstrap, eu.topic, 200, first_id=200)
