@@ -354,10 +354,17 @@ def check_outbox(config: PipelineConfig, to_topic: str) -> OutboxCheck:
 
 
 def _normal(value: Any) -> str:
-    """A published value in one spelling: JSON with sorted keys and null fields left out."""
+    """A published value in one spelling: JSON with sorted keys and null fields left out at every
+    depth (a field added to a struct later reads null in older rows, absent in what they published)."""
+    return json.dumps(_without_nulls(value), sort_keys=True)
+
+
+def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        value = {k: v for k, v in value.items() if v is not None}
-    return json.dumps(value, sort_keys=True)
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def read_progress(config: PipelineConfig, to_topic: str) -> Progress:

@@ -149,16 +149,17 @@ _NOT_PUBLISHED = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_t
 
 
 def spelled(value: dict) -> str:
-    """A row's value in one spelling: null fields left out, timestamps and dates ISO 8601, NaN and
-    infinities as the strings the outbox's guide names, sorted keys."""
-    return json.dumps({k: _plain(v) for k, v in value.items() if v is not None}, sort_keys=True)
+    """A row's value in one spelling: null fields left out at every depth (a JSON reader cannot
+    tell a field added to a struct later, null in older rows, from one that is missing), timestamps
+    and dates ISO 8601, NaN and infinities as the strings the outbox's guide names, sorted keys."""
+    return json.dumps(_plain(value), sort_keys=True)
 
 
 def _plain(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value.isoformat() if hasattr(value, "isoformat") else value
