@@ -41,39 +41,40 @@ BATCH = 4_000  # records per batch: about 25 transactions
 
 class Beside:
     """A read_committed consumer of the output that reads while the copy runs (and the broker
-    bounces), keeping (output partition, output offset, source partition, source offset, kind)."""
+    bounces), keeping (output partition, output offset, source partition, source offset, kind).
+    Only its own thread touches the consumer (a call from another thread while it consumes hung)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic, self.seen = topic, []
-        self._stop = threading.Event()
-        self._consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": f"beside-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed"}
-        )
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.bootstrap, self.topic, self.seen = bootstrap, topic, []
+        self._until: dict[int, int] | None = None  # the last stable offsets to read up to, once asked to finish
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
-        while not self._stop.is_set():
-            for m in self._consumer.consume(5_000, 0.5):
-                if m.error() is None:
-                    h = {k: v.decode() for k, v in (m.headers() or [])}
-                    source = (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
-                    self.seen.append((m.partition(), m.offset(), *source, h["offsetlake.kind"]))
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": f"beside-{uuid.uuid4().hex[:6]}", "isolation.level": "read_committed"}
+        )
+        consumer.assign([TopicPartition(self.topic, p, 0) for p in range(PARTITIONS)])
+        try:
+            while True:
+                for m in consumer.consume(5_000, 0.5):
+                    if m.error() is None:
+                        h = {k: v.decode() for k, v in (m.headers() or [])}
+                        source = (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
+                        self.seen.append((m.partition(), m.offset(), *source, h["offsetlake.kind"]))
+                if self._until is not None:
+                    at = {tp.partition: tp.offset for tp in consumer.position([TopicPartition(self.topic, p) for p in self._until])}
+                    if all(at.get(p, -1) >= end for p, end in self._until.items()):
+                        return
+        finally:
+            consumer.close()
+            self._done.set()
 
-    def finish(self, bootstrap: str, timeout_s: float = 120) -> None:
+    def finish(self, timeout_s: float = 180) -> None:
         """Read on to the output's last stable offsets, then stop."""
-        ends = last_stable_offsets(bootstrap, self.topic)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            positions = self._consumer.position([TopicPartition(self.topic, p) for p in ends])
-            at = {tp.partition: tp.offset for tp in positions}
-            if all(at.get(p, -1) >= end for p, end in ends.items()):
-                break
-            time.sleep(0.5)
-        self._stop.set()
-        self._thread.join(30)
-        self._consumer.close()
+        self._until = last_stable_offsets(self.bootstrap, self.topic)
+        assert self._done.wait(timeout_s), f"the consumer beside did not reach {self._until} within {timeout_s:.0f}s"
 
 
 def _pipeline(folder: Path, bootstrap: str, source: str, out: str) -> Path:
@@ -175,7 +176,7 @@ def test_a_kafka_sink_copies_a_topic_exactly_once_through_bounces_and_kills(tmp_
                 assert is_transient(err) or "fenced" in str(err), err
         assert hard == [1]
         _copy_until_done(config, spark)
-        beside.finish(bootstrap)
+        beside.finish()
 
         copied = [s for s in beside.seen if s[4] == "ingest"]
         by_source = defaultdict(int)
