@@ -93,18 +93,25 @@ def spark():
     stop_spark()
 
 
-@pytest.fixture(scope="session")
-def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`offsetlake spark-server` on a free loopback port (its own JVM, as a user starts it), for
-    the tests of runs and Airflow tasks that attach to it; yields its URL, stops it by PID."""
+# The test session's warm Spark Connect server (issue 49): CLI runs attach to it instead of starting
+# a JVM and a Spark session each (about 10 s before any work), as Airflow tasks do through the
+# connection spark_connect_default. Started on first use, stopped at the end of the session by PID.
+_WARM: dict[str, object] = {}
+SPARK_COMMANDS = frozenset({"run", "backfill", "stream"})  # the commands that start Spark (sql keeps its own: its parser)
+
+
+def warm_spark_server() -> str:
+    """The URL of the session's `offsetlake spark-server` (its own JVM, as a user starts it)."""
+    if "url" in _WARM:
+        return str(_WARM["url"])
     import select
-    import signal
     import socket
+    import tempfile
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    log = tmp_path_factory.mktemp("spark_server") / "server.log"
+    log = Path(tempfile.mkdtemp(prefix="offsetlake-spark-server-")) / "server.log"
     with open(log, "w") as err:
         server = subprocess.Popen(
             [sys.executable, "-m", "offsetlake", "spark-server", "--port", str(port)],
@@ -113,19 +120,43 @@ def spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             text=True,
             cwd=ROOT,
         )
-    try:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 180)
-        line = server.stdout.readline() if ready else ""
-        assert '"spark_server"' in line, f"offsetlake spark-server did not start: {line!r}\n{log.read_text()[-3000:]}"
-        yield f"sc://127.0.0.1:{port}"
-    finally:
+    assert server.stdout is not None
+    ready, _, _ = select.select([server.stdout], [], [], 180)
+    line = server.stdout.readline() if ready else ""
+    if '"spark_server"' not in line:
+        server.kill()
+        raise AssertionError(f"offsetlake spark-server did not start: {line!r}\n{log.read_text()[-3000:]}")
+    _WARM.update(url=f"sc://127.0.0.1:{port}", process=server)
+    return str(_WARM["url"])
+
+
+def stop_warm_spark_server() -> None:
+    import signal
+
+    server = _WARM.pop("process", None)
+    _WARM.pop("url", None)
+    if isinstance(server, subprocess.Popen) and server.poll() is None:
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(30)
+
+
+def attached(command: str, args: tuple[str, ...], env: dict[str, str] | None, cold: bool) -> dict[str, str]:
+    """The environment of a CLI command: a Spark command attaches to the warm server unless the
+    test asks for the cold path (``cold``), names its own ``--remote``, or sets the variable itself."""
+    full = {**os.environ, **(env or {})}
+    if command in SPARK_COMMANDS and not cold and "--remote" not in args and "OFFSETLAKE_SPARK_REMOTE" not in (env or {}):
+        full["OFFSETLAKE_SPARK_REMOTE"] = warm_spark_server()
+    return full
+
+
+@pytest.fixture(scope="session")
+def spark_server() -> Iterator[str]:
+    """The warm `offsetlake spark-server` for the tests that attach to it by name."""
+    yield warm_spark_server()
 
 
 @pytest.fixture(scope="session")
@@ -181,10 +212,11 @@ class Pipeline:
     def config(self) -> PipelineConfig:
         return load_pipeline(str(self.file))
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-        """Run `offsetlake <command> <pipeline file>` in a fresh process, as a user would."""
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300, cold: bool = False) -> subprocess.CompletedProcess:
+        """Run `offsetlake <command> <pipeline file>` in a fresh process, as a user would: a Spark
+        command attached to the session's warm Spark server, or with a Spark of its own (``cold``)."""
         command, *rest = args
-        full_env = {**os.environ, **(env or {})}
+        full_env = attached(command, tuple(rest), env, cold)
         full_env.pop("OFFSETLAKE_FAILPOINT", None) if not (env and "OFFSETLAKE_FAILPOINT" in env) else None
         return subprocess.run(
             [sys.executable, "-m", "offsetlake", command, *rest, str(self.file)],
@@ -195,14 +227,14 @@ class Pipeline:
             cwd=ROOT,
         )
 
-    def cli_start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def cli_start(self, *args: str, env: dict[str, str] | None = None, cold: bool = False) -> subprocess.Popen:
         command, *rest = args
         return subprocess.Popen(
             [sys.executable, "-m", "offsetlake", command, *rest, str(self.file)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=attached(command, tuple(rest), env, cold),
             cwd=ROOT,
         )
 
@@ -378,10 +410,14 @@ def running_airflow(tmp_path_factory: pytest.TempPathFactory, broker: Broker):
     dags = tmp_path / "dags"  # the project's DAG file, and the DAGs a test adds (downstream of an asset)
     dags.mkdir()
     shutil.copy(ROOT / "dags" / "offsetlake_dags.py", dags / "offsetlake_dags.py")
+    host, port = warm_spark_server().removeprefix("sc://").rsplit(":", 1)
     airflow = LocalAirflow(
         tmp_path / "airflow_home",
         free_port(),
         extra_env={
+            # ingest tasks attach to the session's warm Spark server (no spark-submit JVM per task);
+            # test_airflow_ingest_dag runs one through spark-submit, the cold path
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)}),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "OFFSETLAKE_PIPELINES_DIR": str(folder),
             "OFFSETLAKE_TASK_RETRIES": "0",
@@ -416,6 +452,7 @@ _SESSION_EXIT: dict[str, int] = {}
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _SESSION_EXIT["status"] = int(exitstatus)
+    stop_warm_spark_server()
 
 
 @pytest.hookimpl(trylast=True)

@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Airflow's environment: a SQLite home, the project's DAGs, and the ingest task attached to
+    the test session's warm Spark server (connection spark_connect_default; ``cold`` leaves it out)."""
+    from conftest import warm_spark_server
+
     home = tmp_path_factory.mktemp("airflow_home")
     pipelines = tmp_path_factory.mktemp("airflow_pipelines")
     venv_bin = str(Path(sys.executable).parent)
@@ -29,6 +33,7 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__PARALLELISM": "2",
         "AIRFLOW_CONN_SPARK_DEFAULT": '{"conn_type": "spark", "host": "local[2]"}',
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": _connect(warm_spark_server()),
         "OFFSETLAKE_PIPELINES_DIR": str(pipelines),
         "OFFSETLAKE_TASK_RETRIES": "0",
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
@@ -36,6 +41,18 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     migrate = subprocess.run([f"{venv_bin}/airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stderr[-3000:]
     return env
+
+
+def _connect(url: str) -> str:
+    import json
+
+    host, port = url.removeprefix("sc://").rsplit(":", 1)
+    return json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port)})
+
+
+def cold(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the warm server: the ingest task runs spark-submit, a JVM of its own."""
+    return {k: v for k, v in env.items() if k != "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"}
 
 
 def airflow(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -73,7 +90,7 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
     marker = f"MARKER-{uuid.uuid4().hex}"
     host, port = pipeline.bootstrap.rsplit(":", 1)
     airflow_env = {
-        **airflow_env,
+        **cold(airflow_env),  # the cold path: the ingest job through spark-submit, a JVM of its own
         f"AIRFLOW_CONN_KAFKA_{pipeline.name.upper()}": json.dumps(
             {
                 "conn_type": "generic",
@@ -93,6 +110,7 @@ def test_ingest_dag_run_lands_topic_exactly_once_and_caught_up_run_skips_spark(a
 
     run = airflow(airflow_env, "dags", "test", dag_id)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert "attached to the Spark server" not in run.stdout + run.stderr, "the cold path must run spark-submit"
     assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     committed = [r for r in ledger_rows(config) if r["status"] == "committed"]
     assert committed and all(r["dag_id"] == dag_id and r["run_id"].startswith("manual__") for r in committed)

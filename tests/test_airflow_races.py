@@ -8,7 +8,7 @@ import shutil
 from collections import Counter
 
 import pytest
-from kafka_truth import assert_exactly_once, read_topic
+from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -39,6 +39,9 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
         partition = round_number % 3
         end = storage.table(config.layout.sink).transaction_version(config.app_id(pipeline.topic, partition))
         run_id = airflow.trigger(dag_id)
+        # the CLI writers start once the dag run has planned: attached to a warm Spark server they
+        # would otherwise commit everything before the scheduler even starts the plan task
+        _wait_for_plan(config, dag_id)
         cli = pipeline.cli_start("run")
         backfill = pipeline.cli_start("backfill", "--partitions", str(partition), "--from-offset", "0", "--to-offset", str(end))
         _, cli_err = cli.communicate(timeout=600)
@@ -66,3 +69,12 @@ def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airf
         audit = pipeline.cli("audit", "--against-kafka")
         assert audit.returncode == 0, audit.stdout
     print("race outcomes:", dict(outcomes))
+
+
+def _wait_for_plan(config, dag_id: str, timeout_s: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not any(r["dag_id"] == dag_id and r["status"] == "planned" for r in ledger_rows(config)):
+        assert time.monotonic() < deadline, f"{dag_id} recorded no plan within {timeout_s:.0f}s"
+        time.sleep(0.5)

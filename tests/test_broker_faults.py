@@ -112,7 +112,7 @@ def _command_line(process: psutil.Process) -> str:
 
 
 def _start_run(pipeline: Pipeline) -> Watched:
-    return Watched(pipeline.cli_start("run"))
+    return Watched(pipeline.cli_start("run", cold=True))  # its read tasks are its own children (wait_for_reading)
 
 
 def _sink_version(pipeline: Pipeline) -> int | None:

@@ -107,7 +107,7 @@ def test_a_run_on_a_standalone_cluster_is_exactly_once(pipeline, standalone_clus
     next_id = produce_orders(pipeline.bootstrap, pipeline.topic, 30_000, malformed_every=301)
 
     for round_number in range(2):
-        run = pipeline.cli("run", "--master", master_url, timeout=600)
+        run = pipeline.cli("run", "--master", master_url, timeout=600, cold=True)  # on the cluster, not the warm server
         assert run.returncode == 0, run.stderr[-4000:]
         summaries = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
         assert summaries and all(s["status"] == "committed" for s in summaries)
