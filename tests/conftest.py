@@ -268,102 +268,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
     config.addinivalue_line(
         "markers",
-        "torture(reason): a long test whose ground make test covers another way (the reason says how); "
-        "make torture runs it, make test does not, to keep make test within its 45 minutes",
-    )
-    config.addinivalue_line(
-        "markers",
         "stack: builds and runs the production stack (docker images, compose); `make test-stack`, run by .ci/run after make test",
     )
-    config.addinivalue_line(
-        "markers",
-        "also_on_s3: the test runs twice, its lake local and on the embedded S3 (the S3 run belongs to make torture)",
-    )
+    config.addinivalue_line("markers", "also_on_s3: the test runs twice, its lake local and on the embedded S3")
 
 
 SERVICES = frozenset({"broker", "own_broker", "schema_registry", "spark", "spark_server", "s3", "running_airflow", "pipeline"})
 
 
-# What make test leaves to make torture (issue 39's stop: make test had grown to about 95 minutes on
-# this 2-core machine, over its 45): each entry a test (or a file) whose ground make test covers
-# another way, with how. make torture runs every one of them (``-m torture``), as do the tests
-# marked ``@pytest.mark.torture`` in their own files and every S3 run of an ``also_on_s3`` test.
-TORTURE = {
-    "test_airflow_scheduling_native.py::test_backfill_button_assets_and_lineage": "Airflow backfills stay in make test "
-    "through the <p>_backfill DAG (test_airflow_ingest_dag) and cleared reruns (test_airflow_rerun_after_failure)",
-    "test_airflow_ingest_dag.py::test_ingest_task_attaches_to_the_spark_server": "Spark Connect attach: test_spark_server",
-    "test_airflow_stream_dag.py": "streams: test_stream",
-    "test_broker_faults.py::test_broker_outage_longer_than_the_read_bound": "broker restarts mid-read and inside a transaction",
-    "test_broker_faults.py::test_a_stream_waits_out_a_broker_outage": "broker restarts mid-read and inside a transaction",
-    "test_broker_faults.py::test_broker_down_at_plan_time": "broker faults: the restart mid-read; unreachable brokers: test_user_errors",
-    "test_delta_spark.py::test_sql_names_the_sink_dead_letters_and_ledger": "Delta from Spark: the other test_delta_spark tests",
-    "test_maintenance.py": "the fault campaign in make test compacts and vacuums between its steps",
-    "test_hostile_input.py::test_secrets_never_reach_logs": "secrets: test_pipeline_config's redaction tests",
-    "test_nested_fields_evolve.py::test_a_registry_version_that_adds_a_nested_field": "the YAML struct; test_avro_through_the_registry",
-    "test_keyed_sinks_converge.py::test_any_split_of_the_same_records": "the other convergence tests; make torture's properties",
-    "test_keys_with_sub_millisecond_timestamps.py::test_updating_and_deleting_the_extreme_keys": "the file's other tests",
-    "test_merge_engine_properties.py": "test_merge_engines; make torture runs the properties with many examples",
-    "test_backfill_replaces.py::test_backfill_by_time_reads_from_the_offset": "test_backfill_by_record_time",
-    "test_avro_through_the_registry.py::test_a_stream_waits_out_a_registry_outage": "registry outages in plain runs: the same file",
-    "test_embedded_broker.py": "the broker restarts of test_broker_faults",
-    "test_large_records.py::test_large_valid_records_are_rows_whatever_their_neighbours": "record_too_large on both paths",
-    "test_properties.py": "make torture runs them with many examples; the CI campaign in make test",
-    "test_spark_cluster.py": "the local Spark session of every other test; the cluster path is the same job",
-    "test_spark_server.py::test_attached_cli_runs_start_no_jvm": "the attach refusal in the same file",
-    "test_object_storage.py::test_two_pipelines_on_one_lake_root": "the file's other tests",
-    "test_object_storage.py::test_a_stream_lease_taken_whose_answer_was_lost": "the commit whose answer was lost",
-    "test_object_storage.py::test_runs_racing_on_a_store_without_conditional_writes": "the unsafe settings refused",
-    "test_topic_epochs_kept_apart.py::test_a_backfill_after_an_epoch_reset": "the rewind past the epoch; test_topic_recreated",
-    "test_topic_epochs_kept_apart.py::test_a_keyed_sinks_later_epoch_record": "the rewind past the epoch; test_topic_recreated",
-    "test_topic_epochs_kept_apart.py::test_compaction_after_an_epoch_reset": "the rewind past the epoch; test_topic_recreated",
-    "test_record_keys.py::test_an_avro_record_key_becomes_named_columns": "text and bytes keys; Debezium Avro keys in test_upsert",
-    "test_record_keys.py::test_json_and_protobuf_record_keys": "text and bytes keys in the same file",
-    "test_protobuf_through_the_registry.py::test_protobuf_imports_through_registry_references": "versions interleaving in the same file",
-    "test_upsert.py::test_a_key_in_two_topics_is_resolved": "the 20k updates with crashes; test_many_topics",
-    "test_upsert.py::test_a_stream_over_two_topics_into_a_keyed_sink": "the 20k updates; test_stream",
-    "test_upsert.py::test_rewind_restores_a_keyed_sink": "test_rewind; the 20k updates",
-    "test_stream.py::test_an_idle_stream_runs_no_spark_job": "the stop, kill and takeover test",
-    "test_stream.py::test_a_stream_stopped_during_an_outage": "the stop, kill and takeover test",
-    "test_validation_gate.py::test_validation_report_opens_in_headless_chromium": "the report's contents in the quarantine test",
-    "test_offsets_lost.py::test_gap_over_a_crashed_batch": "the skip policy's gap in the same file",
-    "test_partitions_added.py::test_partitions_added_to_a_running_latest_pipeline": "a partition added between runs",
-    "test_airflow_ingest_dag.py::test_backfill_dag_replaces_a_range": "backfills: test_backfill_replaces and the CI campaign; Airflow "
-    "runs of the same recorded plans: test_airflow_rerun_after_failure",
-    "test_keys_with_sub_millisecond_timestamps.py": "test_upsert's newest-record-per-key checks; make torture's properties",
-    "test_keyed_sinks_converge.py": "test_upsert's 20k updates with crashes converging",
-    "test_upsert.py::test_debezium_avro_events_through_the_registry": "the Debezium JSON topics in the same file",
-    "test_dead_letters_follow_the_sink_table.py::test_the_refusals_way_forward": "the deleted and recreated sink table",
-    "test_delta_spark.py::test_delta_rs_reads_a_delta_spark_merge": "delta-spark reading what offsetlake committed",
-    "test_merge_engines.py::test_first_row_keeps_each_keys_first_record": "the engines' replay rules in the fast tier; the aggregate run",
-    "test_merge_engines.py::test_partial_updates_in_a_stream": "the engines' replay rules in the fast tier; the aggregate run",
-    "test_nested_fields_evolve.py::test_a_field_added_inside_a_yaml_struct": "the nested type change refused; registry evolution",
-    "test_topic_recreated.py::test_dead_letters_of_an_earlier_epoch": "the recreated topic stopping the pipeline",
-    "test_jvm_path.py::test_any_records_get_the_same_rows": "the file's fixed cases; make torture's test-jvm",
-}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs none of the session's services (broker, registry, Spark, S3, Airflow) is
     in the fast tier (``make test-fast``, run first by ``.ci/run``) unless it is marked ``slow``
-    (it starts something itself). A test ``TORTURE`` names is marked ``torture``."""
+    (it starts something itself)."""
     for item in items:
         if not SERVICES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.fast)
-        name = item.nodeid.removeprefix("tests/")
-        reason = next((why for prefix, why in TORTURE.items() if name.startswith(prefix)), None)
-        if reason is not None:
-            item.add_marker(pytest.mark.torture(reason=reason))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Tests marked ``also_on_s3`` run with the lake local in make test and again on S3 in make
-    torture (issue 17: the exactly-once, crash, race, backfill, rewind, maintenance and rebuild
-    tests hold on both); test_object_storage keeps S3 in make test."""
+    """Tests marked ``also_on_s3`` run twice, with the lake local and on the embedded S3 (issue 17:
+    the exactly-once, crash, race, backfill, rewind, maintenance and rebuild tests hold on both)."""
     marker = metafunc.definition.get_closest_marker("also_on_s3")
     if marker is not None and TEST_LAKE == "local":
         metafunc.fixturenames.append("lake_kind")
-        on_s3 = pytest.param("s3", marks=pytest.mark.torture(reason="its local run; S3 lakes: test_object_storage"))
-        metafunc.parametrize("lake_kind", ["local", on_s3], indirect=True)
+        metafunc.parametrize("lake_kind", ["local", "s3"], indirect=True)
 
 
 @pytest.fixture

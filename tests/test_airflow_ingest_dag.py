@@ -167,7 +167,6 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
         assert check_outbox(pipeline.bootstrap, outbox, config.sink_path, pipeline.name) == {"commits": 2, "records": 1_000 + 50}
 
 
-@pytest.mark.torture(reason="make test covers topic patterns without Airflow (test_many_topics); the DAGs do not change per topic")
 def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_each_topics_lag(airflow_env, pipeline):
     """Issue 19: the DAGs are unchanged for a pipeline over several topics (a pattern here, into
     a keyed sink): every committed record of the topics it matched, the one created between runs
@@ -242,9 +241,6 @@ def test_ingest_task_attaches_to_the_spark_server_of_connection_spark_connect_de
     assert committed and all(r["dag_id"] == dag_id for r in committed)
 
 
-@pytest.mark.torture(
-    reason="the DAGs are the factory's for every sink; the kill after the Kafka commit and the republish refusal are in test_kafka_sink"
-)
 def test_a_kafka_sink_through_airflow_survives_a_job_killed_after_its_kafka_commit(airflow_env, pipeline):
     """``<p>_ingest`` of a Kafka-sink pipeline: a job killed between the Kafka commit and its ledger
     row fails its run; the next run learns the batch from the commit log and goes on; each valid

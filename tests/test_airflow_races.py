@@ -7,15 +7,10 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 
-import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
-
-pytestmark = pytest.mark.torture(
-    reason="invariant 10's races: make test races CLI runs and backfills (test_concurrent_runs); Airflow runs in test_airflow_ingest_dag"
-)
 
 
 def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airflow, pipeline):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
@@ -23,9 +22,6 @@ _FROM_ENV = {
     "AWS_SECRET_ACCESS_KEY": "${RACE_S3_SECRET:-}",
     "AWS_ALLOW_HTTP": "${RACE_S3_ALLOW_HTTP:-}",
 }
-
-
-pytestmark = pytest.mark.torture(reason="make test covers S3 lakes (test_object_storage), races (test_concurrent_runs), connections")
 
 
 def test_an_airflow_dag_run_and_a_cli_run_racing_on_an_s3_lake_stay_exactly_once(running_airflow, pipeline, s3, monkeypatch):

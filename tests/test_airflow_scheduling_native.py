@@ -24,7 +24,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka_truth import assert_exactly_once, last_stable_offsets, ledger_rows, read_topic
 
@@ -332,7 +331,6 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 60
 
 
-@pytest.mark.torture(reason="four minutes of waiting on Airflow's triggerer; the Assets and the Backfill button stay in make test")
 def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running_airflow, pipeline):
     airflow = running_airflow
     name, topic, bootstrap = pipeline.name, pipeline.topic, pipeline.bootstrap

@@ -9,7 +9,6 @@ import json
 import shutil
 from urllib.parse import urlsplit
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -36,9 +35,6 @@ def _produce(bootstrap: str, topic: str, registry, schema: dict, first: int, cou
     assert producer.flush(30) == 0
 
 
-@pytest.mark.torture(
-    reason="make test covers the registry (test_avro_through_the_registry) and cleared reruns (test_airflow_rerun_after_failure)"
-)
 def test_a_dag_run_adds_the_new_column_and_its_cleared_rerun_is_a_no_op(running_airflow, pipeline, schema_registry):
     airflow = running_airflow
     address = urlsplit(schema_registry.settings["url"])

@@ -38,7 +38,7 @@ def _txns(config, partitions) -> dict[int, int | None]:
     return {p: table.transaction_version(config.app_id(config.topic, p)) for p in partitions}
 
 
-@pytest.mark.also_on_s3(long=True)  # its S3 run: make torture
+@pytest.mark.also_on_s3
 def test_backfill_with_changed_transform_replaces_rows_and_repeats_identically(pipeline, spark):
     config = pipeline.write()
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)

@@ -11,7 +11,7 @@ from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
-@pytest.mark.also_on_s3(long=True)  # its S3 run: make torture (test_airflow_s3_race races on S3 in make test)
+@pytest.mark.also_on_s3
 def test_two_runs_started_together_end_exactly_once(pipeline):
     config = pipeline.write(max_records_per_batch=8_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)

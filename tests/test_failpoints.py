@@ -12,7 +12,7 @@ from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
 
-@pytest.mark.also_on_s3(long=True)  # its S3 run: make torture
+@pytest.mark.also_on_s3
 def test_crash_at_every_failpoint_then_rerun_is_exactly_once(pipeline, spark):
     config = pipeline.write(max_records_per_batch=6_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)

@@ -43,7 +43,7 @@ def _killed_after_files_written(pipeline, config) -> set[str]:
     return {r["batch_id"] for r in ledger_rows(config)} - before
 
 
-@pytest.mark.also_on_s3(long=True)  # its S3 run: make torture
+@pytest.mark.also_on_s3
 def test_maintenance_compacts_checkpoints_and_vacuums_without_losing_history(pipeline, spark, lake_kind, request):
     # Runs that need no crash go in-process on the session's Spark (a CLI run starts a JVM).
     config = pipeline.write(max_records_per_batch=400)

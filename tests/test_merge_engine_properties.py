@@ -6,8 +6,8 @@ record-by-record replay (``offsetlake.engine_replay``) of the rows a model says 
 each record as the decoding of the batch that last processed it gave it (or a dead letter).
 
 ``make test`` runs a fixed sequence with every kind of step (the model starts with records and an
-ingest) for ``first_row`` with a horizon, the one fold in order; ``make torture`` sets
-``OFFSETLAKE_PROPERTY_EXAMPLES``: every engine, the fixed sequence and that many drawn ones."""
+ingest) for every engine; ``make torture`` sets ``OFFSETLAKE_PROPERTY_EXAMPLES``: the fixed
+sequence and that many drawn ones."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from offsetlake.ledger import Ledger
 from offsetlake.plan import RunContext
 from offsetlake.runs import execute_recorded_batch, run_pipeline
 
-# make test: the fixed sequence alone (EXAMPLES 0); make torture: it and EXAMPLES drawn ones
+# make test: the fixed sequence alone (EXAMPLES 0) for every engine; make torture: it and EXAMPLES drawn ones
 EXAMPLES = int(os.environ.get("OFFSETLAKE_PROPERTY_EXAMPLES", "0"))
 pytestmark = pytest.mark.timeout(max(600, 60 * EXAMPLES))
 BASE = datetime(2026, 11, 1, tzinfo=UTC)
@@ -224,9 +224,8 @@ class Model:
     print_blob=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-# make test: the engine whose fold is in order (the others' sequences are make torture's; their
-# batches, backfills, stream and rerun are tests/test_merge_engines.py's, their faults the campaign's)
-@pytest.mark.parametrize("engine", sorted(ENGINES) if EXAMPLES else ["first_row_within"])
+# every engine: make test runs the fixed sequence below, make torture that and EXAMPLES drawn ones
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 @given(steps=operations, seed=st.integers(0, 2**16))
 # every kind of step, whatever hypothesis draws first (its first example is often the simplest)
 @example(steps=["crash", "backfill", "strict", "produce", "backfill", "rewind", "ingest"], seed=7)

@@ -87,7 +87,7 @@ def _visible(config, group: list[str]) -> dict:
     return out
 
 
-@pytest.mark.also_on_s3(long=True)
+@pytest.mark.also_on_s3
 def test_an_hourly_aggregate_equals_the_replay_after_batches_a_backfill_and_a_rerun(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
     _produce(pipeline.bootstrap, pipeline.topic, 600, seed=1, nulls=0.1)

@@ -41,7 +41,7 @@ def _dead_letter_batches(config) -> list[str]:
     return storage.table(config.layout.dead_letters).to_pyarrow_dataset().to_table(columns=["batch_id"])["batch_id"].to_pylist()
 
 
-@pytest.mark.also_on_s3(long=True)  # its S3 run: make torture
+@pytest.mark.also_on_s3
 def test_rewind_to_batch_2_of_4_restores_it_and_the_next_run_restores_everything(pipeline, spark):
     config = pipeline.write(max_records_per_batch=500)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
