@@ -22,13 +22,13 @@ from deltalake import DeltaTable
 
 from offsetlake import foreign, keyed, storage
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.entry import LedgerEntry, for_plan
 from offsetlake.errors import BackfillParamsError, CommitConflictError, ForeignCommitError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
-from offsetlake.kafka_commit import kafka_sink_ends
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
 from offsetlake.process import ProcessedBatch, StagedMerge, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
@@ -38,13 +38,13 @@ from offsetlake.sink import (
     add_columns_first,
     commit_once,
     committed_end,
-    committed_ends,
     evolved_schema,
     live_files,
     open_table,
     remove_actions,
     sink_columns,
 )
+from offsetlake.sinks.choice import open_sink
 from offsetlake.spark import dataframe_from_arrow
 from offsetlake.validation import load_suite
 
@@ -94,13 +94,9 @@ def plan_backfill(
     by_time = _request_kind(config.name, from_offset, to_offset, from_time, to_time)
     _republish_agrees(config, republish)
     topic, offsets, chosen = _chosen_partitions(config, topic, partitions)
-    if config.sink.is_kafka:
-        table = None
-        found = kafka_sink_ends(config, [(topic, p) for p in chosen])
-        ends = {p: found.get((topic, p)) for p in chosen}
-    else:
-        table = open_table(config.layout.sink)
-        ends = committed_ends(table, config, topic, chosen)
+    sink = open_sink(config)
+    table, found = sink.table, sink.ends([(topic, p) for p in chosen])
+    ends = {p: found[(topic, p)] for p in chosen}
     window: RecordTimeWindow | None = None
     if by_time:
         assert from_time and to_time  # checked by _request_kind
@@ -119,15 +115,10 @@ def plan_backfill(
 
 
 def _republish_agrees(config: PipelineConfig, republish: bool) -> None:
-    if config.sink.is_kafka and not republish:
-        raise refused(
-            config.name,
-            f"the sink is Kafka topic {config.sink.topic}: a backfill cannot replace records there, it publishes the range "
-            "again, each record marked offsetlake.kind=backfill, beside what consumers already read. Say so with "
-            "--republish (Airflow: the Param republish) if consumers dedupe by the source coordinates in the headers",
-        )
-    if republish and not config.sink.is_kafka:
-        raise refused(config.name, "republish applies to a Kafka sink; a backfill of a Delta sink replaces the range's rows")
+    """A backfill replaces its range's rows, or with ``republish`` publishes the range again: the
+    sink must be able to do the one asked (``Capability``; refused with the sink's reason)."""
+    asked = Capability.REPUBLISH if republish else Capability.REPLACE
+    sink_kind(config).refuse_unless(config, asked, lambda why: refused(config.name, why))
 
 
 def _backfill_plan(
@@ -252,22 +243,18 @@ def plan_interval_backfill(
     config.check_storage()
     _republish_agrees(config, republish)
     window = RecordTimeWindow(int(start.timestamp() * 1000), int(end.timestamp() * 1000))
-    table = None if config.sink.is_kafka else open_table(config.layout.sink)
-    if table is None and not config.sink.is_kafka:
-        return None
+    sink = open_sink(config)
     every = current_offsets(config)
-    group_ends = kafka_sink_ends(config, list(every)) if config.sink.is_kafka else {}
+    found = sink.ends(list(every))
+    if not any(end is not None for end in found.values()):
+        return None  # nothing ingested yet
     ranges = []
     for topic in sorted({t for t, _ in every}):
         offsets = {p: o for (t, p), o in every.items() if t == topic}
-        if config.sink.is_kafka:
-            ends = {p: group_ends.get((topic, p)) for p in offsets}
-        else:
-            ends = committed_ends(table, config, topic, sorted(offsets))
-        ranges += _time_ranges(config, topic, offsets, ends, window)
+        ranges += _time_ranges(config, topic, offsets, {p: found[(topic, p)] for p in offsets}, window)
     if all(r.size == 0 for r in ranges):
         return None
-    return _backfill_plan(config, run, ranges, window, table)
+    return _backfill_plan(config, run, ranges, window, sink.table)
 
 
 def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:

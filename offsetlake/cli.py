@@ -535,15 +535,14 @@ def cmd_topic(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from offsetlake.foreign import summaries
     from offsetlake.lease import current_lease
     from offsetlake.ledger_view import partition_status
-    from offsetlake.storage import open_table
+    from offsetlake.sinks.choice import open_sink
 
     config = _load(args, args.pipeline)
     rows = partition_status(config)
     lease = current_lease(config)
-    foreign = [] if config.sink.is_kafka else summaries(open_table(config.layout.sink), config.name)
+    foreign = open_sink(config).foreign_changes()  # commits offsetlake did not make (a Delta sink's SQL users)
     if args.json:
         print(
             json.dumps(

@@ -23,14 +23,15 @@ from deltalake import DeltaTable
 
 from offsetlake.batch_view import BatchView, batch_views, iso_time
 from offsetlake.config import PipelineConfig
-from offsetlake.errors import OffsetlakeError
-from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.config.sink_kinds import sink_kind
+from offsetlake.errors import KafkaUnavailableError, OffsetlakeError
+from offsetlake.history import SinkCommit
 from offsetlake.kafka import current_offsets, topic_ids
-from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits
 from offsetlake.lease import current_lease
 from offsetlake.ledger import Ledger
-from offsetlake.sink import committed_ends, open_table
-from offsetlake.topic_epochs import check_pipeline_identity, check_topic_identity
+from offsetlake.sinks.choice import open_sink
+from offsetlake.storage import open_table
+from offsetlake.topic_epochs import check_topic_identity
 
 log = logging.getLogger("offsetlake.ledger_view")
 
@@ -51,20 +52,11 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
     TopicIdentityError when a committed end is past its log end or the topic's id changed.
     """
     offsets = current_offsets(config)
-    ends: dict[tuple[str, int], int | None] = {}
-    group: dict[tuple[str, int], int | None] = {}
-    if config.sink.is_kafka:  # what its commit log records (the group's offsets are Kafka's copy)
-        group = group_offsets(config.kafka_client_config(), config.name, sorted(offsets))
-        commits = kafka_sink_commits(config)
-        ends = commit_log_ends(commits, sorted(offsets))
-        current = topic_ids(config, sorted({t for t, _ in offsets}))
-        check_topic_identity(config, commits, ends, offsets, current)
-    else:
-        table = table if table is not None else open_table(config.layout.sink)
-        check_pipeline_identity(config, table, offsets)  # invariant 16: a lag of 0 must not hide a re-created topic
-        for topic in sorted({t for t, _ in offsets}):
-            found = committed_ends(table, config, topic, sorted(p for t, p in offsets if t == topic))
-            ends.update({(topic, p): end for p, end in found.items()})
+    keys = sorted(offsets)
+    sink = open_sink(config, table)
+    extra = sink.status_columns(keys)  # read before the ends: a Kafka sink's group offsets, never ahead of its log
+    ends = sink.ends(keys)
+    check_topic_identity(config, sink.commits(), ends, offsets, topic_ids(config, sorted({t for t, _ in offsets})))  # invariant 16
     rows = []
     for (topic, p), o in sorted(offsets.items()):
         committed = ends[(topic, p)]
@@ -79,7 +71,7 @@ def partition_status(config: PipelineConfig, table: DeltaTable | None = None) ->
                 "lag": max(lag, 0),
                 "lost": committed is not None and committed < o.log_start,
                 "removed_before_start": o.log_start if committed is None else 0,
-                **({"group_offset": group.get((topic, p))} if config.sink.is_kafka else {}),
+                **extra.get((topic, p), {}),
             }
         )
     return rows
@@ -94,19 +86,15 @@ def ledger_batch_rows(config: PipelineConfig, table: DeltaTable | None) -> list[
 def sink_history(config: PipelineConfig, table: DeltaTable | None = None) -> list[SinkCommit]:
     """The sink's history: a Delta sink's commits, or a Kafka sink's commit log (raises
     KafkaUnavailableError when Kafka cannot be read)."""
-    if config.sink.is_kafka:
-        return kafka_sink_commits(config)
-    return sink_commits(table if table is not None else open_table(config.layout.sink), config.name)
+    return open_sink(config, table).commits()
 
 
 def _commits(config: PipelineConfig, table: DeltaTable | None) -> list[SinkCommit]:
     """``sink_history``, or none while Kafka cannot be read: the ledger alone is still worth showing."""
-    if not config.sink.is_kafka:
-        return sink_commits(table, config.name)
     try:
-        return sink_history(config)
-    except OffsetlakeError as err:
-        log.warning("pipeline=%s the commit log could not be read, showing the ledger alone: %s", config.name, err)
+        return sink_history(config, table)
+    except KafkaUnavailableError as err:
+        log.warning("pipeline=%s the sink's history could not be read, showing the ledger alone: %s", config.name, err)
         return []
 
 
@@ -148,7 +136,7 @@ def pipeline_detail(config: PipelineConfig, limit: int = RECENT_BATCHES) -> dict
     partitions, total_lag, kafka_error = _lag(config, table)
     return {
         **_headline(config, batches),
-        "sink": config.sink.topic if config.sink.is_kafka else config.sink_path,
+        "sink": sink_kind(config).output(config),
         "sink_type": config.sink.type,
         "sink_mode": config.sink.mode,
         "sink_version": table.version() if table is not None else None,

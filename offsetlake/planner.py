@@ -13,11 +13,11 @@ import re
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import KafkaUnavailableError
 from offsetlake.formats import resolve_reader_schema
-from offsetlake.history import SinkCommit, sink_commits
+from offsetlake.history import SinkCommit
 from offsetlake.kafka import check_log_start, current_offsets, topic_ids
-from offsetlake.kafka_commit import commit_log_ends, kafka_sink_commits
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import committed_ends, open_table, sink_columns, table_id
+from offsetlake.sink import sink_columns, table_id
+from offsetlake.sinks.choice import open_sink
 from offsetlake.topic_epochs import check_topic_identity
 
 
@@ -87,15 +87,6 @@ def pipeline_has_begun(commits: list[SinkCommit], ends: dict[TopicPartitionKey, 
     return any(end is not None for end in ends.values()) or any(c.kind in OFFSET_MOVING_KINDS for c in commits)
 
 
-def all_committed_ends(table: object, config: PipelineConfig, keys: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int | None]:
-    """The sink's committed end of each (topic, partition)."""
-    out: dict[TopicPartitionKey, int | None] = {}
-    for topic in sorted({t for t, _ in keys}):
-        ends = committed_ends(table, config, topic, sorted(p for t, p in keys if t == topic))  # type: ignore[arg-type]
-        out.update({(topic, p): end for p, end in ends.items()})
-    return out
-
-
 def check_no_topic_gone(config: PipelineConfig, commits: list[SinkCommit], present: set[str]) -> None:
     """A topic the pattern matches whose records the sink holds must still exist: one deleted
     (or unreadable) fails the plan, naming it; its committed ranges stay in the sink's history.
@@ -131,14 +122,8 @@ def plan_next_batch(
     when the run started).
     """
     offsets = current_offsets(config)
-    if config.sink.is_kafka:  # its history is the commit log, and its ends what the log records
-        table = None
-        commits = kafka_sink_commits(config)
-        ends = commit_log_ends(commits, sorted(offsets))
-    else:
-        table = open_table(config.layout.sink)
-        commits = sink_commits(table, config.name)
-        ends = all_committed_ends(table, config, sorted(offsets))
+    sink = open_sink(config)  # a Delta table's commits and txns, or a Kafka sink's commit log (invariant 15)
+    table, commits, ends = sink.table, sink.commits(), sink.ends(sorted(offsets))
     check_no_topic_gone(config, commits, {t for t, _ in offsets})
     current_ids = topic_ids(config, sorted({t for t, _ in offsets}))
     check_topic_identity(config, commits, ends, offsets, current_ids)  # invariant 16, before anything else

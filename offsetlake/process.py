@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from offsetlake import dead_letters, direct, engine_merge, engines, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
 from offsetlake.entry import DeadLetterFile
 from offsetlake.errors import ConfigError
@@ -174,8 +175,9 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
         return PathChoice(DataPath.SPARK, "the batch reads no records")
     if config.data_path == "jvm":
         return _jvm_or_refused(config, plan, decoder)
-    if config.sink.is_kafka:
-        return PathChoice(DataPath.SPARK, "the sink is a Kafka topic: Spark hands the rows to the driver's transactional producer")
+    without_spark = sink_kind(config).lacks(config, Capability.FILES_WITHOUT_SPARK)
+    if without_spark is not None:
+        return PathChoice(DataPath.SPARK, without_spark)
     if not adds_files:
         return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
     if config.data_path == "spark":

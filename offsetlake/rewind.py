@@ -57,6 +57,7 @@ from deltalake import DeltaTable
 
 from offsetlake import dead_letters, failpoints, foreign, storage
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.entry import LedgerEntry, RewindEntry, for_plan
 from offsetlake.errors import ForeignCommitError, RewindError
 from offsetlake.history import (
@@ -310,14 +311,7 @@ def rewind_pipeline(
     requested_by = requested_by or _user()
     run = run or RunContext(run_id=f"cli-rewind-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}")
     started = time.monotonic()
-    if config.sink.is_kafka:
-        raise refused(
-            config,
-            to_batch,
-            f"the sink is Kafka topic {config.sink.topic}: read_committed consumers may already have read what the "
-            "batches after it produced, and a Kafka log cannot take records back. To correct records, publish the range "
-            "again with `offsetlake backfill --republish` (each record marked offsetlake.kind=backfill)",
-        )
+    sink_kind(config).refuse_unless(config, Capability.REWIND, lambda why: refused(config, to_batch, why))
     table = open_table(config.layout.sink)
     if table is None:
         raise refused(config, to_batch, f"the sink {config.sink_path} does not exist")

@@ -47,7 +47,6 @@ from offsetlake.history import (
     sink_commits,
 )
 from offsetlake.kafka import current_offsets
-from offsetlake.kafka_commit import kafka_sink_ends
 from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.log_lines import log_line, log_step
@@ -59,12 +58,12 @@ from offsetlake.sink import (
     add_columns_first,
     check_plan_applies,
     commit_batch,
-    committed_end,
     ensure_table,
     evolved_schema,
     open_table,
     table_schema,
 )
+from offsetlake.sinks.choice import open_sink
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
@@ -757,11 +756,7 @@ def publishable_batch(config: PipelineConfig, batch_id: str) -> PublishableBatch
             f"batch {batch_id} is not in the ledger, not committed; nothing published", pipeline=config.name, batch_id=batch_id
         )
     batch = BatchView.from_rows(rows)
-    if config.sink.is_kafka:
-        ends = kafka_sink_ends(config, [(r.range.topic, r.range.partition) for r in batch.ranges])
-    else:
-        table = open_table(config.layout.sink)
-        ends = {(r.range.topic, r.range.partition): committed_end(table, config, r.range.topic, r.range.partition) for r in batch.ranges}
+    ends = open_sink(config).ends([(r.range.topic, r.range.partition) for r in batch.ranges])
     held = all((ends[(r.range.topic, r.range.partition)] or 0) >= r.range.end for r in batch.ranges)
     if not (all(s.committed for s in batch.statuses) or (batch.status == BatchStatus.SUPERSEDED and held)):
         states = ", ".join(sorted(batch.statuses))

@@ -61,6 +61,14 @@ def child(location: str, *parts: str) -> str:
     return "/".join([location.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+def table_uri(location: str) -> str:
+    """A table's URI as Airflow Assets and lineage name it: object storage as it is, a local
+    folder as ``file://``."""
+    if is_uri(location) and not location.startswith("file://"):
+        return location.rstrip("/")
+    return Path(resolve_location(location, Path.cwd())).as_uri()
+
+
 def display_uri(location: str) -> str:
     """A URI for people and links (``file:///...`` percent-encoded for local folders)."""
     return location if is_uri(location) else Path(location).resolve().as_uri()

@@ -39,6 +39,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import TOPIC_EPOCH, TOPIC_EPOCH_TYPE
 from offsetlake.entry import EpochChange, LedgerEntry, for_plan
 from offsetlake.errors import KafkaUnavailableError, TopicEpochError, TopicIdentityError
@@ -181,16 +182,7 @@ def reset_topic_epoch(config: PipelineConfig, topic: str, reason: str | None = N
     concurrent commit fails it with CommitConflictError; nothing is written then.
     """
     config.check_storage()
-    if config.sink.is_kafka:
-        raise TopicEpochError(
-            f"the sink is Kafka topic {config.sink.topic}, whose committed ends are what its commit log "
-            f"offsetlake-commits-{config.name} records, and a Kafka log cannot start an epoch beside the old one. To start the "
-            f"pipeline afresh on the new topic, while nothing runs: delete its commit log topic and its consumer group "
-            f"offsetlake-{config.name}, run `offsetlake ledger rebuild {config.name}`, and point sink.topic at a new topic "
-            "(or keep it, and its consumers see the new topic's records from its start)",
-            pipeline=config.name,
-            topic=topic,
-        )
+    sink_kind(config).refuse_unless(config, Capability.EPOCH_RESET, lambda why: TopicEpochError(why, pipeline=config.name, topic=topic))
     started = time.monotonic()
     table = open_table(config.layout.sink)
     commits = sink_commits(table, config.name)

@@ -14,7 +14,6 @@ batch from ``triggering_asset_events`` (docs/guides/airflow.md, "Downstream DAGs
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, AssetAlias
@@ -22,6 +21,7 @@ from airflow.sdk import Asset, AssetAlias
 from offsetlake import storage
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig, load_pipeline
+from offsetlake.config.sink_kinds import sink_kind
 from offsetlake_airflow import pipelines_folder
 
 log = logging.getLogger("offsetlake.airflow")
@@ -29,21 +29,11 @@ log = logging.getLogger("offsetlake.airflow")
 RECENT_EVENTS = 200  # how far back a rerun looks for the event its batch already emitted
 
 
-def table_uri(path: str) -> str:
-    """The Delta table's URI: object storage as it is, a local folder as ``file://``."""
-    if storage.is_uri(path) and not path.startswith("file://"):
-        return path.rstrip("/")
-    return Path(storage.resolve_location(path, Path.cwd())).as_uri()
-
-
 def sink_asset(pipeline: str | PipelineConfig) -> Asset:
     """The pipeline's sink table as an Asset (what a downstream DAG schedules on): reads the
     pipeline's YAML only (no connection, no Kafka, no Delta), so it is safe at DAG parse time."""
     config = load_pipeline(pipeline, pipelines_folder()) if isinstance(pipeline, str) else pipeline
-    if config.sink.is_kafka:  # the topic, named as Airflow's Kafka asset URIs do: kafka://<broker>/<topic>
-        broker = config.kafka.bootstrap_servers.split(",")[0].strip()
-        return Asset(name=f"{config.name}_sink", uri=f"kafka://{broker}/{config.sink.topic}")
-    return Asset(name=f"{config.name}_sink", uri=table_uri(config.sink_path))
+    return Asset(name=f"{config.name}_sink", uri=sink_kind(config).output_uri(config))
 
 
 def commits_alias(pipeline: str) -> AssetAlias:
@@ -53,7 +43,7 @@ def commits_alias(pipeline: str) -> AssetAlias:
 
 def batch_extra(config: PipelineConfig, batch: BatchView) -> dict[str, Any]:
     """An asset event's extra for a committed batch of the pipeline (``BatchView.asset_extra``)."""
-    return batch.asset_extra(config.name, table_uri(config.sink_path))
+    return batch.asset_extra(config.name, storage.table_uri(config.sink_path))
 
 
 def _announced(config: PipelineConfig) -> set[str]:

@@ -17,6 +17,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from offsetlake import jars
 from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.errors import ConfigError
 from offsetlake_airflow import pipelines_folder, project_dir
 from offsetlake_airflow.assets import commits_alias, sink_asset
@@ -78,7 +79,7 @@ def ingest_dag(config: PipelineConfig) -> DAG:
         max_active_runs=1,
         default_args=_default_args(),
         tags=["offsetlake", config.name],
-        params={"republish": REPUBLISH_PARAM} if config.sink.is_kafka else {},
+        params={"republish": REPUBLISH_PARAM} if sink_kind(config).can(config, Capability.REPUBLISH) else {},
         doc_md=f"""### {config.name}_ingest
 **plan** records this run's offset ranges in the ledger (a retry reuses them; nothing new → skip),
 **ingest** runs `jobs/ingest_job.py` on `spark_default` for exactly that plan,
@@ -196,7 +197,7 @@ def backfill_dag(config: PipelineConfig) -> DAG:
     with _manual_dag(
         config,
         "backfill",
-        {**BACKFILL_PARAMS, "republish": REPUBLISH_PARAM} if config.sink.is_kafka else BACKFILL_PARAMS,
+        {**BACKFILL_PARAMS, "republish": REPUBLISH_PARAM} if sink_kind(config).can(config, Capability.REPUBLISH) else BACKFILL_PARAMS,
         f"Reprocess an offset or time range of {config.topic_label}, replacing its rows in {config.sink_label}",
         f"""### {config.name}_backfill
 Trigger with Params: partitions, and either from/to offset or from/to time. The rows with those
@@ -346,7 +347,7 @@ def pipeline_dags() -> dict[str, DAG]:
             log.error("skipping %s: %s", path, err)
             continue
         made = [ingest_dag(config), backfill_dag(config), stream_dag(config)]
-        if not config.sink.is_kafka:  # a Kafka sink takes no rewind (offsetlake.kafka_sink)
+        if sink_kind(config).can(config, Capability.REWIND):  # a Kafka sink takes none
             made.append(rewind_dag(config))
         if config.outbox is not None:
             made.append(outbox_dag(config))

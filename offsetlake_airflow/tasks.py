@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.errors import BackfillParamsError, RewindError, StreamOwnsPipelineError, message
 from offsetlake.kafka import commit_group_offsets
 from offsetlake.ledger import Ledger
@@ -137,7 +138,7 @@ def publish_batch(pipeline: str, batch_id: str, **context: Any) -> dict:
     config = load_config(pipeline)
     publishable = publishable_batch(config, batch_id)
     batch, summary = publishable.batch, publishable.summary()
-    if batch.kind == BatchKind.INGEST and not config.sink.is_kafka:  # a Kafka sink's transaction committed them
+    if batch.kind == BatchKind.INGEST and sink_kind(config).can(config, Capability.GROUP_OFFSETS_AFTER_COMMIT):
         commit_group_offsets(config.kafka_client_config(), config.name, publishable.committed_ends)
     log.info("batch summary %s", json.dumps(summary))
     if batch.status == BatchStatus.COMMITTED:  # superseded: the batch that committed the ranges announced them
