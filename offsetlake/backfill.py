@@ -12,7 +12,6 @@ offsets with offsets_for_times first.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,7 +30,7 @@ from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_s
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch, StagedMerge, later_records, process_ranges, stage_engine_merge, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, StagedMerge, later_records, stage_engine_merge, stage_files, stage_merge
 from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
@@ -46,7 +45,6 @@ from offsetlake.sink import (
 )
 from offsetlake.sinks.choice import open_sink
 from offsetlake.spark import dataframe_from_arrow
-from offsetlake.validation import load_suite
 
 
 def refused(pipeline: str, text: str, **where: Any) -> BackfillParamsError:
@@ -379,48 +377,38 @@ QUICK_COMMIT_ATTEMPTS = 10  # commits of one rewrite, each on the newest snapsho
 
 
 def execute_backfill(
-    config: PipelineConfig, plan: BatchPlan, spark_factory: Callable, restore_deleted: bool = False
-) -> tuple[int, LedgerEntry, ProcessedBatch]:
-    """Reprocess ``plan``'s ranges; replace their sink rows in one commit (dead letters likewise).
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float, restore_deleted: bool = False
+) -> tuple[int, LedgerEntry]:
+    """Replace the sink rows of ``plan``'s ranges with ``processed`` (read, decoded and validated
+    by ``runs.execute_batch``; dead letters likewise) in one commit.
 
     In an append sink, a row that a commit offsetlake did not make deleted, and that is still
     absent, is not written again (``restore_deleted`` writes it: docs/design.md, "Foreign commits").
 
-    Returns (sink version, ledger entry, processed ranges). A commit conflict (a compaction or
-    another backfill replaced one of the same files meanwhile) is retried on the new snapshot, up
-    to ``COMMIT_ATTEMPTS`` times, re-reading which files hold the range; appends by a running
-    stream or ingest do not conflict. Raises CommitConflictError when every attempt lost; running
-    the same backfill again is always safe because it replaces, never appends.
+    Returns (sink version, ledger entry). A commit conflict (a compaction or another backfill
+    replaced one of the same files meanwhile) is retried on the new snapshot, up to
+    ``COMMIT_ATTEMPTS`` times, re-reading which files hold the range; appends by a running stream
+    or ingest do not conflict. Raises CommitConflictError when every attempt lost; running the
+    same backfill again is always safe because it replaces, never appends.
     """
-    started = time.monotonic()
-    if open_table(config.layout.sink) is None:
-        raise refused(config.name, f"the sink {config.sink_path} does not exist yet")
-    suite = load_suite(config)
-    spark = spark_factory()
-    processed = process_ranges(config, plan, spark, suite)  # validates only the reprocessed rows
     later = None
     if config.sink.mode == "upsert":  # a record a later one of its key replaced is never restored
         table = open_table(config.layout.sink)
         ends = {(r.topic, r.partition): committed_end(table, config, r.topic, r.partition) for r in plan.ranges}
         later = later_records(config, plan, spark, ends)
-    try:
-        attempt = 1
-        while True:
-            try:
-                if config.sink.engine is not None:
-                    version, entry = _engine_merge_once(config, plan, processed, spark, started)
-                elif config.sink.mode == "upsert":
-                    version, entry = _merge_once(config, plan, processed, spark, started, later)
-                else:
-                    version, entry = _replace_once(config, plan, processed, spark, started, restore_deleted)
-                return version, entry, processed
-            except CommitConflictError as err:
-                if attempt == COMMIT_ATTEMPTS:
-                    raise
-                log_step("retry_commit", plan, time.monotonic(), attempt=attempt, reason=str(err))
-                attempt += 1
-    finally:
-        processed.release()
+    attempt = 1
+    while True:
+        try:
+            if config.sink.engine is not None:
+                return _engine_merge_once(config, plan, processed, spark, started)
+            if config.sink.mode == "upsert":
+                return _merge_once(config, plan, processed, spark, started, later)
+            return _replace_once(config, plan, processed, spark, started, restore_deleted)
+        except CommitConflictError as err:
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            log_step("retry_commit", plan, time.monotonic(), attempt=attempt, reason=str(err))
+            attempt += 1
 
 
 def _merge_once(

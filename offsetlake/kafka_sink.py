@@ -33,14 +33,15 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from offsetlake import failpoints, storage
+from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
-from offsetlake.entry import for_plan
+from offsetlake.entry import LedgerEntry, for_plan
 from offsetlake.errors import KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets, group_id
@@ -55,12 +56,10 @@ from offsetlake.kafka_commit import (
     kafka_sink_commits,
     row_record,
 )
-from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
-from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, BatchResult, BatchStatus
-from offsetlake.process import ProcessedBatch, process_ranges
+from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan
 from offsetlake.sink_values import value_encoder
-from offsetlake.validation import load_suite
+from offsetlake.sinks.writing import Projection, SinkWriter
 
 log = logging.getLogger("offsetlake.kafka_sink")
 
@@ -99,7 +98,7 @@ class KafkaSinkState:
         return {k: (g, self.ends.get(k)) for k, g in self.group.items() if g is not None and g > (self.ends.get(k) or 0)}
 
 
-def read_state(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Ledger | None = None) -> KafkaSinkState:
+def read_state(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Projection | None = None) -> KafkaSinkState:
     """The sink's state, refused (``KafkaSinkProgressError``, nothing produced) when its records
     of progress disagree in a way that must not be guessed: the group's offsets past the commit
     log, or a commit log without batches the ledger recorded committed.
@@ -145,7 +144,7 @@ def read_state(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Ledg
 _SETTLE_S = 5.0
 
 
-def reconcile(config: PipelineConfig, ledger: Ledger) -> int:
+def reconcile(config: PipelineConfig, ledger: Projection) -> int:
     """Invariant 4 for a Kafka sink: the ledger gets the commits it lacks (a runner died between
     the Kafka commit and its ledger row) and the outcomes of plans the committed ends moved past.
     Group offsets that expired or were deleted are restored from the commit log (``restore_group_offsets``)."""
@@ -156,7 +155,7 @@ def reconcile(config: PipelineConfig, ledger: Ledger) -> int:
     return ledger.reconcile(state.commits, state.end)
 
 
-def restore_group_offsets(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Ledger) -> dict[tuple[str, int], int]:
+def restore_group_offsets(config: PipelineConfig, keys: list[tuple[str, int]], ledger: Projection) -> dict[tuple[str, int], int]:
     """Commit the commit log's ends for the pipeline's group where its offsets are missing or
     behind, in a transaction of their own after fencing every other runner (so the log is read
     whole); returns what was restored. Only Kafka's tools read them: planning reads the log."""
@@ -178,120 +177,124 @@ def restore_group_offsets(config: PipelineConfig, keys: list[tuple[str, int]], l
     return behind
 
 
-def execute(
-    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, before_commit: Callable[[], None]
-) -> BatchResult:
-    """Execute exactly ``plan`` into the Kafka sink: one transaction, then its ledger row.
+class KafkaSinkWriter(SinkWriter):
+    """One batch into the Kafka sink: ONE transaction holds its records, its dead letters, its
+    source ends (for the group) and its ledger entry (to the commit log).
 
-    A plan whose batch the commit log already holds (a rerun or clear after the commit) produces
-    nothing and succeeds. Raises StalePlanError when the group's ends moved since it was planned
-    (another batch committed: the plan is superseded), KafkaSinkAbortedError when the transaction
-    failed and was aborted (transient: running again commits it once) and KafkaSinkFencedError
-    when another runner took over mid-batch.
+    ``open`` fences first: the transactional producer's ``init_transactions`` aborts whatever an
+    earlier runner left open and makes its producer unusable; only then is the state read, so a
+    second runner (a retry, an Airflow clear, a zombie) finds the batch in the commit log, finds
+    the ends moved (superseded), or commits it once. A backfill publishes its range again and never
+    moves the ends. Raises KafkaSinkAbortedError when the transaction failed and was aborted
+    (transient: running again commits it once), KafkaSinkFencedError when another runner took over.
     """
-    started = time.monotonic()
-    client = config.kafka_client_config()
-    assert config.sink.topic is not None  # checked with the YAML
-    ensure_topics(
-        client, config.name, [config.sink.topic], {commit_log_topic(config.name): COMMIT_LOG_SETTINGS, config.sink.dead_letters_to: {}}
-    )
-    with TransactionalWriter(client, config.name) as writer:  # fences every earlier runner first
-        keys = [(r.topic, r.partition) for r in plan.ranges]
-        state = read_state(config, keys, ledger)
-        done = state.commit_of(plan.batch_id)
-        if done is not None:
-            ledger.reconcile(state.commits, state.end)
-            log_step("skip", plan, started, reason="already_committed")
-            return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done.version, timings_ms={"total": 0})
-        if plan.kind != BatchKind.BACKFILL and not _applies(config, plan, state):
-            return _held_by_another(config, plan, ledger, state, started)
-        processed = None
-        if plan.kind != BatchKind.GAP:
-            processed = process_ranges(config, plan, spark_factory(), load_suite(config))
-        try:
-            return _commit(config, plan, ledger, writer, processed, started, before_commit, state.group_behind())
-        finally:
-            if processed is not None:
-                processed.release()
 
+    done = "produced"
+    _writer: TransactionalWriter | None = None
+    _state: KafkaSinkState | None = None
 
-def _applies(config: PipelineConfig, plan: BatchPlan, state: KafkaSinkState) -> bool:
-    """Invariant 3 against the group's ends: True if the plan applies, False if another batch
-    committed exactly its ranges; StalePlanError if an end moved part-way."""
-    held = 0
-    for r in plan.ranges:
-        end = state.end(r.topic, r.partition)
-        if end is None or end == r.start:
-            continue
-        if end >= r.end and r.size > 0:
-            held += 1
-            continue
-        winner = covering_batch(state.commits, r.topic, r.partition, r.start) or "unknown"
-        raise StalePlanError(
-            f"batch {plan.batch_id} ({plan.describe()}): {r.topic}[{r.partition}] is committed up to {end} "
-            f"(by batch {winner}), not {r.start} as planned; superseded, plan anew from the committed ends",
-            pipeline=config.name,
-            batch_id=plan.batch_id,
-        )
-    return held == 0
+    @classmethod
+    def reconcile_pipeline(cls, config: PipelineConfig, ledger: Projection) -> None:
+        reconcile(config, ledger)
 
+    def open(self, plan: BatchPlan) -> BatchPlan:
+        client = self.config.kafka_client_config()
+        assert self.config.sink.topic is not None  # checked with the YAML
+        made = {commit_log_topic(self.config.name): COMMIT_LOG_SETTINGS, self.config.sink.dead_letters_to: {}}
+        ensure_topics(client, self.config.name, [self.config.sink.topic], made)
+        self._writer = TransactionalWriter(client, self.config.name)  # fences every earlier runner first
+        self._state = read_state(self.config, [(r.topic, r.partition) for r in plan.ranges], self.ledger)
+        return plan
 
-def _held_by_another(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, state: KafkaSinkState, started: float) -> BatchResult:
-    first = next(r for r in plan.ranges if r.size > 0)
-    winner = covering_batch(state.commits, first.topic, first.partition, first.start) or "unknown"
-    held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing produced by this batch")
-    ledger.record_outcome(plan, BatchStatus.SUPERSEDED, message=str(held))
-    log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
-    return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms={"total": 0})
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
+    @property
+    def state(self) -> KafkaSinkState:
+        assert self._state is not None, "open the sink first"
+        return self._state
 
-def _commit(
-    config: PipelineConfig,
-    plan: BatchPlan,
-    ledger: Ledger,
-    writer: TransactionalWriter,
-    processed: ProcessedBatch | None,
-    started: float,
-    before_commit: Callable[[], None],
-    restore: dict[tuple[str, int], int],
-) -> BatchResult:
-    per_range = processed.per_range if processed is not None else {}
-    records = list(_output_records(config, processed))
-    for record in records:
-        counts = per_range.get((record.topic or "", record.partition))
-        if counts is not None:
-            counts["rows_written"] = counts.get("rows_written", 0) + 1
-    dead = list(_dead_letter_records(config, processed, str(plan.kind))) if processed is not None else []
-    if plan.kind == BatchKind.GAP:
-        lost = ", ".join(str(r) for r in plan.ranges)
-        entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion", staged=())
-    else:
-        assert processed is not None
+    def commits(self) -> list[SinkCommit]:
+        return self.state.commits
+
+    def applies(self, plan: BatchPlan) -> bool:
+        """Invariant 3 against the commit log's ends: False if another batch committed exactly the
+        plan's ranges; StalePlanError if an end moved part-way."""
+        held = 0
+        for r in plan.ranges:
+            end = self.state.end(r.topic, r.partition)
+            if end is None or end == r.start:
+                continue
+            if end >= r.end and r.size > 0:
+                held += 1
+                continue
+            winner = covering_batch(self.state.commits, r.topic, r.partition, r.start) or "unknown"
+            raise StalePlanError(
+                f"batch {plan.batch_id} ({plan.describe()}): {r.topic}[{r.partition}] is committed up to {end} "
+                f"(by batch {winner}), not {r.start} as planned; superseded, plan anew from the committed ends",
+                pipeline=self.config.name,
+                batch_id=plan.batch_id,
+            )
+        return held == 0
+
+    def reconcile(self) -> int:
+        return self.ledger.reconcile(self.state.commits, self.state.end)
+
+    def write(
+        self, plan: BatchPlan, processed: Any, spark: Any, started: float, before_commit: Callable[[], None], restore_deleted: bool
+    ) -> SinkCommit:
+        per_range = processed.per_range
+        records = list(_output_records(self.config, processed))
+        for record in records:
+            counts = per_range.get((record.topic or "", record.partition))
+            if counts is not None:
+                counts["rows_written"] = counts.get("rows_written", 0) + 1
+        dead = list(_dead_letter_records(self.config, processed, str(plan.kind)))
         entry = for_plan(plan, per_range, started, processed.validation, staged=(), data_path=str(processed.path.path))
-    # a backfill re-publishes below the committed ends and never moves them; group offsets that
-    # expired or were deleted go back to the commit log's ends in the same transaction
-    ends = {**restore, **({} if plan.kind == BatchKind.BACKFILL else {(r.topic, r.partition): r.end for r in plan.ranges})}
-    t = time.monotonic()
-    before_commit()
-    assert config.sink.topic is not None
-    log_entry = (commit_log_topic(config.name), plan.batch_id.encode(), entry.to_json().encode())
-    done = writer.commit(plan.batch_id, str(plan.kind), config.sink.topic, records, ends, also=[*dead, log_entry])
-    version = done.also_offsets[-1]
-    timings = dict(processed.timings_ms) if processed is not None else {}
-    timings["commit"] = log_step(
-        "commit", plan, t, topic=config.sink.topic, records=done.records, dead_letters=len(dead), commit_log_offset=version
-    )
-    ledger.record_commit(SinkCommit(version, entry))
-    failpoints.failpoint("after_ledger")
-    if processed is not None:
-        _remove_staged(config, processed)
-    if plan.kind == BatchKind.GAP:
-        log_line(log, "gap", plan=plan, level=logging.WARNING, lost=", ".join(str(r) for r in plan.ranges))
-    timings["total"] = int((time.monotonic() - started) * 1000)
-    return BatchResult(plan, BatchStatus.COMMITTED, version, per_range, timings)
+        return self._commit(plan, entry, records, dead, before_commit, processed.timings_ms)
+
+    def advance(self, plan: BatchPlan, entry: LedgerEntry, before_commit: Callable[[], None]) -> int:
+        return self._commit(plan, entry, [], [], before_commit, {}).version
+
+    def _commit(
+        self,
+        plan: BatchPlan,
+        entry: LedgerEntry,
+        records: list[OutputRecord],
+        dead: list[tuple],
+        before_commit: Callable[[], None],
+        timings: dict[str, int],
+    ) -> SinkCommit:
+        """The one transaction. A backfill re-publishes below the committed ends and never moves
+        them; group offsets that expired or were deleted go back to the commit log's ends in it."""
+        assert self._writer is not None and self.config.sink.topic is not None
+        moved = {} if plan.kind == BatchKind.BACKFILL else {(r.topic, r.partition): r.end for r in plan.ranges}
+        ends = {**self.state.group_behind(), **moved}
+        t = time.monotonic()
+        before_commit()
+        log_entry = (commit_log_topic(self.config.name), plan.batch_id.encode(), entry.to_json().encode())
+        done = self._writer.commit(plan.batch_id, str(plan.kind), self.config.sink.topic, records, ends, also=[*dead, log_entry])
+        version = done.also_offsets[-1]
+        timings["commit"] = log_step(
+            "commit", plan, t, topic=self.config.sink.topic, records=done.records, dead_letters=len(dead), commit_log_offset=version
+        )
+        return SinkCommit(version, entry)
+
+    def after_commit(self, plan: BatchPlan, processed: Any) -> None:
+        """The staged dead-letter files went out in the transaction: nothing else reads them (a
+        batch that died before this leaves them to the lake's vacuum, like any staged file no
+        commit names)."""
+        for staged in processed.dead_letter_files if processed is not None else ():
+            fs, path = storage.filesystem(self.config.layout.dead_letters.child(staged.path))
+            try:
+                fs.delete_file(path)
+            except OSError as err:
+                log.warning("pipeline=%s could not remove the staged dead letters %s: %s", self.config.name, path, err)
 
 
-def _output_records(config: PipelineConfig, processed: ProcessedBatch | None) -> Iterator[OutputRecord]:
+def _output_records(config: PipelineConfig, processed: Any) -> Iterator[OutputRecord]:
     """The batch's rows as records, in source order (topic, partition, offset): a key's records
     keep their order in the output topic."""
     if processed is None or processed.rows is None:
@@ -306,7 +309,7 @@ def _output_records(config: PipelineConfig, processed: ProcessedBatch | None) ->
             yield row_record(row, config.sink.key, encode=encode)
 
 
-def _dead_letter_records(config: PipelineConfig, processed: ProcessedBatch, kind: str) -> Iterator[tuple]:
+def _dead_letter_records(config: PipelineConfig, processed: Any, kind: str) -> Iterator[tuple]:
     """The batch's dead letters (staged by ``process_ranges``) as records of the dead-letter
     topic: the original key, value and headers, with the reason and source coordinates added."""
     for staged in processed.dead_letter_files:
@@ -325,14 +328,3 @@ def _dead_letter_records(config: PipelineConfig, processed: ProcessedBatch, kind
                 ("offsetlake.kind", kind.encode()),
             ]
             yield (config.sink.dead_letters_to, row.get("key"), row.get("value"), headers)
-
-
-def _remove_staged(config: PipelineConfig, processed: ProcessedBatch) -> None:
-    """The staged dead-letter files went out in the transaction: nothing else reads them (a batch
-    that died before this leaves them to the lake's vacuum, like any staged file no commit names)."""
-    for staged in processed.dead_letter_files:
-        fs, path = storage.filesystem(config.layout.dead_letters.child(staged.path))
-        try:
-            fs.delete_file(path)
-        except OSError as err:
-            log.warning("pipeline=%s could not remove the staged dead letters %s: %s", config.name, path, err)

@@ -19,15 +19,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters, failpoints, foreign, kafka_sink, storage
-from offsetlake.backfill import execute_backfill
+from offsetlake import dead_letters, failpoints, storage
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import sink_kind
+from offsetlake.delta_sink import DeltaSinkWriter
 from offsetlake.entry import for_plan
 from offsetlake.errors import (
     CommitConflictError,
@@ -40,35 +40,24 @@ from offsetlake.errors import (
 )
 from offsetlake.history import (
     SinkCommit,
-    covering_batch,
-    current_epochs,
-    refuse_foreign_sink,
     rewound_batches,
     sink_commits,
 )
 from offsetlake.kafka import current_offsets
+from offsetlake.kafka_sink import KafkaSinkWriter
 from offsetlake.lease import refuse_if_stream_owns
-from offsetlake.ledger import Ledger, reconcile_ledger
+from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
 from offsetlake.planner import TopicPartitionKey, plan_next_batch
-from offsetlake.process import ProcessedBatch, process_ranges, stage_engine_merge, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch, process_ranges
 from offsetlake.sink import (
-    WrittenFiles,
-    add_columns_first,
-    check_plan_applies,
-    commit_batch,
-    ensure_table,
-    evolved_schema,
     open_table,
-    table_schema,
 )
 from offsetlake.sinks.choice import open_sink
+from offsetlake.sinks.writing import SinkWriter
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
-
-if TYPE_CHECKING:
-    from deltalake import DeltaTable
 
 log = logging.getLogger("offsetlake.runs")
 
@@ -81,17 +70,7 @@ def reconcile(config: PipelineConfig, ledger: Ledger | None = None) -> None:
     cannot be used or cannot commit safely is refused (``PipelineConfig.check_storage``), and so is
     a sink table that belongs to another pipeline (invariant 16), before anything is planned."""
     config.check_storage()
-    if config.sink.is_kafka:  # its history is the commit log (its group's offsets are restored from it)
-        kafka_sink.reconcile(config, ledger or Ledger.of(config))
-        return
-    table = open_table(config.layout.sink)
-    refuse_foreign_sink(table, config.name)
-    dead_letters.apply_pending(config)
-    reconcile_ledger(config, ledger or Ledger.of(config))
-    # commits offsetlake did not make since its own last one: said at every run until the next
-    # batch commits after them (status and audit keep saying them): docs/design.md, "Foreign commits"
-    last_own = max((c.version for c in sink_commits(table, config.name)), default=-1)
-    foreign.report(table, config.name, since_version=last_own)
+    _writer_for(config).reconcile_pipeline(config, ledger or Ledger.of(config))
 
 
 # ---- how a batch ended ------------------------------------------------------------------------
@@ -152,26 +131,8 @@ def execute_batch(
     """
     from offsetlake.reader import errors_from_spark_tasks
 
-    if config.sink.is_kafka:
-        with errors_from_spark_tasks(), storage_errors_named(config, plan):
-            return kafka_sink.execute(config, plan, ledger, spark_factory, before_commit)
-    plan = with_current_epochs(config, plan)
-    with errors_from_spark_tasks(), storage_errors_named(config, plan):
-        if plan.kind == BatchKind.BACKFILL:
-            return _execute_backfill(config, plan, ledger, spark_factory, restore_deleted)
-        return _execute_forward(config, plan, ledger, spark_factory, before_commit)
-
-
-def with_current_epochs(config: PipelineConfig, plan: BatchPlan) -> BatchPlan:
-    """``plan`` with each topic's current epoch from the sink's history (``BatchPlan.topic_epochs``).
-
-    Read when the batch executes, not when it was planned: a plan recorded before an epoch commit
-    no longer applies anyway (the epoch commit moved its committed ends, or, for a backfill, the
-    range is no longer below them), and an epoch commit landing while the batch runs makes its
-    commit fail (it moves the same txns; a backfill checks, see ``backfill.commit_replace``)."""
-    from dataclasses import replace
-
-    return replace(plan, topic_epochs=current_epochs(sink_commits(open_table(config.layout.sink), config.name)))
+    with errors_from_spark_tasks(), storage_errors_named(config, plan), _writer_for(config)(config, ledger) as sink:
+        return _lifecycle(config, plan, ledger, sink, spark_factory, before_commit, restore_deleted)
 
 
 @contextmanager
@@ -194,164 +155,74 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         ) from err
 
 
-def _execute_forward(
+_WRITERS: dict[str, type[SinkWriter]] = {"delta": DeltaSinkWriter, "kafka": KafkaSinkWriter}
+
+
+def _writer_for(config: PipelineConfig) -> type[SinkWriter]:
+    """The writing half of the pipeline's kind of sink (``offsetlake.config.sink_kinds``)."""
+    return _WRITERS[sink_kind(config).name]
+
+
+def _lifecycle(
     config: PipelineConfig,
     plan: BatchPlan,
     ledger: Ledger,
+    sink: SinkWriter,
     spark_factory: Callable,
     before_commit: Callable[[], None],
+    restore_deleted: bool,
 ) -> BatchResult:
-    """An ingest, stream or gap batch: files (none for a gap) + committed ends moved to the plan's
-    ends + its ledger entry, in one sink commit."""
+    """The one lifecycle of a batch, whatever the sink (docs/design.md, "The sink seam"): open the
+    sink for the plan → already committed? → applies? → read, decode, transform, validate → write
+    (prepare, ``before_commit``, commit) → after the commit → the ledger row."""
     started = time.monotonic()
-    if not check_plan_applies(open_table(config.layout.sink), config, plan):
-        return _plan_already_held(config, plan, ledger, started, {"total": 0})
+    plan = sink.open(plan)
+    done = sink.committed(plan.batch_id)
+    if done is not None:  # a rerun or an Airflow clear after the commit
+        sink.reconcile()
+        log_step("skip", plan, started, reason="already_committed")
+        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done.version, timings_ms={"total": 0})
+    if plan.kind != BatchKind.BACKFILL and not sink.applies(plan):
+        return _superseded(plan, ledger, sink, started, {"total": 0})
     if plan.kind == BatchKind.GAP:
-        return _commit_gap(config, plan, ledger, started, before_commit)
+        return _gap(plan, ledger, sink, started, before_commit)
     suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
     spark = spark_factory()
-    processed = process_ranges(config, plan, spark, suite, write_in_read=True)
+    processed = process_ranges(config, plan, spark, suite, write_in_read=sink.writes_in_read(plan))
     try:
-        staged = _stage(config, plan, processed, spark)
-        if staged is None:
-            return _plan_already_held(config, plan, ledger, started, processed.timings_ms)
-        table, files, removed, merged, schema = staged
-        t = time.monotonic()
-        entry = for_plan(
-            plan,
-            processed.per_range,
-            started,
-            processed.validation,
-            staged=processed.dead_letter_files,
-            merge=merged,
-            data_path=str(processed.path.path),
-        )
-        before_commit()
-        version = commit_batch(table, config, plan, files, entry, schema, removed=removed)
-        processed.timings_ms["commit"] = log_step(
-            "commit",
-            plan,
-            t,
-            sink_version=version,
-            rows=files.rows,
-            removed_files=len(removed) if removed else None,
-            new_columns=",".join(schema.names[len(table_schema(table)) :]) if schema else None,
-        )
+        commit = sink.write(plan, processed, spark, started, before_commit, restore_deleted)
     finally:
         processed.release()
-    return _committed(config, ledger, plan, SinkCommit(version, entry), processed, started)
-
-
-def _committed(
-    config: PipelineConfig, ledger: Ledger, plan: BatchPlan, commit: SinkCommit, processed: ProcessedBatch, started: float
-) -> BatchResult:
-    """After a batch's sink commit: its pending dead letters applied (invariant 8), its ledger row
-    written, its result."""
-    failpoints.failpoint("after_commit")
-    dead_letters.apply_pending(config)
-    ledger.record_commit(commit)
-    failpoints.failpoint("after_ledger")
+    if commit is None:  # the sink, read again right before the commit, holds the plan already
+        return _superseded(plan, ledger, sink, started, processed.timings_ms)
+    _committed(plan, ledger, sink, commit, processed)
     processed.timings_ms["total"] = int((time.monotonic() - started) * 1000)
     return BatchResult(plan, BatchStatus.COMMITTED, commit.version, processed.per_range, processed.timings_ms)
 
 
-def _stage(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any
-) -> tuple[DeltaTable, WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None] | None:
-    """The batch's files staged for its commit, with the table snapshot to commit on, the files it
-    removes (a keyed merge), the merge's counts and the evolved schema; None if meanwhile the
-    sink already holds the plan (invariant 3)."""
-    rows_schema = processed.rows_schema
-    if config.sink.engine is not None:
-        return _stage_engine(config, plan, processed, spark)
-    if config.sink.mode != "upsert":
-        files = stage_files(config, plan, processed, processed.rows, spark)
-        table = ensure_table(config, rows_schema)
-        if not check_plan_applies(table, config, plan):
-            return None
-        return table, files, [], None, evolved_schema(table, config, rows_schema, plan)
-    # the merge reads the table: the commit is made on that same snapshot (invariant 10)
-    table = ensure_table(config, rows_schema)
-    if not check_plan_applies(table, config, plan):
-        return None
-    schema = evolved_schema(table, config, rows_schema, plan)
-    merge = stage_merge(config, plan, processed, spark, table)
-    if schema is not None and merge.removed:
-        table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-        schema = None
-    return table, merge.files, merge.removed, merge.counts.as_dict(), schema
+def _committed(plan: BatchPlan, ledger: Ledger, sink: SinkWriter, commit: SinkCommit, processed: ProcessedBatch | None) -> None:
+    """After a batch's sink commit: the sink's own step (a Delta sink applies the batch's dead
+    letters, invariant 8), then its ledger row."""
+    sink.after_commit(plan, processed)
+    ledger.record_commit(commit)
+    failpoints.failpoint("after_ledger")
 
 
-def _stage_engine(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any
-) -> tuple[DeltaTable, WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None] | None:
-    """A merge engine's batch staged (``offsetlake.engines``): the table is made from the engine's
-    row shape, which the batch's records give."""
-    table = open_table(config.layout.sink)
-    if table is not None and not check_plan_applies(table, config, plan):
-        return None
-    merge = stage_engine_merge(config, plan, processed, spark, table)
-    shape = merge.shape
-    if table is None:
-        table = ensure_table(config, shape)
-        if not check_plan_applies(table, config, plan):
-            return None
-    schema = evolved_schema(table, config, shape, plan)
-    if schema is not None and merge.removed:
-        table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-        schema = None
-    return table, merge.files, merge.removed, merge.counts.as_dict(), schema
-
-
-def _commit_gap(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, before_commit: Callable[[], None]) -> BatchResult:
-    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only).
-
-    The gap replaces the dead letters of the lost range with none: those offsets are recorded as
-    never ingested, and no later batch will read (and so replace) them again.
-    """
-    table = open_table(config.layout.sink)
+def _gap(plan: BatchPlan, ledger: Ledger, sink: SinkWriter, started: float, before_commit: Callable[[], None]) -> BatchResult:
+    """Skip lost offsets by committing the advance with a ``gap`` entry (explicit policy only)."""
     lost = ", ".join(str(r) for r in plan.ranges)
     entry = for_plan(plan, {}, started, message=f"{plan.offsets} offsets {lost} were lost to retention before ingestion", staged=())
-    before_commit()
-    if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
-        raise OffsetlakeError(f"gap batch {plan.batch_id} has no sink to commit to", pipeline=config.name, batch_id=plan.batch_id)
-    version = commit_batch(table, config, plan, WrittenFiles.none(), entry)
-    dead_letters.apply_pending(config)
-    ledger.record_commit(SinkCommit(version, entry))
+    version = sink.advance(plan, entry, before_commit)
+    _committed(plan, ledger, sink, SinkCommit(version, entry), None)
     log_line(log, "gap", plan=plan, level=logging.WARNING, lost=lost, sink_version=version)
     return BatchResult(plan, BatchStatus.COMMITTED, version, timings_ms={"total": int((time.monotonic() - started) * 1000)})
 
 
-def _execute_backfill(
-    config: PipelineConfig, plan: BatchPlan, ledger: Ledger, spark_factory: Callable, restore_deleted: bool = False
-) -> BatchResult:
-    """Run a recorded backfill plan; a rerun after its commit writes nothing and succeeds."""
-    started = time.monotonic()
-    done = {c.batch_id: c for c in sink_commits(open_table(config.layout.sink), config.name)}
-    if plan.batch_id in done:
-        reconcile(config, ledger)
-        log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, done[plan.batch_id].version, timings_ms={"total": 0})
-    version, entry, processed = execute_backfill(config, plan, spark_factory, restore_deleted)
-    return _committed(config, ledger, plan, SinkCommit(version, entry), processed, started)
-
-
-def _plan_already_held(config: PipelineConfig, plan: BatchPlan, ledger: Ledger, started: float, timings_ms: dict[str, int]) -> BatchResult:
-    """The sink holds every range of ``plan`` (txn version >= end): a no-op that succeeds.
-
-    Either this batch committed them (a rerun after the commit) or another batch committed the
-    very same ranges first, e.g. a CLI run that planned from the same committed ends; then this
-    plan is recorded as ``superseded`` by that batch and nothing is written.
-    """
-    commits = sink_commits(open_table(config.layout.sink), config.name)
-    mine = [c for c in commits if c.batch_id == plan.batch_id]
-    if mine:
-        reconcile(config, ledger)
-        log_step("skip", plan, started, reason="already_committed")
-        return BatchResult(plan, BatchStatus.ALREADY_COMMITTED, mine[0].version, timings_ms=timings_ms)
-    first = next(r for r in plan.ranges if r.size > 0)  # there is one: check_plan_applies said held
-    winner = covering_batch(commits, first.topic, first.partition, first.start) or "unknown"
-    held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing written by this batch")
+def _superseded(plan: BatchPlan, ledger: Ledger, sink: SinkWriter, started: float, timings_ms: dict[str, int]) -> BatchResult:
+    """Another batch committed the very same ranges first (e.g. a CLI run that planned from the
+    same committed ends): this plan is recorded ``superseded`` by that batch, nothing of it commits."""
+    winner = sink.winner(plan)
+    held = StalePlanError(f"superseded: its ranges were already committed by batch {winner}; nothing {sink.done} by this batch")
     record_outcome(ledger, plan, held)
     log_step("skip", plan, started, reason="committed_by_another_batch", winner=winner)
     return BatchResult(plan, BatchStatus.SUPERSEDED, timings_ms=timings_ms)

@@ -1,0 +1,192 @@
+"""A Delta table as a pipeline's sink: the writing half of the sink seam for Delta
+(``offsetlake.sinks.writing``; docs/design.md, "The sink seam").
+
+A batch commits ONE Delta commit: its files (none for a gap), the committed ends it moves (txn
+versions, invariant 2) and its ledger entry in ``commitInfo``. The ordering rule is the Delta
+snapshot: ``open`` reads the table once (its commits give the topics' epochs and what is already
+committed); staging reads it again right before the commit (a keyed merge commits on the very
+snapshot it read, invariant 10), and delta-rs refuses a commit that a concurrent one conflicts
+with (CommitConflictError). After the commit the batch's staged dead letters are applied to the
+dead-letter table (invariant 8). Backfills replace rows below the ends (``offsetlake.backfill``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from offsetlake import dead_letters, failpoints, foreign
+from offsetlake.backfill import execute_backfill, refused
+from offsetlake.config import PipelineConfig
+from offsetlake.entry import LedgerEntry, for_plan
+from offsetlake.errors import OffsetlakeError
+from offsetlake.history import SinkCommit, current_epochs, refuse_foreign_sink, sink_commits
+from offsetlake.log_lines import log_step
+from offsetlake.plan import BatchKind, BatchPlan
+from offsetlake.process import ProcessedBatch, stage_engine_merge, stage_files, stage_merge
+from offsetlake.sink import (
+    WrittenFiles,
+    add_columns_first,
+    check_plan_applies,
+    commit_batch,
+    committed_end_lookup,
+    ensure_table,
+    evolved_schema,
+    table_schema,
+)
+from offsetlake.sinks.writing import Projection, SinkWriter
+from offsetlake.storage import open_table
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+Staged = tuple["DeltaTable", WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None]
+
+
+class DeltaSinkWriter(SinkWriter):
+    """One batch into the sink table (``offsetlake.sink.commit_batch``, or a backfill's replace)."""
+
+    _table: DeltaTable | None = None
+    _commits: list[SinkCommit] | None = None
+
+    @classmethod
+    def reconcile_pipeline(cls, config: PipelineConfig, ledger: Projection) -> None:
+        """Refuses another pipeline's table (invariant 16); applies dead letters a crash left
+        pending after their sink commit; gives the ledger the commits it lacks and the outcomes of
+        plans that can no longer apply; says the commits offsetlake did not make since its own
+        last one (docs/design.md, "Foreign commits")."""
+        table = open_table(config.layout.sink)
+        refuse_foreign_sink(table, config.name)
+        dead_letters.apply_pending(config)
+        now = open_table(config.layout.sink)
+        ledger.reconcile(sink_commits(now, config.name), committed_end_lookup(now, config))
+        if now is not None:
+            ledger.compact_if_fragmented()
+        last_own = max((c.version for c in sink_commits(table, config.name)), default=-1)
+        foreign.report(table, config.name, since_version=last_own)
+
+    def open(self, plan: BatchPlan) -> BatchPlan:
+        """One snapshot of the table; the plan with each topic's current epoch from its history.
+
+        Read when the batch executes, not when it was planned: a plan recorded before an epoch
+        commit no longer applies anyway (the epoch commit moved its committed ends, or, for a
+        backfill, the range is no longer below them), and an epoch commit landing while the batch
+        runs makes its commit fail (it moves the same txns; a backfill checks, see
+        ``backfill.commit_replace``)."""
+        self._table = open_table(self.config.layout.sink)
+        self._commits = sink_commits(self._table, self.config.name)
+        if plan.kind == BatchKind.BACKFILL and self._table is None:
+            raise refused(self.config.name, f"the sink {self.config.sink_path} does not exist yet")
+        return replace(plan, topic_epochs=current_epochs(self._commits))
+
+    def commits(self) -> list[SinkCommit]:
+        assert self._commits is not None, "open the sink first"
+        return self._commits
+
+    def applies(self, plan: BatchPlan) -> bool:
+        return check_plan_applies(self._table, self.config, plan)
+
+    def reconcile(self) -> int:
+        self.reconcile_pipeline(self.config, self.ledger)
+        return 0
+
+    def writes_in_read(self, plan: BatchPlan) -> bool:
+        """An ingest or stream batch adds files: the read tasks may write them (the direct path)."""
+        return plan.kind != BatchKind.BACKFILL
+
+    def write(
+        self, plan: BatchPlan, processed: Any, spark: Any, started: float, before_commit: Callable[[], None], restore_deleted: bool
+    ) -> SinkCommit | None:
+        if plan.kind == BatchKind.BACKFILL:
+            version, entry = execute_backfill(self.config, plan, processed, spark, started, restore_deleted)
+            return SinkCommit(version, entry)
+        staged = self._stage(plan, processed, spark)
+        if staged is None:
+            return None
+        table, files, removed, merged, schema = staged
+        t = time.monotonic()
+        entry = for_plan(
+            plan,
+            processed.per_range,
+            started,
+            processed.validation,
+            staged=processed.dead_letter_files,
+            merge=merged,
+            data_path=str(processed.path.path),
+        )
+        before_commit()
+        version = commit_batch(table, self.config, plan, files, entry, schema, removed=removed)
+        processed.timings_ms["commit"] = log_step(
+            "commit",
+            plan,
+            t,
+            sink_version=version,
+            rows=files.rows,
+            removed_files=len(removed) if removed else None,
+            new_columns=",".join(schema.names[len(table_schema(table)) :]) if schema else None,
+        )
+        return SinkCommit(version, entry)
+
+    def advance(self, plan: BatchPlan, entry: LedgerEntry, before_commit: Callable[[], None]) -> int:
+        """The gap replaces the dead letters of the lost range with none: those offsets are
+        recorded as never ingested, and no later batch will read (and so replace) them again."""
+        table = open_table(self.config.layout.sink)
+        before_commit()
+        if table is None:  # nothing committed yet: a gap can only follow a committed end, so never here
+            raise OffsetlakeError(f"gap batch {plan.batch_id} has no sink to commit to", pipeline=self.config.name, batch_id=plan.batch_id)
+        return commit_batch(table, self.config, plan, WrittenFiles.none(), entry)
+
+    def after_commit(self, plan: BatchPlan, processed: Any) -> None:
+        """The batch's pending dead letters applied (invariant 8)."""
+        if plan.kind != BatchKind.GAP:
+            failpoints.failpoint("after_commit")
+        dead_letters.apply_pending(self.config)
+
+    # ---- staging by write mode ------------------------------------------------------------------
+    def _stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
+        """The batch's files staged for its commit, with the table snapshot to commit on, the files
+        it removes (a keyed merge), the merge's counts and the evolved schema; None if meanwhile
+        the sink already holds the plan (invariant 3)."""
+        config = self.config
+        rows_schema = processed.rows_schema
+        if config.sink.engine is not None:
+            return self._stage_engine(plan, processed, spark)
+        if config.sink.mode != "upsert":
+            files = stage_files(config, plan, processed, processed.rows, spark)
+            table = ensure_table(config, rows_schema)
+            if not check_plan_applies(table, config, plan):
+                return None
+            return table, files, [], None, evolved_schema(table, config, rows_schema, plan)
+        # the merge reads the table: the commit is made on that same snapshot (invariant 10)
+        table = ensure_table(config, rows_schema)
+        if not check_plan_applies(table, config, plan):
+            return None
+        schema = evolved_schema(table, config, rows_schema, plan)
+        merge = stage_merge(config, plan, processed, spark, table)
+        if schema is not None and merge.removed:
+            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
+            schema = None
+        return table, merge.files, merge.removed, merge.counts.as_dict(), schema
+
+    def _stage_engine(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
+        """A merge engine's batch staged (``offsetlake.engines``): the table is made from the
+        engine's row shape, which the batch's records give."""
+        config = self.config
+        table = open_table(config.layout.sink)
+        if table is not None and not check_plan_applies(table, config, plan):
+            return None
+        merge = stage_engine_merge(config, plan, processed, spark, table)
+        shape = merge.shape
+        if table is None:
+            table = ensure_table(config, shape)
+            if not check_plan_applies(table, config, plan):
+                return None
+        schema = evolved_schema(table, config, shape, plan)
+        if schema is not None and merge.removed:
+            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
+            schema = None
+        return table, merge.files, merge.removed, merge.counts.as_dict(), schema
