@@ -20,7 +20,7 @@ are decoded and transformed again on Spark, and the ones that do give rows are l
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from offsetlake import dead_letters, foreign
 from offsetlake.config import PipelineConfig
 from offsetlake.config.models import duration_seconds
+from offsetlake.config.sink_kinds import sink_kind
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.engine_replay import replay
 from offsetlake.engines import CONTRIBUTION, WINDOW_START, group_columns
@@ -179,9 +180,14 @@ def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
 def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
     """The independent check (``offsetlake audit``): reads the sink, its history, the dead letters
     and the ledger (and Kafka with ``against_kafka``) and reports every problem it finds; it
-    changes nothing. A Kafka sink is read back from its topics (``audit_kafka_sink``)."""
-    if config.sink.is_kafka:
-        return audit_kafka_sink(config)
+    changes nothing. Each kind of sink has its audit: a Delta table's (``audit_delta_sink``), a
+    Kafka topic read back from its topics (``audit_kafka_sink``)."""
+    return _AUDITS[sink_kind(config).name](config, against_kafka)
+
+
+def audit_delta_sink(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
+    """The audit of a Delta sink: its rows against its history, the dead letters and the ledger
+    (and against Kafka's records with ``against_kafka``)."""
     config.check_storage()
     report = AuditReport(config.name)
     sink = open_table(config.layout.sink)
@@ -950,13 +956,13 @@ def _group_offsets(table: pa.Table, more: list[str] | None = None) -> dict[tuple
     return out
 
 
-def audit_kafka_sink(config: PipelineConfig) -> AuditReport:
+def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> AuditReport:
     """A Kafka sink read back as its consumers read it (read_committed), against its commit log,
     its group's offsets and the ledger: the commit log's ranges follow each other from the start
     to the committed ends (nothing skipped or read twice); every visible record belongs to a
     committed batch (an aborted one shows nothing), each batch shows exactly the rows and dead
     letters its entry counts, and no source record is in two forward batches; the ledger holds
-    every commit."""
+    every commit. It always reads Kafka: ``against_kafka`` is the Delta audit's choice."""
     report = AuditReport(config.name, sink_topic=config.sink.topic)
     commits = kafka_sink_commits(config)
     keys = sorted(current_offsets(config))
@@ -1031,3 +1037,7 @@ def _commit_log_coverage(commits: list[SinkCommit]) -> list[str]:
                 what = "overlaps" if start < end else "leaves a hole after"
                 problems.append(f"{key[0]}[{key[1]}]: batch {then} starts at {start}, which {what} batch {first}'s end {end}")
     return problems
+
+
+# each kind of sink's audit (``offsetlake.config.sink_kinds``); a Kafka sink is always read back from Kafka
+_AUDITS: dict[str, Callable[[PipelineConfig, bool], AuditReport]] = {"delta": audit_delta_sink, "kafka": audit_kafka_sink}

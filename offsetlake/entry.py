@@ -30,17 +30,12 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from offsetlake import json_text
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import EntryFormatError
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RangeCounts, ReaderSchema, RecordTimeWindow
 
 MARKER = "offsetlake"  # userMetadata[MARKER] == 1: the commit is offsetlake's (every version keeps it)
 FORMAT_VERSION = 2  # what this code writes; it reads 1 and 2
 _COUNT_KEYS = ("records_read", "rows_written", "dead_letters")
-
-
-class EntryFormatError(OffsetlakeError):
-    """A commit's entry is offsetlake's but of a format this code cannot read (written by a newer
-    offsetlake, or damaged); nothing is inferred from it."""
 
 
 # ---- parts ------------------------------------------------------------------------------------

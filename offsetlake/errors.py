@@ -162,6 +162,15 @@ class SuiteError(ConfigError):
     """The expectation suite file cannot be turned into Great Expectations expectations."""
 
 
+class JarsMissingError(OffsetlakeError):
+    """A pinned jar set is not resolved (``make setup`` not run, or run before the lock changed)."""
+
+
+class EntryFormatError(OffsetlakeError):
+    """A commit's entry is offsetlake's but of a format this code cannot read (written by a newer
+    offsetlake, or damaged); nothing is inferred from it."""
+
+
 # ---- Kafka -----------------------------------------------------------------------------------
 class StorageError(OffsetlakeError):
     """The lake's object store cannot be used (unknown bucket, credentials refused, unreachable

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from offsetlake.errors import OffsetlakeError
+from offsetlake.errors import JarsMissingError, OffsetlakeError
 
 SETS = ("spark", "kafka")
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +36,6 @@ DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
-
-
-class JarsMissingError(OffsetlakeError):
-    """A pinned jar set is not resolved (``make setup`` not run, or run before the lock changed)."""
 
 
 @dataclass(frozen=True)

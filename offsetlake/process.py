@@ -164,8 +164,10 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
     known before reading: the decoded types come from the plan's reader schema (invariant 12), and
     the Spark steps' types from analysing them over an empty read (no job runs). What only
     decoding tells is decided per record, not per batch: a record the read tasks cannot decide
-    alone goes through the Spark steps on the direct path too (``offsetlake.direct``), so a batch
-    never falls back from one path to the other once chosen.
+    alone goes through the Spark steps on the direct path too (``offsetlake.direct``), so a direct
+    batch never falls back to the Spark path once chosen. The one move after the choice is the
+    jvm path's: a batch whose records the Kafka source cannot read as the read tasks do is read
+    again, whole, by the read tasks (``_read_and_decoded``), and its entry records ``spark``.
 
     Raises ConfigError (naming the pipeline, the batch and the reason) when the pipeline says
     ``data_path: direct`` and this batch needs Spark; the configuration refuses ``direct`` earlier
