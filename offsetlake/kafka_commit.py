@@ -93,6 +93,32 @@ class CommittedTransaction:
     also_offsets: list[int] = field(default_factory=list)
 
 
+@dataclass
+class _Deliveries:
+    """The delivery reports of one transaction: what failed, how many records each output
+    partition took, and where each ``also`` record landed (by its index)."""
+
+    failed: list[KafkaError] = field(default_factory=list)
+    per_partition: dict[int, int] = field(default_factory=dict)
+    also_offsets: dict[int, int] = field(default_factory=dict)
+
+    def record(self, err: KafkaError | None, message: Message) -> None:
+        partition = message.partition()
+        if err is not None:
+            self.failed.append(err)
+        elif partition is not None:
+            self.per_partition[partition] = self.per_partition.get(partition, 0) + 1
+
+    def also(self, index: int) -> Callable[[KafkaError | None, Message], None]:
+        def answer(err: KafkaError | None, message: Message) -> None:
+            if err is not None:
+                self.failed.append(err)
+            else:
+                self.also_offsets[index] = message.offset() or 0
+
+        return answer
+
+
 class TransactionalWriter:
     """The pipeline's transactional producer for one writer slot.
 
@@ -188,26 +214,9 @@ class TransactionalWriter:
         offsets) and the ``also`` records (topic, key, value: e.g. an outbox's progress) in one
         transaction. On any failure before the commit the transaction is aborted and nothing of it
         is visible; a fenced producer raises ``KafkaSinkFencedError`` and must not be used again."""
-        failed: list[KafkaError] = []
-        per_partition: dict[int, int] = {}
-        also_offsets: dict[int, int] = {}
-
-        def delivered(err: KafkaError | None, message: Message) -> None:
-            partition = message.partition()
-            if err is not None:
-                failed.append(err)
-            elif partition is not None:
-                per_partition[partition] = per_partition.get(partition, 0) + 1
-
-        def also_delivered(index: int) -> Callable[[KafkaError | None, Message], None]:
-            def answer(err: KafkaError | None, message: Message) -> None:
-                if err is not None:
-                    failed.append(err)
-                else:
-                    also_offsets[index] = message.offset() or 0
-
-            return answer
-
+        reports = _Deliveries()
+        failed, per_partition, also_offsets = reports.failed, reports.per_partition, reports.also_offsets
+        delivered, also_delivered = reports.record, reports.also
         count = 0
         if self._needs_restart:
             self._producer = self._started(CALL_TIMEOUT_S)
