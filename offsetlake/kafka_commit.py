@@ -240,12 +240,16 @@ class TransactionalWriter:
         except KafkaException as err:
             raise self._aborted(batch_id, err.args[0]) from None
         except Exception as err:
-            # fenced while flushing: the fatal error can come out of a delivery callback as a bare SystemError
+            # fenced while flushing: the fatal error can come out of a delivery callback as a bare
+            # SystemError, before the error callback has told it (seen under load); asked to abort,
+            # a fenced producer says so
             fatal = self._fatal_among(failed) or _kafka_error_in(err)
+            if fatal is None:
+                met = self._abort(batch_id)
+                fatal = self._fatal or (met if met is not None and (met.fatal() or met.code() in _FENCED) else None)
             log.warning("batch %s: %s while in its transaction (fatal: %s)", batch_id, type(err).__name__, fatal.str() if fatal else None)
             if fatal is not None:
                 raise self._aborted(batch_id, fatal) from None
-            self._abort(batch_id)
             raise
         failpoints.failpoint("after_kafka_commit")
         log.info("batch %s: %d records to %s committed with the source ends in %s", batch_id, count, out_topic, self.transactional_id)
@@ -284,12 +288,15 @@ class TransactionalWriter:
             batch_id=batch_id,
         )
 
-    def _abort(self, batch_id: str) -> None:
+    def _abort(self, batch_id: str) -> KafkaError | None:
+        """Abort the open transaction; returns the error the abort met (None: aborted)."""
         try:
             self._producer.abort_transaction(CALL_TIMEOUT_S)
         except KafkaException as err:  # fenced or fatal: the broker aborts it when the next producer starts
             self._needs_restart = True
             log.warning("batch %s: aborting the transaction of %s failed: %s", batch_id, self.transactional_id, err.args[0].str())
+            return err.args[0]
+        return None
 
 
 def _kafka_error_in(err: BaseException) -> KafkaError | None:
