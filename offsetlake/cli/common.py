@@ -1,0 +1,71 @@
+"""What every command shares: the pipeline and Spark options, logging, loading a pipeline, durations, tables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from offsetlake.config import PipelineConfig, resolve_pipeline
+
+
+def add_pipeline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pipeline", metavar="PIPELINE", help="pipeline name (pipelines/<name>.yaml) or a .yaml path")
+
+
+def add_spark_options(parser: argparse.ArgumentParser) -> None:
+    """Where a command's Spark work runs: its own session (--master) or a warm server's (--remote)."""
+    parser.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    parser.add_argument(
+        "--remote",
+        metavar="URL",
+        help="attach to this Spark Connect server instead of starting a JVM "
+        "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`",
+    )
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    for noisy in ("py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def load_config(args: argparse.Namespace, name: str) -> PipelineConfig:
+    if args.command in ("run", "stream", "backfill"):
+        from offsetlake.spark import check_reachable, remote_url
+
+        remote = remote_url(args.remote)
+        if remote:
+            check_reachable(remote)  # before anything is planned: a missing server is not a failed batch
+    # every command: the YAML, then what an orchestrator handed over in the environment (e.g. the
+    # <pipeline>_stream DAG's Kafka, storage and registry secrets) on top
+    return resolve_pipeline(name, args.pipelines_dir)
+
+
+def duration(text: str) -> float:
+    """Seconds from '5s', '500ms', '2m', '1h' or a plain number of seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    raw = text.strip().lower()
+    unit = next((u for u in ("ms", "s", "m", "h") if raw.endswith(u)), "")
+    try:
+        value = float(raw[: len(raw) - len(unit)]) * units.get(unit, 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration like 5s, 500ms, 2m or 1h") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be more than zero")
+    return value
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    if not rows:
+        print("(no rows)")
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
