@@ -90,6 +90,12 @@ class DeltaSinkWriter(SinkWriter):
     def applies(self, plan: BatchPlan) -> bool:
         return check_plan_applies(self._table, self.config, plan)
 
+    def winner(self, plan: BatchPlan) -> str:
+        """Read from the newest history: the batch that won may have committed after ``open``'s
+        snapshot (a plan found held on the snapshot read again right before the commit)."""
+        self._commits = sink_commits(open_table(self.config.layout.sink), self.config.name)
+        return super().winner(plan)
+
     def reconcile(self) -> int:
         self.reconcile_pipeline(self.config, self.ledger)
         return 0
