@@ -23,7 +23,7 @@ from offsetlake import foreign, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH, Selection
-from offsetlake.entry import LedgerEntry, for_plan
+from offsetlake.entry import LedgerEntry
 from offsetlake.errors import BackfillParamsError, CommitConflictError, ForeignCommitError, OffsetlakeError, StalePlanError
 from offsetlake.formats import CHANGE, resolve_reader_schema
 from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_sink, sink_commits
@@ -449,16 +449,7 @@ def _commit_merge(
 ) -> tuple[int, LedgerEntry]:
     """A keyed backfill's one commit: its staged merge with its ledger entry, no txns."""
     t = time.monotonic()
-    entry = for_plan(
-        plan,
-        processed.per_range,
-        started,
-        processed.validation,
-        message=f"{message}; rewrote {merge.counts.files_rewritten} files",
-        staged=processed.dead_letter_files,
-        data_path=str(processed.path.path),
-        merge=merge.counts.as_dict(),
-    )
+    entry = processed.entry(plan, started, message=f"{message}; rewrote {merge.counts.files_rewritten} files", merge=merge.counts.as_dict())
     version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
     processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
     return version, entry
@@ -491,15 +482,7 @@ def _replace_once(
             batch_id=plan.batch_id,
         )
     t = time.monotonic()
-    entry = for_plan(
-        plan,
-        processed.per_range,
-        started,
-        processed.validation,
-        message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files",
-        staged=processed.dead_letter_files,
-        data_path=str(processed.path.path),
-    )
+    entry = processed.entry(plan, started, message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files")
     # Commit on the newest snapshot if the files holding the range are still exactly the ones
     # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
     for quick in range(QUICK_COMMIT_ATTEMPTS):

@@ -22,7 +22,7 @@ import pyarrow as pa
 from offsetlake import dead_letters, failpoints, foreign
 from offsetlake.backfill import execute_backfill, refused
 from offsetlake.config import PipelineConfig
-from offsetlake.entry import LedgerEntry, for_plan
+from offsetlake.entry import LedgerEntry
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import SinkCommit, current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.log_lines import log_step
@@ -115,15 +115,7 @@ class DeltaSinkWriter(SinkWriter):
             return None
         table, files, removed, merged, schema = staged
         t = time.monotonic()
-        entry = for_plan(
-            plan,
-            processed.per_range,
-            started,
-            processed.validation,
-            staged=processed.dead_letter_files,
-            merge=merged,
-            data_path=str(processed.path.path),
-        )
+        entry = processed.entry(plan, started, merge=merged)
         before_commit()
         version = commit_batch(table, self.config, plan, files, entry, schema, removed=removed)
         processed.timings_ms["commit"] = log_step(

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
-from offsetlake.entry import LedgerEntry, for_plan
+from offsetlake.entry import LedgerEntry
 from offsetlake.errors import KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets, group_id
@@ -252,7 +252,7 @@ class KafkaSinkWriter(SinkWriter):
             if counts is not None:
                 counts["rows_written"] = counts.get("rows_written", 0) + 1
         dead = list(_dead_letter_records(self.config, processed, str(plan.kind)))
-        entry = for_plan(plan, per_range, started, processed.validation, staged=(), data_path=str(processed.path.path))
+        entry = processed.entry(plan, started, staged=())  # its dead letters go out in the transaction
         return self._commit(plan, entry, records, dead, before_commit, processed.timings_ms)
 
     def advance(self, plan: BatchPlan, entry: LedgerEntry, before_commit: Callable[[], None]) -> int:

@@ -29,7 +29,7 @@ from offsetlake import dead_letters, direct, engine_merge, engines, failpoints, 
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
-from offsetlake.entry import DeadLetterFile
+from offsetlake.entry import DeadLetterFile, LedgerEntry, for_plan
 from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.formats import reasons as dead_letter_reasons
@@ -95,6 +95,12 @@ class ProcessedBatch:
     cached: list[Any] = field(default_factory=list)  # persisted DataFrames; ``release`` when the batch is done
     validation: dict | None = None  # the Great Expectations summary, None without a suite
     dead_letter_files: tuple[DeadLetterFile, ...] = ()  # staged; the sink commit's entry lists them
+
+    def entry(self, plan: BatchPlan, started: float, **kind_fields: Any) -> LedgerEntry:
+        """The ledger entry of ``plan`` with this batch's counts, validation, data path and staged
+        dead letters (``kind_fields`` may say otherwise: a Kafka sink stages none it keeps)."""
+        fields = {"staged": self.dead_letter_files, "data_path": str(self.path.path), **kind_fields}
+        return for_plan(plan, self.per_range, started, self.validation, **fields)
 
     def release(self) -> None:
         for frame in self.cached:
