@@ -71,7 +71,7 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
         stored_files = [f for f in holding if not is_contribution_file(f)]
     stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
     states = new.select(*group, STATE)
-    refold = replaced is not None or (engine.sequential and stored is not None and engine.late(new, stored))
+    refold = replaced is not None or (stored is not None and engine.late(new, stored))
     if refold and contribution_files:  # every contribution left of the touched groups
         rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, []).where(~inside)
         states = states.unionByName(rest.join(keys, group, "left_semi").select(*group, STATE))
@@ -135,16 +135,11 @@ def _counts(
         F.sum((~a & b).cast("long")).alias("deleted"),
     ).first()
     assert found is not None
-    duplicates = 0
-    if engine.mode == "first_row":
-        first = folded.select(*group, F.col(STATE)["ok"].alias("_ok"))
-        won = first.join(new.select(*group, F.col(STATE)["ok"].alias("_ok")), [*group, "_ok"], "left_semi")
-        duplicates = new.count() - won.count()
     return MergeCounts(
         inserted=int(found["inserted"] or 0),
         updated=int(found["updated"] or 0),
         deleted=int(found["deleted"] or 0),
         files_rewritten=files,
         rows_rewritten=untouched.count() if untouched is not None else 0,
-        duplicates=duplicates,
+        duplicates=engine.duplicates(folded, new),
     )

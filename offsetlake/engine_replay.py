@@ -10,7 +10,7 @@ index): the table a sink must hold, keyed by its group (key, then window start a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -58,19 +58,18 @@ def replay(config: PipelineConfig, rows: Iterable[Mapping[str, Any]]) -> dict[tu
         windows: list[tuple] = list(windows_of(config, row)) or [()]
         for window in windows:
             groups.setdefault(key + window, []).append(row)
-    mode = config.sink.mode
+    replayed = _REPLAYS[str(config.sink.engine)]
     out: dict[tuple, dict[str, Any]] = {}
     for group, ordered in groups.items():
-        if mode == "aggregate":
-            out[group] = _aggregated(config, ordered)
-        elif mode == "first_row":
-            first = _first_of_last_episode(config, ordered)
-            out[group] = {c: v for c, v in first.items() if c not in _NOT_VALUES and c not in config.sink.key}
-        else:
-            kept = _partially_updated(config, ordered)
-            if kept is not None:
-                out[group] = kept
+        kept = replayed(config, ordered)
+        if kept is not None:  # a partial_update key whose newest record deletes it has no row
+            out[group] = kept
     return out
+
+
+def _first_row(config: PipelineConfig, ordered: list[Mapping[str, Any]]) -> dict[str, Any]:
+    first = _first_of_last_episode(config, ordered)
+    return {c: v for c, v in first.items() if c not in _NOT_VALUES and c not in config.sink.key}
 
 
 def _first_of_last_episode(config: PipelineConfig, ordered: list[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -132,3 +131,11 @@ def _partially_updated(config: PipelineConfig, ordered: list[Mapping[str, Any]])
             if value is not None or column not in row:
                 row[column] = value if value is not None else row.get(column)
     return row
+
+
+# each engine's replay of a group's records (in order): the row it keeps, None for none
+_REPLAYS: dict[str, Callable[[PipelineConfig, list[Mapping[str, Any]]], dict[str, Any] | None]] = {
+    "aggregate": _aggregated,
+    "first_row": _first_row,
+    "partial_update": _partially_updated,
+}

@@ -38,14 +38,14 @@ function is exact). **A rewind** restores the files, state included. The cost: o
 row per record, like an append sink of the keys and measures.
 
 **One fold is in order:** ``first_row`` with a horizon (``within``), whose episodes depend on
-the order (``Engine._episodes``); a batch with a record earlier than its group's stored state
+the order (``FirstRowEngine._episodes``); a batch with a record earlier than its group's stored state
 folds that group again from its contributions (``Engine.late``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
@@ -159,25 +159,28 @@ def _struct(**fields: Column) -> Column:
 @dataclass(frozen=True)
 class Engine:
     """One engine's three parts, as Spark columns: a row's own state, the fold of states, and the
-    output columns of a folded state."""
+    output columns of a folded state. One subclass per engine (``ENGINES``) says what is its own:
+    the state of a record, how states fold, and the outputs of a state."""
 
     config: PipelineConfig
-
-    @property
-    def mode(self) -> str:
-        return str(self.config.sink.engine)
+    mode: ClassVar[str]
 
     @property
     def sequential(self) -> bool:
-        """Whether the state is a fold in order rather than an associative one: ``first_row``
-        with a horizon, whose episodes each start at the first record past the last one's."""
-        return self.mode == "first_row" and self.config.sink.within is not None
+        """Whether the state is a fold in order rather than an associative one (``first_row``
+        with a horizon, whose episodes each start at the first record past the last one's)."""
+        return False
 
     def value_columns(self, rows: DataFrame) -> list[str]:
         """first_row, partial_update: the record's columns a row keeps (not the key, coordinates
         or the change kind)."""
         skip = {*self.config.sink.key, *COORDINATES, ROW_INDEX, CHANGE, HIDDEN, STATE}
         return [c for c in rows.columns if c not in skip]
+
+    def late(self, new: DataFrame, stored: DataFrame) -> bool:
+        """Whether the groups the batch touches must be folded again from all their contributions
+        rather than from their stored states (never, for an associative fold)."""
+        return False
 
     # ---- a record's own state --------------------------------------------------------------
     def contributions(self, rows: DataFrame) -> DataFrame:
@@ -205,22 +208,60 @@ class Engine:
         return framed.select(*first, *[c for c in framed.columns if c not in first and c != STATE], STATE)
 
     def _own_state(self, rows: DataFrame, ok: Column) -> Column:
+        raise NotImplementedError
+
+    # ---- the fold ------------------------------------------------------------------------------
+    def folded(self, states: DataFrame) -> DataFrame:
+        """``states`` (group columns + ``STATE``) folded per group: one state per key (and window)."""
+        from pyspark.sql import functions as F
+
+        s = F.col(STATE)
+        fields: dict[str, Column] = {RECORDS: F.sum(s[RECORDS]), **self._fold_fields(states, s)}
+        group = [F.col(f"`{c}`") for c in group_columns(self.config)]
+        return states.groupBy(*group).agg(_struct(**fields).alias(STATE))
+
+    def _fold_fields(self, states: DataFrame, s: Column) -> dict[str, Column]:
+        """The aggregate of each field of the state but the count of records."""
+        raise NotImplementedError
+
+    # ---- the outputs of a state --------------------------------------------------------------
+    def with_outputs(self, frame: DataFrame) -> DataFrame:
+        """``frame`` (group columns, ``STATE``, ...) with the output columns of its state."""
+        from pyspark.sql import functions as F
+
+        for name, column in self._outputs(frame, F.col(STATE)).items():
+            frame = frame.withColumn(name, column)
+        return frame
+
+    def _outputs(self, frame: DataFrame, s: Column) -> dict[str, Column]:
+        raise NotImplementedError
+
+    def visible_rows(self, folded: DataFrame) -> DataFrame:
+        """Folded states as visible rows: outputs, no coordinates, ``HIDDEN`` null (``deleted``
+        for a partial_update key whose newest record deletes it)."""
+        return self.with_outputs(folded).withColumn(HIDDEN, self._hidden())
+
+    def _hidden(self) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.lit(None).cast("string")
+
+    def duplicates(self, folded: DataFrame, new: DataFrame) -> int:
+        """The batch's records that changed no row because an earlier one of their group stays
+        (``first_row``'s duplicates; none for the other engines)."""
+        return 0
+
+
+class AggregateEngine(Engine):
+    """``aggregate``: per group, each measure folded over the group's records."""
+
+    mode = "aggregate"
+
+    def _own_state(self, rows: DataFrame, ok: Column) -> Column:
         from pyspark.sql import functions as F
 
         one = F.lit(1).cast("long")
-        if self.mode == "aggregate":
-            return _struct(**{RECORDS: one}, **{m.name: self._measure_own(m, rows, ok) for m in self.config.sink.aggregates()})
-        values = self.value_columns(rows)
-        row = F.struct(*[F.col(f"`{c}`") for c in values])
-        if self.mode == "first_row":
-            if not self.sequential:
-                return _struct(**{RECORDS: one}, ok=ok, row=row)
-            at = F.unix_micros(F.col(f"`{self.config.sink.within_on or TIMESTAMP}`").cast("timestamp"))
-            at = F.coalesce(at, F.lit(NO_TIME))  # a record without a time is in its key's first episode
-            return _struct(**{RECORDS: one}, ok=ok, row=row, start=at, last=_struct(at=at, ok=ok))
-        delete = F.col(CHANGE) == DELETE if CHANGE in rows.columns else F.lit(False)
-        fields = {c: _picked(F.when(F.col(f"`{c}`").isNotNull() & ~delete, ok), F.col(f"`{c}`")) for c in values}
-        return _struct(**{RECORDS: one, SEEN: F.when(~delete, ok), DELETED_AT: F.when(delete, ok)}, **fields)
+        return _struct(**{RECORDS: one}, **{m.name: self._measure_own(m, rows, ok) for m in self.config.sink.aggregates()})
 
     @staticmethod
     def _measure_own(m: Measure, rows: DataFrame, ok: Column) -> Column:
@@ -242,28 +283,57 @@ class Engine:
             return _picked(F.when(value.isNotNull(), ok), value)
         return _picked(ok, value)  # first, last
 
-    # ---- the fold ------------------------------------------------------------------------------
-    def folded(self, states: DataFrame) -> DataFrame:
-        """``states`` (group columns + ``STATE``) folded per group: one state per key (and window)."""
+    def _fold_fields(self, states: DataFrame, s: Column) -> dict[str, Column]:
+        return {m.name: self._measure_fold(m, s[m.name]) for m in self.config.sink.aggregates()}
+
+    @staticmethod
+    def _measure_fold(m: Measure, state: Column) -> Column:
         from pyspark.sql import functions as F
 
-        if self.sequential:
-            return self._episodes(states)
-        s = F.col(STATE)
-        fields: dict[str, Column] = {RECORDS: F.sum(s[RECORDS])}
-        if self.mode == "aggregate":
-            for m in self.config.sink.aggregates():
-                fields[m.name] = self._measure_fold(m, s[m.name])
-        elif self.mode == "first_row":
-            fields["ok"] = F.min(s["ok"])
-            fields["row"] = F.min_by(s["row"], s["ok"])
-        else:
-            fields[SEEN] = F.max(s[SEEN])
-            fields[DELETED_AT] = F.max(s[DELETED_AT])
-            for name in _field_names(states, STATE, skip=(RECORDS, SEEN, DELETED_AT)):
-                fields[name] = _picked(F.max(s[name]["ok"]), F.max_by(s[name]["v"], s[name]["ok"]))
-        group = [F.col(f"`{c}`") for c in group_columns(self.config)]
-        return states.groupBy(*group).agg(_struct(**fields).alias(STATE))
+        if m.function in ("sum", "count"):
+            return F.sum(state)
+        if m.function == "min":
+            return F.min(state)
+        if m.function == "max":
+            return F.max(state)
+        if m.function == "first":
+            return _picked(F.min(state["ok"]), F.min_by(state["v"], state["ok"]))
+        return _picked(F.max(state["ok"]), F.max_by(state["v"], state["ok"]))  # last, last_non_null
+
+    def _outputs(self, frame: DataFrame, s: Column) -> dict[str, Column]:
+        return {
+            m.name: (s[m.name]["v"] if m.function in ("first", "last", "last_non_null") else s[m.name])
+            for m in self.config.sink.aggregates()
+        }
+
+
+class FirstRowEngine(Engine):
+    """``first_row``: per key, its first record (with ``within``: of its last episode)."""
+
+    mode = "first_row"
+
+    @property
+    def sequential(self) -> bool:
+        return self.config.sink.within is not None
+
+    def _own_state(self, rows: DataFrame, ok: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        one = F.lit(1).cast("long")
+        row = F.struct(*[F.col(f"`{c}`") for c in self.value_columns(rows)])
+        if not self.sequential:
+            return _struct(**{RECORDS: one}, ok=ok, row=row)
+        at = F.unix_micros(F.col(f"`{self.config.sink.within_on or TIMESTAMP}`").cast("timestamp"))
+        at = F.coalesce(at, F.lit(NO_TIME))  # a record without a time is in its key's first episode
+        return _struct(**{RECORDS: one}, ok=ok, row=row, start=at, last=_struct(at=at, ok=ok))
+
+    def folded(self, states: DataFrame) -> DataFrame:
+        return self._episodes(states) if self.sequential else super().folded(states)
+
+    def _fold_fields(self, states: DataFrame, s: Column) -> dict[str, Column]:
+        from pyspark.sql import functions as F
+
+        return {"ok": F.min(s["ok"]), "row": F.min_by(s["row"], s["ok"])}
 
     def _episodes(self, states: DataFrame) -> DataFrame:
         """``first_row`` with a horizon: each group's states in order (by ``last``: the time the
@@ -293,6 +363,8 @@ class Engine:
     def late(self, new: DataFrame, stored: DataFrame) -> bool:
         """Whether a record of the batch comes before what the stored state of its group has
         folded already (then that group's episodes are folded again from all its contributions)."""
+        if not self.sequential:
+            return False
         from pyspark.sql import functions as F
 
         group = group_columns(self.config)
@@ -300,52 +372,54 @@ class Engine:
         held = stored.select(*group, F.col(STATE)["last"].alias("_held"))
         return bool(first.join(held, group).where(F.col("_first") <= F.col("_held")).limit(1).count())
 
-    @staticmethod
-    def _measure_fold(m: Measure, state: Column) -> Column:
+    def _outputs(self, frame: DataFrame, s: Column) -> dict[str, Column]:
+        return {name: s["row"][name] for name in _field_names(frame, STATE, "row")}
+
+    def duplicates(self, folded: DataFrame, new: DataFrame) -> int:
         from pyspark.sql import functions as F
 
-        if m.function in ("sum", "count"):
-            return F.sum(state)
-        if m.function == "min":
-            return F.min(state)
-        if m.function == "max":
-            return F.max(state)
-        if m.function == "first":
-            return _picked(F.min(state["ok"]), F.min_by(state["v"], state["ok"]))
-        return _picked(F.max(state["ok"]), F.max_by(state["v"], state["ok"]))  # last, last_non_null
+        group = group_columns(self.config)
+        first = folded.select(*group, F.col(STATE)["ok"].alias("_ok"))
+        won = first.join(new.select(*group, F.col(STATE)["ok"].alias("_ok")), [*group, "_ok"], "left_semi")
+        return new.count() - won.count()
 
-    # ---- the outputs of a state --------------------------------------------------------------
-    def with_outputs(self, frame: DataFrame) -> DataFrame:
-        """``frame`` (group columns, ``STATE``, ...) with the output columns of its state."""
+
+class PartialUpdateEngine(Engine):
+    """``partial_update``: per key, each column's newest non-null value; a newest delete hides it."""
+
+    mode = "partial_update"
+
+    def _own_state(self, rows: DataFrame, ok: Column) -> Column:
+        from pyspark.sql import functions as F
+
+        one = F.lit(1).cast("long")
+        delete = F.col(CHANGE) == DELETE if CHANGE in rows.columns else F.lit(False)
+        fields = {c: _picked(F.when(F.col(f"`{c}`").isNotNull() & ~delete, ok), F.col(f"`{c}`")) for c in self.value_columns(rows)}
+        return _struct(**{RECORDS: one, SEEN: F.when(~delete, ok), DELETED_AT: F.when(delete, ok)}, **fields)
+
+    def _fold_fields(self, states: DataFrame, s: Column) -> dict[str, Column]:
+        from pyspark.sql import functions as F
+
+        fields = {SEEN: F.max(s[SEEN]), DELETED_AT: F.max(s[DELETED_AT])}
+        for name in _field_names(states, STATE, skip=(RECORDS, SEEN, DELETED_AT)):
+            fields[name] = _picked(F.max(s[name]["ok"]), F.max_by(s[name]["v"], s[name]["ok"]))
+        return fields
+
+    def _outputs(self, frame: DataFrame, s: Column) -> dict[str, Column]:
+        from pyspark.sql import functions as F
+
+        names = _field_names(frame, STATE, skip=(RECORDS, SEEN, DELETED_AT))
+        return {name: F.when(s[DELETED_AT].isNull() | (s[name]["ok"] > s[DELETED_AT]), s[name]["v"]) for name in names}
+
+    def _hidden(self) -> Column:
         from pyspark.sql import functions as F
 
         s = F.col(STATE)
-        if self.mode == "aggregate":
-            outputs = {
-                m.name: (s[m.name]["v"] if m.function in ("first", "last", "last_non_null") else s[m.name])
-                for m in self.config.sink.aggregates()
-            }
-        elif self.mode == "first_row":
-            outputs = {name: s["row"][name] for name in _field_names(frame, STATE, "row")}
-        else:
-            names = _field_names(frame, STATE, skip=(RECORDS, SEEN, DELETED_AT))
-            outputs = {name: F.when(s[DELETED_AT].isNull() | (s[name]["ok"] > s[DELETED_AT]), s[name]["v"]) for name in names}
-        for name, column in outputs.items():
-            frame = frame.withColumn(name, column)
-        return frame
+        gone = s[SEEN].isNull() | (s[DELETED_AT].isNotNull() & (s[DELETED_AT] > s[SEEN]))
+        return F.when(gone, F.lit(DELETED))
 
-    def visible_rows(self, folded: DataFrame) -> DataFrame:
-        """Folded states as visible rows: outputs, no coordinates, ``HIDDEN`` null (``deleted``
-        for a partial_update key whose newest record deletes it)."""
-        from pyspark.sql import functions as F
 
-        rows = self.with_outputs(folded)
-        hidden = F.lit(None).cast("string")
-        if self.mode == "partial_update":
-            s = F.col(STATE)
-            gone = s[SEEN].isNull() | (s[DELETED_AT].isNotNull() & (s[DELETED_AT] > s[SEEN]))
-            hidden = F.when(gone, F.lit(DELETED))
-        return rows.withColumn(HIDDEN, hidden)
+ENGINES: dict[str, type[Engine]] = {e.mode: e for e in (AggregateEngine, FirstRowEngine, PartialUpdateEngine)}
 
 
 def _field_names(frame: DataFrame, column: str, inner: str | None = None, skip: tuple[str, ...] = ()) -> list[str]:
@@ -366,7 +440,7 @@ def engine_for(config: PipelineConfig) -> Engine:
         from offsetlake.errors import ConfigError
 
         raise ConfigError(f"sink.mode {config.sink.mode} has no merge engine", pipeline=config.name, field="sink.mode")
-    return Engine(config)
+    return ENGINES[config.sink.engine](config)
 
 
 def arrow_schema_of(frame: DataFrame) -> pa.Schema:
