@@ -15,36 +15,27 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.dataset as pads
 from deltalake import DeltaTable
 
-from offsetlake import foreign, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
-from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.entry import LedgerEntry
-from offsetlake.errors import BackfillParamsError, CommitConflictError, ForeignCommitError, OffsetlakeError, StalePlanError
-from offsetlake.formats import CHANGE, resolve_reader_schema
-from offsetlake.history import current_epochs, foreign_commits, refuse_foreign_sink, sink_commits
+from offsetlake.errors import BackfillParamsError, CommitConflictError, StalePlanError
+from offsetlake.formats import resolve_reader_schema
+from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch, StagedMerge, later_records, stage_engine_merge, stage_files, stage_merge
+from offsetlake.process import ProcessedBatch
 from offsetlake.sink import (
     CommitActions,
     WrittenFiles,
-    add_columns_first,
     commit_once,
-    committed_end,
-    evolved_schema,
-    live_files,
-    open_table,
     remove_actions,
     sink_columns,
 )
 from offsetlake.sinks.choice import open_sink
-from offsetlake.spark import dataframe_from_arrow
+from offsetlake.write_modes import BackfillStaging, write_mode
 
 
 def refused(pipeline: str, text: str, **where: Any) -> BackfillParamsError:
@@ -255,89 +246,6 @@ def plan_interval_backfill(
     return _backfill_plan(config, run, ranges, window, sink.table)
 
 
-def touched_files(table: DeltaTable, selected: Selection) -> list[dict[str, Any]]:
-    """Live files whose statistics say they may hold selected rows (those may hold rows to replace)."""
-    return [f for f in live_files(table) if selected.file_may_hold(f)]
-
-
-def kept_rows(table: DeltaTable, files: list[dict[str, Any]], selected: Selection) -> pa.Table:
-    """Rows of ``files`` that are not selected (with partition columns), to be rewritten.
-
-    Raises OffsetlakeError if a file is missing from the table's dataset: rewriting without its
-    kept rows would lose them.
-    """
-    dataset = table.to_pyarrow_dataset()
-    wanted = {storage.file_path_from_log(f["path"]) for f in files}  # fragments carry real paths
-    fragments = [f for f in dataset.get_fragments() if f.path in wanted]
-    if len(fragments) != len(wanted):
-        found = {f.path for f in fragments}
-        raise OffsetlakeError(
-            f"backfill: data files {sorted(wanted - found)[:5]} of the sink are not in its dataset; nothing was committed"
-        )
-    subset = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    outside = selected.outside()
-    return subset.to_table(filter=outside) if outside is not None else subset.to_table()
-
-
-def _keeping_foreign_deletes(
-    config: PipelineConfig, table: DeltaTable, plan: BatchPlan, processed: ProcessedBatch, selected: Selection, spark: Any
-) -> Any:
-    """``processed.rows`` without the rows that commits offsetlake did not make deleted and that
-    are still absent (``foreign.still_deleted``): a user's GDPR delete stays deleted through a
-    backfill of its range. Their ranges' ``rows_written`` count only what is written."""
-    rows = processed.rows
-    if rows is None or not foreign_commits(table, config.name):
-        return rows
-    where = selected.arrow()
-    names = table.schema().to_arrow().names
-    present = table.to_pyarrow_dataset().to_table(filter=where, columns=[c for c in foreign.IDENTITY_COLUMNS if c in names])
-    epochs = {t: plan.topic_epochs.get(t, 0) for t in {r.topic for r in plan.ranges}}
-    try:
-        deleted = foreign.still_deleted(table, config.name, foreign.identities(present))
-    except ForeignCommitError as err:
-        raise ForeignCommitError(
-            f"backfill {plan.batch_id}: {err.text}, so which of its rows to keep deleted cannot be told; nothing was "
-            "committed. To recompute the range as Kafka has it (rows that commit deleted come back), backfill with "
-            "--restore-deleted",
-            pipeline=config.name,
-            batch_id=plan.batch_id,
-        ) from None
-    gone = [
-        i
-        for i in deleted
-        if epochs.get(i[0]) == i[4] and any(r.topic == i[0] and r.partition == i[1] and r.start <= i[2] < r.end for r in plan.ranges)
-    ]
-    if not gone:
-        return rows
-    from pyspark.sql import functions as F
-
-    schema = f"`{TOPIC}` string, `{PARTITION}` int, `{OFFSET}` long, _identity_row int, _identity_epoch int"
-    deleted = spark.createDataFrame(gone, schema)
-    keyed = rows.withColumn("_identity_row", F.coalesce(F.col(ROW_INDEX), F.lit(-1)) if ROW_INDEX in rows.columns else F.lit(-1))
-    keyed = keyed.withColumn("_identity_epoch", F.coalesce(F.col(TOPIC_EPOCH), F.lit(0)) if TOPIC_EPOCH in rows.columns else F.lit(0))
-    on = [TOPIC, PARTITION, OFFSET, "_identity_row", "_identity_epoch"]
-    dropped = {
-        (r[TOPIC], r[PARTITION]): r["count"] for r in keyed.join(deleted, on, "left_semi").groupBy(TOPIC, PARTITION).count().collect()
-    }
-    for (topic, partition), n in dropped.items():
-        processed.per_range[(topic, partition)]["rows_written"] = processed.per_range[(topic, partition)]["rows_written"] - n
-    log_step("keep_foreign_deletes", plan, time.monotonic(), rows_kept_deleted=sum(dropped.values()))
-    return keyed.join(deleted, on, "left_anti").drop("_identity_row", "_identity_epoch")
-
-
-def _add_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> DeltaTable:
-    """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
-    commit first (``sink.add_columns_first``); a column whose type changed is refused
-    (SchemaChangeError) before anything is written."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    written = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
-    if config.sink.mode == "upsert":  # the merge writes hidden state rows too
-        written = keyed.with_hidden_column(written)
-    schema = evolved_schema(table, config, written, plan)
-    return table if schema is None else add_columns_first(table, config, schema, plan)
-
-
 def commit_replace(
     table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: LedgerEntry
 ) -> int:
@@ -391,19 +299,12 @@ def execute_backfill(
     or ingest do not conflict. Raises CommitConflictError when every attempt lost; running the
     same backfill again is always safe because it replaces, never appends.
     """
-    later = None
-    if config.sink.mode == "upsert":  # a record a later one of its key replaced is never restored
-        table = open_table(config.layout.sink)
-        ends = {(r.topic, r.partition): committed_end(table, config, r.topic, r.partition) for r in plan.ranges}
-        later = later_records(config, plan, spark, ends)
+    mode = write_mode(config)
+    prepared = mode.prepare_backfill(plan, spark)
     attempt = 1
     while True:
         try:
-            if config.sink.engine is not None:
-                return _engine_merge_once(config, plan, processed, spark, started)
-            if config.sink.mode == "upsert":
-                return _merge_once(config, plan, processed, spark, started, later)
-            return _replace_once(config, plan, processed, spark, started, restore_deleted)
+            return _commit_staged(config, plan, processed, started, mode.stage_backfill(plan, processed, spark, prepared, restore_deleted))
         except CommitConflictError as err:
             if attempt == COMMIT_ATTEMPTS:
                 raise
@@ -411,94 +312,21 @@ def execute_backfill(
             attempt += 1
 
 
-def _merge_once(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float, later: Any
+def _commit_staged(
+    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, started: float, staged: BackfillStaging
 ) -> tuple[int, LedgerEntry]:
-    """One attempt of a keyed backfill: merge its records (those no later record of their key
-    replaced) into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a
-    row is replaced only by a record at least as new as its own), in one commit without txns.
-    Raises CommitConflictError if another writer committed meanwhile."""
-    table = _add_new_columns(config, storage.table(config.layout.sink), processed.rows, plan)
-    merge = stage_merge(config, plan, processed, spark, table, later)
-    c = merge.counts
-    said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted, {c.older} older than the rows kept"
-    return _commit_merge(config, plan, processed, started, table, merge, f"merged records of {plan.describe()}: {said}")
-
-
-def _engine_merge_once(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float
-) -> tuple[int, LedgerEntry]:
-    """One attempt of a merge engine's backfill (``offsetlake.engines``): the contributions of the
-    records it reprocesses replaced by theirs, every group either touched folded again from its
-    contributions, in one commit without txns. Raises CommitConflictError if another writer
-    committed meanwhile."""
-    table = storage.table(config.layout.sink)
-    merge = stage_engine_merge(config, plan, processed, spark, table, Selection.of(plan))
-    schema = evolved_schema(table, config, merge.shape, plan)
-    if schema is not None:
-        table = add_columns_first(table, config, schema, plan)
-    c = merge.counts
-    said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted"
-    return _commit_merge(
-        config, plan, processed, started, table, merge, f"merged records of {plan.describe()} into the {config.sink.mode} state: {said}"
-    )
-
-
-def _commit_merge(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, started: float, table: DeltaTable, merge: StagedMerge, message: str
-) -> tuple[int, LedgerEntry]:
-    """A keyed backfill's one commit: its staged merge with its ledger entry, no txns."""
+    """A backfill's one commit: its staged replacement with its ledger entry, no txns; on the
+    newest snapshot where the mode says that is still right (``BackfillStaging.rebase``), retried
+    there ``QUICK_COMMIT_ATTEMPTS`` times, else on the snapshot it staged from."""
     t = time.monotonic()
-    entry = processed.entry(plan, started, message=f"{message}; rewrote {merge.counts.files_rewritten} files", merge=merge.counts.as_dict())
-    version = commit_replace(table, config, plan, merge.files, merge.removed, entry)
-    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(merge.removed))
-    return version, entry
-
-
-def _replace_once(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: Any, started: float, restore_deleted: bool = False
-) -> tuple[int, LedgerEntry]:
-    """One attempt: find the files holding the range now, rewrite them without it plus the new
-    rows, commit the replacement. Raises CommitConflictError if another writer got there first."""
-    table = storage.table(config.layout.sink)
-    selected = Selection.of(plan)
-    removed = touched_files(table, selected)
-    rows = processed.rows if restore_deleted else _keeping_foreign_deletes(config, table, plan, processed, selected, spark)
-    kept_count = 0
-    if removed:
-        kept = kept_rows(table, removed, selected)
-        kept_count = kept.num_rows
-        if kept_count:
-            # the reprocessed rows may lack columns the kept ones have, or add some: both read null
-            rows = rows.unionByName(dataframe_from_arrow(spark, kept), allowMissingColumns=True)
-    table = _add_new_columns(config, table, rows, plan)
-    files = stage_files(config, plan, processed, rows, spark)
-    rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
-    if rewritten != kept_count:
-        raise OffsetlakeError(
-            f"backfill {plan.batch_id} of {plan.describe()} would rewrite {rewritten} rows "
-            f"outside its ranges instead of the {kept_count} kept from {len(removed)} replaced files; nothing was committed",
-            pipeline=config.name,
-            batch_id=plan.batch_id,
-        )
-    t = time.monotonic()
-    entry = processed.entry(plan, started, message=f"replaced rows of {plan.describe()}; rewrote {len(removed)} files")
-    # Commit on the newest snapshot if the files holding the range are still exactly the ones
-    # rewritten: appends (a running stream or ingest) land meanwhile and change nothing here.
-    for quick in range(QUICK_COMMIT_ATTEMPTS):
-        latest = storage.table(config.layout.sink)
-        if {f["path"] for f in touched_files(latest, selected)} != {f["path"] for f in removed}:
-            raise CommitConflictError(
-                f"backfill {plan.batch_id} of {plan.describe()} conflicted with another writer: "
-                f"the files holding the range changed while it wrote (a compaction, rewind or another backfill)",
-                pipeline=config.name,
-                batch_id=plan.batch_id,
-            )
+    entry = processed.entry(plan, started, message=staged.message, **({"merge": staged.merge} if staged.merge is not None else {}))
+    for quick in range(QUICK_COMMIT_ATTEMPTS if staged.rebase is not None else 1):
+        table = staged.rebase() if staged.rebase is not None else staged.table
         try:
-            version = commit_replace(latest, config, plan, files, removed, entry)
+            version = commit_replace(table, config, plan, staged.files, staged.removed, entry)
             break
         except CommitConflictError:
-            if quick == QUICK_COMMIT_ATTEMPTS - 1:
+            if staged.rebase is None or quick == QUICK_COMMIT_ATTEMPTS - 1:
                 raise
-    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(removed))
+    processed.timings_ms["commit"] = log_step("commit", plan, t, sink_version=version, removed_files=len(staged.removed))
     return version, entry

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from offsetlake import dead_letters, failpoints, foreign
 from offsetlake.backfill import execute_backfill, refused
 from offsetlake.config import PipelineConfig
@@ -27,24 +25,13 @@ from offsetlake.errors import OffsetlakeError
 from offsetlake.history import SinkCommit, current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan
-from offsetlake.process import ProcessedBatch, stage_engine_merge, stage_files, stage_merge
-from offsetlake.sink import (
-    WrittenFiles,
-    add_columns_first,
-    check_plan_applies,
-    commit_batch,
-    committed_end_lookup,
-    ensure_table,
-    evolved_schema,
-    table_schema,
-)
+from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end_lookup, table_schema
 from offsetlake.sinks.writing import Projection, SinkWriter
 from offsetlake.storage import open_table
+from offsetlake.write_modes import write_mode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-
-Staged = tuple["DeltaTable", WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None]
 
 
 class DeltaSinkWriter(SinkWriter):
@@ -110,7 +97,7 @@ class DeltaSinkWriter(SinkWriter):
         if plan.kind == BatchKind.BACKFILL:
             version, entry = execute_backfill(self.config, plan, processed, spark, started, restore_deleted)
             return SinkCommit(version, entry)
-        staged = self._stage(plan, processed, spark)
+        staged = write_mode(self.config).stage(plan, processed, spark)
         if staged is None:
             return None
         table, files, removed, merged, schema = staged
@@ -143,48 +130,3 @@ class DeltaSinkWriter(SinkWriter):
         if plan.kind != BatchKind.GAP:
             failpoints.failpoint("after_commit")
         dead_letters.apply_pending(self.config)
-
-    # ---- staging by write mode ------------------------------------------------------------------
-    def _stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
-        """The batch's files staged for its commit, with the table snapshot to commit on, the files
-        it removes (a keyed merge), the merge's counts and the evolved schema; None if meanwhile
-        the sink already holds the plan (invariant 3)."""
-        config = self.config
-        rows_schema = processed.rows_schema
-        if config.sink.engine is not None:
-            return self._stage_engine(plan, processed, spark)
-        if config.sink.mode != "upsert":
-            files = stage_files(config, plan, processed, processed.rows, spark)
-            table = ensure_table(config, rows_schema)
-            if not check_plan_applies(table, config, plan):
-                return None
-            return table, files, [], None, evolved_schema(table, config, rows_schema, plan)
-        # the merge reads the table: the commit is made on that same snapshot (invariant 10)
-        table = ensure_table(config, rows_schema)
-        if not check_plan_applies(table, config, plan):
-            return None
-        schema = evolved_schema(table, config, rows_schema, plan)
-        merge = stage_merge(config, plan, processed, spark, table)
-        if schema is not None and merge.removed:
-            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-            schema = None
-        return table, merge.files, merge.removed, merge.counts.as_dict(), schema
-
-    def _stage_engine(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
-        """A merge engine's batch staged (``offsetlake.engines``): the table is made from the
-        engine's row shape, which the batch's records give."""
-        config = self.config
-        table = open_table(config.layout.sink)
-        if table is not None and not check_plan_applies(table, config, plan):
-            return None
-        merge = stage_engine_merge(config, plan, processed, spark, table)
-        shape = merge.shape
-        if table is None:
-            table = ensure_table(config, shape)
-            if not check_plan_applies(table, config, plan):
-                return None
-        schema = evolved_schema(table, config, shape, plan)
-        if schema is not None and merge.removed:
-            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-            schema = None
-        return table, merge.files, merge.removed, merge.counts.as_dict(), schema

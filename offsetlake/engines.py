@@ -246,6 +246,10 @@ class Engine:
 
         return F.lit(None).cast("string")
 
+    def checked_outputs(self) -> list[str] | None:
+        """The output columns the audit compares with the replay (None: every column it gives)."""
+        return None
+
     def duplicates(self, folded: DataFrame, new: DataFrame) -> int:
         """The batch's records that changed no row because an earlier one of their group stays
         (``first_row``'s duplicates; none for the other engines)."""
@@ -285,6 +289,9 @@ class AggregateEngine(Engine):
 
     def _fold_fields(self, states: DataFrame, s: Column) -> dict[str, Column]:
         return {m.name: self._measure_fold(m, s[m.name]) for m in self.config.sink.aggregates()}
+
+    def checked_outputs(self) -> list[str] | None:
+        return [m.name for m in self.config.sink.aggregates()]
 
     @staticmethod
     def _measure_fold(m: Measure, state: Column) -> Column:

@@ -28,6 +28,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.log_lines import log_line
 from offsetlake.sink import KEEP_HISTORY, open_table
+from offsetlake.write_modes import write_mode
 
 log = logging.getLogger("offsetlake.maintenance")
 
@@ -85,19 +86,9 @@ def _maintain_table(
     if label == "sink" and table.metadata().configuration.get("delta.enableExpiredLogCleanup") != "false":
         table.alter.set_table_properties(KEEP_HISTORY, raise_if_not_exists=False)
     try:
-        if label == "sink" and config.sink.engine is not None:
-            # delta-rs's compaction would put contribution rows and visible rows in one file, and
-            # a merge tells them apart by file (``offsetlake.engines``): its merges rewrite the
-            # visible files; its contribution files are left as the batches wrote them
-            report.skipped = f"mode {config.sink.mode}: its merges keep its files; compaction would mix state and rows"
-            metrics = {"numFilesRemoved": 0, "numFilesAdded": 0}
-        elif label == "sink" and config.sink.mode == "upsert":
-            # a keyed sink's merges prune files by their key ranges: compaction sorts by the key
-            # (z-order over one column is a sort), so files keep narrow, disjoint ranges; it keeps
-            # every row as it is, hidden state rows too: a delete marker is what keeps a deleted
-            # key from coming back (``offsetlake.keyed``), and nothing bounds when a record of
-            # its key may still arrive from another partition, so no marker is ever dropped
-            metrics = table.optimize.z_order(config.sink.key)
+        if label == "sink":  # the mode says what compaction may do to its files (``WriteMode.compact``)
+            compaction = write_mode(config).compact(table, mine)
+            metrics, report.skipped = compaction.metrics, compaction.skipped
         else:
             metrics = table.optimize.compact(partition_filters=mine)
         report.compacted_from, report.compacted_into = metrics["numFilesRemoved"], metrics["numFilesAdded"]

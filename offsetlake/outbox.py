@@ -68,6 +68,7 @@ from offsetlake.kafka_commit import (
 from offsetlake.plan import BatchKind
 from offsetlake.sink import table_id
 from offsetlake.sink_values import encode_json
+from offsetlake.write_modes import write_mode
 
 log = logging.getLogger("offsetlake.outbox")
 
@@ -106,7 +107,7 @@ def progress_key(config: PipelineConfig, topic: str) -> bytes:
 def publish(config: PipelineConfig, to_topic: str, key_columns: Sequence[str] = (), max_batches: int | None = None) -> list[Published]:
     """Publish every sink version after the outbox's progress that changed rows to ``to_topic``
     (at most ``max_batches`` of them), one transaction each; returns what was published, in order."""
-    refuse_unpublishable(config)
+    write_mode(config).refuse_publish()
     client = config.kafka_client_config()
     ensure_topics(client, config.name, [to_topic], {PROGRESS_TOPIC: {"cleanup.policy": "compact"}})
     table = storage.open_table(config.layout.sink)
@@ -131,16 +132,6 @@ def publish(config: PipelineConfig, to_topic: str, key_columns: Sequence[str] = 
         for change in pending[:max_batches]:
             published.append(_publish_change(config, writer, to_topic, change, commits, identity, key_columns))
         return published
-
-
-def refuse_unpublishable(config: PipelineConfig) -> None:
-    if config.sink.mode != "append":
-        raise ConfigError(
-            f"publish takes an append sink; this one is sink.mode {config.sink.mode}, whose deletes and merged rows leave "
-            "no row per source record to publish",
-            pipeline=config.name,
-            field="sink.mode",
-        )
 
 
 Change = SinkCommit | ForeignCommit

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, engine_merge, engines, failpoints, keyed, staging, storage
+from offsetlake import dead_letters, direct, engines, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
@@ -155,8 +155,6 @@ def process_ranges(
     processed.rows = with_topic_epochs(rows, plan.topic_epochs)
     if processed.rows_schema is None:
         processed.rows_schema = _arrow_schema(processed.rows.drop(CHANGE))
-        if config.sink.mode == "upsert":  # the merge writes hidden state rows (``keyed.HIDDEN``)
-            processed.rows_schema = keyed.with_hidden_column(processed.rows_schema)
     return processed
 
 
@@ -661,117 +659,3 @@ def stage_files(
     processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
     failpoints.failpoint("after_files_written")
     return files
-
-
-@dataclass
-class StagedMerge:
-    """A keyed batch's merge, staged: the files it wrote, the live files they replace (read from
-    ``table``, the snapshot the commit must be made on) and what it did to the keys."""
-
-    files: WrittenFiles
-    removed: list[dict]
-    counts: keyed.MergeCounts
-    shape: Any = None  # a merge engine's row schema (pyarrow), which makes its table
-
-
-def stage_merge(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession, table: Any, later: DataFrame | None = None
-) -> StagedMerge:
-    """An upsert batch (``offsetlake.keyed``): the last record per key and topic-partition (minus
-    those a ``later`` record of their key replaced, for a backfill), the live files of ``table``
-    that may hold those keys, and new files holding those files' rows with the batch applied,
-    sorted by key. Raises BackfillParamsError when a backfill would have to bring a key back to a
-    record before its range (``keyed.refuse_lost_state``)."""
-    t = time.monotonic()
-    key = config.sink.key
-    states = keyed.last_per_partition(processed.rows, key)
-    if later is not None:
-        states = keyed.mark_later_records(states, later, key)
-    states = states.persist()
-    processed.cached.append(states)
-    keys = states.select(*[f"`{c}`" for c in key]).distinct().toArrow()
-    removed = keyed.files_holding(table, keys, config) if table is not None else []
-    merged = keyed.merged_rows(spark, config, table, states, removed, Selection.of(plan))
-    processed.cached.extend(merged.cached)
-    if merged.lost_state:  # only a backfill reprocesses records whose state rows are stored
-        from offsetlake.kafka import current_offsets
-
-        keyed.refuse_lost_state(config, plan, merged.lost_state, current_offsets(config))
-    from pyspark.sql import functions as F
-
-    ordered = merged.rows.repartitionByRange(
-        keyed.file_count(merged.rows_written, config), *[F.col(f"`{c}`") for c in [*config.sink.partition_by, *key]]
-    )
-    processed.timings_ms["merge"] = log_step(
-        "merge",
-        plan,
-        t,
-        keys=keys.num_rows,
-        files_read=len(removed),
-        **{k: v for k, v in merged.counts.as_dict().items() if k != "files_rewritten"},
-    )
-    files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
-    return StagedMerge(files, removed, merged.counts)
-
-
-def stage_engine_merge(
-    config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession, table: Any, replaced: Selection | None = None
-) -> StagedMerge:
-    """A merge engine's batch (``offsetlake.engines``): the visible rows of the files holding its
-    keys, folded with its records' contributions, rewritten sorted by (window, key); its
-    contributions in files of their own. ``replaced``: the records a backfill reprocesses."""
-    from pyspark.sql import functions as F
-
-    t = time.monotonic()
-    merge = engine_merge.merged(spark, config, table, processed.rows, replaced)
-    processed.cached.extend(merge.cached)
-    group = engines.group_columns(config)
-    window_first = [*group[len(config.sink.key) :], *config.sink.key]
-    ordered = merge.visible.repartitionByRange(keyed.file_count(merge.visible_rows, config), *[F.col(f"`{c}`") for c in window_first])
-    processed.timings_ms["merge"] = log_step(
-        "merge", plan, t, engine=config.sink.mode, files_read=len(merge.removed), **merge.counts.as_dict()
-    )
-    files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(window_first), beside=merge.contributions)
-    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible))
-
-
-def later_records(
-    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, ends: dict[tuple[str, int], int | None]
-) -> DataFrame | None:
-    """For a keyed backfill: the key columns and coordinates of the records after the plan's up
-    to the committed ``ends`` (from each range's end; from its start for a backfill by time, whose
-    window leaves later records inside the range), read and decoded as the batch's are. A
-    candidate whose key has one of these at a higher offset of its partition is not applied
-    (``keyed.mark_later_records``). None when there is nothing after."""
-    from pyspark.sql import functions as F
-
-    from offsetlake.coordinates import OFFSET
-    from offsetlake.plan import OffsetRange
-    from offsetlake.reader import read_ranges
-
-    ranges = []
-    for r in plan.ranges:
-        end = ends.get((r.topic, r.partition)) or 0
-        start = r.start if plan.window is not None else r.end
-        if end > start:
-            ranges.append(OffsetRange(r.topic, r.partition, start, end))
-    if not ranges:
-        return None
-    t = time.monotonic()
-    decoder = decoder_for(config, plan.reader_schema)
-    raw = read_ranges(
-        spark,
-        ranges,
-        config.kafka_client_config(),
-        config.name,
-        config.read_timeout_seconds,
-        decoder,
-        max_record_bytes=config.max_record_bytes,
-    )
-    decoded = decoder.decode_in_spark(raw).withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
-    if config.sink.delete_on_tombstone:
-        decoded = keyed.mark_tombstones(decoded)
-    rows = apply_transform(good_rows(decoded, decoder), config)
-    later = rows.select(*[F.col(f"`{c}`") for c in config.sink.key], TOPIC, PARTITION, OFFSET)
-    log_step("later_records", plan, t, ranges=";".join(str(r) for r in ranges))
-    return later

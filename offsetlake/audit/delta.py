@@ -17,11 +17,11 @@ from offsetlake.engines import WINDOW_START
 from offsetlake.errors import ForeignCommitError
 from offsetlake.history import SinkCommit, epoch_at, epoch_starts, refuse_foreign_sink, rewound_batches, sink_commits
 from offsetlake.kafka import current_offsets
-from offsetlake.keyed import HIDDEN, current_rows
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchStatus
 from offsetlake.sink import committed_end, open_table
 from offsetlake.topic_epochs import check_pipeline_identity
+from offsetlake.write_modes import Replay, write_mode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -42,20 +42,16 @@ def audit_delta_sink(config: PipelineConfig, against_kafka: bool = False) -> Aud
     rows = _sink_keys(config)
     dead = _with_epochs(dead_letters.coordinates_applied(config, [*_COORDS, "batch_id"]), starts, commits)
     report.rows, report.dead_letters = rows.num_rows, dead.num_rows
-    if config.sink.mode == "upsert" and sink is not None:
-        report.hidden_rows = rows.num_rows - current_rows(sink, [TOPIC]).num_rows
-        report.rows -= report.hidden_rows
-    if config.sink.engine is not None and sink is not None:  # rows counts the contributions
-        report.rows = current_rows(sink, [HIDDEN]).num_rows
-        report.hidden_rows = sink.to_pyarrow_dataset().count_rows() - report.rows
-        report.hidden_kind = f"the {config.sink.mode} state: a contribution per record and window"
+    mode = write_mode(config)
+    if sink is not None:
+        report.rows, report.hidden_rows, report.hidden_kind = mode.counted(sink, rows.num_rows)
     records = _check_once(config, rows, dead, report)
     rewound = rewound_batches(commits)
     ranges = _committed_ranges(commits, rewound, starts, report)
     _check_inside_ranges(records, dead, ranges.covered, report)
     _check_txn_versions(config, sink, commits, starts, set(ranges.by_tp), report)
     outside = _foreign_commits(config, sink, rows, report)
-    if config.sink.mode == "append":
+    if mode.row_per_record:
         _check_counts_match_entries(commits, rewound, starts, rows, dead, report, outside)
     if against_kafka:
         _check_kafka(config, sink, starts, records, dead, ranges, report, outside)
@@ -111,7 +107,7 @@ def _check_once(config: PipelineConfig, rows: pa.Table, dead: pa.Table, report: 
             )
         if dupes.num_rows > _SHOW:
             report.problems.append(f"... {dupes.num_rows - _SHOW} more duplicated coordinates in {label}")
-    if config.sink.mode == "upsert":
+    if write_mode(config).replay is Replay.NEWEST_PER_KEY:
         _check_keys_once(config, report)
     records = rows.select(_KEY).group_by(_KEY).aggregate([])
     both = records.join(dead.select(_KEY).cast(records.schema), _KEY, join_type="inner")
@@ -227,7 +223,8 @@ def _check_kafka(
     check_pipeline_identity(config, sink, current_offsets(config))
     current = ranges.current(ranges.covered, starts)
     earlier = sum(e - s for (t, _, epoch), spans in ranges.covered.items() if epoch < len(starts.get(t, [])) for s, e in spans)
-    if config.sink.mode == "upsert":
+    replay = write_mode(config).replay
+    if replay is Replay.NEWEST_PER_KEY:
         _check_keyed_against_kafka(config, report, current, earlier, starts)
     else:
         _check_against_kafka(
@@ -239,7 +236,7 @@ def _check_kafka(
             ranges.current(ranges.gaps, starts),
             {(t, p): {o for o, _ in deleted} for (t, p, epoch), deleted in outside.removed.items() if epoch == len(starts.get(t, []))},
         )
-        if config.sink.engine is not None:
+        if replay is Replay.FOLD:
             _check_engine_against_kafka(config, report, current, starts)
     report.against_kafka = {**(report.against_kafka or {}), "earlier_epochs": earlier}
 

@@ -12,7 +12,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.config.models import duration_seconds
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.engine_replay import replay
-from offsetlake.engines import group_columns
+from offsetlake.engines import engine_for, group_columns
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
 from offsetlake.sink import open_table, sink_columns, table_schema
@@ -108,12 +108,12 @@ def _check_engine_against_kafka(
         return
     sink = open_table(config.layout.sink)
     current = {t: len(v) for t, v in starts.items()}
-    rows = [r for r in _decoded_rows(config, sink, chunks, current) if _engine_takes(config, r)] if chunks else []
+    rows = [r for r in _decoded_rows(config, sink, chunks, current, numbered=True) if _engine_takes(config, r)] if chunks else []
     expected = replay(config, rows)
     group = group_columns(config)
     actual = {tuple(r[c] for c in group): r for r in current_rows(sink).to_pylist()} if sink is not None else {}
     found["groups"] = len(expected)
-    outputs = [m.name for m in config.sink.aggregates()] if config.sink.mode == "aggregate" else None
+    outputs = engine_for(config).checked_outputs()
     wrong = []
     for key in sorted(set(expected) | set(actual), key=repr):
         want, got = expected.get(key), actual.get(key)
@@ -196,7 +196,7 @@ def _replayed(
 
 
 def _decoded_rows(
-    config: PipelineConfig, sink: DeltaTable | None, chunks: list[tuple[str, int, list]], current: dict[str, int]
+    config: PipelineConfig, sink: DeltaTable | None, chunks: list[tuple[str, int, list]], current: dict[str, int], numbered: bool = False
 ) -> list[dict]:
     """The rows of the records read back, decoded and transformed as the pipeline does (a delete
     with ``CHANGE``), each with its topic's current epoch."""
@@ -214,7 +214,7 @@ def _decoded_rows(
     if config.sink.deletes:
         decoded = mark_tombstones(decoded)
     rows = apply_transform(good_rows(decoded, decoder), config)
-    if config.transform and config.sink.engine is not None:
+    if config.transform and numbered:  # a merge engine's contributions are per row of a record
         rows = number_rows_per_record(rows)
     return [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
 

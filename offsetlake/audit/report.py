@@ -15,6 +15,7 @@ from offsetlake.engines import CONTRIBUTION, WINDOW_START
 from offsetlake.history import epoch_at
 from offsetlake.keyed import HIDDEN
 from offsetlake.sink import open_table, table_schema
+from offsetlake.write_modes import Replay, write_mode
 
 if TYPE_CHECKING:
     pass
@@ -115,7 +116,7 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
         )
     names = table_schema(table).names
     extra = [c for c in (ROW_INDEX, TOPIC_EPOCH) if c in names]
-    engine = config.sink.engine is not None and HIDDEN in names
+    engine = write_mode(config).replay is Replay.FOLD and HIDDEN in names
     if engine:  # an engine sink's records are its contribution rows (one per window)
         extra += [c for c in (WINDOW_START,) if c in names]
     only = pc.field(HIDDEN) == CONTRIBUTION if engine else None

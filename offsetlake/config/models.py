@@ -472,9 +472,15 @@ class SinkSettings(_Strict):
         return self.mode if self.mode in ENGINE_MODES else None
 
     @property
+    def removes_keys(self) -> bool:
+        """Whether a delete removes its key's row (upsert and partial_update): a Debezium delete
+        keyed by the record key needs no ``before``."""
+        return self.mode in ("upsert", "partial_update")
+
+    @property
     def deletes(self) -> bool:
         """Whether a tombstone deletes its key's row (upsert and partial_update)."""
-        return self.mode in ("upsert", "partial_update") and self.delete_on_tombstone
+        return self.removes_keys and self.delete_on_tombstone
 
 
 class OutboxSettings(_Strict):

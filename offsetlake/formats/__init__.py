@@ -91,7 +91,7 @@ def value_decoder_for(config: PipelineConfig, reader_schema: ReaderSchema) -> De
     where = config.source_file or f"pipeline {config.name}"
 
     def needs_before(row_fields: list[str]) -> bool:  # a delete keyed by the record key needs no before
-        return config.sink.mode not in ("upsert", "partial_update") or any(column in row_fields for column in config.sink.key)
+        return not config.sink.removes_keys or any(column in row_fields for column in config.sink.key)
 
     fmt = format_named(config.format.type)
     if config.format.envelope != "debezium":

@@ -1,0 +1,144 @@
+"""What a write mode is: how a batch's rows become rows of a Delta sink table (docs/design.md,
+"The write-mode seam"). ``runs`` (through the Delta sink's writer), ``backfill``, ``maintenance``,
+the outbox and the audit ask the pipeline's mode (``offsetlake.write_modes.write_mode``); none of
+them branches on ``sink.mode``.
+
+A mode stages; it never commits. The batch's one commit (``sink.commit_batch``, a backfill's
+``backfill.commit_replace``) stays with its caller, so the ordering rules of a commit (invariant
+3's "applies?", a backfill's epoch check, no retries on a replace) are kept in one place for
+every mode.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+
+from offsetlake import keyed
+from offsetlake.config import PipelineConfig
+from offsetlake.errors import ConfigError
+from offsetlake.formats import CHANGE
+from offsetlake.plan import BatchPlan
+from offsetlake.process import ProcessedBatch
+from offsetlake.sink import WrittenFiles, add_columns_first, evolved_schema
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+# an ingest batch staged: the snapshot to commit on, its files, the live files they replace (a
+# merge), the merge's counts, and the schema the commit evolves the table to (None: unchanged)
+Staged = tuple["DeltaTable", WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None]
+
+
+@dataclass(frozen=True)
+class BackfillStaging:
+    """A backfill's replacement, staged: the files it adds and the live files it removes, what its
+    entry says, and the snapshot its one commit is made on (``snapshot``)."""
+
+    table: DeltaTable
+    files: WrittenFiles
+    removed: list[dict]
+    message: str
+    merge: dict[str, int] | None = None
+    # the newest snapshot if committing on it is still right (an append sink: the files holding
+    # the range are still the ones rewritten; raises CommitConflictError if not); None: only
+    # ``table`` itself, the snapshot a merge read
+    rebase: Callable[[], DeltaTable] | None = None
+
+
+@dataclass
+class StagedMerge:
+    """A keyed batch's merge, staged: the files it wrote, the live files they replace (read from
+    ``table``, the snapshot the commit must be made on) and what it did to the keys."""
+
+    files: WrittenFiles
+    removed: list[dict]
+    counts: keyed.MergeCounts
+    shape: Any = None  # a merge engine's row schema (pyarrow), which makes its table
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What maintenance's compaction of the sink did (delta-rs's metrics), or why it was skipped."""
+
+    metrics: dict[str, Any]
+    skipped: str | None = None
+
+
+class Replay(StrEnum):
+    """What the audit replays from Kafka's records to check the sink (``audit --against-kafka``)."""
+
+    RECORDS = "records"  # a row per record (row index), as the batch wrote it
+    NEWEST_PER_KEY = "newest per key"  # one row per key, its newest record's (``offsetlake.keyed``)
+    FOLD = "fold"  # a contribution row per record and window, and the engine's fold per group
+
+
+class WriteMode(ABC):
+    """One write mode of a Delta sink (``sink.mode``): how it stages a batch and a backfill, what
+    maintenance may do to its files, what the outbox can publish and what the audit counts."""
+
+    # the table keeps rows no reader should see (``keyed.HIDDEN``: delete markers, state rows)
+    hidden_rows: ClassVar[bool] = False
+    # each sink row is one source record's (row): counts per range match the entries, and the
+    # outbox can publish a row per record
+    row_per_record: ClassVar[bool] = False
+    replay: ClassVar[Replay]
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return self.config.sink.mode
+
+    @abstractmethod
+    def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
+        """An ingest or stream batch's files staged for its commit (module docstring); None when
+        the sink already holds the plan meanwhile (invariant 3)."""
+
+    def prepare_backfill(self, plan: BatchPlan, spark: Any) -> Any:
+        """What every attempt of a backfill needs and no retry changes (read once)."""
+        return None
+
+    @abstractmethod
+    def stage_backfill(
+        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
+    ) -> BackfillStaging:
+        """One attempt of a backfill: the rows of ``plan``'s ranges replaced by ``processed``."""
+
+    @abstractmethod
+    def compact(self, table: DeltaTable, partitions: list | None) -> Compaction:
+        """Maintenance's compaction of the sink table (``partitions``: the pipeline's own)."""
+
+    def refuse_publish(self) -> None:
+        """ConfigError unless the outbox can publish this sink's changes (a row per record)."""
+        if not self.row_per_record:
+            raise ConfigError(
+                f"publish takes an append sink; this one is sink.mode {self.name}, whose deletes and merged rows leave "
+                "no row per source record to publish",
+                pipeline=self.config.name,
+                field="sink.mode",
+            )
+
+    def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:
+        """The audit's count of ``rows`` (every row of ``sink``): (rows a reader sees, hidden
+        rows, what the hidden rows are)."""
+        return rows, 0, ""
+
+
+def with_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan, hidden: bool) -> DeltaTable:
+    """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
+    commit first (``sink.add_columns_first``); a column whose type changed is refused
+    (SchemaChangeError) before anything is written. ``hidden``: the mode writes hidden rows too."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    written = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
+    if hidden:
+        written = keyed.with_hidden_column(written)
+    schema = evolved_schema(table, config, written, plan)
+    return table if schema is None else add_columns_first(table, config, schema, plan)
