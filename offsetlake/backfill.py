@@ -26,14 +26,9 @@ from offsetlake.history import current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.kafka import check_log_start, current_offsets, offsets_for_time
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RecordTimeWindow, RunContext, new_batch_id
-from offsetlake.process import ProcessedBatch
-from offsetlake.sink import (
-    CommitActions,
-    WrittenFiles,
-    commit_once,
-    remove_actions,
-    sink_columns,
-)
+from offsetlake.processed import ProcessedBatch
+from offsetlake.schema_evolution import sink_columns
+from offsetlake.sink import CommitActions, WrittenFiles, commit_once, remove_actions
 from offsetlake.sinks.choice import open_sink
 from offsetlake.write_modes import BackfillStaging, write_mode
 

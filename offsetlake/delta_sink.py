@@ -25,7 +25,8 @@ from offsetlake.errors import OffsetlakeError
 from offsetlake.history import SinkCommit, current_epochs, refuse_foreign_sink, sink_commits
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan
-from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end_lookup, table_schema
+from offsetlake.schema_evolution import table_schema
+from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end_lookup
 from offsetlake.sinks.writing import Projection, SinkWriter
 from offsetlake.storage import open_table
 from offsetlake.write_modes import write_mode

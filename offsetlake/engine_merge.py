@@ -18,7 +18,8 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.engines import HIDDEN, STATE, WINDOW_START, Engine, arrow_schema_of, engine_for, group_columns, is_contribution_file
 from offsetlake.keyed import MergeCounts
-from offsetlake.sink import live_files, schema_diff, table_schema
+from offsetlake.schema_evolution import schema_diff, table_schema
+from offsetlake.sink import live_files
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

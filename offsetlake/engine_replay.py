@@ -78,7 +78,7 @@ def _first_of_last_episode(config: PipelineConfig, ordered: list[Mapping[str, An
     at least ``within`` after its episode's first starts the next episode."""
     if config.sink.within is None:
         return ordered[0]
-    from offsetlake.config.models import duration_seconds
+    from offsetlake.config.sink_settings import duration_seconds
 
     horizon = timedelta(seconds=duration_seconds(config.sink.within))
     on = config.sink.within_on or TIMESTAMP

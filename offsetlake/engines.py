@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from offsetlake.config import PipelineConfig
-from offsetlake.config.models import Measure
+from offsetlake.config.sink_settings import Measure
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.formats import CHANGE, DELETE, reasons
 from offsetlake.keyed import DELETED, HIDDEN
@@ -96,7 +96,7 @@ def row_problem(config: PipelineConfig) -> Column | None:
     on = F.col(f"`{window.on}`")
     problem = F.when(on.isNull(), F.lit(reasons.window_time_null(window.on)))
     if config.sink.allowed_lateness is not None:
-        from offsetlake.config.models import duration_seconds
+        from offsetlake.config.sink_settings import duration_seconds
 
         limit = duration_seconds(config.sink.allowed_lateness)
         late_by = F.unix_micros(F.col(TIMESTAMP)) - F.unix_micros(on.cast("timestamp"))
@@ -350,7 +350,7 @@ class FirstRowEngine(Engine):
         stored one (its episode so far), when every record of the batch comes after it."""
         from pyspark.sql import functions as F
 
-        from offsetlake.config.models import duration_seconds
+        from offsetlake.config.sink_settings import duration_seconds
 
         horizon = F.lit(duration_seconds(str(self.config.sink.within)) * 1_000_000)
         group = [F.col(f"`{c}`") for c in group_columns(self.config)]

@@ -66,7 +66,8 @@ from offsetlake.errors import BackfillParamsError, ConfigError
 from offsetlake.file_stats import may_hold_any, values_of
 from offsetlake.formats import CHANGE, DELETE, REASON, TOMBSTONE, reasons
 from offsetlake.plan import BatchPlan, PartitionOffsets
-from offsetlake.sink import live_files, schema_diff, table_schema
+from offsetlake.schema_evolution import schema_diff, table_schema
+from offsetlake.sink import live_files
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -16,7 +16,8 @@ from offsetlake.formats import resolve_reader_schema
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import check_log_start, current_offsets, topic_ids
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import sink_columns, table_id
+from offsetlake.schema_evolution import sink_columns
+from offsetlake.sink import table_id
 from offsetlake.sinks.choice import open_sink
 from offsetlake.topic_epochs import check_topic_identity
 

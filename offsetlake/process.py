@@ -21,92 +21,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, engines, failpoints, keyed, staging, storage
+from offsetlake import dead_letters, direct, engines, failpoints, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
-from offsetlake.coordinates import PARTITION, TOPIC, Selection, with_topic_epochs
-from offsetlake.entry import DeadLetterFile, LedgerEntry, for_plan
+from offsetlake.coordinates import PARTITION, TOPIC, with_topic_epochs
 from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE, DELETE, REASON, UPSERT, Decoder, dead_letter_rows, decoder_for, good_rows
 from offsetlake.formats import reasons as dead_letter_reasons
 from offsetlake.log_lines import log_step
-from offsetlake.plan import BatchPlan, RangeCounts
-from offsetlake.sink import StagedFile, WrittenFiles, add_actions_for, staging_dir
+from offsetlake.plan import BatchPlan
+from offsetlake.processed import DataPath, PathChoice, ProcessedBatch, WrittenInRead
+from offsetlake.sink import staging_dir
 from offsetlake.spark import add_python_file
 from offsetlake.transform import apply_transform, number_rows_per_record
 from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-
-
-class DataPath(StrEnum):
-    """How a batch's records become its staged files (the pipeline's ``data_path`` picks among
-    them, or ``auto``); the value is what the log and the ledger entry say."""
-
-    SPARK = "spark"  # the read tasks hand every record to Spark, which writes the rows
-    DIRECT = "direct"  # the read tasks write the rows of the records they decide (``offsetlake.direct``)
-    JVM = "jvm"  # Spark's Kafka source reads and Spark decodes: no record crosses Python (``offsetlake.kafka_source``)
-
-
-@dataclass(frozen=True)
-class PathChoice:
-    """The data path a batch takes and why, decided before anything is read."""
-
-    path: DataPath
-    reason: str
-    rows_schema: Any = None  # the direct path: pyarrow schema of the rows the read tasks write
-
-
-@dataclass
-class WrittenInRead:
-    """The files a batch's read tasks wrote (the direct path; none on the Spark path): its rows'
-    files in the staging ``folder``, and the files of the records they left to the Spark steps,
-    removed once those are decided (a crash leaves them, uncommitted and inert, for vacuum)."""
-
-    folder: str | None = None
-    files: list[StagedFile] = field(default_factory=list)
-    undecided: list[str] = field(default_factory=list)  # paths under ``table_root``
-    table_root: storage.Location | None = None
-
-    def remove_undecided(self) -> None:
-        if self.undecided and self.table_root is not None:
-            direct.remove_undecided(self.table_root, self.undecided)
-        self.undecided = []
-
-
-@dataclass
-class ProcessedBatch:
-    """A batch after read -> decode -> transform -> validate -> dead letters: ``stage_files``
-    writes ``rows`` next to the files the read tasks already wrote."""
-
-    path: PathChoice
-    per_range: dict[tuple[str, int], RangeCounts]
-    timings_ms: dict[str, int] = field(default_factory=dict)
-    # pyspark DataFrame of the sink rows Spark writes: every row on the Spark path, the rows of the
-    # records the read tasks left undecided on the direct path; None when there are none
-    rows: Any = None
-    rows_schema: Any = None  # pyarrow schema of the batch's sink rows, whoever writes them
-    written: WrittenInRead = field(default_factory=WrittenInRead)
-    cached: list[Any] = field(default_factory=list)  # persisted DataFrames; ``release`` when the batch is done
-    validation: dict | None = None  # the Great Expectations summary, None without a suite
-    dead_letter_files: tuple[DeadLetterFile, ...] = ()  # staged; the sink commit's entry lists them
-
-    def entry(self, plan: BatchPlan, started: float, **kind_fields: Any) -> LedgerEntry:
-        """The ledger entry of ``plan`` with this batch's counts, validation, data path and staged
-        dead letters (``kind_fields`` may say otherwise: a Kafka sink stages none it keeps)."""
-        fields = {"staged": self.dead_letter_files, "data_path": str(self.path.path), **kind_fields}
-        return for_plan(plan, self.per_range, started, self.validation, **fields)
-
-    def release(self) -> None:
-        for frame in self.cached:
-            frame.unpersist()
-        self.cached.clear()
-        self.written.remove_undecided()
 
 
 def process_ranges(
@@ -619,43 +553,3 @@ def _validate(
         report=validation.summary["report"],
     )
     return rows, quarantined
-
-
-def stage_files(
-    config: PipelineConfig,
-    plan: BatchPlan,
-    processed: ProcessedBatch,
-    rows: DataFrame | None,
-    spark: SparkSession,
-    sort_by: tuple[str, ...] = (),
-    beside: DataFrame | None = None,
-) -> WrittenFiles:
-    """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
-    (``offsetlake.staging``: inert until a commit names them, on a local folder or object
-    storage alike); counts the rows written per range of the plan. When the read tasks wrote
-    files (``processed.written``, the direct path), ``rows`` are those of the records they left
-    to Spark (None: none), written next to theirs. ``beside``: more rows written to files of
-    their own (a merge engine's contribution rows, never in a file with visible rows)."""
-    t = time.monotonic()
-    written = processed.written
-    folder = written.folder or staging_dir(config, plan.batch_id)
-    staged = list(written.files)
-    if rows is not None:
-        staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
-    if beside is not None:
-        staged += staging.write_rows(beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan))
-    written.remove_undecided()
-    files = add_actions_for(config.layout.sink, staged)
-    for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
-        counts["rows_written"] = 0
-        counts.pop("empty_as_null", None)
-    for staged_file in staged:
-        for key, count in staged_file.counts.items():
-            if key in processed.per_range:
-                processed.per_range[key]["rows_written"] += count
-                if staged_file.empty_as_null:  # a file of "" partition values: every row of it is one
-                    counts = processed.per_range[key]
-                    counts["empty_as_null"] = counts.get("empty_as_null", 0) + count
-    processed.timings_ms["write"] = log_step("write", plan, t, files=len(files.actions), rows=files.rows)
-    failpoints.failpoint("after_files_written")
-    return files

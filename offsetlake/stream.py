@@ -4,7 +4,7 @@ Each turn is a batch of kind ``stream`` that flows through the same plan → rea
 validate → commit → record as a scheduled run, driven by the same loop (``runs.BatchLoop``) under
 the stream's policy, so every invariant holds unchanged: the plan is in the ledger before it
 reads, its offsets advance only in its one sink commit, a commit lost to another writer re-plans
-(without a cap: see ``runs.LoopPolicy``). A turn that finds nothing new plans from Kafka and
+(without a cap: see ``loop_policy.LoopPolicy``). A turn that finds nothing new plans from Kafka and
 Delta metadata only and runs no Spark job. The stream holds the pipeline's lease (``offsetlake.lease``) so
 scheduled ingest runs skip while it lives.
 
@@ -42,8 +42,9 @@ from offsetlake.kafka import commit_group_offsets
 from offsetlake.lease import DEFAULT_TTL_SECONDS, StreamLease, default_owner
 from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line
+from offsetlake.loop_policy import Backoff, CaughtUp, LoopPolicy, OffsetLimit
 from offsetlake.plan import BatchKind, BatchPlan, BatchResult, BatchStatus, RunContext
-from offsetlake.runs import Backoff, BatchLoop, CaughtUp, LoopPolicy, OffsetLimit, reconcile
+from offsetlake.runs import BatchLoop, reconcile
 from offsetlake.spark import cancel_tagged, keep_alive, tag_jobs, untag_jobs
 from offsetlake.validation import load_suite
 
@@ -51,7 +52,7 @@ log = logging.getLogger("offsetlake.stream")
 
 
 # An outage (``errors.is_transient``: the broker, a slow read, the registry) is waited out
-# (``runs.Backoff``): the batch is recorded failed, the stream sleeps 1, 2, 4 … 30 s and plans
+# (``loop_policy.Backoff``): the batch is recorded failed, the stream sleeps 1, 2, 4 … 30 s and plans
 # again from the committed ends. Any other error stops the stream.
 MAX_TRANSIENT_RETRIES = 8
 

@@ -53,7 +53,8 @@ from offsetlake.history import (
 from offsetlake.kafka import current_offsets, topic_ids
 from offsetlake.ledger import Ledger, reconcile_ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan, OffsetRange, PartitionOffsets, RunContext, new_batch_id
-from offsetlake.sink import CommitActions, commit_once, committed_end, open_table, table_schema, txns
+from offsetlake.schema_evolution import table_schema
+from offsetlake.sink import CommitActions, commit_once, committed_end, open_table, txns
 
 TopicPartitionKey = tuple[str, int]
 

@@ -16,8 +16,9 @@ from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 from offsetlake import failpoints
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import CommitConflictError
+from offsetlake.loop_policy import MAX_CONFLICT_REPLANS, Backoff, CaughtUp, LoopPolicy, OffsetLimit
 from offsetlake.plan import BatchKind, RunContext
-from offsetlake.runs import MAX_CONFLICT_REPLANS, Backoff, CaughtUp, LoopPolicy, OffsetLimit, run_pipeline
+from offsetlake.runs import run_pipeline
 from offsetlake.stream import MAX_TRANSIENT_RETRIES, StopControl, StreamOptions, run_stream
 
 

@@ -23,7 +23,8 @@ from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.errors import ConfigError
 from offsetlake.history import sink_commits
 from offsetlake.plan import RunContext
-from offsetlake.process import DataPath, choose_data_path
+from offsetlake.process import choose_data_path
+from offsetlake.processed import DataPath
 from offsetlake.runs import run_pipeline
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp", "region": "int"}

@@ -35,7 +35,8 @@ from offsetlake.plan import OffsetRange, RunContext
 from offsetlake.reader import errors_from_spark_tasks, read_ranges
 from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import execute_recorded_batch, plan_for_dag_run, run_pipeline
-from offsetlake.sink import evolved_schema, open_table, table_schema
+from offsetlake.schema_evolution import evolved_schema, table_schema
+from offsetlake.sink import open_table
 from offsetlake.topic_epochs import check_topic_identity, reset_topic_epoch
 
 

@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
 from offsetlake.kafka import current_offsets, read_range
-from offsetlake.sink import open_table, sink_columns
+from offsetlake.schema_evolution import sink_columns
+from offsetlake.sink import open_table
 
 if TYPE_CHECKING:
     pass

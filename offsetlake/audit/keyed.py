@@ -9,13 +9,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
-from offsetlake.config.models import duration_seconds
+from offsetlake.config.sink_settings import duration_seconds
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
 from offsetlake.engine_replay import replay
 from offsetlake.engines import engine_for, group_columns
 from offsetlake.kafka import current_offsets, read_range
 from offsetlake.keyed import DELETED, HIDDEN, current_rows
-from offsetlake.sink import open_table, sink_columns, table_schema
+from offsetlake.schema_evolution import sink_columns, table_schema
+from offsetlake.sink import open_table
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

@@ -14,7 +14,8 @@ from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOP
 from offsetlake.engines import CONTRIBUTION, WINDOW_START
 from offsetlake.history import epoch_at
 from offsetlake.keyed import HIDDEN
-from offsetlake.sink import open_table, table_schema
+from offsetlake.schema_evolution import table_schema
+from offsetlake.sink import open_table
 from offsetlake.write_modes import Replay, write_mode
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Pipeline configuration: the typed model with all its rules (``models``), Spark DDL types
+"""Pipeline configuration: the typed model with all its rules (``models``; the ``format:`` and
+``key_format:`` settings in ``formats``, ``sink:`` and ``outbox:`` in ``sink_settings``), Spark DDL types
 (``ddl``), Schema Registry client options (``registry_settings``), where a pipeline's tables live
 (``layout``), reading pipeline files (``loading``) and the one settings resolver every command
 uses (``settings``). ``from offsetlake.config import X`` reaches each public name."""
@@ -6,6 +7,16 @@ uses (``settings``). ``from offsetlake.config import X`` reaches each public nam
 from __future__ import annotations
 
 from offsetlake.config.ddl import PARTITION_COLUMN_TYPES, spark_type_problem
+from offsetlake.config.formats import (
+    KEY_COLUMN,
+    KEY_TYPES,
+    AvroFormat,
+    JsonFormat,
+    JsonSchemaFormat,
+    KeyFormat,
+    ProtobufFormat,
+    key_columns,
+)
 from offsetlake.config.layout import LakeLayout, app_id
 from offsetlake.config.loading import (
     FORMAT_TYPES,
@@ -16,20 +27,11 @@ from offsetlake.config.loading import (
 )
 from offsetlake.config.models import (
     DEFAULT_MAX_RECORD_BYTES,
-    KEY_COLUMN,
-    KEY_TYPES,
     MAX_RECORD_BYTES_CEILING,
     PIPELINE_NAME,
-    AvroFormat,
-    JsonFormat,
-    JsonSchemaFormat,
     KafkaSettings,
-    KeyFormat,
     PipelineConfig,
-    ProtobufFormat,
-    SinkSettings,
     ValidationSettings,
-    key_columns,
     spark_only_reason,
 )
 from offsetlake.config.registry_settings import (
@@ -48,6 +50,7 @@ from offsetlake.config.settings import (
     resolve_pipeline,
     with_orchestrator_settings,
 )
+from offsetlake.config.sink_settings import SinkSettings
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",

@@ -5,7 +5,7 @@ implementation; every caller asks the mode instead of branching on it."""
 from __future__ import annotations
 
 from offsetlake.config import PipelineConfig
-from offsetlake.config.models import ENGINE_MODES
+from offsetlake.config.sink_settings import ENGINE_MODES
 from offsetlake.write_modes.append import AppendMode
 from offsetlake.write_modes.engine import EngineMode
 from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, StagedMerge, WriteMode

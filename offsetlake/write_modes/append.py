@@ -17,8 +17,9 @@ from offsetlake.errors import CommitConflictError, ForeignCommitError, Offsetlak
 from offsetlake.history import foreign_commits
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
-from offsetlake.process import ProcessedBatch, stage_files
-from offsetlake.sink import check_plan_applies, ensure_table, evolved_schema, live_files
+from offsetlake.processed import ProcessedBatch, stage_files
+from offsetlake.schema_evolution import evolved_schema
+from offsetlake.sink import check_plan_applies, ensure_table, live_files
 from offsetlake.spark import dataframe_from_arrow
 from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, WriteMode, with_new_columns
 

@@ -13,8 +13,9 @@ from offsetlake.coordinates import Selection
 from offsetlake.keyed import HIDDEN
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
-from offsetlake.process import ProcessedBatch, stage_files
-from offsetlake.sink import add_columns_first, check_plan_applies, ensure_table, evolved_schema, open_table
+from offsetlake.processed import ProcessedBatch, stage_files
+from offsetlake.schema_evolution import evolved_schema
+from offsetlake.sink import add_columns_first, check_plan_applies, ensure_table, open_table
 from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, StagedMerge, WriteMode
 
 if TYPE_CHECKING:

@@ -24,8 +24,9 @@ from offsetlake.config import PipelineConfig
 from offsetlake.errors import ConfigError
 from offsetlake.formats import CHANGE
 from offsetlake.plan import BatchPlan
-from offsetlake.process import ProcessedBatch
-from offsetlake.sink import WrittenFiles, add_columns_first, evolved_schema
+from offsetlake.processed import ProcessedBatch
+from offsetlake.schema_evolution import evolved_schema
+from offsetlake.sink import WrittenFiles, add_columns_first
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable

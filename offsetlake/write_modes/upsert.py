@@ -13,8 +13,9 @@ from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import REASON, decoder_for, good_rows
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
-from offsetlake.process import ProcessedBatch, stage_files
-from offsetlake.sink import add_columns_first, check_plan_applies, committed_end, ensure_table, evolved_schema, open_table
+from offsetlake.processed import ProcessedBatch, stage_files
+from offsetlake.schema_evolution import evolved_schema
+from offsetlake.sink import add_columns_first, check_plan_applies, committed_end, ensure_table, open_table
 from offsetlake.transform import apply_transform
 from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, StagedMerge, WriteMode, with_new_columns
 

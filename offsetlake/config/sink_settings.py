@@ -1,0 +1,265 @@
+"""The ``sink:`` and ``outbox:`` settings of a pipeline: where its rows go (a Delta table or a Kafka
+topic) and how (``mode``, with the merge engines' measures, windows and horizons)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from offsetlake.config.registry_settings import registry_options
+from offsetlake.config.strict import Strict as _Strict
+
+_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+# the merge engines that keep state per key beside the rows (``offsetlake.engines``)
+ENGINE_MODES = ("first_row", "partial_update", "aggregate")
+MEASURE_FUNCTIONS = ("sum", "count", "min", "max", "first", "last", "last_non_null")
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds of a duration written ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (ValueError else)."""
+    found = _DURATION.match(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{text!r} is not a duration: write a whole number with s, m, h or d (30s, 5m, 1h, 7d)")
+    return int(found.group(1)) * _DURATION_UNITS[found.group(2)]
+
+
+class WindowSettings(_Strict):
+    """An event-time window of an aggregate: ``on`` is a timestamp column of the rows; a record
+    counts in the window ``[start, start + size)`` holding its ``on`` value, or, with ``slide``,
+    in each of the ``size / slide`` windows starting every ``slide`` that hold it. The window's
+    ``window_start`` and ``window_end`` are part of the row's key."""
+
+    on: str = Field(min_length=1)
+    size: str
+    slide: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 reads an unquoted ``on:`` key as the boolean true: take it as ``on``."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if k is True else k): v for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _sizes(self) -> WindowSettings:
+        size = duration_seconds(self.size)
+        if self.slide is not None:
+            slide = duration_seconds(self.slide)
+            if slide > size or size % slide:
+                raise ValueError(f"window slide {self.slide} must divide size {self.size} (a record is in size/slide windows)")
+        return self
+
+    @property
+    def size_seconds(self) -> int:
+        return duration_seconds(self.size)
+
+    @property
+    def slide_seconds(self) -> int:
+        return duration_seconds(self.slide) if self.slide is not None else self.size_seconds
+
+
+class Measure(_Strict):
+    """One output column of an aggregate: ``function`` over the rows' ``column`` (``*`` for
+    ``count``: every record)."""
+
+    name: str
+    function: Literal["sum", "count", "min", "max", "first", "last", "last_non_null"]
+    column: str
+
+
+class SinkSettings(_Strict):
+    # delta: a Delta table in the lake (the default). kafka: a topic (``offsetlake.kafka_sink``):
+    # each batch's rows are produced in ONE Kafka transaction with the source end offsets
+    # committed for the pipeline's group; the transaction is the commit point, the ledger follows.
+    type: Literal["delta", "kafka"] = "delta"
+    table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
+    # kafka: the output topic (it must exist: its partitions are yours to choose); key: the
+    # columns that become the record key (one: its value as text; several: a JSON array; none:
+    # no key); format: how a row becomes the record value (json: an object of the row's columns
+    # without the _kafka_* coordinates); dead_letter_topic: where records that became no row go,
+    # in the same transaction, with the reason in headers (default <topic>.dead-letters).
+    topic: str | None = Field(default=None, min_length=1)
+    # format avro, json_schema, protobuf: the Confluent wire format through the Schema Registry
+    # (``offsetlake.sink_values``): the schema derived from the output columns is registered
+    # under ``subject`` (default <topic>-value), or with register: false only looked up there.
+    format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
+    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    subject: str | None = Field(default=None, min_length=1)
+    register_schema: bool = Field(default=True, alias="register")  # YAML: register
+    dead_letter_topic: str | None = Field(default=None, min_length=1)
+    partition_by: list[str] = Field(default_factory=list)
+    # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
+    # newest record of each key replaces its row, a delete (tombstone, Debezium op d) removes it.
+    # first_row, partial_update, aggregate: merge engines keeping each key's state beside its row
+    # (``offsetlake.engines``): the first record per key; the non-null fields of every record;
+    # declared measures per key (and window).
+    mode: Literal["append", "upsert", "first_row", "partial_update", "aggregate"] = "append"
+    key: list[str] = Field(default_factory=list)  # keyed modes: the columns that identify a row
+    # upsert, partial_update: a record with a null value deletes its key's row (default); false:
+    # a dead letter. first_row and aggregate take no deletes: a tombstone is a dead letter.
+    delete_on_tombstone: bool = True
+    # keyed modes: about how many rows each file a merge writes holds (files sorted by key; a
+    # merge rewrites the files holding the keys its batch touches, so smaller files rewrite less)
+    file_rows: int = Field(default=500_000, gt=0)
+    # aggregate: output column -> {function: column}, e.g. revenue: {sum: amount}, orders: {count: "*"}
+    measures: dict[str, dict[str, str]] = Field(default_factory=dict)
+    window: WindowSettings | None = None  # aggregate: an event-time window, part of the key
+    # aggregate with a window: a record whose Kafka timestamp is more than this after its
+    # window's ``on`` value is a dead letter (``late_record``) instead of updating its window
+    allowed_lateness: str | None = None
+    # first_row: a horizon after which a key may be inserted again: a record at least this long
+    # after the first record of its key's current episode starts a new episode, whose first
+    # record becomes the key's row; measured on ``within_on`` (a timestamp column; default the
+    # record's Kafka timestamp)
+    within: str | None = None
+    within_on: str | None = None
+
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _registry_options(cls, value: Any) -> Any:
+        return registry_options(value)
+
+    @model_validator(mode="after")
+    def _keyed(self) -> SinkSettings:
+        if self.type == "kafka":
+            self._kafka_fields()
+            return self
+        for name in ("topic", "dead_letter_topic", "subject"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
+        for name in ("format", "schema_registry", "register_schema"):
+            if name in self.model_fields_set:
+                name = name.removesuffix("_schema")
+                raise ValueError(f"{name} applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+        if self.mode != "append" and not self.key:
+            raise ValueError(f"mode {self.mode} needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
+        if self.mode == "append" and self.key:
+            raise ValueError(
+                "key applies to the keyed modes (upsert, first_row, partial_update, aggregate); an append sink keeps every record's rows"
+            )
+        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
+        if doubled:
+            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+        coordinates = [c for c in self.key if c in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_row")]
+        if coordinates:
+            raise ValueError(f"key: {coordinates[0]} is a record coordinate, not a key column (every record has its own)")
+        self._engine_fields()
+        return self
+
+    def _kafka_fields(self) -> None:
+        """A Kafka sink: a topic, the append mode (a log cannot replace or fold rows) and none of a
+        Delta table's settings."""
+        if self.topic is None:
+            raise ValueError("a Kafka sink (type: kafka) needs topic: the topic its rows are produced to")
+        if self.mode != "append":
+            raise ValueError(
+                f"a Kafka sink takes mode append only, not {self.mode}: a topic cannot replace or delete a key's row "
+                "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
+            )
+        for name in ("table", "partition_by"):
+            if getattr(self, name):
+                raise ValueError(f"{name} applies to a Delta sink; a Kafka sink writes to topic {self.topic}")
+        for name in ("measures", "window", "allowed_lateness", "within", "within_on"):
+            if getattr(self, name):
+                raise ValueError(f"{name} applies to a Delta sink's merge engines, not to a Kafka sink")
+        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
+        if doubled:
+            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+        if self.format == "json":
+            for name in ("schema_registry", "subject", "register_schema"):
+                if name in self.model_fields_set:
+                    name = name.removesuffix("_schema")
+                    raise ValueError(f"{name} applies to the registry formats (avro, json_schema, protobuf), not to format json")
+        for name in ("topic", "dead_letter_topic"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
+                raise ValueError(f"{name}: '{value}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
+
+    @property
+    def is_kafka(self) -> bool:
+        """The sink is a Kafka topic (``type: kafka``), not a Delta table."""
+        return self.type == "kafka"
+
+    @property
+    def dead_letters_to(self) -> str:
+        """A Kafka sink's dead-letter topic."""
+        return self.dead_letter_topic or f"{self.topic}.dead-letters"
+
+    def _engine_fields(self) -> None:
+        if self.mode != "first_row":
+            for name in ("within", "within_on"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to mode: first_row, not {self.mode}")
+        elif self.within is not None:
+            duration_seconds(self.within)
+        elif self.within_on is not None:
+            raise ValueError("within_on needs within: the horizon it measures")
+        if self.mode != "aggregate":
+            for name in ("measures", "window", "allowed_lateness"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} applies to mode: aggregate, not {self.mode}")
+            return
+        if not self.measures:
+            raise ValueError("mode aggregate needs measures: {output column: {function: column}}, e.g. revenue: {sum: amount}")
+        self.aggregates()  # each measure well-formed
+        if self.partition_by:
+            raise ValueError("partition_by does not apply to mode: aggregate (its files are sorted by window and key instead)")
+        if self.allowed_lateness is not None:
+            if self.window is None:
+                raise ValueError("allowed_lateness needs a window: it is measured from the window's `on` column")
+            duration_seconds(self.allowed_lateness)
+        taken = set(self.key) | ({"window_start", "window_end"} if self.window else set())
+        clash = sorted(taken & set(self.measures))
+        if clash:
+            raise ValueError(f"measure {clash[0]} has the name of a key column")
+        if self.delete_on_tombstone and "delete_on_tombstone" in self.model_fields_set:
+            raise ValueError("mode aggregate takes no deletes: leave out delete_on_tombstone (a tombstone is a dead letter)")
+
+    def aggregates(self) -> list[Measure]:
+        """The declared measures, in order (ValueError naming a bad one)."""
+        out = []
+        for name, spec in self.measures.items():
+            if not isinstance(spec, dict) or len(spec) != 1:
+                raise ValueError(f"measure {name}: write one function and its column, e.g. {name}: {{sum: amount}}")
+            [(function, column)] = spec.items()
+            if name.startswith("__"):
+                raise ValueError(f"measure {name}: names starting with __ are offsetlake's own")
+            if function not in MEASURE_FUNCTIONS:
+                raise ValueError(f"measure {name}: unknown function {function!r}; use one of {', '.join(MEASURE_FUNCTIONS)}")
+            if column == "*" and function != "count":
+                raise ValueError(f"measure {name}: only count takes '*' (every record)")
+            out.append(Measure.model_validate({"name": name, "function": function, "column": str(column)}))
+        return out
+
+    @property
+    def keyed(self) -> bool:
+        """One row per key (and window): every mode but append."""
+        return self.mode != "append"
+
+    @property
+    def engine(self) -> str | None:
+        """The merge engine (``ENGINE_MODES``) or None (append, upsert)."""
+        return self.mode if self.mode in ENGINE_MODES else None
+
+    @property
+    def removes_keys(self) -> bool:
+        """Whether a delete removes its key's row (upsert and partial_update): a Debezium delete
+        keyed by the record key needs no ``before``."""
+        return self.mode in ("upsert", "partial_update")
+
+    @property
+    def deletes(self) -> bool:
+        """Whether a tombstone deletes its key's row (upsert and partial_update)."""
+        return self.removes_keys and self.delete_on_tombstone
+
+
+class OutboxSettings(_Strict):
+    """``outbox:``: the Airflow DAG ``<name>_outbox`` publishes the Delta sink's committed batches to
+    ``topic`` after each commit, exactly as ``offsetlake publish <name> --to <topic> --key ...``."""
+
+    topic: str = Field(min_length=1)
+    key: list[str] = Field(default_factory=list)
