@@ -95,6 +95,7 @@ class DeltaSinkWriter(SinkWriter):
     def write(
         self, plan: BatchPlan, processed: Any, spark: Any, started: float, before_commit: Callable[[], None], restore_deleted: bool
     ) -> SinkCommit | None:
+        processed.stage_dead_letters(self.config, plan)
         if plan.kind == BatchKind.BACKFILL:
             version, entry = execute_backfill(self.config, plan, processed, spark, started, restore_deleted)
             return SinkCommit(version, entry)

@@ -36,9 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from offsetlake import storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
 from offsetlake.entry import LedgerEntry
@@ -282,17 +280,6 @@ class KafkaSinkWriter(SinkWriter):
         )
         return SinkCommit(version, entry)
 
-    def after_commit(self, plan: BatchPlan, processed: Any) -> None:
-        """The staged dead-letter files went out in the transaction: nothing else reads them (a
-        batch that died before this leaves them to the lake's vacuum, like any staged file no
-        commit names)."""
-        for staged in processed.dead_letter_files if processed is not None else ():
-            fs, path = storage.filesystem(self.config.layout.dead_letters.child(staged.path))
-            try:
-                fs.delete_file(path)
-            except OSError as err:
-                log.warning("pipeline=%s could not remove the staged dead letters %s: %s", self.config.name, path, err)
-
 
 def _output_records(config: PipelineConfig, processed: Any) -> Iterator[OutputRecord]:
     """The batch's rows as records, in source order (topic, partition, offset): a key's records
@@ -310,21 +297,20 @@ def _output_records(config: PipelineConfig, processed: Any) -> Iterator[OutputRe
 
 
 def _dead_letter_records(config: PipelineConfig, processed: Any, kind: str) -> Iterator[tuple]:
-    """The batch's dead letters (staged by ``process_ranges``) as records of the dead-letter
-    topic: the original key, value and headers, with the reason and source coordinates added."""
-    for staged in processed.dead_letter_files:
-        fs, path = storage.filesystem(config.layout.dead_letters.child(staged.path))
-        with fs.open_input_file(path) as source:
-            rows = pq.read_table(source)
-        for row in rows.to_pylist():
-            headers = [(h["key"], h["value"]) for h in row.get("headers") or ()]
-            headers += [
-                ("offsetlake.reason", (row.get("reason") or "").encode()),
-                ("offsetlake.reason_code", (row.get("reason_code") or "").encode()),
-                ("offsetlake.topic", str(row[TOPIC]).encode()),
-                ("offsetlake.partition", str(row[PARTITION]).encode()),
-                ("offsetlake.offset", str(row[OFFSET]).encode()),
-                ("offsetlake.batch", str(row.get("batch_id") or "").encode()),
-                ("offsetlake.kind", kind.encode()),
-            ]
-            yield (config.sink.dead_letters_to, row.get("key"), row.get("value"), headers)
+    """The batch's dead letters (``ProcessedBatch.dead_letters``, as ``process_ranges`` found them)
+    as records of the dead-letter topic: the original key, value and headers, with the reason and
+    source coordinates added."""
+    if processed.dead_letters is None:
+        return
+    for row in processed.dead_letters.to_pylist():
+        headers = [(h["key"], h["value"]) for h in row.get("headers") or ()]
+        headers += [
+            ("offsetlake.reason", (row.get("reason") or "").encode()),
+            ("offsetlake.reason_code", (row.get("reason_code") or "").encode()),
+            ("offsetlake.topic", str(row[TOPIC]).encode()),
+            ("offsetlake.partition", str(row[PARTITION]).encode()),
+            ("offsetlake.offset", str(row[OFFSET]).encode()),
+            ("offsetlake.batch", str(row.get("batch_id") or "").encode()),
+            ("offsetlake.kind", kind.encode()),
+        ]
+        yield (config.sink.dead_letters_to, row.get("key"), row.get("value"), headers)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, engines, failpoints, keyed, storage
+from offsetlake import direct, engines, failpoints, keyed, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, with_topic_epochs
@@ -82,9 +82,9 @@ def process_ranges(
         processed.release()
         raise
     t = time.monotonic()
-    table = dead.toArrow() if dead is not None else dead_letters.DEAD_LETTER_SCHEMA.empty_table()
-    processed.dead_letter_files = dead_letters.stage(config, plan.batch_id, table)
-    processed.timings_ms["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=table.num_rows, staged="true")
+    processed.dead_letters = dead.toArrow() if dead is not None else None  # the sink takes them as it commits (``SinkWriter.write``)
+    n = processed.dead_letters.num_rows if processed.dead_letters is not None else 0
+    processed.timings_ms["dead_letters"] = log_step("dead_letters", plan, t, dead_letters=n)
     # after validation (a suite checks the record's own columns): each row's topic epoch (invariant 16)
     processed.rows = with_topic_epochs(rows, plan.topic_epochs)
     if processed.rows_schema is None:

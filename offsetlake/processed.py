@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import direct, failpoints, staging, storage
+from offsetlake import dead_letters, direct, failpoints, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.entry import DeadLetterFile, LedgerEntry, for_plan
@@ -72,6 +72,10 @@ class ProcessedBatch:
     written: WrittenInRead = field(default_factory=WrittenInRead)
     cached: list[Any] = field(default_factory=list)  # persisted DataFrames; ``release`` when the batch is done
     validation: dict | None = None  # the Great Expectations summary, None without a suite
+    # the batch's dead letters (``dead_letters.DEAD_LETTER_SCHEMA``), None for none: a Delta sink
+    # stages them as a file its commit's entry lists (``stage_dead_letters``, invariant 8), a
+    # Kafka sink produces them in its transaction
+    dead_letters: Any = None
     dead_letter_files: tuple[DeadLetterFile, ...] = ()  # staged; the sink commit's entry lists them
 
     def entry(self, plan: BatchPlan, started: float, **kind_fields: Any) -> LedgerEntry:
@@ -79,6 +83,15 @@ class ProcessedBatch:
         dead letters (``kind_fields`` may say otherwise: a Kafka sink stages none it keeps)."""
         fields = {"staged": self.dead_letter_files, "data_path": str(self.path.path), **kind_fields}
         return for_plan(plan, self.per_range, started, self.validation, **fields)
+
+    def stage_dead_letters(self, config: PipelineConfig, plan: BatchPlan) -> None:
+        """The batch's dead letters written as a staged file under the dead-letter table, inert
+        until the sink commit's entry names it (``dead_letters.stage``; a Delta sink, invariant 8)."""
+        if self.dead_letters is None:
+            return
+        t = time.monotonic()
+        self.dead_letter_files = dead_letters.stage(config, plan.batch_id, self.dead_letters)
+        self.timings_ms["stage_dead_letters"] = log_step("stage_dead_letters", plan, t, dead_letters=self.dead_letters.num_rows)
 
     def release(self) -> None:
         for frame in self.cached:
