@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from offsetlake import dead_letters, failpoints, foreign
 from offsetlake.backfill import execute_backfill, refused
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import DeltaSinkKind
 from offsetlake.entry import LedgerEntry
 from offsetlake.errors import OffsetlakeError
 from offsetlake.history import SinkCommit, current_epochs, refuse_foreign_sink, sink_commits
@@ -27,7 +28,7 @@ from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchKind, BatchPlan
 from offsetlake.schema_evolution import table_schema
 from offsetlake.sink import WrittenFiles, check_plan_applies, commit_batch, committed_end_lookup
-from offsetlake.sinks.writing import Projection, SinkWriter
+from offsetlake.sinks.writing import WRITER, Projection, SinkWriter
 from offsetlake.storage import open_table
 from offsetlake.write_modes import write_mode
 
@@ -132,3 +133,6 @@ class DeltaSinkWriter(SinkWriter):
         if plan.kind != BatchKind.GAP:
             failpoints.failpoint("after_commit")
         dead_letters.apply_pending(self.config)
+
+
+DeltaSinkKind.provides(WRITER, DeltaSinkWriter)

@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import KafkaSinkKind
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
 from offsetlake.entry import LedgerEntry
 from offsetlake.errors import KafkaSinkProgressError, StalePlanError
@@ -57,7 +58,7 @@ from offsetlake.kafka_commit import (
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan
 from offsetlake.sink_values import value_encoder
-from offsetlake.sinks.writing import Projection, SinkWriter
+from offsetlake.sinks.writing import WRITER, Projection, SinkWriter
 
 log = logging.getLogger("offsetlake.kafka_sink")
 
@@ -161,8 +162,7 @@ def restore_group_offsets(config: PipelineConfig, keys: list[tuple[str, int]], l
     with TransactionalWriter(client, config.name) as writer:
         behind = read_state(config, keys, ledger).group_behind()
         if behind:
-            assert config.sink.topic is not None  # checked with the YAML
-            writer.commit("restore-group-offsets", "restore", config.sink.topic, [], behind)
+            writer.commit("restore-group-offsets", "restore", config.kafka_sink.topic, [], behind)
             log_line(
                 log,
                 "kafka_sink",
@@ -197,9 +197,8 @@ class KafkaSinkWriter(SinkWriter):
 
     def open(self, plan: BatchPlan) -> BatchPlan:
         client = self.config.kafka_client_config()
-        assert self.config.sink.topic is not None  # checked with the YAML
-        made = {commit_log_topic(self.config.name): COMMIT_LOG_SETTINGS, self.config.sink.dead_letters_to: {}}
-        ensure_topics(client, self.config.name, [self.config.sink.topic], made)
+        made = {commit_log_topic(self.config.name): COMMIT_LOG_SETTINGS, self.config.kafka_sink.dead_letters_to: {}}
+        ensure_topics(client, self.config.name, [self.config.kafka_sink.topic], made)
         self._writer = TransactionalWriter(client, self.config.name)  # fences every earlier runner first
         self._state = read_state(self.config, [(r.topic, r.partition) for r in plan.ranges], self.ledger)
         return plan
@@ -267,16 +266,16 @@ class KafkaSinkWriter(SinkWriter):
     ) -> SinkCommit:
         """The one transaction. A backfill re-publishes below the committed ends and never moves
         them; group offsets that expired or were deleted go back to the commit log's ends in it."""
-        assert self._writer is not None and self.config.sink.topic is not None
+        assert self._writer is not None
         moved = {} if plan.kind == BatchKind.BACKFILL else {(r.topic, r.partition): r.end for r in plan.ranges}
         ends = {**self.state.group_behind(), **moved}
         t = time.monotonic()
         before_commit()
         log_entry = (commit_log_topic(self.config.name), plan.batch_id.encode(), entry.to_json().encode())
-        done = self._writer.commit(plan.batch_id, str(plan.kind), self.config.sink.topic, records, ends, also=[*dead, log_entry])
+        done = self._writer.commit(plan.batch_id, str(plan.kind), self.config.kafka_sink.topic, records, ends, also=[*dead, log_entry])
         version = done.also_offsets[-1]
         timings["commit"] = log_step(
-            "commit", plan, t, topic=self.config.sink.topic, records=done.records, dead_letters=len(dead), commit_log_offset=version
+            "commit", plan, t, topic=self.config.kafka_sink.topic, records=done.records, dead_letters=len(dead), commit_log_offset=version
         )
         return SinkCommit(version, entry)
 
@@ -313,4 +312,7 @@ def _dead_letter_records(config: PipelineConfig, processed: Any, kind: str) -> I
             ("offsetlake.batch", str(row.get("batch_id") or "").encode()),
             ("offsetlake.kind", kind.encode()),
         ]
-        yield (config.sink.dead_letters_to, row.get("key"), row.get("value"), headers)
+        yield (config.kafka_sink.dead_letters_to, row.get("key"), row.get("value"), headers)
+
+
+KafkaSinkKind.provides(WRITER, KafkaSinkWriter)

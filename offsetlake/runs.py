@@ -22,11 +22,10 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from offsetlake import dead_letters, failpoints, storage
+from offsetlake import dead_letters, delta_sink, failpoints, kafka_sink, storage  # noqa: F401 - the sinks provide their writers
 from offsetlake.batch_view import BatchView
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import sink_kind
-from offsetlake.delta_sink import DeltaSinkWriter
 from offsetlake.entry import for_plan
 from offsetlake.errors import (
     CommitConflictError,
@@ -43,7 +42,6 @@ from offsetlake.history import (
     sink_commits,
 )
 from offsetlake.kafka import current_offsets
-from offsetlake.kafka_sink import KafkaSinkWriter
 from offsetlake.lease import refuse_if_stream_owns
 from offsetlake.ledger import Ledger
 from offsetlake.log_lines import log_line, log_step
@@ -56,7 +54,7 @@ from offsetlake.sink import (
     open_table,
 )
 from offsetlake.sinks.choice import open_sink
-from offsetlake.sinks.writing import SinkWriter
+from offsetlake.sinks.writing import WRITER, SinkWriter
 from offsetlake.spark import release_memory
 from offsetlake.validation import load_suite
 
@@ -156,12 +154,10 @@ def storage_errors_named(config: PipelineConfig, plan: BatchPlan) -> Iterator[No
         ) from err
 
 
-_WRITERS: dict[str, type[SinkWriter]] = {"delta": DeltaSinkWriter, "kafka": KafkaSinkWriter}
-
-
 def _writer_for(config: PipelineConfig) -> type[SinkWriter]:
-    """The writing half of the pipeline's kind of sink (``offsetlake.config.sink_kinds``)."""
-    return _WRITERS[sink_kind(config).name]
+    """The writing half of the pipeline's kind of sink (``offsetlake.config.sink_kinds``), which
+    ``delta_sink`` and ``kafka_sink`` provide."""
+    return sink_kind(config).implementation(WRITER)
 
 
 def _lifecycle(

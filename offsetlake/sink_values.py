@@ -64,12 +64,11 @@ def value_encoder(config: PipelineConfig, columns: pa.Schema) -> Encode:
     """The encoder of the sink's ``format`` for rows with ``columns`` (the value's columns: no
     record coordinates). For a registry format the schema is registered (or looked up) now, so a
     refusal fails the batch before its transaction. Raises ConfigError naming the field."""
-    sink = config.sink
+    sink = config.kafka_sink
     if sink.format == "json":
         return encode_json
     plain = _plain_rows(columns)
     settings = sink_registry_settings(config)
-    assert sink.topic is not None  # a Kafka sink has one
     subject = sink.subject or f"{sink.topic}-value"
     name = _record_name(sink.topic)
     if sink.format == "avro":
@@ -112,10 +111,10 @@ def _converted(row: Mapping[str, Any], fields: dict[str, Callable[[Any], Any]]) 
 def sink_registry_settings(config: PipelineConfig) -> dict[str, str]:
     """The registry a Kafka sink's values go through: ``sink.schema_registry``, else the value
     format's (and either one's Airflow connection)."""
-    settings = dict(config.sink.schema_registry) or dict(getattr(config.format, "schema_registry", {}) or {})
+    settings = dict(config.kafka_sink.schema_registry) or dict(getattr(config.format, "schema_registry", {}) or {})
     if not settings.get("url"):
         raise ConfigError(
-            f"sink.format {config.sink.format} writes through a Schema Registry but none is set: give "
+            f"sink.format {config.kafka_sink.format} writes through a Schema Registry but none is set: give "
             f"sink.schema_registry.url (or format.schema_registry), or an Airflow connection schema_registry_{config.name} "
             "(or schema_registry_default)",
             pipeline=config.name,
@@ -424,7 +423,7 @@ def _proto_scalar_value(value: Any) -> Any:
 
 # ---- the registry ---------------------------------------------------------------------------------
 def _serde_conf(config: PipelineConfig, subject: str) -> dict[str, Any]:
-    return {"auto.register.schemas": config.sink.register_schema, "subject.name.strategy": lambda ctx, record_name: subject}
+    return {"auto.register.schemas": config.kafka_sink.register_schema, "subject.name.strategy": lambda ctx, record_name: subject}
 
 
 def _framed(config: PipelineConfig, settings: dict[str, str], subject: str, serializer: Any, prepare: Callable[[Any], Any]) -> Encode:
@@ -435,8 +434,7 @@ def _framed(config: PipelineConfig, settings: dict[str, str], subject: str, seri
     from confluent_kafka.schema_registry.error import SchemaRegistryError
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    assert config.sink.topic is not None
-    ctx = SerializationContext(config.sink.topic, MessageField.VALUE)
+    ctx = SerializationContext(config.kafka_sink.topic, MessageField.VALUE)
 
     def encode(row: Mapping[str, Any]) -> bytes:
         try:
@@ -451,7 +449,7 @@ def _framed(config: PipelineConfig, settings: dict[str, str], subject: str, seri
             ) from None
         except Exception as err:  # the serializers raise SerializationError, ValueError, TypeError
             raise KafkaSinkValueError(
-                f"a row cannot be written as sink.format {config.sink.format} under subject {subject}: "
+                f"a row cannot be written as sink.format {config.kafka_sink.format} under subject {subject}: "
                 f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; nothing was produced",
                 pipeline=config.name,
                 field="sink.format",
@@ -463,7 +461,7 @@ def _framed(config: PipelineConfig, settings: dict[str, str], subject: str, seri
 
 
 def _registry_refusal(config: PipelineConfig, settings: dict[str, str], subject: str, err: Any) -> Exception:
-    what = f"sink.format {config.sink.format} of topic {config.sink.topic}"
+    what = f"sink.format {config.kafka_sink.format} of topic {config.kafka_sink.topic}"
     if err.http_status_code == 409:
         return ConfigError(
             f"the Schema Registry at {registry_url(settings)} refused the schema of the output columns under subject "
@@ -472,7 +470,7 @@ def _registry_refusal(config: PipelineConfig, settings: dict[str, str], subject:
             pipeline=config.name,
             field="sink.subject",
         )
-    if err.http_status_code == 404 and not config.sink.register_schema:
+    if err.http_status_code == 404 and not config.kafka_sink.register_schema:
         return ConfigError(
             f"subject {subject} at {registry_url(settings)} does not hold the schema of the output columns "
             f"({err.error_message}) and sink.register is false; register it, or set sink.register: true; "

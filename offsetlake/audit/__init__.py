@@ -24,11 +24,9 @@ back) and ``report`` (``AuditReport``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from offsetlake.audit.delta import audit_delta_sink
 from offsetlake.audit.kafka_sink import audit_kafka_sink
-from offsetlake.audit.report import AuditReport
+from offsetlake.audit.report import AUDIT, AuditReport
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import sink_kind
 
@@ -38,10 +36,6 @@ __all__ = ["AuditReport", "audit_delta_sink", "audit_kafka_sink", "audit_pipelin
 def audit_pipeline(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
     """The independent check (``offsetlake audit``): reads the sink, its history, the dead letters
     and the ledger (and Kafka with ``against_kafka``) and reports every problem it finds; it
-    changes nothing. Each kind of sink has its audit: a Delta table's (``audit_delta_sink``), a
-    Kafka topic read back from its topics (``audit_kafka_sink``)."""
-    return _AUDITS[sink_kind(config).name](config, against_kafka)
-
-
-# each kind of sink's audit (``offsetlake.config.sink_kinds``); a Kafka sink is always read back from Kafka
-_AUDITS: dict[str, Callable[[PipelineConfig, bool], AuditReport]] = {"delta": audit_delta_sink, "kafka": audit_kafka_sink}
+    changes nothing. Each kind of sink provides its audit: a Delta table's (``audit_delta_sink``),
+    a Kafka topic read back from its topics, always against Kafka (``audit_kafka_sink``)."""
+    return sink_kind(config).implementation(AUDIT).run(config, against_kafka)

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from offsetlake import dead_letters, foreign
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import DeltaSinkKind
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TOPIC, TOPIC_EPOCH
 from offsetlake.engines import WINDOW_START
 from offsetlake.errors import ForeignCommitError
@@ -27,7 +28,19 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
 from offsetlake.audit.against_kafka import _check_against_kafka, _group_offsets, _outside
 from offsetlake.audit.keyed import _check_engine_against_kafka, _check_keyed_against_kafka, _check_keys_once
-from offsetlake.audit.report import _COORDS, _KEY, _SHOW, EPOCH_OF, AuditReport, _current_epoch_only, _duplicates, _sink_keys, _with_epochs
+from offsetlake.audit.report import (
+    _COORDS,
+    _KEY,
+    _SHOW,
+    AUDIT,
+    EPOCH_OF,
+    AuditReport,
+    SinkAudit,
+    _current_epoch_only,
+    _duplicates,
+    _sink_keys,
+    _with_epochs,
+)
 
 
 def audit_delta_sink(config: PipelineConfig, against_kafka: bool = False) -> AuditReport:
@@ -283,3 +296,12 @@ def _check_counts_match_entries(
                         f"{said} {what} were written, the {'sink' if label == 'rows_written' else 'dead-letter table'} "
                         f"holds {found}"
                     )
+
+
+class DeltaSinkAudit(SinkAudit):
+    @classmethod
+    def run(cls, config: PipelineConfig, against_kafka: bool) -> AuditReport:
+        return audit_delta_sink(config, against_kafka)
+
+
+DeltaSinkKind.provides(AUDIT, DeltaSinkAudit)

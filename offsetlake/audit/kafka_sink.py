@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import KafkaSinkKind
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import current_offsets
 from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits, read_committed_headers
@@ -15,7 +16,7 @@ from offsetlake.plan import OFFSET_MOVING_KINDS, BatchStatus
 
 if TYPE_CHECKING:
     pass
-from offsetlake.audit.report import AuditReport
+from offsetlake.audit.report import AUDIT, AuditReport, SinkAudit
 
 
 def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> AuditReport:
@@ -25,7 +26,7 @@ def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> Audi
     committed batch (an aborted one shows nothing), each batch shows exactly the rows and dead
     letters its entry counts, and no source record is in two forward batches; the ledger holds
     every commit. It always reads Kafka: ``against_kafka`` is the Delta audit's choice."""
-    report = AuditReport(config.name, sink_topic=config.sink.topic)
+    report = AuditReport(config.name, sink_topic=config.kafka_sink.topic)
     commits = kafka_sink_commits(config)
     keys = sorted(current_offsets(config))
     ends = commit_log_ends(commits, keys)
@@ -36,8 +37,7 @@ def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> Audi
     seen_dead: dict[str, int] = {}
     owner: dict[tuple[str, int, int], str] = {}
     client = config.kafka_client_config()
-    assert config.sink.topic is not None
-    for topic, counts in ((config.sink.topic, seen_rows), (config.sink.dead_letters_to, seen_dead)):
+    for topic, counts in ((config.kafka_sink.topic, seen_rows), (config.kafka_sink.dead_letters_to, seen_dead)):
         for headers in read_committed_headers(client, topic, config.name):
             batch = headers.get("offsetlake.batch", b"").decode()
             counts[batch] = counts.get(batch, 0) + 1
@@ -99,3 +99,12 @@ def _commit_log_coverage(commits: list[SinkCommit]) -> list[str]:
                 what = "overlaps" if start < end else "leaves a hole after"
                 problems.append(f"{key[0]}[{key[1]}]: batch {then} starts at {start}, which {what} batch {first}'s end {end}")
     return problems
+
+
+class KafkaSinkAudit(SinkAudit):
+    @classmethod
+    def run(cls, config: PipelineConfig, against_kafka: bool) -> AuditReport:
+        return audit_kafka_sink(config, against_kafka)
+
+
+KafkaSinkKind.provides(AUDIT, KafkaSinkAudit)

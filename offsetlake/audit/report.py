@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Role
 from offsetlake.coordinates import OFFSET, PARTITION, RECORD_KEY, ROW_INDEX, TOPIC, TOPIC_EPOCH
 from offsetlake.engines import CONTRIBUTION, WINDOW_START
 from offsetlake.history import epoch_at
@@ -149,3 +150,14 @@ def _current_epoch_only(table: pa.Table, starts: dict[str, list[int]]) -> pa.Tab
 def _duplicates(keys: pa.Table, columns: list[str]) -> pa.Table:
     counted = keys.group_by(columns).aggregate([([], "count_all")])
     return counted.filter(pc.field("count_all") > 1)
+
+
+class SinkAudit:
+    """The audit of one kind of sink (a part its kind provides, ``config.sink_kinds``)."""
+
+    @classmethod
+    def run(cls, config: PipelineConfig, against_kafka: bool) -> AuditReport:
+        raise NotImplementedError
+
+
+AUDIT: Role[type[SinkAudit]] = Role("audit")  # what each kind of sink provides (``config.sink_kinds.SinkKind``)

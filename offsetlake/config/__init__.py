@@ -50,7 +50,7 @@ from offsetlake.config.settings import (
     resolve_pipeline,
     with_orchestrator_settings,
 )
-from offsetlake.config.sink_settings import SinkSettings
+from offsetlake.config.sink_settings import DeltaSinkSettings, KafkaSinkSettings, SinkSettings
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -74,6 +74,8 @@ __all__ = [
     "OverridesSource",
     "PipelineConfig",
     "ProtobufFormat",
+    "DeltaSinkSettings",
+    "KafkaSinkSettings",
     "SinkSettings",
     "ValidationSettings",
     "all_pipeline_files",

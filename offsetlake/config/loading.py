@@ -66,12 +66,13 @@ def find_pipeline_file(name_or_path: str, directory: Path | None = None) -> Path
 
 
 FORMAT_TYPES = ("json", "avro", "json_schema", "protobuf")
+SINK_TYPES = ("delta", "kafka")
 
 
 def _field_path(loc: tuple) -> tuple:
-    """A validation error's location as the YAML names it: pydantic puts the format's type (the
-    union's tag) after ``format``, where the file has none."""
-    if len(loc) > 1 and loc[0] == "format" and loc[1] in FORMAT_TYPES:
+    """A validation error's location as the YAML names it: pydantic puts the format's type and
+    the sink's (the unions' tags) after ``format`` and ``sink``, where the file has none."""
+    if len(loc) > 1 and ((loc[0] == "format" and loc[1] in FORMAT_TYPES) or (loc[0] == "sink" and loc[1] in SINK_TYPES)):
         return (loc[0], *loc[2:])
     return loc
 

@@ -23,7 +23,7 @@ from offsetlake.config.ddl import PARTITION_COLUMN_TYPES
 from offsetlake.config.formats import AvroFormat, JsonFormat, JsonSchemaFormat, KeyFormat, ProtobufFormat, key_columns
 from offsetlake.config.layout import LakeLayout, app_id
 from offsetlake.config.registry_settings import registry_settings_problem
-from offsetlake.config.sink_settings import OutboxSettings, SinkSettings
+from offsetlake.config.sink_settings import DeltaSinkSettings, KafkaSinkSettings, OutboxSettings, SinkSettings
 from offsetlake.config.strict import Strict as _Strict
 from offsetlake.errors import ConfigError
 
@@ -106,7 +106,7 @@ class PipelineConfig(_Strict):
     # Spark, ``spark_only_reason``) or jvm (Spark's Kafka source reads and Spark decodes a JSON
     # pipeline's batches, ``offsetlake.kafka_source``; refused here for what it cannot read).
     data_path: Literal["auto", "spark", "direct", "jvm"] = "auto"
-    sink: SinkSettings = Field(default_factory=SinkSettings)
+    sink: SinkSettings = Field(default_factory=DeltaSinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     outbox: OutboxSettings | None = None  # lake -> Kafka after each commit (append Delta sinks)
     source_file: str = ""  # filled in by load_pipeline
@@ -226,7 +226,17 @@ class PipelineConfig(_Strict):
     @property
     def sink_label(self) -> str:
         """The sink as messages and DAG descriptions name it."""
-        return f"Kafka topic {self.sink.topic}" if self.sink.is_kafka else f"Delta {self.sink_path}"
+        return self.sink.label(self.sink_path)
+
+    @property
+    def kafka_sink(self) -> KafkaSinkSettings:
+        """The settings of a Kafka sink (``sink.type: kafka``), for the Kafka sink's own modules;
+        ConfigError for a Delta sink (the caller took the wrong sink's implementation)."""
+        if not isinstance(self.sink, KafkaSinkSettings):
+            raise ConfigError(
+                f"the sink of pipeline {self.name} is a Delta table, not a Kafka topic", pipeline=self.name, field="sink.type"
+            )
+        return self.sink
 
     @property
     def sink_path(self) -> str:
@@ -320,12 +330,12 @@ class PipelineConfig(_Strict):
             if problem:
                 raise ConfigError(f"schema registry connection: {problem}", pipeline=self.name)
             update[field_name] = fmt.model_copy(update={"schema_registry": merged})
-        if self.sink.is_kafka and self.sink.format != "json":
-            merged = {**self.sink.schema_registry, **options}
-            problem = registry_settings_problem(merged)
+        sink_registry = self.sink.registry_merged(options)
+        if sink_registry is not None:
+            problem = registry_settings_problem(sink_registry)
             if problem:
                 raise ConfigError(f"schema registry connection: {problem}", pipeline=self.name)
-            update["sink"] = self.sink.model_copy(update={"schema_registry": merged})
+            update["sink"] = self.sink.model_copy(update={"schema_registry": sink_registry})
         return self.model_copy(update=update) if update else self
 
     def check_storage(self) -> None:
@@ -442,19 +452,16 @@ def _engine_problem(config: PipelineConfig) -> tuple[str, str] | None:
 
 
 def _kafka_sink_problem(config: PipelineConfig) -> tuple[str, str] | None:
-    """A Kafka sink that would read its own output: its topic (or dead-letter topic) is a source."""
-    if config.outbox is not None and (config.sink.is_kafka or config.sink.mode != "append"):
-        what = "a Kafka sink (its topic is already the output)" if config.sink.is_kafka else f"sink.mode {config.sink.mode}"
-        return "outbox", f"publishes an append Delta sink's rows, not {what}"
-    if not config.sink.is_kafka:
-        return None
-    if config.data_path in ("direct", "jvm"):
-        return "data_path", f"a Kafka sink takes auto or spark (Spark hands the rows to the driver's producer), not {config.data_path}"
-    for name, topic in (("sink.topic", config.sink.topic), ("sink.dead_letter_topic", config.sink.dead_letters_to)):
-        if (
+    """An outbox of a sink it cannot publish; a Kafka sink that would read its own output (its
+    topic or dead-letter topic is a source) or takes a data path it cannot."""
+    if config.outbox is not None and (refusal := config.sink.outbox_refusal()) is not None:
+        return "outbox", f"publishes an append Delta sink's rows, not {refusal}"
+
+    def is_source(topic: str) -> bool:
+        return (
             topic == config.topic
             or topic in (config.topics or ())
-            or (config.topic_pattern and re.fullmatch(config.topic_pattern, topic or ""))
-        ):
-            return name, f"{topic} is also a source of pipeline {config.name}: it would read its own output"
-    return None
+            or bool(config.topic_pattern and re.fullmatch(config.topic_pattern, topic))
+        )
+
+    return config.sink.sources_problem(config.data_path, is_source, config.name)

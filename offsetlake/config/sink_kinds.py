@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from offsetlake import storage
 from offsetlake.config.models import PipelineConfig
@@ -28,11 +28,45 @@ class Capability(StrEnum):
     FOREIGN_COMMITS = "foreign commits"  # other writers may commit to it (a Delta table's SQL users)
 
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Role(Generic[T_co]):
+    """A part a kind of sink provides (its reading half, writing half, audit), declared beside
+    the part's interface: ``sinks.reading.READER``, ``sinks.writing.WRITER``, ``audit.report.AUDIT``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 class SinkKind:
-    """One kind of sink: its name, what it can do (and why not), and how readers name it."""
+    """One kind of sink: its name, what it can do (and why not), how readers name it, and its
+    implementations: each module that implements a part of a kind (its reading half, its writing
+    half, its audit) registers it here when it is imported (``provides``), as the format modules
+    register their formats, so the kind a pipeline has is looked at once (``sink_kind``) and every
+    part follows from it (``implementation``)."""
 
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]]
+    _parts: ClassVar[dict[Role[Any], Any]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._parts = {}
+
+    @classmethod
+    def provides(cls, role: Role[T], implementation: T) -> None:
+        """Called by an implementation's module when it is imported: ``implementation`` is this
+        kind's ``role``."""
+        cls._parts[role] = implementation
+
+    def implementation(self, role: Role[T]) -> T:
+        """This kind's implementation of ``role``; LookupError when no imported module provides it
+        (the caller imports the modules that implement the role)."""
+        if role not in self._parts:
+            raise LookupError(f"no {role.name} of sink kind {self.name} is registered: its module was not imported")
+        return cast(T, self._parts[role])
 
     def lacks(self, config: PipelineConfig, capability: Capability) -> str | None:
         """Why this sink cannot do ``capability`` and what to do instead; None when it can."""
@@ -92,7 +126,7 @@ class KafkaSinkKind(SinkKind):
     capabilities = frozenset({Capability.REPUBLISH})
 
     def _why_not(self, config: PipelineConfig, capability: Capability) -> str:
-        topic, name = config.sink.topic, config.name
+        topic, name = config.kafka_sink.topic, config.name
         if capability == Capability.REPLACE:
             return (
                 f"the sink is Kafka topic {topic}: a backfill cannot replace records there, it publishes the range "
@@ -122,12 +156,12 @@ class KafkaSinkKind(SinkKind):
         return super()._why_not(config, capability)
 
     def output(self, config: PipelineConfig) -> str:
-        return config.sink.topic or ""
+        return config.kafka_sink.topic
 
     def output_uri(self, config: PipelineConfig) -> str:
         """Named as Airflow's Kafka asset URIs do: ``kafka://<broker>/<topic>``."""
         broker = config.kafka.bootstrap_servers.split(",")[0].strip()
-        return f"kafka://{broker}/{config.sink.topic}"
+        return f"kafka://{broker}/{config.kafka_sink.topic}"
 
 
 _KINDS: dict[str, SinkKind] = {kind.name: kind for kind in (DeltaSinkKind(), KafkaSinkKind())}

@@ -4,9 +4,10 @@ topic) and how (``mode``, with the merge engines' measures, windows and horizons
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from offsetlake.config.registry_settings import registry_options
 from offsetlake.config.strict import Strict as _Strict
@@ -71,26 +72,24 @@ class Measure(_Strict):
     column: str
 
 
-class SinkSettings(_Strict):
-    # delta: a Delta table in the lake (the default). kafka: a topic (``offsetlake.kafka_sink``):
-    # each batch's rows are produced in ONE Kafka transaction with the source end offsets
-    # committed for the pipeline's group; the transaction is the commit point, the ledger follows.
-    type: Literal["delta", "kafka"] = "delta"
+_COORDINATE_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_row")
+_KAFKA_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _doubled_key(key: list[str]) -> None:
+    doubled = sorted({c for c in key if key.count(c) > 1})
+    if doubled:
+        raise ValueError(f"key: {', '.join(doubled)} listed more than once")
+
+
+class DeltaSinkSettings(_Strict):
+    """``sink:`` of a Delta table in the lake (``type: delta``, the default). Its write mode's
+    settings are its own: a Kafka sink's fields cannot be written here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["delta"] = "delta"
     table: str | None = None  # path; relative paths are under the lake; default <lake>/<name>
-    # kafka: the output topic (it must exist: its partitions are yours to choose); key: the
-    # columns that become the record key (one: its value as text; several: a JSON array; none:
-    # no key); format: how a row becomes the record value (json: an object of the row's columns
-    # without the _kafka_* coordinates); dead_letter_topic: where records that became no row go,
-    # in the same transaction, with the reason in headers (default <topic>.dead-letters).
-    topic: str | None = Field(default=None, min_length=1)
-    # format avro, json_schema, protobuf: the Confluent wire format through the Schema Registry
-    # (``offsetlake.sink_values``): the schema derived from the output columns is registered
-    # under ``subject`` (default <topic>-value), or with register: false only looked up there.
-    format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
-    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
-    subject: str | None = Field(default=None, min_length=1)
-    register_schema: bool = Field(default=True, alias="register")  # YAML: register
-    dead_letter_topic: str | None = Field(default=None, min_length=1)
     partition_by: list[str] = Field(default_factory=list)
     # append: every record's rows are added. upsert: one row per key (``offsetlake.keyed``): the
     # newest record of each key replaces its row, a delete (tombstone, Debezium op d) removes it.
@@ -118,76 +117,34 @@ class SinkSettings(_Strict):
     within: str | None = None
     within_on: str | None = None
 
-    @field_validator("schema_registry", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _registry_options(cls, value: Any) -> Any:
-        return registry_options(value)
+    def _no_kafka_fields(cls, data: Any) -> Any:
+        """A Kafka sink's field here cannot be written (``extra: forbid``); this says where it belongs."""
+        if isinstance(data, dict):
+            for name in ("topic", "dead_letter_topic", "subject"):
+                if data.get(name) is not None:
+                    raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
+            for name in ("format", "schema_registry", "register", "register_schema"):
+                if name in data:
+                    name = name.removesuffix("_schema")
+                    raise ValueError(f"{name} applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+        return data
 
     @model_validator(mode="after")
-    def _keyed(self) -> SinkSettings:
-        if self.type == "kafka":
-            self._kafka_fields()
-            return self
-        for name in ("topic", "dead_letter_topic", "subject"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
-        for name in ("format", "schema_registry", "register_schema"):
-            if name in self.model_fields_set:
-                name = name.removesuffix("_schema")
-                raise ValueError(f"{name} applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+    def _keyed(self) -> DeltaSinkSettings:
         if self.mode != "append" and not self.key:
             raise ValueError(f"mode {self.mode} needs key: [columns] (e.g. key: [_kafka_key], or the fields that identify a row)")
         if self.mode == "append" and self.key:
             raise ValueError(
                 "key applies to the keyed modes (upsert, first_row, partial_update, aggregate); an append sink keeps every record's rows"
             )
-        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
-        if doubled:
-            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
-        coordinates = [c for c in self.key if c in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_row")]
+        _doubled_key(self.key)
+        coordinates = [c for c in self.key if c in _COORDINATE_COLUMNS]
         if coordinates:
             raise ValueError(f"key: {coordinates[0]} is a record coordinate, not a key column (every record has its own)")
         self._engine_fields()
         return self
-
-    def _kafka_fields(self) -> None:
-        """A Kafka sink: a topic, the append mode (a log cannot replace or fold rows) and none of a
-        Delta table's settings."""
-        if self.topic is None:
-            raise ValueError("a Kafka sink (type: kafka) needs topic: the topic its rows are produced to")
-        if self.mode != "append":
-            raise ValueError(
-                f"a Kafka sink takes mode append only, not {self.mode}: a topic cannot replace or delete a key's row "
-                "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
-            )
-        for name in ("table", "partition_by"):
-            if getattr(self, name):
-                raise ValueError(f"{name} applies to a Delta sink; a Kafka sink writes to topic {self.topic}")
-        for name in ("measures", "window", "allowed_lateness", "within", "within_on"):
-            if getattr(self, name):
-                raise ValueError(f"{name} applies to a Delta sink's merge engines, not to a Kafka sink")
-        doubled = sorted({c for c in self.key if self.key.count(c) > 1})
-        if doubled:
-            raise ValueError(f"key: {', '.join(doubled)} listed more than once")
-        if self.format == "json":
-            for name in ("schema_registry", "subject", "register_schema"):
-                if name in self.model_fields_set:
-                    name = name.removesuffix("_schema")
-                    raise ValueError(f"{name} applies to the registry formats (avro, json_schema, protobuf), not to format json")
-        for name in ("topic", "dead_letter_topic"):
-            value = getattr(self, name)
-            if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", value):
-                raise ValueError(f"{name}: '{value}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
-
-    @property
-    def is_kafka(self) -> bool:
-        """The sink is a Kafka topic (``type: kafka``), not a Delta table."""
-        return self.type == "kafka"
-
-    @property
-    def dead_letters_to(self) -> str:
-        """A Kafka sink's dead-letter topic."""
-        return self.dead_letter_topic or f"{self.topic}.dead-letters"
 
     def _engine_fields(self) -> None:
         if self.mode != "first_row":
@@ -255,6 +212,199 @@ class SinkSettings(_Strict):
     def deletes(self) -> bool:
         """Whether a tombstone deletes its key's row (upsert and partial_update)."""
         return self.removes_keys and self.delete_on_tombstone
+
+    # ---- what a pipeline asks of its sink, answered per kind ------------------------------------
+    @property
+    def is_kafka(self) -> bool:
+        """False: a Delta table. For code outside the library (a user's DAG, a test); the library
+        asks ``config.sink_kinds.sink_kind`` what a sink can do instead of testing its kind."""
+        return False
+
+    def label(self, sink_path: str) -> str:
+        """The sink as messages and DAG descriptions name it."""
+        return f"Delta {sink_path}"
+
+    def registry_merged(self, options: dict[str, str]) -> dict[str, str] | None:
+        """The sink's Schema Registry settings with a connection's ``options`` (None: it uses none)."""
+        return None
+
+    def outbox_refusal(self) -> str | None:
+        """Why the outbox cannot publish this sink's rows, or None."""
+        return None if self.mode == "append" else f"sink.mode {self.mode}"
+
+    def sources_problem(self, data_path: str, is_source: Callable[[str], bool], pipeline: str) -> tuple[str, str] | None:
+        """A setting of this sink that the pipeline's data path or sources rule out: (field, problem)."""
+        return None
+
+
+class KafkaSinkSettings(_Strict):
+    """``sink:`` of a Kafka topic (``type: kafka``, ``offsetlake.kafka_sink``): each batch's rows are
+    produced in ONE Kafka transaction with the source end offsets committed for the pipeline's
+    group; the transaction is the commit point, the ledger follows. Only ``mode: append`` (a log
+    cannot replace or fold rows); a Delta table's fields cannot be written here. What generic row
+    code asks of a Delta sink's settings (``partition_by``, ``window``...) it answers as an append
+    sink without them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["kafka"]
+    # the output topic (it must exist: its partitions are yours to choose)
+    topic: str = Field(min_length=1)
+    mode: Literal["append"] = "append"
+    # the columns that become the record key (one: its value as text; several: a JSON array;
+    # none: no key)
+    key: list[str] = Field(default_factory=list)
+    # how a row becomes the record value: json, an object of the row's columns without the
+    # _kafka_* coordinates; avro, json_schema, protobuf: the Confluent wire format through the
+    # Schema Registry (``offsetlake.sink_values``): the schema derived from the output columns is
+    # registered under ``subject`` (default <topic>-value), or with register: false only looked up
+    format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
+    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    subject: str | None = Field(default=None, min_length=1)
+    register_schema: bool = Field(default=True, alias="register")  # YAML: register
+    # where records that became no row go, in the same transaction, with the reason in headers
+    # (default <topic>.dead-letters)
+    dead_letter_topic: str | None = Field(default=None, min_length=1)
+
+    @field_validator("schema_registry", mode="before")
+    @classmethod
+    def _registry_options(cls, value: Any) -> Any:
+        return registry_options(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_delta_fields(cls, data: Any) -> Any:
+        """A topic, the append mode and none of a Delta table's settings (they cannot be written
+        here, ``extra: forbid``; this says where they belong)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("topic") is None:
+            raise ValueError("a Kafka sink (type: kafka) needs topic: the topic its rows are produced to")
+        if data.get("mode", "append") != "append":
+            raise ValueError(
+                f"a Kafka sink takes mode append only, not {data['mode']}: a topic cannot replace or delete a key's row "
+                "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
+            )
+        for name in ("table", "partition_by"):
+            if data.get(name):
+                raise ValueError(f"{name} applies to a Delta sink; a Kafka sink writes to topic {data['topic']}")
+        for name in ("measures", "window", "allowed_lateness", "within", "within_on"):
+            if data.get(name):
+                raise ValueError(f"{name} applies to a Delta sink's merge engines, not to a Kafka sink")
+        if data.get("format", "json") == "json":
+            for name in ("schema_registry", "subject", "register", "register_schema"):
+                if name in data:
+                    name = name.removesuffix("_schema")
+                    raise ValueError(f"{name} applies to the registry formats (avro, json_schema, protobuf), not to format json")
+        return data
+
+    @model_validator(mode="after")
+    def _names(self) -> KafkaSinkSettings:
+        _doubled_key(self.key)
+        for name in ("topic", "dead_letter_topic"):
+            value = getattr(self, name)
+            if value is not None and not _KAFKA_TOPIC_NAME.fullmatch(value):
+                raise ValueError(f"{name}: '{value}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
+        return self
+
+    @property
+    def dead_letters_to(self) -> str:
+        """The dead-letter topic."""
+        return self.dead_letter_topic or f"{self.topic}.dead-letters"
+
+    # ---- a Delta table's settings, as an append sink without them -------------------------------
+    @property
+    def table(self) -> None:
+        return None
+
+    @property
+    def partition_by(self) -> list[str]:
+        return []
+
+    @property
+    def window(self) -> None:
+        return None
+
+    @property
+    def allowed_lateness(self) -> None:
+        return None
+
+    @property
+    def within(self) -> None:
+        return None
+
+    @property
+    def within_on(self) -> None:
+        return None
+
+    @property
+    def delete_on_tombstone(self) -> bool:
+        return False
+
+    @property
+    def file_rows(self) -> int:
+        return 500_000
+
+    @property
+    def measures(self) -> dict[str, dict[str, str]]:
+        return {}
+
+    def aggregates(self) -> list[Measure]:
+        return []
+
+    @property
+    def keyed(self) -> bool:
+        return False
+
+    @property
+    def engine(self) -> str | None:
+        return None
+
+    @property
+    def removes_keys(self) -> bool:
+        return False
+
+    @property
+    def deletes(self) -> bool:
+        return False
+
+    # ---- what a pipeline asks of its sink, answered per kind ------------------------------------
+    @property
+    def is_kafka(self) -> bool:
+        """True: a Kafka topic (see ``DeltaSinkSettings.is_kafka``)."""
+        return True
+
+    def label(self, sink_path: str) -> str:
+        return f"Kafka topic {self.topic}"
+
+    def registry_merged(self, options: dict[str, str]) -> dict[str, str] | None:
+        return None if self.format == "json" else {**self.schema_registry, **options}
+
+    def outbox_refusal(self) -> str | None:
+        return "a Kafka sink (its topic is already the output)"
+
+    def sources_problem(self, data_path: str, is_source: Callable[[str], bool], pipeline: str) -> tuple[str, str] | None:
+        if data_path in ("direct", "jvm"):
+            return "data_path", f"a Kafka sink takes auto or spark (Spark hands the rows to the driver's producer), not {data_path}"
+        for name, topic in (("sink.topic", self.topic), ("sink.dead_letter_topic", self.dead_letters_to)):
+            if is_source(topic):
+                return name, f"{topic} is also a source of pipeline {pipeline}: it would read its own output"
+        return None
+
+
+def _sink_type(data: Any) -> str:
+    """The tag of a ``sink:`` mapping (``delta`` when it names none), or of a settings object."""
+    if isinstance(data, dict):
+        return str(data.get("type", "delta"))
+    return str(getattr(data, "type", "delta"))
+
+
+# ``sink:``: a Delta table or a Kafka topic, told apart by ``type`` (pydantic's discriminator, the
+# one place that reads it while loading); each kind has only its own fields
+SinkSettings = Annotated[
+    Annotated[DeltaSinkSettings, Tag("delta")] | Annotated[KafkaSinkSettings, Tag("kafka")],
+    Discriminator(_sink_type, custom_error_type="sink_type", custom_error_message="type: delta or kafka"),
+]
 
 
 class OutboxSettings(_Strict):

@@ -1,5 +1,6 @@
 """Opening a sink's reading half: the implementation follows the pipeline's kind of sink
-(``offsetlake.config.sink_kinds.sink_kind``, the one place that looks at ``sink.type``)."""
+(``offsetlake.config.sink_kinds.sink_kind``, the one place that looks at ``sink.type``), whose
+reader each reader module registers when it is imported."""
 
 from __future__ import annotations
 
@@ -7,13 +8,10 @@ from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import sink_kind
-from offsetlake.sinks.delta_reader import DeltaSinkReader
-from offsetlake.sinks.kafka_reader import KafkaSinkReader
-from offsetlake.sinks.reading import SinkReader
-
-_READERS: dict[str, type[SinkReader]] = {"delta": DeltaSinkReader, "kafka": KafkaSinkReader}
+from offsetlake.sinks import delta_reader, kafka_reader  # noqa: F401 - each provides its kind's reader
+from offsetlake.sinks.reading import READER, SinkReader
 
 
 def open_sink(config: PipelineConfig, table: DeltaTable | None = None) -> SinkReader:
     """The sink's reading half at one snapshot (``table``: see ``SinkReader``)."""
-    return _READERS[sink_kind(config).name](config, table)
+    return sink_kind(config).implementation(READER)(config, table)

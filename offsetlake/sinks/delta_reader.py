@@ -9,10 +9,11 @@ from typing import Any
 from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import DeltaSinkKind
 from offsetlake.foreign import summaries
 from offsetlake.history import SinkCommit, sink_commits
 from offsetlake.sink import committed_end
-from offsetlake.sinks.reading import SinkReader, TopicPartitionKey
+from offsetlake.sinks.reading import READER, SinkReader, TopicPartitionKey
 from offsetlake.storage import open_table
 
 
@@ -38,3 +39,6 @@ class DeltaSinkReader(SinkReader):
 
     def foreign_changes(self) -> list[dict[str, Any]]:
         return summaries(self._table, self.config.name)
+
+
+DeltaSinkKind.provides(READER, DeltaSinkReader)

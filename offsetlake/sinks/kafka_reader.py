@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from offsetlake.config.sink_kinds import KafkaSinkKind
 from offsetlake.history import SinkCommit
 from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits
-from offsetlake.sinks.reading import SinkReader, TopicPartitionKey
+from offsetlake.sinks.reading import READER, SinkReader, TopicPartitionKey
 
 
 class KafkaSinkReader(SinkReader):
@@ -29,3 +30,6 @@ class KafkaSinkReader(SinkReader):
         """The group's offset per partition: Kafka's copy of the ends (restored from the log when missing)."""
         found = group_offsets(self.config.kafka_client_config(), self.config.name, sorted(keys))
         return {key: {"group_offset": offset} for key, offset in found.items()}
+
+
+KafkaSinkKind.provides(READER, KafkaSinkReader)

@@ -25,6 +25,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Role
 from offsetlake.history import SinkCommit
 
 TopicPartitionKey = tuple[str, int]
@@ -58,3 +59,6 @@ class SinkReader(ABC):
     def foreign_changes(self) -> list[dict[str, Any]]:
         """What commits offsetlake did not make changed (``offsetlake.foreign.summaries``): none by default."""
         return []
+
+
+READER: Role[type[SinkReader]] = Role("reader")  # what each kind of sink provides (``config.sink_kinds.SinkKind``)

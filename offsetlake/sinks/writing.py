@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Protocol
 
 from offsetlake.config import PipelineConfig
+from offsetlake.config.sink_kinds import Role
 from offsetlake.entry import LedgerEntry
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.plan import BatchKind, BatchPlan
@@ -107,3 +108,6 @@ class SinkWriter(ABC):
 
     def after_commit(self, plan: BatchPlan, processed: Any) -> None:  # noqa: B027 - most sinks have nothing to do here
         """After the sink commit, before the ledger row (a Delta sink applies its dead letters)."""
+
+
+WRITER: Role[type[SinkWriter]] = Role("writer")  # what each kind of sink provides (``config.sink_kinds.SinkKind``)
