@@ -74,7 +74,8 @@ from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
-from offsetlake.kafka_commit import OutputRecord, TransactionalWriter, committed_ends, row_record  # noqa: E402
+from offsetlake.kafka_commit import group_offsets as committed_ends  # noqa: E402
+from offsetlake.kafka_transactions import OutputRecord, TransactionalWriter, row_record  # noqa: E402
 from offsetlake.plan import RunContext  # noqa: E402
 from offsetlake.runs import run_pipeline  # noqa: E402
 from offsetlake.spark import spark_session, stop_spark  # noqa: E402

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 NAMES = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
-# a Kafka sink's transaction (offsetlake.kafka_commit): its records produced, flushed, committed
+# a Kafka sink's transaction (offsetlake.kafka_transactions): its records produced, flushed, committed
 KAFKA_SINK_NAMES = ("after_produce", "after_flush", "after_kafka_commit")
 KNOWN = NAMES + KAFKA_SINK_NAMES
 _HOOKS: dict[str, list[Callable[[str], None]]] = {}

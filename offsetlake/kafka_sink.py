@@ -44,17 +44,8 @@ from offsetlake.entry import LedgerEntry
 from offsetlake.errors import KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets, group_id
-from offsetlake.kafka_commit import (
-    NOT_IN_VALUES,
-    OutputRecord,
-    TransactionalWriter,
-    commit_log_ends,
-    commit_log_topic,
-    ensure_topics,
-    group_offsets,
-    kafka_sink_commits,
-    row_record,
-)
+from offsetlake.kafka_commit import commit_log_ends, commit_log_topic, group_offsets, kafka_sink_commits
+from offsetlake.kafka_transactions import NOT_IN_VALUES, OutputRecord, TransactionalWriter, ensure_topics, row_record
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan
 from offsetlake.sink_values import value_encoder

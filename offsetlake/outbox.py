@@ -3,7 +3,7 @@ in sink version order, so that a consumer following the rule below holds what th
 after every version it has read (issue 48, findings 3 and 5: the first contract published only
 markers for a rewind and nothing for rows a backfill removed, and consumers lost and kept rows).
 
-Each sink version that changed rows becomes one Kafka transaction (``offsetlake.kafka_commit``)
+Each sink version that changed rows becomes one Kafka transaction (``offsetlake.kafka_transactions``)
 holding its records and the outbox's progress: a record keyed ``<pipeline>><topic>`` in the
 compacted topic ``offsetlake-outbox-progress`` whose value names the sink table and the last
 published version. Progress and output commit together, so a publisher killed anywhere published
@@ -55,7 +55,7 @@ from offsetlake.errors import ConfigError
 from offsetlake.foreign import read_change
 from offsetlake.history import ForeignCommit, SinkCommit, foreign_commits, sink_commits
 from offsetlake.kafka import group_id
-from offsetlake.kafka_commit import (
+from offsetlake.kafka_transactions import (
     NOT_IN_VALUES,
     OutputRecord,
     TransactionalWriter,

@@ -19,8 +19,8 @@ from kafka_truth import read_records
 from offsetlake import failpoints
 from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.errors import KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
-from offsetlake.kafka_commit import OutputRecord, TransactionalWriter
 from offsetlake.kafka_commit import group_offsets as committed_ends
+from offsetlake.kafka_transactions import OutputRecord, TransactionalWriter
 
 SOURCE = f"source-{uuid.uuid4().hex[:8]}"  # the coordinates are data here: the topic exists (offsets commit to it) but is not read
 
@@ -177,7 +177,7 @@ def test_a_second_runner_fences_the_first_whose_batch_stays_invisible(client, ou
 
 _KILLED_RUNNER = """
 import sys
-from offsetlake.kafka_commit import OutputRecord, TransactionalWriter
+from offsetlake.kafka_transactions import OutputRecord, TransactionalWriter
 bootstrap, pipeline, topic = sys.argv[1:4]
 source = sys.argv[4]
 records = [OutputRecord(f"dead{n}".encode(), b"{}", source, 0, 1000 + n) for n in range(40)]

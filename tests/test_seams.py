@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import offsetlake.audit  # noqa: F401 - provides the audits
-import offsetlake.runs  # noqa: F401 - provides the writers
+import offsetlake.audit
+import offsetlake.runs
 import offsetlake.sinks.choice  # noqa: F401 - provides the readers
 from offsetlake.audit.report import AUDIT
 from offsetlake.config import DeltaSinkSettings, PipelineConfig
@@ -80,7 +80,5 @@ def _decisions(path: Path) -> list[str]:
 
 
 def test_no_library_module_outside_the_seams_decides_by_the_sinks_kind_or_mode():
-    found = sorted(
-        {d for path in LIBRARY.rglob("*.py") if not str(path.relative_to(LIBRARY)).startswith(SEAMS) for d in _decisions(path)}
-    )
+    found = sorted({d for path in LIBRARY.rglob("*.py") if not str(path.relative_to(LIBRARY)).startswith(SEAMS) for d in _decisions(path)})
     assert found == [], f"ask the sink's kind (config.sink_kinds) or its write mode (write_modes) instead: {found}"

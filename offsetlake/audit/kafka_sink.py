@@ -10,7 +10,8 @@ from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import KafkaSinkKind
 from offsetlake.history import SinkCommit
 from offsetlake.kafka import current_offsets
-from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits, read_committed_headers
+from offsetlake.kafka_commit import commit_log_ends, group_offsets, kafka_sink_commits
+from offsetlake.kafka_transactions import read_committed_headers
 from offsetlake.ledger import Ledger
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchStatus
 
