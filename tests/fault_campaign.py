@@ -12,8 +12,9 @@ into a keyed sink (``sink.mode: upsert``) whose key is a timestamp with sub-mill
 taken from the record key, with tombstones that delete keys; it runs, backfills and is compacted
 beside the first. A third pipeline reads the same topic into a merge engine (``sink.mode:
 aggregate``) keyed by the same timestamp: per key the count, sum, min, max, first and last order
-id; it runs and backfills beside them, and its maintenance is checked to leave its files. A
-fourth pipeline reads the same topic into a Kafka topic (``sink: {type: kafka}``, one Kafka
+id; it runs and backfills beside them, and its maintenance is checked to leave its files. Two
+more do the same into the other merge engines: ``first_row`` (tombstones are its dead letters)
+and ``partial_update`` (tombstones delete the key). A fourth pipeline reads the same topic into a Kafka topic (``sink: {type: kafka}``, one Kafka
 transaction per batch): it runs in this process, crashed one time in three at a step of its
 batch, and republishes committed ranges (a backfill with ``republish``); after a re-creation of
 the topic its group is deleted and it writes to a new output topic, as its user would (a Kafka
@@ -39,7 +40,9 @@ produced, with offsets and timestamps from the producer's delivery reports — a
   those by record time, partition, epoch and offset), and no row for a key whose newest record is a tombstone;
 * the aggregate holds, per key, the count, sum, min, max, first and last order id of the key's
   committed records (not malformed, not tombstones), first and last by record time, partition,
-  epoch and offset;
+  epoch and offset; first_row each key's first committed record; partial_update, per column, the
+  newest non-null value since the key's newest tombstone, and no row where that tombstone is its
+  newest record;
 * the Kafka sink's output topic holds every committed valid record of the current topic below
   its group's committed offsets exactly once among its ingest records, and its dead-letter topic
   every malformed one exactly once, but for offsets delete_records took before the pipeline read
@@ -217,18 +220,26 @@ class Campaign:
         self.name, self.topic = f"torture_{suffix}", f"torture_{suffix}"
         self.keyed_name = f"{self.name}_keyed"
         self.engine_name = f"{self.name}_agg"
+        self.first_name, self.partial_name = f"{self.name}_first", f"{self.name}_partial"
         self.folder = work / "pipelines"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.file = self.folder / f"{self.name}.yaml"
         self.keyed_file = self.folder / f"{self.keyed_name}.yaml"
         self.engine_file = self.folder / f"{self.engine_name}.yaml"
+        self.first_file, self.partial_file = self.folder / f"{self.first_name}.yaml", self.folder / f"{self.partial_name}.yaml"
         self.kafka_name = f"{self.name}_kafka"
         self.kafka_file = self.folder / f"{self.kafka_name}.yaml"
         self.with_extra_field = False
-        self.model.epoch_incarnation = {self.name: [0], self.keyed_name: [0], self.engine_name: [0]}
+        self.model.epoch_incarnation = {n: [0] for n in (self.name, self.keyed_name, self.engine_name, self.first_name, self.partial_name)}
         self.config = self._write_pipeline()
         self.keyed = self._write_keyed_pipeline()
         self.engine = self._write_engine_pipeline()
+        self.first = self._write_engine_pipeline(self.first_name, self.first_file, {"mode": "first_row", "key": ["slot"], "file_rows": 8})
+        self.partial = self._write_engine_pipeline(
+            self.partial_name, self.partial_file, {"mode": "partial_update", "key": ["slot"], "file_rows": 8}
+        )
+        # every merge engine's pipeline: the aggregate, first_row and partial_update (tombstones delete)
+        self.engines = (self.engine, self.first, self.partial)
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a dropped client cancels its futures
         admin.create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
         self.partitions = 2
@@ -298,16 +309,19 @@ class Campaign:
         )
         return load_pipeline(str(self.keyed_file))
 
-    def _write_engine_pipeline(self):
-        """The merge engine's pipeline: the same topic into an aggregate keyed by the record key's
-        timestamp (tombstones and malformed records are its dead letters); small batches."""
+    def _write_engine_pipeline(self, name: str | None = None, file: Path | None = None, sink: dict | None = None):
+        """A merge engine's pipeline: the same topic into an aggregate (or ``sink``: first_row,
+        partial_update) keyed by the record key's timestamp (malformed records are its dead
+        letters, tombstones too but for partial_update, whose tombstone deletes); small batches."""
         from offsetlake.config import load_pipeline
 
         measures = {f"{f}_id": {f: "order_id"} for f in ("sum", "min", "max", "first", "last")}
-        self.engine_file.write_text(
+        name, file = name or self.engine_name, file or self.engine_file
+        sink = sink or {"mode": "aggregate", "key": ["slot"], "measures": {"records": {"count": "*"}, **measures}, "file_rows": 8}
+        file.write_text(
             yaml.safe_dump(
                 {
-                    "name": self.engine_name,
+                    "name": name,
                     "topic": self.topic,
                     "lake": str(self.work / "lake"),
                     "start": "earliest",
@@ -317,12 +331,12 @@ class Campaign:
                     "on_offsets_lost": "skip",
                     "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
                     "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
-                    "sink": {"mode": "aggregate", "key": ["slot"], "measures": {"records": {"count": "*"}, **measures}, "file_rows": 8},
+                    "sink": sink,
                 },
                 sort_keys=False,
             )
         )
-        return load_pipeline(str(self.engine_file))
+        return load_pipeline(str(file))
 
     def _new_kafka_output(self):
         """Create the Kafka-sink pipeline's next output topic (2 partitions) and its dead-letter
@@ -484,6 +498,8 @@ class Campaign:
             "keyed_backfills": self.stats["keyed_backfills"],
             "keyed_backfills_refused": self.stats["keyed_backfills_refused"],
             "engine_keys": self.stats["last_engine_keys"],
+            "first_row_keys": self.stats["last_engine_keys:first_row"],
+            "partial_update_keys": self.stats["last_engine_keys:partial_update"],
             "engine_backfills": self.stats["engine_backfills"],
             "kafka_sink_batches": self._kafka_sink_batches(),
             "kafka_sink_runs": self.stats["kafka_sink_runs"],
@@ -594,7 +610,7 @@ class Campaign:
         from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session
 
-        for config in (self.config, self.keyed, self.engine):
+        for config in (self.config, self.keyed, *self.engines):
             run_pipeline(
                 config,
                 RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"),
@@ -822,10 +838,11 @@ class Campaign:
         from offsetlake.maintenance import maintain
 
         reports = [*maintain(self.config, retention_hours=1, vacuum=True), *maintain(self.keyed, retention_hours=1, vacuum=True)]
-        engine_files = len(storage.table(self.engine.layout.sink).file_uris()) if storage.is_table(self.engine.layout.sink) else None
-        for report in maintain(self.engine, retention_hours=1, vacuum=True):  # a merge engine's files stay as its merges wrote them
-            if report.table == "sink" and (report.compacted_from or report.files_after != engine_files):
-                raise InvariantBroken(f"maintenance changed the merge engine's files: {report.as_dict()}")
+        for engine in self.engines:
+            engine_files = len(storage.table(engine.layout.sink).file_uris()) if storage.is_table(engine.layout.sink) else None
+            for report in maintain(engine, retention_hours=1, vacuum=True):  # a merge engine's files stay as its merges wrote them
+                if report.table == "sink" and (report.compacted_from or report.files_after != engine_files):
+                    raise InvariantBroken(f"maintenance changed the files of merge engine {engine.name}: {report.as_dict()}")
         self.stats["maintenance_runs"] += 1
         self.stats["files_vacuumed"] += sum(r.vacuumed for r in reports)
 
@@ -881,15 +898,17 @@ class Campaign:
         self.stats["keyed_backfills"] += 1
 
     def engine_backfill(self) -> None:
-        """Backfill a random committed range of the merge engine's pipeline (current epoch): its
-        contributions there are replaced, each touched key folded again from all of its own."""
+        """Backfill a random committed range of a merge engine's pipeline, picked at random
+        (current epoch): its contributions there are replaced, each touched key folded again from
+        all of its own."""
         from offsetlake.backfill import plan_backfill
         from offsetlake.ledger import Ledger
         from offsetlake.plan import RunContext
         from offsetlake.runs import execute_recorded_batch
         from offsetlake.spark import spark_session
 
-        ends = self._committed_ends(self.engine)
+        engine = self.rng.choice(self.engines)
+        ends = self._committed_ends(engine)
         candidates = [(p, e) for p, e in ends.items() if e and e > self.model.deleted_below.get(p, 0) + 1]
         if not candidates:
             self.stats["skipped:engine_backfill"] += 1
@@ -897,9 +916,9 @@ class Campaign:
         partition, end = self.rng.choice(candidates)
         start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
         stop = self.rng.randrange(start + 1, end + 1)
-        plan = plan_backfill(self.engine, RunContext(run_id=f"campaign-ebackfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
-        Ledger.of(self.engine).record_plan(plan)
-        result = execute_recorded_batch(self.engine, plan.batch_id, spark_session)
+        plan = plan_backfill(engine, RunContext(run_id=f"campaign-ebackfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
+        Ledger.of(engine).record_plan(plan)
+        result = execute_recorded_batch(engine, plan.batch_id, spark_session)
         if result.status != "committed":
             raise InvariantBroken(f"engine backfill {plan.describe()} ended {result.status}")
         self.stats["engine_backfills"] += 1
@@ -1127,6 +1146,8 @@ class Campaign:
             self.name: (self.config, self.file),
             self.keyed_name: (self.keyed, self.keyed_file),
             self.engine_name: (self.engine, self.engine_file),
+            self.first_name: (self.first, self.first_file),
+            self.partial_name: (self.partial, self.partial_file),
         }
         ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
         kafka_ends = self._kafka_ends()
@@ -1250,7 +1271,7 @@ class Campaign:
         """
         from offsetlake.audit import audit_pipeline
 
-        for config in (self.config, self.keyed, self.engine):
+        for config in (self.config, self.keyed, *self.engines):
             if not storage.is_table(config.layout.sink):
                 continue
             report = audit_pipeline(config, against_kafka=against_kafka)
@@ -1560,53 +1581,86 @@ class Campaign:
             self.stats["keyed_problems"] += len(problems)
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, keyed sink: " + "; ".join(problems[:6]))
 
-    def check_engine(self, final: bool = False) -> None:
-        """The merge engine's aggregate against the model: per key, the count, sum, min, max,
-        first and last order id of its committed records, computed here from what the campaign
-        produced, first and last by (record time, partition, epoch, offset)."""
-        if not storage.is_table(self.engine.layout.sink):
-            return
-        ends = self._committed_ends(self.engine)
-        _, _, live, epoch_of = self._history(self.engine)
-        gaps = self._gaps(self.engine_name, live, epoch_of)
-        epochs = self.model.epoch_incarnation[self.engine_name]
-        by_key: dict[int, list[tuple[tuple, int]]] = {}
+    def _engine_records(self, config) -> dict[int, list[tuple[tuple, Record]]]:
+        """Per key (the slot), the committed records a merge engine's pipeline holds (valid ones
+        and tombstones; malformed ones are dead letters), ranked as the engines order them:
+        (record time, partition, epoch, offset)."""
+        name = config.name
+        ends = self._committed_ends(config)
+        _, _, live, epoch_of = self._history(config)
+        gaps = self._gaps(name, live, epoch_of)
+        epochs = self.model.epoch_incarnation[name]
+        by_key: dict[int, list[tuple[tuple, Record]]] = {}
         for (inc, p, o), record in self.model.records.items():
-            end = self._ends_of(self.engine_name, inc, ends).get(p)
-            if record.state != "visible" or end is None or o >= end or record.order_id is None:
+            end = self._ends_of(name, inc, ends).get(p)
+            if record.state != "visible" or end is None or o >= end or (record.order_id is None and not record.tombstone):
                 continue
             if any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps) or inc not in epochs:
                 continue
             rank = (record.timestamp_ms or 0, p, epochs.index(inc), o)
-            by_key.setdefault(record.slot_us, []).append((rank, record.order_id))
-        expected = {}
-        for slot, ranked in by_key.items():
-            ids = [i for _, i in sorted(ranked)]
-            expected[slot] = (len(ids), sum(ids), min(ids), max(ids), ids[0], ids[-1])
+            by_key.setdefault(record.slot_us, []).append((rank, record))
+        return {slot: sorted(ranked, key=lambda r: r[0]) for slot, ranked in by_key.items()}
+
+    def check_engine(self, final: bool = False) -> None:
+        """Each merge engine against the model, computed here from what the campaign produced,
+        in the engines' order (record time, partition, epoch, offset): the aggregate holds per key
+        the count, sum, min, max, first and last order id of its committed records; first_row
+        each key's first record; partial_update per column the newest non-null value since the key's
+        newest tombstone (its delete), no row where the newest record is one. Tombstones are dead letters of the other two."""
         from offsetlake.keyed import current_rows
 
-        columns = ["records", "sum_id", "min_id", "max_id", "first_id", "last_id"]
-        rows = current_rows(storage.table(self.engine.layout.sink), ["slot", *columns])
-        slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
-        got = {slot: tuple(r[c] for c in columns) for slot, r in zip(slots, rows.to_pylist(), strict=True)}
+        def aggregate(ranked: list[tuple[tuple, Record]]) -> tuple | None:
+            ids = [r.order_id for _, r in ranked if r.order_id is not None]
+            return (len(ids), sum(ids), min(ids), max(ids), ids[0], ids[-1]) if ids else None
+
+        def first_row(ranked: list[tuple[tuple, Record]]) -> tuple | None:
+            ids = [r.order_id for _, r in ranked if r.order_id is not None]
+            return (ids[0], ranked_customer(ranked, ids[0])) if ids else None
+
+        def partial_update(ranked: list[tuple[tuple, Record]]) -> tuple | None:
+            # each column: the newest non-null value of the records after the key's newest delete
+            if ranked[-1][1].tombstone:
+                return None
+            deleted = max((i for i, (_, r) in enumerate(ranked) if r.tombstone), default=-1)
+            after = [r for _, r in ranked[deleted + 1 :]]
+            return (after[-1].order_id, next((r.customer for r in reversed(after) if r.customer is not None), None))
+
+        def ranked_customer(ranked: list[tuple[tuple, Record]], order_id: int) -> str | None:
+            return next(r.customer for _, r in ranked if r.order_id == order_id)
+
+        columns = {
+            self.engine_name: (["records", "sum_id", "min_id", "max_id", "first_id", "last_id"], aggregate),
+            self.first_name: (["order_id", "customer"], first_row),
+            self.partial_name: (["order_id", "customer"], partial_update),
+        }
         problems = []
-        if len(got) != len(slots):
-            problems.append(f"the aggregate has {len(slots)} rows for {len(got)} keys")
-        if got != expected:
-            differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
-            problems.append(
-                f"the aggregate differs from the model on {len(differ)} keys: "
-                + ", ".join(f"{_iso_us(k)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
-            )
-        self.stats["last_engine_keys"] = len(got)
-        if final:
-            lso = _last_stable(self.bootstrap, self.topic, self.partitions)
-            behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
-            if behind:
-                problems.append(f"after the final run the merge engine's partitions are behind their LSO: {behind}")
+        for engine in self.engines:
+            if not storage.is_table(engine.layout.sink):
+                continue
+            wanted, model = columns[engine.name]
+            expected = {slot: row for slot, ranked in self._engine_records(engine).items() if (row := model(ranked)) is not None}
+            rows = current_rows(storage.table(engine.layout.sink), ["slot", *wanted])
+            slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
+            got = {slot: tuple(r[c] for c in wanted) for slot, r in zip(slots, rows.to_pylist(), strict=True)}
+            if len(got) != len(slots):
+                problems.append(f"{engine.name} has {len(slots)} rows for {len(got)} keys")
+            if got != expected:
+                differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+                problems.append(
+                    f"{engine.name} differs from the model on {len(differ)} keys: "
+                    + ", ".join(f"{_iso_us(k)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
+                )
+            self.stats[f"last_engine_keys:{engine.sink.mode}"] = len(got)
+            if final:
+                ends = self._committed_ends(engine)
+                lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+                behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
+                if behind:
+                    problems.append(f"after the final run {engine.name}'s partitions are behind their LSO: {behind}")
+        self.stats["last_engine_keys"] = self.stats["last_engine_keys:aggregate"]
         if problems:
             self.stats["engine_problems"] += len(problems)
-            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, merge engine: " + "; ".join(problems[:6]))
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, merge engines: " + "; ".join(problems[:6]))
 
     def check_kafka_sink(self, final: bool = False) -> None:
         """The Kafka-sink pipeline against the model, read back with plain read_committed
