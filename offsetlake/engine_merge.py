@@ -12,11 +12,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from offsetlake import keyed, staging
+from offsetlake import keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
-from offsetlake.engines import HIDDEN, STATE, WINDOW_START, Engine, arrow_schema_of, engine_for, group_columns, is_contribution_file
+from offsetlake.engines import (
+    CONTRIBUTION,
+    HIDDEN,
+    STATE,
+    WINDOW_START,
+    Engine,
+    arrow_schema_of,
+    engine_for,
+    group_columns,
+    is_contribution_file,
+)
 from offsetlake.keyed import MergeCounts
 from offsetlake.schema_evolution import schema_diff, table_schema
 from offsetlake.sink import live_files
@@ -52,7 +64,7 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     new = engine.contributions(rows).persist()
     cached = [new]
     files = live_files(table) if table is not None else []
-    contribution_files = [f for f in files if is_contribution_file(f)]
+    contribution_files = [f for f in files if _holds_contributions(config, f)]
     replaced_files = [f for f in contribution_files if replaced is not None and replaced.file_may_hold(f)]
     schema = _merged_schema(table, new)
     inside = _selected(replaced)
@@ -69,7 +81,8 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
         # by the key's and the window start's statistics: visible files are sorted by (window, key)
         pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
         holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
-        stored_files = [f for f in holding if not is_contribution_file(f)]
+        kinds = {f["path"] for f in contribution_files}
+        stored_files = [f for f in holding if f["path"] not in kinds]
     stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
     states = new.select(*group, STATE)
     refold = replaced is not None or (stored is not None and engine.late(new, stored))
@@ -89,6 +102,23 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
     contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
     return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached)
+
+
+def _holds_contributions(config: PipelineConfig, file: dict[str, Any]) -> bool:
+    """Whether a live file holds contribution rows (never mixed with visible ones): told by its
+    statistics (``engines.is_contribution_file``), or, for a file written without any (a
+    non-finite value in one of its columns: ``file_stats.delta_stats``), by its ``HIDDEN`` column
+    read. Taking such a file for visible rows rewrote its contributions away (the fault
+    campaign's first_row and partial_update pipelines, seed 20261122)."""
+    if file.get(f"null_count.{HIDDEN}") is not None:
+        return is_contribution_file(file)
+    fs, path = storage.filesystem(config.layout.sink.child(storage.file_path_from_log(file["path"])))
+    with fs.open_input_file(path) as source:
+        parquet = pq.ParquetFile(source)
+        if HIDDEN not in parquet.schema_arrow.names:
+            return False
+        hidden = parquet.read(columns=[HIDDEN])[HIDDEN]
+    return len(hidden) > 0 and hidden.null_count == 0 and bool(pc.all(pc.equal(hidden, CONTRIBUTION)).as_py())
 
 
 def _selected(replaced: Selection | None) -> Column:

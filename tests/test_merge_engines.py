@@ -197,3 +197,29 @@ def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeli
     _produce(pipeline.bootstrap, pipeline.topic, 100, seed=5, keys=80)
     run_pipeline(config, RunContext("fr-2"), lambda: spark, emit=lambda _: None)
     _same(replay(config, _committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
+
+
+@pytest.mark.parametrize("mode", ["first_row", "partial_update"])
+def test_a_contribution_file_without_statistics_stays_contributions_through_later_batches(pipeline, spark, mode):
+    """A batch whose records carry a non-finite double (JSON 1e400, -1e400) writes its files with no
+    column statistics (``file_stats.delta_stats``: an infinite bound is not JSON, issue 48); a
+    later batch must still tell its contribution file from the visible files, by its rows. Taken
+    for visible rows, it was rewritten away: the fault campaign's first_row pipeline kept 136 of
+    249 contributions after two batches, and its audit against Kafka found the rest in neither table."""
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+    for i in range(60):
+        amount = {7: "1e400", 33: "-1e400"}.get(i, str(i))  # batch 1 and batch 2 each hold one
+        at = f"2026-11-01T0{i % 6}:00:00Z"
+        value = f'{{"order_id": {i % 12}, "customer": "c{i}", "amount": {amount}, "currency": "EUR", "created_at": "{at}"}}'
+        producer.produce(pipeline.topic, key=str(i % 12).encode(), value=value.encode())
+    assert producer.flush(30) == 0
+    config = pipeline.write(max_records_per_batch=25, key_format={"type": "string"}, sink={"mode": mode, "key": ["order_id"]})
+    run_pipeline(config, RunContext(f"nf-{mode}"), lambda: spark, emit=lambda _: None)
+    table = storage.table(config.layout.sink)
+    assert len(sink_commits(table, config.name)) == 3
+    hidden = table.to_pyarrow_table(columns=["_offsetlake_hidden"])["_offsetlake_hidden"].to_pylist()
+    assert hidden.count("contribution") == 60, "every record keeps its contribution"
+    report = audit_pipeline(config, against_kafka=True)
+    assert report.ok and report.against_kafka["groups_checked"] == 12, report.text()
+    _same(replay(config, _committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "currency", "created_at"])
