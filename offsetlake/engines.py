@@ -25,9 +25,10 @@ inside a partition, the engines follow the timestamps (upsert follows the offset
   ``STATE``, its coordinates; ``HIDDEN = contribution``. Readers keep ``HIDDEN IS NULL``.
 
 The two kinds never share a data file (``is_contribution_file`` tells them apart by the
-``HIDDEN`` statistics): visible files are sorted by (window, key), so a merge reads only those
-holding its batch's keys; contribution files are appended per batch, so a backfill finds the
-contributions of its ranges by their offset statistics.
+``HIDDEN`` statistics; ``engine_merge`` reads the column of a file written without any):
+visible files are sorted by (window, key), so a merge reads only those holding its batch's
+keys; contribution files are appended per batch, so a backfill finds the contributions of its
+ranges by their offset statistics.
 
 **An ingest batch** folds each touched key's stored state with the batch's contributions,
 rewrites the visible files holding touched keys, and appends the batch's contribution files: its
