@@ -14,12 +14,12 @@ beside the first. A third pipeline reads the same topic into a merge engine (``s
 aggregate``) keyed by the same timestamp: per key the count, sum, min, max, first and last order
 id; it runs and backfills beside them, and its maintenance is checked to leave its files. Two
 more do the same into the other merge engines: ``first_row`` (tombstones are its dead letters)
-and ``partial_update`` (tombstones delete the key). A fourth pipeline reads the same topic into a Kafka topic (``sink: {type: kafka}``, one Kafka
-transaction per batch): it runs in this process, crashed one time in three at a step of its
-batch, and republishes committed ranges (a backfill with ``republish``); after a re-creation of
-the topic its group is deleted and it writes to a new output topic, as its user would (a Kafka
-sink's epoch cannot be reset). An outbox publishes the first pipeline's sink commits to a topic
-(``offsetlake.outbox``), its publisher crashed one time in three. After EVERY step the
+and ``partial_update`` (tombstones delete the key). A fourth pipeline reads the same topic into a
+Kafka topic (``sink: {type: kafka}``, one Kafka transaction per batch): it runs in this process,
+crashed one time in three at a step of its batch, and republishes committed ranges (a backfill with
+``republish``); after a re-creation of the topic its group is deleted and it writes to a new output
+topic, as its user would (a Kafka sink's epoch cannot be reset). An outbox publishes the first
+pipeline's sink commits to a topic (``offsetlake.outbox``), its publisher crashed one time in three. After EVERY step the
 invariants are checked twice. First against an independent model — what the campaign itself
 produced, with offsets and timestamps from the producer's delivery reports — and plain deltalake reads of the sink, dead letters and ledger:
 
