@@ -35,10 +35,11 @@ class UpsertMode(WriteMode):
     def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
         """The merge reads the table: the commit is made on that same snapshot (invariant 10)."""
         config = self.config
-        table = ensure_table(config, keyed.with_hidden_column(processed.rows_schema))  # the merge writes hidden state rows
+        written = keyed.with_hidden_column(processed.rows_schema)  # the merge writes hidden state rows
+        table = ensure_table(config, written)
         if not check_plan_applies(table, config, plan):
             return None
-        schema = evolved_schema(table, config, keyed.with_hidden_column(processed.rows_schema), plan)
+        schema = evolved_schema(table, config, written, plan)
         merge = stage_merge(config, plan, processed, spark, table)
         if schema is not None and merge.removed:
             table = add_columns_first(table, config, schema, plan)  # a commit cannot both
