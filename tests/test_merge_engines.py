@@ -199,6 +199,7 @@ def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeli
     _same(replay(config, _committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
 
 
+@pytest.mark.also_on_s3
 @pytest.mark.parametrize("mode", ["first_row", "partial_update"])
 def test_a_contribution_file_without_statistics_stays_contributions_through_later_batches(pipeline, spark, mode):
     """A batch whose records carry a non-finite double (JSON 1e400, -1e400) writes its files with no
