@@ -12,10 +12,11 @@ offsets with offsets_for_times first.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Transaction
 
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
@@ -242,9 +243,16 @@ def plan_interval_backfill(
 
 
 def commit_replace(
-    table: DeltaTable, config: PipelineConfig, plan: BatchPlan, new_files: WrittenFiles, removed: list[dict], entry: LedgerEntry
+    table: DeltaTable,
+    config: PipelineConfig,
+    plan: BatchPlan,
+    new_files: WrittenFiles,
+    removed: list[dict],
+    entry: LedgerEntry,
+    pins: Sequence[Transaction] = (),
 ) -> int:
-    """ONE commit: remove the touched files, add the rewritten + new ones, no txn change.
+    """ONE commit: remove the touched files, add the rewritten + new ones, no txn change but a
+    keyed sink's state pin (``pins``, ``offsetlake.state_table``).
 
     Committed with no retries, so any commit since ``table``'s version makes it fail. delta-rs
     does not flag a commit whose removes were already removed by a concurrent compaction (seen
@@ -267,7 +275,7 @@ def commit_replace(
             batch_id=plan.batch_id,
             topic=moved[0],
         )
-    actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions])
+    actions = CommitActions(files=[*remove_actions(removed, config.sink.partition_by), *new_files.actions], txns=list(pins))
     lost = (
         f"backfill {plan.batch_id} of {plan.describe()} conflicted with another writer "
         "that committed meanwhile; nothing was committed, run the backfill again"
@@ -318,7 +326,7 @@ def _commit_staged(
     for quick in range(QUICK_COMMIT_ATTEMPTS if staged.rebase is not None else 1):
         table = staged.rebase() if staged.rebase is not None else staged.table
         try:
-            version = commit_replace(table, config, plan, staged.files, staged.removed, entry)
+            version = commit_replace(table, config, plan, staged.files, staged.removed, entry, staged.pins)
             break
         except CommitConflictError:
             if staged.rebase is None or quick == QUICK_COMMIT_ATTEMPTS - 1:

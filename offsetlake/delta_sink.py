@@ -103,11 +103,11 @@ class DeltaSinkWriter(SinkWriter):
         staged = write_mode(self.config).stage(plan, processed, spark)
         if staged is None:
             return None
-        table, files, removed, merged, schema = staged
+        table, files, removed, merged, schema = staged.table, staged.files, staged.removed, staged.merge, staged.schema
         t = time.monotonic()
         entry = processed.entry(plan, started, merge=merged)
         before_commit()
-        version = commit_batch(table, self.config, plan, files, entry, schema, removed=removed)
+        version = commit_batch(table, self.config, plan, files, entry, schema, removed=removed, pins=staged.pins)
         processed.timings_ms["commit"] = log_step(
             "commit",
             plan,

@@ -50,6 +50,7 @@ class EngineMerge:
     counts: MergeCounts
     visible_rows: int
     cached: list[DataFrame]
+    keys: DataFrame  # the groups the batch touched (its own and those of the contributions it dropped)
 
 
 def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame, replaced: Selection | None = None) -> EngineMerge:
@@ -101,7 +102,7 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     cached.append(visible)
     counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
     contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
-    return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached)
+    return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached, keys)
 
 
 def _holds_contributions(config: PipelineConfig, file: dict[str, Any]) -> bool:

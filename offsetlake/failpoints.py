@@ -26,7 +26,9 @@ from contextlib import contextmanager
 NAMES = ("after_plan", "after_read", "after_files_written", "after_commit", "after_ledger")
 # a Kafka sink's transaction (offsetlake.kafka_transactions): its records produced, flushed, committed
 KAFKA_SINK_NAMES = ("after_produce", "after_flush", "after_kafka_commit")
-KNOWN = NAMES + KAFKA_SINK_NAMES
+# a keyed sink's batch between its two commits: its state committed (unpinned), the sink's files written
+STATE_NAMES = ("after_state_commit",)
+KNOWN = NAMES + KAFKA_SINK_NAMES + STATE_NAMES
 _HOOKS: dict[str, list[Callable[[str], None]]] = {}
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from offsetlake import dead_letters
+from offsetlake import dead_letters, state_table
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.log_lines import log_line
@@ -64,9 +64,11 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
         )
     # A dead-letter change a crash left pending names staged files vacuum would otherwise take.
     dead_letters.apply_pending(config)
+    state_table.heal(config)  # the state table's newest version holds the pinned state: vacuum keeps its files
     reports = []
     for label, place, mine in (
         ("sink", config.layout.sink, None),
+        ("state", config.layout.state, None),
         ("dead_letters", config.layout.dead_letters, None),
         ("ledger", config.layout.ledger, [("pipeline", "=", config.name)]),
     ):
@@ -89,6 +91,8 @@ def _maintain_table(
         if label == "sink":  # the mode says what compaction may do to its files (``WriteMode.compact``)
             compaction = write_mode(config).compact(table, mine)
             metrics, report.skipped = compaction.metrics, compaction.skipped
+        elif label == "state":  # the next state commit sets the pinned files again: compaction would be undone
+            metrics, report.skipped = {"numFilesRemoved": 0, "numFilesAdded": 0}, "the state table is kept as the batches wrote it"
         else:
             metrics = table.optimize.compact(partition_filters=mine)
         report.compacted_from, report.compacted_into = metrics["numFilesRemoved"], metrics["numFilesAdded"]

@@ -53,9 +53,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Transaction
 
-from offsetlake import dead_letters, failpoints, foreign, storage
+from offsetlake import dead_letters, failpoints, foreign, state_table, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.entry import LedgerEntry, RewindEntry, for_plan
@@ -242,6 +242,7 @@ def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, the
     plan.remove_files = sorted(set(now_files) - set(then_files))
     plan.readd_files = sorted(set(then_files) - set(now_files))
     missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.layout.sink, f))]
+    missing += _missing_state_files(config, then)
     if missing:
         raise refused(
             config,
@@ -408,13 +409,27 @@ def _commit(table: DeltaTable, config: PipelineConfig, plan: RewindPlan, entry: 
             *remove_actions([live[p] for p in plan.remove_files], partition_by),
             *readd_actions(config.layout.sink, [then[p] for p in plan.readd_files], partition_by),
         ],
-        txns=txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)),
+        txns=[*txns(config, (((m.topic, m.partition), m.target) for m in plan.txn)), *_state_pin(config, plan.to_version)],
     )
     lost = (
         f"rewind to batch {plan.to_batch} lost to a concurrent commit on the sink "
         f"(version {plan.sink_version} was read); nothing was changed, run the rewind again"
     )
     return commit_once(table, config, actions, entry, conflict=lost)
+
+
+def _state_pin(config: PipelineConfig, to_version: int) -> list[Transaction]:
+    """A keyed sink's state goes back with it: the pin of the target version (``offsetlake.state_table``)."""
+    version = state_table.pinned_version(storage.table(config.layout.sink, version=to_version))
+    return [state_table.pin(version)] if version is not None else []
+
+
+def _missing_state_files(config: PipelineConfig, then: DeltaTable) -> list[str]:
+    """The files of the state the target version pins that are gone from disk (vacuumed)."""
+    state = state_table.pinned(config, then)
+    if state is None:
+        return []
+    return [f for f in _files(state) if not storage.exists(storage.data_file(state_table.location(config), f))]
 
 
 def _files(table: DeltaTable) -> list[str]:

@@ -443,10 +443,12 @@ def commit_batch(
     entry: LedgerEntry,
     schema: pa.Schema | None = None,
     removed: list[dict[str, Any]] | None = None,
+    pins: Sequence[Transaction] = (),
 ) -> int:
     """Commit data files + one txn per partition + the ledger entry as ONE Delta commit (with the
     sink's new ``schema`` when the batch adds columns, see ``commit``; with removes of the live
-    files a keyed batch's merge rewrote, ``removed``, as ``live_files`` rows).
+    files a keyed batch's merge rewrote, ``removed``, as ``live_files`` rows; with ``pins``, the
+    txn naming the state a keyed batch committed, ``offsetlake.state_table``).
 
     The only place offsets advance (invariant 2). ``table`` must be the object whose txn
     versions ``check_plan_applies`` just read: delta-rs then rejects this commit if another
@@ -459,7 +461,7 @@ def commit_batch(
     """
     refuse_foreign_sink(table, config.name)
     removes = remove_actions(removed or [], config.sink.partition_by)
-    actions = CommitActions(files=[*removes, *files.actions], txns=txns(config, ((r, r.end) for r in plan.ranges)))
+    actions = CommitActions(files=[*removes, *files.actions], txns=[*txns(config, ((r, r.end) for r in plan.ranges)), *pins])
     lost = f"batch {plan.batch_id} lost the commit race for {plan.describe()}"
     version = commit_once(table, config, actions, entry, conflict=lost, max_commit_retries=0 if removes else 5, schema=schema)
     after = storage.table(config.layout.sink, version=version)

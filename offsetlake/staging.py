@@ -111,6 +111,8 @@ class TaskFiles:
             self.open[key] = file  # now the most recently written
             if source is not None and self.inside is None:
                 counts = Counter({source: part.num_rows})
+            elif self.counted_by[0] not in part.column_names:  # rows of no one record (a merge engine's groups)
+                counts = Counter()
             else:
                 counts = _counts(part if self.inside is None else part.filter(self.inside), self.counted_by)
             file.add(part.drop_columns(self.partition_by) if self.partition_by else part, counts)

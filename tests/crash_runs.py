@@ -59,8 +59,9 @@ def rewind_to_a_random_live_batch(config, rng) -> None:
             pass
 
 
-def crash_in_a_run(rng, run) -> None:
-    """``run()`` (an in-process ingest) with a simulated crash at a failpoint drawn by ``rng``."""
+def crash_in_a_run(rng, run, keyed: bool = False) -> None:
+    """``run()`` (an in-process ingest) with a simulated crash at a failpoint drawn by ``rng``
+    (``keyed``: a keyed sink's, between its state commit and its sink commit, too)."""
     import pytest
 
     from offsetlake import failpoints
@@ -68,5 +69,6 @@ def crash_in_a_run(rng, run) -> None:
     def crash(_name: str) -> None:
         raise failpoints.SimulatedCrash()
 
-    with failpoints.on(rng.choice(failpoints.NAMES), crash), pytest.raises(failpoints.SimulatedCrash):
+    names = failpoints.NAMES + (failpoints.STATE_NAMES if keyed else ())
+    with failpoints.on(rng.choice(names), crash), pytest.raises(failpoints.SimulatedCrash):
         run()

@@ -213,15 +213,17 @@ def newest_by_key(
     return {key: row for key, row in table.items() if row is not None}
 
 
-HIDDEN_COLUMN = "_offsetlake_hidden"  # an upsert sink's delete markers and superseded records (docs/guides/keyed-sinks-and-cdc.md)
+PRIVATE_COLUMNS = ("_offsetlake_hidden", "_offsetlake_state")  # what a keyed sink once kept beside its rows
 
 
 def keyed_sink_rows(path: storage.Where) -> list[dict]:
-    """The rows a reader of an upsert sink sees: ``_offsetlake_hidden IS NULL``, as docs/guides/keyed-sinks-and-cdc.md says."""
-    dataset = storage.table(path).to_pyarrow_dataset()
-    if HIDDEN_COLUMN not in dataset.schema.names:
-        return dataset.to_table().to_pylist()
-    return dataset.to_table(filter=pc.field(HIDDEN_COLUMN).is_null()).to_pylist()
+    """The rows a plain ``deltalake`` reader of a keyed sink sees, with no filter: the sink holds
+    only what a reader should see (its state lives in the state table), so a private column is a
+    failure here, not something to filter on."""
+    table = storage.table(path).to_pyarrow_table()
+    private = [c for c in table.column_names if c in PRIVATE_COLUMNS]
+    assert not private, f"the sink {path} has offsetlake-private columns {private} a plain reader sees"
+    return table.to_pylist()
 
 
 def delete_topic(bootstrap: str, topic: str, timeout_s: float = 30) -> None:

@@ -161,7 +161,7 @@ class Model:
 
     def crash(self) -> None:
         self.produce()
-        crash_in_a_run(self.rng, lambda: self.ingest("eprop-crash"))
+        crash_in_a_run(self.rng, lambda: self.ingest("eprop-crash"), keyed=True)
 
     # ---- the model -------------------------------------------------------------------------
     def follow(self) -> None:

@@ -4,26 +4,22 @@ of everything committed (``offsetlake.engine_replay``) after batches, a backfill
 
 from __future__ import annotations
 
-import json
-import math
-import random
 import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Producer
-from kafka_truth import keyed_sink_rows, last_stable_offsets, read_records
+from kafka_truth import keyed_sink_rows, last_stable_offsets
+from orders_truth import backfill, committed_rows, produce, same
 
-from offsetlake import storage
+from offsetlake import state_table, storage
 from offsetlake.audit import audit_pipeline
-from offsetlake.backfill import plan_backfill
-from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC
+from offsetlake.coordinates import OFFSET, PARTITION
 from offsetlake.embedded.sample_data import ensure_topic
 from offsetlake.engine_replay import replay
 from offsetlake.formats import CHANGE, DELETE
 from offsetlake.history import sink_commits
-from offsetlake.ledger import Ledger
 from offsetlake.maintenance import maintain
 from offsetlake.plan import RunContext
 from offsetlake.runs import execute_recorded_batch, run_pipeline
@@ -31,53 +27,6 @@ from offsetlake.stream import StopControl, StreamOptions, run_stream
 
 BASE = datetime(2026, 11, 1, tzinfo=UTC)
 FIELDS = ("order_id", "customer", "amount", "currency", "created_at")
-
-
-def _produce(bootstrap: str, topic: str, n: int, seed: int, keys: int = 40, nulls: float = 0.0, deletes: float = 0.0) -> None:
-    """``n`` orders over ``keys`` ids, each id in one partition (keyed), event times spread over
-    six hours and out of order, some fields null (``nulls``), some tombstones (``deletes``)."""
-    rng = random.Random(seed)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for _ in range(n):
-        order_id = rng.randrange(keys)
-        if rng.random() < deletes:
-            producer.produce(topic, key=str(order_id).encode(), value=None)
-            continue
-        value = {
-            "order_id": order_id,
-            "customer": None if rng.random() < nulls else f"c{rng.randrange(9)}",
-            "amount": None if rng.random() < nulls else round(rng.uniform(1, 100), 2),
-            "currency": rng.choice(["EUR", "USD", "GBP"]),
-            "created_at": f"2026-11-01T{rng.randrange(6):02d}:{rng.randrange(60):02d}:00Z",
-        }
-        producer.produce(topic, key=str(order_id).encode(), value=json.dumps(value).encode())
-    assert producer.flush(30) == 0
-
-
-def _committed_rows(pipeline) -> list[dict]:
-    """Every record the topic holds, decoded as the pipeline's JSON format does, with its coordinates."""
-    rows = []
-    for r in read_records(pipeline.bootstrap, pipeline.topic):
-        at = datetime.fromtimestamp(r.timestamp_ms / 1000, UTC)
-        row = {TOPIC: pipeline.topic, PARTITION: r.partition, OFFSET: r.offset, TIMESTAMP: at}
-        if r.value is None:
-            rows.append({**row, "_kafka_key": r.key.decode(), CHANGE: DELETE})
-            continue
-        value = json.loads(r.value)
-        value["created_at"] = datetime.fromisoformat(value["created_at"].replace("Z", "+00:00"))
-        rows.append({**row, "_kafka_key": r.key.decode(), **value})
-    return rows
-
-
-def _same(expected: dict, actual: dict, columns: list[str]) -> None:
-    assert set(actual) == set(expected), f"groups differ: {sorted(set(actual) ^ set(expected), key=str)[:6]}"
-    for group, row in expected.items():
-        for column in columns:
-            want, got = row.get(column), actual[group].get(column)
-            if isinstance(want, float) and isinstance(got, float):
-                assert math.isclose(want, got, rel_tol=1e-9), (group, column, want, got)
-            else:
-                assert want == got, (group, column, want, got)
 
 
 def _visible(config, group: list[str]) -> dict:
@@ -90,7 +39,7 @@ def _visible(config, group: list[str]) -> dict:
 @pytest.mark.also_on_s3
 def test_an_hourly_aggregate_equals_the_replay_after_batches_a_backfill_and_a_rerun(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
-    _produce(pipeline.bootstrap, pipeline.topic, 600, seed=1, nulls=0.1)
+    produce(pipeline.bootstrap, pipeline.topic, 600, seed=1, nulls=0.1)
     measures = {
         "revenue": {"sum": "amount"},
         "orders": {"count": "*"},
@@ -108,12 +57,12 @@ def test_an_hourly_aggregate_equals_the_replay_after_batches_a_backfill_and_a_re
     results = run_pipeline(config, RunContext("agg-1"), lambda: spark, emit=lambda _: None)
     assert len(results) >= 4, "the records must take several batches"
     group = ["currency", "window_start", "window_end"]
-    _same(replay(config, _committed_rows(pipeline)), _visible(config, group), list(measures))
+    same(replay(config, committed_rows(pipeline)), _visible(config, group), list(measures))
 
-    _produce(pipeline.bootstrap, pipeline.topic, 200, seed=2, nulls=0.1)
+    produce(pipeline.bootstrap, pipeline.topic, 200, seed=2, nulls=0.1)
     run_pipeline(config, RunContext("agg-2"), lambda: spark, emit=lambda _: None)
-    expected = replay(config, _committed_rows(pipeline))
-    _same(expected, _visible(config, group), list(measures))
+    expected = replay(config, committed_rows(pipeline))
+    same(expected, _visible(config, group), list(measures))
     assert sum(r["orders"] for r in expected.values()) == 800
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok, report.text()
@@ -128,12 +77,12 @@ def test_an_hourly_aggregate_equals_the_replay_after_batches_a_backfill_and_a_re
         max_records_per_batch=150,
         sink={"mode": "aggregate", "key": ["currency"], "window": {"on": "created_at", "size": "1h"}, "measures": measures},
     )
-    _backfill(config, spark, 40, 120)
-    rows = [r for r in _committed_rows(pipeline) if not (40 <= r[OFFSET] < 120 and r["amount"] is None)]
+    backfill(config, spark, 40, 120)
+    rows = [r for r in committed_rows(pipeline) if not (40 <= r[OFFSET] < 120 and r["amount"] is None)]
     assert len(rows) < 800, "the range must hold records the backfill retracts"
     expected = replay(config, rows)
-    _same(expected, _visible(config, group), list(measures))
-    stored = storage.table(config.layout.sink).to_pyarrow_table().to_pylist()
+    same(expected, _visible(config, group), list(measures))
+    stored = state_table.state_rows(config, storage.table(config.layout.sink)).to_pylist()
     contributions = [(r[PARTITION], r[OFFSET]) for r in stored if r["_offsetlake_hidden"] == "contribution"]
     assert sorted(contributions) == sorted((r[PARTITION], r[OFFSET]) for r in rows), "every kept record contributes once"
     entry = sink_commits(storage.table(config.layout.sink), config.name)[-1].entry
@@ -144,16 +93,9 @@ def test_an_hourly_aggregate_equals_the_replay_after_batches_a_backfill_and_a_re
     assert storage.table(config.layout.sink).version() == version, "a rerun of a committed batch commits nothing"
 
 
-def _backfill(config, spark, start: int, end: int) -> None:
-    """What ``offsetlake backfill --from-offset --to-offset`` does, in this process."""
-    plan = plan_backfill(config, RunContext(f"backfill-{start}-{end}"), from_offset=start, to_offset=end)
-    Ledger.of(config).record_plan(plan)
-    execute_recorded_batch(config, plan.batch_id, lambda: spark)
-
-
 def test_partial_updates_in_a_stream_keep_stored_values_for_nulls_and_deletes_forget_the_key(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
-    _produce(pipeline.bootstrap, pipeline.topic, 400, seed=3, keys=30, nulls=0.4, deletes=0.08)
+    produce(pipeline.bootstrap, pipeline.topic, 400, seed=3, keys=30, nulls=0.4, deletes=0.08)
     config = pipeline.write(key_format={"type": "string"}, sink={"mode": "partial_update", "key": ["_kafka_key"]})
     # as a stream of micro-batches of 90 records, stopped once it has caught up
     lso = last_stable_offsets(pipeline.bootstrap, pipeline.topic)
@@ -171,32 +113,34 @@ def test_partial_updates_in_a_stream_keep_stored_values_for_nulls_and_deletes_fo
     options = StreamOptions(trigger_interval=0.2, max_records_per_batch=90, lease_ttl=10, run_id="pu-stream")
     report = run_stream(config, options, lambda: spark, stop, lambda _: None)
     assert report.stop_reason == "caught up" and report.batches >= 4, report
-    rows = _committed_rows(pipeline)
+    rows = committed_rows(pipeline)
     assert any(r.get(CHANGE) == DELETE for r in rows) and any(r.get("customer", 1) is None for r in rows)
     expected = replay(config, rows)
-    _same(expected, _visible(config, ["_kafka_key"]), [*FIELDS])
+    same(expected, _visible(config, ["_kafka_key"]), [*FIELDS])
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok and report.against_kafka["groups_checked"] == len(expected), report.text()
 
 
 def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
-    _produce(pipeline.bootstrap, pipeline.topic, 300, seed=4, keys=50)
+    produce(pipeline.bootstrap, pipeline.topic, 300, seed=4, keys=50)
     config = pipeline.write(max_records_per_batch=80, key_format={"type": "string"}, sink={"mode": "first_row", "key": ["order_id"]})
     run_pipeline(config, RunContext("fr-1"), lambda: spark, emit=lambda _: None)
-    expected = replay(config, _committed_rows(pipeline))
-    _same(expected, _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
+    expected = replay(config, committed_rows(pipeline))
+    same(expected, _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
     merges = [c.entry.merge for c in sink_commits(storage.table(config.layout.sink), config.name)]
     assert sum(m["inserted"] for m in merges) == len(expected)
     assert sum(m["duplicates"] for m in merges) == 300 - len(expected)
 
-    # maintenance checkpoints and vacuums but leaves the files as the merges wrote them (a
-    # compaction would put state and rows in one file), and the next batches still fold right
-    [sink] = [r for r in maintain(config, retention_hours=168) if r.table == "sink"]
-    assert sink.skipped is not None and "first_row" in sink.skipped and sink.files_after == sink.files_before
-    _produce(pipeline.bootstrap, pipeline.topic, 100, seed=5, keys=80)
+    # maintenance compacts the sink (it holds only rows now), leaves the state table as the
+    # batches wrote it, and the next batches still fold right
+    reports = {r.table: r for r in maintain(config, retention_hours=168)}
+    assert reports["sink"].skipped is None and reports["state"].skipped is not None, reports
+    assert reports["state"].files_after == reports["state"].files_before
+    same(expected, _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
+    produce(pipeline.bootstrap, pipeline.topic, 100, seed=5, keys=80)
     run_pipeline(config, RunContext("fr-2"), lambda: spark, emit=lambda _: None)
-    _same(replay(config, _committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
+    same(replay(config, committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "amount", "currency", "created_at"])
 
 
 @pytest.mark.also_on_s3
@@ -219,8 +163,8 @@ def test_a_contribution_file_without_statistics_stays_contributions_through_late
     run_pipeline(config, RunContext(f"nf-{mode}"), lambda: spark, emit=lambda _: None)
     table = storage.table(config.layout.sink)
     assert len(sink_commits(table, config.name)) == 3
-    hidden = table.to_pyarrow_table(columns=["_offsetlake_hidden"])["_offsetlake_hidden"].to_pylist()
+    hidden = state_table.state_rows(config, table, columns=["_offsetlake_hidden"])["_offsetlake_hidden"].to_pylist()
     assert hidden.count("contribution") == 60, "every record keeps its contribution"
     report = audit_pipeline(config, against_kafka=True)
     assert report.ok and report.against_kafka["groups_checked"] == 12, report.text()
-    _same(replay(config, _committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "currency", "created_at"])
+    same(replay(config, committed_rows(pipeline)), _visible(config, ["order_id"]), ["customer", "currency", "created_at"])

@@ -392,7 +392,7 @@ class Sequence:
 
     def crash(self) -> None:
         self.produce()
-        crash_in_a_run(self.rng, lambda: self.ingest("seq-crash"))
+        crash_in_a_run(self.rng, lambda: self.ingest("seq-crash"), keyed=self.keyed)
 
     def add_partition(self) -> None:
         from confluent_kafka.admin import NewPartitions

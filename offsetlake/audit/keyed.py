@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from offsetlake import state_table
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_settings import duration_seconds
 from offsetlake.coordinates import OFFSET, PARTITION, ROW_INDEX, TIMESTAMP, TOPIC, TOPIC_EPOCH
@@ -33,12 +34,13 @@ def _check_keys_once(config: PipelineConfig, report: AuditReport) -> None:
         return
     key = config.sink.key
     checks = [(current_rows(table, key), key, "rows in the keyed sink")]
-    if HIDDEN in table_schema(table).names:
+    state = state_table.pinned(config, table)
+    if state is not None and HIDDEN in table_schema(state).names:
         checks.append(
             (
-                table.to_pyarrow_dataset().to_table(columns=[*key, TOPIC, PARTITION]),
+                state.to_pyarrow_dataset().to_table(columns=[*key, TOPIC, PARTITION]),
                 [*key, TOPIC, PARTITION],
-                "state rows in the keyed sink",
+                "state rows in the keyed sink's state table",
             )
         )
     for keys, columns, what in checks:
@@ -72,7 +74,8 @@ def _check_keyed_against_kafka(
     actual: dict[tuple, list[dict]] = {}
     for r in current_rows(sink).to_pylist() if sink is not None else []:
         actual.setdefault(_key_of(r, config.sink.key), []).append(r)
-    expected = _replayed(config, sink, chunks, unreadable, {t: len(v) for t, v in (starts or {}).items()}) if chunks else {}
+    state = state_table.pinned(config, sink)
+    expected = _replayed(config, state, chunks, unreadable, {t: len(v) for t, v in (starts or {}).items()}) if chunks else {}
     deleted = {k for k, r in expected.items() if r is None}
     found["deleted_keys"] = len(deleted)
     found["keys"] = len(expected) - len(deleted)
@@ -182,18 +185,19 @@ def _read_committed(
 
 def _replayed(
     config: PipelineConfig,
-    sink: DeltaTable | None,
+    state: DeltaTable | None,
     chunks: list[tuple[str, int, list]],
     unreadable: dict[tuple[str, int], int],
     current: dict[str, int],
 ) -> dict[tuple, dict | None]:
     """Each key's newest record (None: a delete), from the records read back, decoded and
-    transformed as the pipeline does, plus the sink's state where Kafka no longer has the records."""
+    transformed as the pipeline does, plus the sink's state (``state``: the state table at the
+    sink's pin) where Kafka no longer has the records."""
     from offsetlake.formats import CHANGE, DELETE
 
-    readable = _decoded_rows(config, sink, chunks, current)
-    readable += _unreadable_state(sink, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
-    return _newest_by_key(readable + _earlier_epoch_states(sink, current), config.sink.key, CHANGE, DELETE)
+    readable = _decoded_rows(config, open_table(config.layout.sink), chunks, current)
+    readable += _unreadable_state(state, config.sink.key, readable, unreadable, CHANGE, DELETE, current)
+    return _newest_by_key(readable + _earlier_epoch_states(state, current), config.sink.key, CHANGE, DELETE)
 
 
 def _decoded_rows(

@@ -34,7 +34,7 @@ class AuditReport:
     pipeline: str
     rows: int = 0  # rows readers see (an upsert sink's hidden state rows are not among them)
     dead_letters: int = 0
-    hidden_rows: int = 0  # an upsert sink's delete markers and superseded records (``keyed.HIDDEN``)
+    hidden_rows: int = 0  # a keyed sink's state rows beside it (``offsetlake.state_table``): delete markers, contributions
     hidden_kind: str = "delete markers, superseded records"  # what the hidden rows are, for the text
     problems: list[str] = field(default_factory=list)
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -105,7 +105,7 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
     with the epoch of its topic its record belongs to (``EPOCH_OF``): the row's own
     ``coordinates.TOPIC_EPOCH`` (null or absent: epoch 0), which compaction and rewrites keep, so
     rows of a re-created topic's old records never stand for its new ones (invariant 16)."""
-    table = open_table(config.layout.sink)
+    table = write_mode(config).records_table(open_table(config.layout.sink))  # a keyed sink's: its state
     if table is None:
         return pa.table(
             {

@@ -24,7 +24,8 @@ def app_id(pipeline: str, topic: str, partition: int) -> str:
 @dataclass(frozen=True)
 class LakeLayout:
     """A pipeline's places: its lake, its sink table, its dead-letter table, the lake's ledger
-    table (invariant 4), its stream leases and its validation reports."""
+    table (invariant 4), its stream leases, its validation reports and the state table of a keyed
+    sink (``offsetlake.state_table``)."""
 
     lake: Location
     sink: Location
@@ -32,6 +33,7 @@ class LakeLayout:
     ledger: Location
     stream_leases: Location
     validation: Location
+    state: Location
 
     @classmethod
     def of(cls, pipeline: str, lake: str, sink_table: str | None, options: Mapping[str, str], base_dir: Path) -> LakeLayout:
@@ -53,4 +55,5 @@ class LakeLayout:
             ledger=root.child("_offset_ledger"),
             stream_leases=root.child("_stream_leases", pipeline),
             validation=root.child("_validation", pipeline),
+            state=root.child("_state", pipeline),
         )

@@ -41,7 +41,7 @@ class AppendMode(WriteMode):
         table = ensure_table(config, processed.rows_schema)
         if not check_plan_applies(table, config, plan):
             return None
-        return table, files, [], None, evolved_schema(table, config, processed.rows_schema, plan)
+        return Staged(table, files, [], None, evolved_schema(table, config, processed.rows_schema, plan))
 
     def stage_backfill(
         self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
@@ -61,7 +61,7 @@ class AppendMode(WriteMode):
             if kept_count:
                 # the reprocessed rows may lack columns the kept ones have, or add some: both read null
                 rows = rows.unionByName(dataframe_from_arrow(spark, kept), allowMissingColumns=True)
-        table = with_new_columns(config, table, rows, plan, hidden=False)
+        table = with_new_columns(config, table, rows, plan)
         files = stage_files(config, plan, processed, rows, spark)
         rewritten = files.rows - sum(v["rows_written"] for v in processed.per_range.values())
         if rewritten != kept_count:

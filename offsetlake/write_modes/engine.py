@@ -1,89 +1,86 @@
 """The merge engines' write mode (``sink.mode``: ``aggregate``, ``first_row``, ``partial_update``;
 ``offsetlake.engines`` holds each engine's fold, ``offsetlake.engine_merge`` the merge). A batch
 folds the groups it touches with its records' contributions; a backfill replaces the
-contributions of the records it reprocesses and folds every group either touched again."""
+contributions of the records it reprocesses and folds every group either touched again. The
+folded states and the contributions live in the state table; the sink holds one row per group
+(and window): its columns and outputs (``offsetlake.write_modes.stateful``)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import engine_merge, engines, keyed, storage
-from offsetlake.coordinates import Selection
+from offsetlake import engine_merge, engines, keyed
+from offsetlake.coordinates import ROW_INDEX, Selection
+from offsetlake.engines import COORDINATES, STATE, WINDOW_START
 from offsetlake.keyed import HIDDEN
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
 from offsetlake.processed import ProcessedBatch, stage_files
-from offsetlake.schema_evolution import evolved_schema
-from offsetlake.sink import add_columns_first, check_plan_applies, ensure_table, open_table
-from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, StagedMerge, WriteMode
+from offsetlake.write_modes.mode import Compaction, Replay, StagedMerge
+from offsetlake.write_modes.stateful import StatefulMode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from offsetlake.config import PipelineConfig
 
 
-class EngineMode(WriteMode):
-    """A merge engine's batches: visible rows per group, and a contribution row per record."""
+class EngineMode(StatefulMode):
+    """A merge engine's batches: a row per group in the sink; folded states and a contribution
+    per record in the state table."""
 
-    hidden_rows = True
     replay = Replay.FOLD
+    state_kind = "folded states and a contribution per record and window"
 
-    def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
-        """The table is made from the engine's row shape, which the batch's records give."""
-        config = self.config
-        table = open_table(config.layout.sink)
-        if table is not None and not check_plan_applies(table, config, plan):
-            return None
-        merge = stage_engine_merge(config, plan, processed, spark, table)
-        shape = merge.shape
-        if table is None:
-            table = ensure_table(config, shape)
-            if not check_plan_applies(table, config, plan):
-                return None
-        schema = evolved_schema(table, config, shape, plan)
-        if schema is not None and merge.removed:
-            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-            schema = None
-        return table, merge.files, merge.removed, merge.counts.as_dict(), schema
+    @property
+    def group(self) -> list[str]:
+        return engines.group_columns(self.config)
 
-    def stage_backfill(
-        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
-    ) -> BackfillStaging:
-        """The contributions of the records it reprocesses replaced by theirs, every group either
-        touched folded again from its contributions."""
-        config = self.config
-        table = storage.table(config.layout.sink)
-        merge = stage_engine_merge(config, plan, processed, spark, table, Selection.of(plan))
-        schema = evolved_schema(table, config, merge.shape, plan)
-        if schema is not None:
-            table = add_columns_first(table, config, schema, plan)
-        c = merge.counts
-        said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted"
-        message = f"merged records of {plan.describe()} into the {self.name} state: {said}; rewrote {c.files_rewritten} files"
-        return BackfillStaging(table, merge.files, merge.removed, message, merge=c.as_dict())
+    @property
+    def prune(self) -> list[str]:
+        """By the key's and the window start's statistics: files are sorted by (window, key)."""
+        return [*self.config.sink.key, *([WINDOW_START] if self.config.sink.window is not None else [])]
+
+    def merge(
+        self,
+        config: PipelineConfig,
+        plan: BatchPlan,
+        processed: ProcessedBatch,
+        spark: Any,
+        state: Any,
+        replaced: Selection | None,
+        prepared: Any,
+    ) -> StagedMerge:
+        return stage_engine_merge(config, plan, processed, spark, state, replaced)
+
+    def output(self, rows: DataFrame) -> DataFrame:
+        """A group's row: its columns and outputs; a partial_update key whose newest record
+        deletes it has none."""
+        from pyspark.sql import functions as F
+
+        private = {HIDDEN, STATE, *COORDINATES, ROW_INDEX}
+        return rows.where(F.col(HIDDEN).isNull()).select(*[F.col(f"`{c}`") for c in rows.columns if c not in private])
+
+    def backfill_message(self, plan: BatchPlan, counts: Any) -> str:
+        said = f"{counts.inserted} inserted, {counts.updated} updated, {counts.deleted} deleted"
+        return f"merged records of {plan.describe()} into the {self.name} state: {said}; rewrote {counts.files_rewritten} state files"
 
     def compact(self, table: DeltaTable, partitions: list | None) -> Compaction:
-        """Skipped: delta-rs's compaction would put contribution rows and visible rows in one
-        file, and a merge tells them apart by file (``offsetlake.engines``): its merges rewrite
-        the visible files; its contribution files are left as the batches wrote them."""
-        skipped = f"mode {self.name}: its merges keep its files; compaction would mix state and rows"
-        return Compaction({"numFilesRemoved": 0, "numFilesAdded": 0}, skipped)
-
-    def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:
-        """``rows`` counts the contributions (a row per record and window)."""
-        visible = keyed.current_rows(sink, [HIDDEN]).num_rows
-        return visible, sink.to_pyarrow_dataset().count_rows() - visible, f"the {self.name} state: a contribution per record and window"
+        """The sink holds one row per group: sorted by (window, key) like the files a merge
+        writes, so merges keep finding a group's file by its statistics. The state table is left
+        as the batches wrote it (its visible and contribution files must not mix)."""
+        return Compaction(table.optimize.z_order(self.prune, partition_filters=partitions))
 
 
 def stage_engine_merge(
     config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, spark: SparkSession, table: Any, replaced: Selection | None = None
 ) -> StagedMerge:
-    """A merge engine's batch (``offsetlake.engines``): the visible rows of the files holding its
-    keys, folded with its records' contributions, rewritten sorted by (window, key); its
-    contributions in files of their own. ``replaced``: the records a backfill reprocesses."""
+    """A merge engine's batch (``offsetlake.engines``), ``config`` the pipeline with the state
+    table in the sink's place: the visible rows of the files holding its keys, folded with its
+    records' contributions, rewritten sorted by (window, key); its contributions in files of
+    their own. ``replaced``: the records a backfill reprocesses."""
     from pyspark.sql import functions as F
 
     t = time.monotonic()
@@ -96,4 +93,5 @@ def stage_engine_merge(
         "merge", plan, t, engine=str(config.sink.engine), files_read=len(merge.removed), **merge.counts.as_dict()
     )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(window_first), beside=merge.contributions)
-    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible))
+    touched = merge.keys.unionByName(merge.visible.select(*[F.col(f"`{c}`") for c in group]))
+    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible), merge.visible, touched)

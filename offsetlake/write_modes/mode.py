@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import pyarrow as pa
 
@@ -29,11 +29,20 @@ from offsetlake.schema_evolution import evolved_schema
 from offsetlake.sink import WrittenFiles, add_columns_first
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
+    from deltalake import DeltaTable, Transaction
 
-# an ingest batch staged: the snapshot to commit on, its files, the live files they replace (a
-# merge), the merge's counts, and the schema the commit evolves the table to (None: unchanged)
-Staged = tuple["DeltaTable", WrittenFiles, list[dict], dict[str, int] | None, pa.Schema | None]
+
+class Staged(NamedTuple):
+    """An ingest batch staged: the snapshot to commit on, its files, the live files they replace
+    (a merge), the merge's counts, the schema the commit evolves the table to (None: unchanged)
+    and the txns the commit carries besides the plan's (a keyed sink's state pin)."""
+
+    table: DeltaTable
+    files: WrittenFiles
+    removed: list[dict]
+    merge: dict[str, int] | None
+    schema: pa.Schema | None
+    pins: tuple[Transaction, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class BackfillStaging:
     # the range are still the ones rewritten; raises CommitConflictError if not); None: only
     # ``table`` itself, the snapshot a merge read
     rebase: Callable[[], DeltaTable] | None = None
+    pins: tuple[Transaction, ...] = ()  # txns the commit carries (a keyed sink's state pin)
 
 
 @dataclass
@@ -60,7 +70,11 @@ class StagedMerge:
     files: WrittenFiles
     removed: list[dict]
     counts: keyed.MergeCounts
-    shape: Any = None  # a merge engine's row schema (pyarrow), which makes its table
+    shape: Any = None  # the state rows' schema (pyarrow), which makes the state table
+    # every state row of the groups the merge rewrote (Spark), and the groups whose rows may have
+    # changed or gone: what the sink's projection rewrites (``offsetlake.state_table.project``)
+    changed: Any = None
+    touched: Any = None
 
 
 @dataclass(frozen=True)
@@ -83,8 +97,9 @@ class WriteMode(ABC):
     """One write mode of a Delta sink (``sink.mode``): how it stages a batch and a backfill, what
     maintenance may do to its files, what the outbox can publish and what the audit counts."""
 
-    # the table keeps rows no reader should see (``keyed.HIDDEN``: delete markers, state rows)
-    hidden_rows: ClassVar[bool] = False
+    # the mode keeps state beside the sink (``offsetlake.state_table``: upsert's state rows and
+    # delete markers, an engine's folded states and contributions); the sink holds only rows
+    keeps_state: ClassVar[bool] = False
     # each sink row is one source record's (row): counts per range match the entries, and the
     # outbox can publish a row per record
     row_per_record: ClassVar[bool] = False
@@ -127,19 +142,22 @@ class WriteMode(ABC):
             )
 
     def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:
-        """The audit's count of ``rows`` (every row of ``sink``): (rows a reader sees, hidden
-        rows, what the hidden rows are)."""
+        """The audit's count of ``rows`` (every row of ``sink``): (rows a reader sees, state rows
+        kept beside them, what the state rows are)."""
         return rows, 0, ""
 
+    def records_table(self, sink: DeltaTable | None) -> DeltaTable | None:
+        """The table holding a row per committed record that reached the sink, with its
+        coordinates (the audit's "each record once"): the sink itself, or a keyed sink's state."""
+        return sink
 
-def with_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan, hidden: bool) -> DeltaTable:
+
+def with_new_columns(config: PipelineConfig, table: DeltaTable, rows: Any, plan: BatchPlan) -> DeltaTable:
     """A backfill whose rows have columns the sink lacks adds them (nullable) in a metadata-only
     commit first (``sink.add_columns_first``); a column whose type changed is refused
-    (SchemaChangeError) before anything is written. ``hidden``: the mode writes hidden rows too."""
+    (SchemaChangeError) before anything is written."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     written = to_arrow_schema(rows.drop(CHANGE).schema, timezone="UTC", prefers_large_types=False)
-    if hidden:
-        written = keyed.with_hidden_column(written)
     schema = evolved_schema(table, config, written, plan)
     return table if schema is None else add_columns_first(table, config, schema, plan)

@@ -1,23 +1,26 @@
 """``sink.mode: upsert``: one row per key, the newest record's (invariant 13; ``offsetlake.keyed``
-holds the rule and its hidden rows). A batch merges into the files holding its keys, on the very
-snapshot it read (invariant 10); a backfill merges its records, except those a later record of
-their key replaced, without bringing a key back to a record before its range."""
+holds the rule and its hidden state rows, which live in the state table: the sink holds each
+live key's row only, ``offsetlake.write_modes.stateful``). A batch merges into the state files
+holding its keys, on the state the sink snapshot it read pins (invariant 10); a backfill merges
+its records, except those a later record of their key replaced, without bringing a key back to a
+record before its range."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import keyed, storage
+from offsetlake import keyed
 from offsetlake.coordinates import PARTITION, TOPIC, Selection
 from offsetlake.formats import REASON, decoder_for, good_rows
+from offsetlake.keyed import HIDDEN
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
 from offsetlake.processed import ProcessedBatch, stage_files
-from offsetlake.schema_evolution import evolved_schema
-from offsetlake.sink import add_columns_first, check_plan_applies, committed_end, ensure_table, open_table
+from offsetlake.sink import committed_end, open_table
 from offsetlake.transform import apply_transform
-from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Staged, StagedMerge, WriteMode, with_new_columns
+from offsetlake.write_modes.mode import Compaction, Replay, StagedMerge
+from offsetlake.write_modes.stateful import StatefulMode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -26,25 +29,35 @@ if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
 
 
-class UpsertMode(WriteMode):
-    """A merge per batch; compaction sorts by the key and keeps every row, hidden ones too."""
+class UpsertMode(StatefulMode):
+    """A merge per batch into the state table; the sink holds each live key's row."""
 
-    hidden_rows = True
     replay = Replay.NEWEST_PER_KEY
+    state_kind = "delete markers, superseded records"
 
-    def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
-        """The merge reads the table: the commit is made on that same snapshot (invariant 10)."""
-        config = self.config
-        written = keyed.with_hidden_column(processed.rows_schema)  # the merge writes hidden state rows
-        table = ensure_table(config, written)
-        if not check_plan_applies(table, config, plan):
-            return None
-        schema = evolved_schema(table, config, written, plan)
-        merge = stage_merge(config, plan, processed, spark, table)
-        if schema is not None and merge.removed:
-            table = add_columns_first(table, config, schema, plan)  # a commit cannot both
-            schema = None
-        return table, merge.files, merge.removed, merge.counts.as_dict(), schema
+    @property
+    def group(self) -> list[str]:
+        return list(self.config.sink.key)
+
+    def merge(
+        self,
+        config: PipelineConfig,
+        plan: BatchPlan,
+        processed: ProcessedBatch,
+        spark: Any,
+        state: Any,
+        replaced: Selection | None,
+        prepared: Any,
+    ) -> StagedMerge:
+        merge = stage_merge(config, plan, processed, spark, state, prepared)
+        merge.shape = keyed.with_hidden_column(processed.rows_schema)  # the merge writes hidden state rows
+        return merge
+
+    def output(self, rows: DataFrame) -> DataFrame:
+        """A key's row is its state row readers see: no delete marker, no superseded record."""
+        from pyspark.sql import functions as F
+
+        return rows.where(F.col(HIDDEN).isNull()).drop(HIDDEN)
 
     def prepare_backfill(self, plan: BatchPlan, spark: Any) -> Any:
         """A record a later one of its key replaced is never restored: the later records, read once."""
@@ -52,30 +65,17 @@ class UpsertMode(WriteMode):
         ends = {(r.topic, r.partition): committed_end(table, self.config, r.topic, r.partition) for r in plan.ranges}
         return later_records(self.config, plan, spark, ends)
 
-    def stage_backfill(
-        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
-    ) -> BackfillStaging:
-        """Merges the backfill's records (those no ``prepared`` later record of their key replaced)
-        into the files holding their keys, by the ordering rule (``offsetlake.keyed``: a row is
-        replaced only by a record at least as new as its own)."""
-        table = with_new_columns(self.config, storage.table(self.config.layout.sink), processed.rows, plan, hidden=True)
-        merge = stage_merge(self.config, plan, processed, spark, table, prepared)
-        c = merge.counts
-        said = f"{c.inserted} inserted, {c.updated} updated, {c.deleted} deleted, {c.older} older than the rows kept"
-        message = f"merged records of {plan.describe()}: {said}; rewrote {c.files_rewritten} files"
-        return BackfillStaging(table, merge.files, merge.removed, message, merge=c.as_dict())
+    def backfill_message(self, plan: BatchPlan, counts: Any) -> str:
+        said = f"{counts.inserted} inserted, {counts.updated} updated, {counts.deleted} deleted, {counts.older} older than the rows kept"
+        return f"merged records of {plan.describe()}: {said}; rewrote {counts.files_rewritten} state files"
 
     def compact(self, table: DeltaTable, partitions: list | None) -> Compaction:
         """A keyed sink's merges prune files by their key ranges: compaction sorts by the key
-        (z-order over one column is a sort), so files keep narrow, disjoint ranges; it keeps
-        every row as it is, hidden state rows too: a delete marker is what keeps a deleted key
-        from coming back (``offsetlake.keyed``), and nothing bounds when a record of its key may
-        still arrive from another partition, so no marker is ever dropped."""
+        (z-order over one column is a sort), so files keep narrow, disjoint ranges. The sink
+        holds only rows; the delete markers that keep a deleted key from coming back are in the
+        state table, never dropped: nothing bounds when a record of its key may still arrive from
+        another partition."""
         return Compaction(table.optimize.z_order(self.config.sink.key))
-
-    def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:
-        hidden = rows - keyed.current_rows(sink, [TOPIC]).num_rows
-        return rows - hidden, hidden, "delete markers, superseded records"
 
 
 def stage_merge(
@@ -115,7 +115,8 @@ def stage_merge(
         **{k: v for k, v in merged.counts.as_dict().items() if k != "files_rewritten"},
     )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(key))
-    return StagedMerge(files, removed, merged.counts)
+    touched = states.select(*[F.col(f"`{c}`") for c in key]).unionByName(merged.rows.select(*[F.col(f"`{c}`") for c in key]))
+    return StagedMerge(files, removed, merged.counts, changed=merged.rows, touched=touched)
 
 
 def later_records(

@@ -1,0 +1,138 @@
+"""What upsert and the merge engines share: their state lives in the state table
+(``offsetlake.state_table``) and the sink holds what a reader sees. A batch or a backfill merges
+into the state the sink pins, commits that state, then rewrites the sink's rows of the groups
+it touched; its one sink commit carries the pin of the new state (docs/design.md, "State beside
+the sink")."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from offsetlake import failpoints, state_table, storage
+from offsetlake.coordinates import Selection
+from offsetlake.keyed import HIDDEN
+from offsetlake.plan import BatchPlan
+from offsetlake.processed import ProcessedBatch
+from offsetlake.schema_evolution import evolved_schema
+from offsetlake.sink import add_columns_first, check_plan_applies, ensure_table, open_table
+from offsetlake.write_modes.mode import BackfillStaging, Staged, StagedMerge, WriteMode
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame
+
+    from offsetlake.config import PipelineConfig
+
+
+@dataclass
+class _Both:
+    merge: StagedMerge
+    projection: state_table.Projection
+    state_version: int
+
+
+class StatefulMode(WriteMode):
+    """A keyed write mode: ``merge`` stages the state, ``output`` says what a reader sees of it."""
+
+    keeps_state: ClassVar[bool] = True
+    state_kind: ClassVar[str]  # what the state rows are, for the audit's text
+
+    @abstractmethod
+    def merge(
+        self,
+        config: PipelineConfig,
+        plan: BatchPlan,
+        processed: ProcessedBatch,
+        spark: Any,
+        state: Any,
+        replaced: Selection | None,
+        prepared: Any,
+    ) -> StagedMerge:
+        """The batch merged into ``state`` (the pinned state table, None: empty), ``config`` being
+        the pipeline with the state table in the sink's place (``state_table.as_table``): the
+        state files it writes and removes, with ``changed`` and ``touched`` set."""
+
+    @abstractmethod
+    def output(self, rows: DataFrame) -> DataFrame:
+        """The rows a reader sees of these state rows."""
+
+    @property
+    @abstractmethod
+    def group(self) -> list[str]:
+        """The columns naming one row of the sink (the key; and the window)."""
+
+    @property
+    def prune(self) -> list[str]:
+        """The columns whose statistics find the sink files that may hold a group."""
+        return self.group
+
+    def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
+        """The merge reads the state the sink pins on the sink snapshot whose txns it checked;
+        the sink commit is made on that same snapshot (invariant 10)."""
+        config = self.config
+        sink = open_table(config.layout.sink)
+        if sink is not None and not check_plan_applies(sink, config, plan):
+            return None
+        both = self._staged(plan, processed, spark, sink, None, None)
+        shape = both.projection.shape
+        if sink is None:
+            sink = ensure_table(config, shape)
+            if not check_plan_applies(sink, config, plan):
+                return None
+        schema = evolved_schema(sink, config, shape, plan)
+        if schema is not None and both.projection.removed:
+            sink = add_columns_first(sink, config, schema, plan)  # a commit cannot both
+            schema = None
+        counts = both.merge.counts.as_dict()
+        return Staged(sink, both.projection.files, both.projection.removed, counts, schema, (state_table.pin(both.state_version),))
+
+    def stage_backfill(
+        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
+    ) -> BackfillStaging:
+        config = self.config
+        sink = storage.table(config.layout.sink)
+        both = self._staged(plan, processed, spark, sink, Selection.of(plan), prepared)
+        schema = evolved_schema(sink, config, both.projection.shape, plan)
+        if schema is not None:
+            sink = add_columns_first(sink, config, schema, plan)
+        c = both.merge.counts
+        return BackfillStaging(
+            sink,
+            both.projection.files,
+            both.projection.removed,
+            self.backfill_message(plan, c),
+            merge=c.as_dict(),
+            pins=(state_table.pin(both.state_version),),
+        )
+
+    def backfill_message(self, plan: BatchPlan, counts: Any) -> str:
+        said = f"{counts.inserted} inserted, {counts.updated} updated, {counts.deleted} deleted"
+        return f"merged records of {plan.describe()}: {said}; rewrote {counts.files_rewritten} state files"
+
+    def _staged(
+        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, sink: DeltaTable | None, replaced: Selection | None, prepared: Any
+    ) -> _Both:
+        """The state merged and committed (unpinned until the sink commit), then the sink's rows
+        of the touched groups staged."""
+        config = self.config
+        state = state_table.pinned(config, sink)
+        merge = self.merge(state_table.as_table(config), plan, processed, spark, state, replaced, prepared)
+        version = state_table.commit(config, plan.batch_id, state, merge.files, merge.removed, merge.shape)
+        projection = state_table.project(
+            config, plan, spark, sink, merge.changed, merge.touched, self.group, self.prune, self.output, Selection.of(plan)
+        )
+        failpoints.failpoint("after_state_commit")  # the state committed, no sink commit pins it yet
+        return _Both(merge, projection, version)
+
+    def records_table(self, sink: DeltaTable | None) -> DeltaTable | None:
+        return state_table.pinned(self.config, sink)
+
+    def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:
+        """Every sink row is one a reader sees; the state rows beside them that are not."""
+        import pyarrow.compute as pc
+
+        state = state_table.pinned(self.config, sink)
+        hidden = state.to_pyarrow_dataset().count_rows(filter=pc.field(HIDDEN).is_valid()) if state is not None else 0
+        return sink.to_pyarrow_dataset().count_rows(), hidden, f"{self.state_kind}, in the state table {state_table.location(self.config)}"
