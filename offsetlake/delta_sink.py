@@ -50,6 +50,8 @@ class DeltaSinkWriter(SinkWriter):
         last one (docs/design.md, "Foreign commits")."""
         table = open_table(config.layout.sink)
         refuse_foreign_sink(table, config.name)
+        if write_mode(config).move_state_out() is not None:  # a keyed sink written with its state inside, once
+            table = open_table(config.layout.sink)
         dead_letters.apply_pending(config)
         now = open_table(config.layout.sink)
         ledger.reconcile(sink_commits(now, config.name), committed_end_lookup(now, config))

@@ -302,8 +302,18 @@ class EpochEntry(LedgerEntry):
     requested_by: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class StateMoveEntry(LedgerEntry):
+    """A keyed sink's state rows moved out of the sink into its state table (once per pipeline)."""
+
+    KIND: ClassVar[BatchKind] = BatchKind.STATE_MOVE
+    state_version: int | None = None  # the state table version the commit pins
+    rows_kept: int | None = None  # the rows a reader sees, as before
+    state_rows: int | None = None  # the rows that moved out (delete markers, contributions, ...)
+
+
 _CLASSES: dict[BatchKind, type[LedgerEntry]] = {
-    c.KIND: c for c in (IngestEntry, StreamEntry, GapEntry, BackfillEntry, RewindEntry, EpochEntry)
+    c.KIND: c for c in (IngestEntry, StreamEntry, GapEntry, BackfillEntry, RewindEntry, EpochEntry, StateMoveEntry)
 }
 
 

@@ -64,6 +64,7 @@ def maintain(config: PipelineConfig, retention_hours: int = DEFAULT_RETENTION_HO
         )
     # A dead-letter change a crash left pending names staged files vacuum would otherwise take.
     dead_letters.apply_pending(config)
+    write_mode(config).move_state_out()  # compaction must not mix a sink's state rows with its rows
     state_table.heal(config)  # the state table's newest version holds the pinned state: vacuum keeps its files
     reports = []
     for label, place, mine in (

@@ -76,6 +76,10 @@ class BatchKind(StrEnum):
     # an operator's `offsetlake topic reset-epoch`: a re-created or truncated topic's committed ends
     # move to its new log start, under its new topic id (invariant 16); reads and writes no rows
     EPOCH = "epoch"
+    # a keyed sink written before its state had a table of its own: the state rows moved out of the
+    # sink into the state table in one recorded commit (``offsetlake.write_modes.stateful``); no rows
+    # change for a reader, no offsets move
+    STATE_MOVE = "state_move"
 
 
 # The kinds that are planned from the committed ends and move them forward: their ranges per

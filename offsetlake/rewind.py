@@ -242,6 +242,13 @@ def _plan_files(config: PipelineConfig, plan: RewindPlan, table: DeltaTable, the
     plan.remove_files = sorted(set(now_files) - set(then_files))
     plan.readd_files = sorted(set(then_files) - set(now_files))
     missing = [f for f in plan.readd_files if not storage.exists(storage.data_file(config.layout.sink, f))]
+    if state_table.pinned_version(then) is None and state_table.pinned_version(table) is not None:
+        raise refused(
+            config,
+            plan.to_batch,
+            f"sink version {plan.to_version} kept its keyed state inside the sink table, before the state moved to "
+            f"{state_table.location(config)}; rewind to the state_move batch or a later one, or backfill the range instead",
+        )
     missing += _missing_state_files(config, then)
     if missing:
         raise refused(

@@ -125,10 +125,15 @@ def commit(
         live = {f["path"]: f for f in live_files(table)}
         if not files.actions and set(live) == set(kept) and not grown.added:
             return table.version()  # nothing to change (maintenance's heal of a table already whole)
+        # a file it adds that is live already (the same bytes at the same path: a state move
+        # repeated after dying) stays as it is; Delta takes no add and remove of one path
+        live_paths = {storage.file_path_from_log(p) for p in live}
+        adding = [a for a in files.actions if a.path not in live_paths]
+        again = {a.path for a in files.actions} - {a.path for a in adding}
         actions: list[Any] = [
-            *remove_actions([f for p, f in live.items() if p not in kept], partition_by),
+            *remove_actions([f for p, f in live.items() if p not in kept and storage.file_path_from_log(p) not in again], partition_by),
             *readd_actions(place, [f for p, f in kept.items() if p not in live], partition_by),
-            *files.actions,
+            *adding,
         ]
         note = {"offsetlake_state": {"pipeline": config.name, "batch_id": batch_id, "pinned": pinned_version_of(pinned_table)}}
         base = table.version()
@@ -152,6 +157,20 @@ def commit(
             continue
         return base + 1  # no retries: the commit lands right after the version it was computed on, or fails
     raise AssertionError("unreachable")
+
+
+def copied_into_state(config: PipelineConfig, sink: DeltaTable) -> WrittenFiles:
+    """The sink's live files copied, byte for byte, to the same paths in the state table (a sink
+    that kept its state inside, ``StatefulMode.move_state_out``): their add actions there."""
+    files = live_files(sink)
+    fs, _ = storage.filesystem(location(config))
+    for f in files:
+        _, source = storage.filesystem(storage.data_file(config.layout.sink, f["path"]))
+        _, target = storage.filesystem(storage.data_file(location(config), f["path"]))
+        fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        fs.copy_file(source, target)
+    actions = readd_actions(location(config), files, config.sink.partition_by)
+    return WrittenFiles(actions=actions, rows=sum(int(f.get("num_records") or 0) for f in files), schema=pa.schema([]))
 
 
 def heal(config: PipelineConfig) -> int | None:

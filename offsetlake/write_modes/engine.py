@@ -22,7 +22,7 @@ from offsetlake.write_modes.stateful import StatefulMode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
     from offsetlake.config import PipelineConfig
 
@@ -55,13 +55,15 @@ class EngineMode(StatefulMode):
     ) -> StagedMerge:
         return stage_engine_merge(config, plan, processed, spark, state, replaced)
 
-    def output(self, rows: DataFrame) -> DataFrame:
-        """A group's row: its columns and outputs; a partial_update key whose newest record
-        deletes it has none."""
-        from pyspark.sql import functions as F
+    @property
+    def private_columns(self) -> set[str]:
+        """A group's row has its columns and outputs: no state, no coordinates of one record (a
+        partial_update key whose newest record deletes it has no row: it is hidden)."""
+        return {HIDDEN, STATE, *COORDINATES, ROW_INDEX}
 
-        private = {HIDDEN, STATE, *COORDINATES, ROW_INDEX}
-        return rows.where(F.col(HIDDEN).isNull()).select(*[F.col(f"`{c}`") for c in rows.columns if c not in private])
+    @property
+    def sort_order(self) -> list[str]:
+        return [*self.group[len(self.config.sink.key) :], *self.config.sink.key]
 
     def backfill_message(self, plan: BatchPlan, counts: Any) -> str:
         said = f"{counts.inserted} inserted, {counts.updated} updated, {counts.deleted} deleted"

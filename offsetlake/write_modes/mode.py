@@ -146,6 +146,11 @@ class WriteMode(ABC):
         kept beside them, what the state rows are)."""
         return rows, 0, ""
 
+    def move_state_out(self) -> int | None:
+        """A keyed sink written with its state inside moves it to the state table (once); None:
+        nothing to move (every mode without state)."""
+        return None
+
     def records_table(self, sink: DeltaTable | None) -> DeltaTable | None:
         """The table holding a row per committed record that reached the sink, with its
         coordinates (the audit's "each record once"): the sink itself, or a keyed sink's state."""

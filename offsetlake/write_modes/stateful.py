@@ -54,9 +54,12 @@ class StatefulMode(WriteMode):
         the pipeline with the state table in the sink's place (``state_table.as_table``): the
         state files it writes and removes, with ``changed`` and ``touched`` set."""
 
-    @abstractmethod
     def output(self, rows: DataFrame) -> DataFrame:
-        """The rows a reader sees of these state rows."""
+        """The rows a reader sees of these state rows: those not hidden, without the private columns."""
+        from pyspark.sql import functions as F
+
+        kept = [F.col(f"`{c}`") for c in rows.columns if c not in self.private_columns]
+        return rows.where(F.col(HIDDEN).isNull()).select(*kept)
 
     @property
     @abstractmethod
@@ -126,7 +129,74 @@ class StatefulMode(WriteMode):
         failpoints.failpoint("after_state_commit")  # the state committed, no sink commit pins it yet
         return _Both(merge, projection, version)
 
+    @property
+    @abstractmethod
+    def private_columns(self) -> set[str]:
+        """The state rows' columns a reader's row does not have."""
+
+    @property
+    def sort_order(self) -> list[str]:
+        """The order of the sink's rows in its files (a group's file found by its statistics)."""
+        return self.group
+
+    def move_state_out(self) -> int | None:
+        """A sink written before the state had a table of its own (its state rows hidden in it,
+        no pin) gets one, in one recorded operation (docs/design.md, "State beside the sink"):
+        the sink's live files are copied into the state table as they are, then ONE sink commit
+        replaces the sink's files with the rows a reader saw (the private columns gone from its
+        schema), pins that state and records a ``state_move`` entry. Dying in between leaves the
+        sink as it was and an unpinned state commit, which the next attempt replaces; once the
+        pin is there, nothing is moved again. Returns the sink version, None when there was
+        nothing to move."""
+        import pyarrow.compute as pc
+        from deltalake import CommitProperties, write_deltalake
+
+        from offsetlake.entry import for_plan
+        from offsetlake.history import refuse_foreign_sink
+        from offsetlake.plan import BatchKind, RunContext, new_batch_id
+        from offsetlake.schema_evolution import table_schema
+        from offsetlake.sink import commit_version
+
+        config = self.config
+        sink = open_table(config.layout.sink)
+        if sink is None or state_table.pinned_version(sink) is not None or HIDDEN not in table_schema(sink).names:
+            return None
+        refuse_foreign_sink(sink, config.name)
+        batch_id = new_batch_id(config.name)
+        moved = state_table.copied_into_state(config, sink)
+        version = state_table.commit(config, batch_id, None, moved, [], table_schema(sink))
+        failpoints.failpoint("after_state_commit")
+        total = sink.to_pyarrow_dataset().count_rows()
+        rows = sink.to_pyarrow_dataset().to_table(filter=pc.field(HIDDEN).is_null())
+        rows = rows.drop_columns([c for c in rows.column_names if c in self.private_columns])
+        rows = rows.sort_by([(c, "ascending") for c in self.sort_order])
+        plan = BatchPlan(config.name, batch_id, BatchKind.STATE_MOVE, (), RunContext(run_id=f"state-move-{batch_id}"))
+        entry = for_plan(
+            plan,
+            state_version=version,
+            rows_kept=rows.num_rows,
+            state_rows=total - rows.num_rows,
+            message=f"moved the {self.name} sink's {total - rows.num_rows} state rows ({self.state_kind}) into the state "
+            f"table {state_table.location(config)}; its {rows.num_rows} rows stay as a reader saw them",
+        )
+        write_deltalake(
+            sink,
+            rows,
+            mode="overwrite",
+            schema_mode="overwrite",
+            partition_by=config.sink.partition_by or None,
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": entry.to_json()}, app_transactions=[state_table.pin(version)], max_commit_retries=0
+            ),
+        )
+        return commit_version(config.layout.sink, batch_id)
+
     def records_table(self, sink: DeltaTable | None) -> DeltaTable | None:
+        """The pinned state; a sink not moved yet (``move_state_out``) holds its state itself."""
+        from offsetlake.schema_evolution import table_schema
+
+        if sink is not None and state_table.pinned_version(sink) is None and HIDDEN in table_schema(sink).names:
+            return sink
         return state_table.pinned(self.config, sink)
 
     def counted(self, sink: DeltaTable, rows: int) -> tuple[int, int, str]:

@@ -53,11 +53,10 @@ class UpsertMode(StatefulMode):
         merge.shape = keyed.with_hidden_column(processed.rows_schema)  # the merge writes hidden state rows
         return merge
 
-    def output(self, rows: DataFrame) -> DataFrame:
-        """A key's row is its state row readers see: no delete marker, no superseded record."""
-        from pyspark.sql import functions as F
-
-        return rows.where(F.col(HIDDEN).isNull()).drop(HIDDEN)
+    @property
+    def private_columns(self) -> set[str]:
+        """A key's row is its state row readers see (no delete marker, no superseded record)."""
+        return {HIDDEN}
 
     def prepare_backfill(self, plan: BatchPlan, spark: Any) -> Any:
         """A record a later one of its key replaced is never restored: the later records, read once."""
