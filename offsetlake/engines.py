@@ -15,14 +15,15 @@ or one producer's CreateTime) it is offset order, as upsert's rule; across parti
 record time, then the coordinates, as upsert's rule. Where a producer's timestamps go backwards
 inside a partition, the engines follow the timestamps (upsert follows the offsets).
 
-**One table holds rows and state** (both in the batch's one commit, invariant 2), told apart by
-``keyed.HIDDEN``:
+**The state table holds folded rows and contributions** (``offsetlake.state_table``: committed
+just before the batch's one sink commit, which pins it, invariant 2), told apart by
+``keyed.HIDDEN``; the sink holds each group's row only (``write_modes.engine``):
 
 - the *visible* row of each key (and window): key columns, the output columns, the folded
   ``STATE``; ``HIDDEN`` null. A ``partial_update`` key whose newest record deletes it keeps its
   state in a row with ``HIDDEN = deleted``, so an older record never brings it back;
 - a *contribution* row per committed record (and window): its key, its own outputs, its own
-  ``STATE``, its coordinates; ``HIDDEN = contribution``. Readers keep ``HIDDEN IS NULL``.
+  ``STATE``, its coordinates; ``HIDDEN = contribution``.
 
 The two kinds never share a data file (``is_contribution_file`` tells them apart by the
 ``HIDDEN`` statistics; ``engine_merge`` reads the column of a file written without any):
@@ -31,7 +32,8 @@ keys; contribution files are appended per batch, so a backfill finds the contrib
 ranges by their offset statistics.
 
 **An ingest batch** folds each touched key's stored state with the batch's contributions,
-rewrites the visible files holding touched keys, and appends the batch's contribution files: its
+rewrites the state's visible files holding touched keys (and the sink's rows of those keys), and
+appends the batch's contribution files: its
 cost follows the touched keys, not the table. **A backfill** (``backfill.py``) removes the
 contributions of the records it reprocesses, adds the new ones, and recomputes every key either
 touched from all of that key's remaining contributions (no retraction is needed, so every

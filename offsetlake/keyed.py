@@ -14,19 +14,20 @@ merge compares them.
 **State rows: what the merge compares against (invariant 13).** The rule is not a total order
 over records (A(p0, ts 200) beats B(p1, ts 100), B beats C(p0, ts 50) by time, C beats A by
 offset), so a table that kept only each key's winner would depend on where batch boundaries
-fell. The sink therefore keeps, per key and topic-partition, the key's last record of that
+fell. The state therefore keeps, per key and topic-partition, the key's last record of that
 topic-partition (its *state row*); the key's visible row is the newest of its state rows by the
 cross-partition rule, unless that one is a delete. A state row that is not the visible row is
 hidden: ``HIDDEN`` (``_offsetlake_hidden``) says ``deleted`` (a delete marker: the key's last
 record of that topic-partition deletes it) or ``superseded`` (a newer record of another
-topic-partition is the row). Readers of an upsert sink keep the rows where ``HIDDEN`` is null
-(``current_rows``). A batch's last record of a key in a topic-partition replaces that state row
+topic-partition is the row). The merge runs on the pipeline's state table
+(``offsetlake.state_table``), and the sink holds the state rows where ``HIDDEN`` is null, without
+that column: a reader needs no filter. A batch's last record of a key in a topic-partition replaces that state row
 if it is at least as new by offset ("at least": the same record read again, by a retry or a
 backfill, replaces its own row, so applying a batch twice changes nothing); then each touched
 key's visible row is chosen again. Keys that stay in one topic-partition have one state row;
 only deleted keys (a marker) and keys seen in several topic-partitions have hidden rows. The
-markers and hidden rows live in the sink's own files, so they are in the batch's one commit
-(invariant 2), travel with rewind and backfill, and compaction keeps them (``maintenance``).
+markers and hidden rows live in the state table, pinned by the batch's one sink commit
+(invariant 2), so they travel with rewind and backfill and are never dropped.
 
 **Deletes.** A record whose change is a delete (a tombstone, a Debezium ``d``) becomes its key's
 delete marker for its topic-partition; the key has no visible row while a marker is its newest
@@ -35,7 +36,7 @@ state row. A record whose key has a null column becomes a dead letter (``process
 **The merge** reads only the data files whose statistics (min/max of each key column, partition
 values) say they may hold a key of the batch, rewrites them with the batch applied — rows sorted
 by key, in files of about ``sink.file_rows`` rows — and the batch's commit removes them and adds
-the new files, with its txns and ledger entry, in ONE Delta commit (``sink.commit_batch``). So a
+the new files in the state commit the batch's ONE sink commit pins (``sink.commit_batch``). So a
 merge costs what the touched files hold, not the table's size, as long as files hold narrow key
 ranges: the merge writes them sorted and range-partitioned by key.
 
@@ -85,9 +86,8 @@ def with_hidden_column(schema: pa.Schema) -> pa.Schema:
 
 
 def current_rows(table: DeltaTable, columns: list[str] | None = None) -> pa.Table:
-    """The rows of an upsert sink that readers see: those whose ``HIDDEN`` is null (every row of
-    a sink written before hidden rows existed). What a user's query must do too:
-    ``WHERE _offsetlake_hidden IS NULL``."""
+    """The rows of a keyed table that readers see: those whose ``HIDDEN`` is null (every row of a
+    sink, which holds no state: ``offsetlake.state_table``; of a state table, its keys' rows)."""
     import pyarrow.compute as pc
 
     dataset = table.to_pyarrow_dataset()

@@ -291,7 +291,7 @@ def _hourly_story(airflow: LocalAirflow, pipelines: Path, lake: str) -> None:
     run_dag(airflow, "orders_hourly_ingest")
     hours = (
         "SELECT currency, window_start, round(revenue, 2) AS revenue, orders FROM orders_hourly "
-        "WHERE _offsetlake_hidden IS NULL AND currency = 'EUR' ORDER BY window_start LIMIT 4"
+        "WHERE currency = 'EUR' ORDER BY window_start LIMIT 4"
     )
     if not storage.is_uri(lake):
         offsetlake("sql", "--pipeline", "orders_hourly", hours)

@@ -1554,9 +1554,7 @@ class Campaign:
             if held is None or rank > (held.timestamp_ms or 0, held.partition, held.incarnation, held.offset):
                 newest[slot] = record
         expected = {slot: r.order_id for slot, r in newest.items() if not r.tombstone}
-        from offsetlake.keyed import current_rows
-
-        rows = current_rows(storage.table(self.keyed.layout.sink), ["slot", "order_id"])
+        rows = _plain_rows(self.keyed.layout.sink, ["slot", "order_id"])
         slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
         got: dict[int, int] = {}
         problems = []
@@ -1607,7 +1605,6 @@ class Campaign:
         the count, sum, min, max, first and last order id of its committed records; first_row
         each key's first record; partial_update per column the newest non-null value since the key's
         newest tombstone (its delete), no row where the newest record is one. Tombstones are dead letters of the other two."""
-        from offsetlake.keyed import current_rows
 
         def aggregate(ranked: list[tuple[tuple, Record]]) -> tuple | None:
             ids = [r.order_id for _, r in ranked if r.order_id is not None]
@@ -1639,7 +1636,7 @@ class Campaign:
                 continue
             wanted, model = columns[engine.name]
             expected = {slot: row for slot, ranked in self._engine_records(engine).items() if (row := model(ranked)) is not None}
-            rows = current_rows(storage.table(engine.layout.sink), ["slot", *wanted])
+            rows = _plain_rows(engine.layout.sink, ["slot", *wanted])
             slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
             got = {slot: tuple(r[c] for c in wanted) for slot, r in zip(slots, rows.to_pylist(), strict=True)}
             if len(got) != len(slots):
@@ -2024,6 +2021,16 @@ def main() -> int:
         with args.figures.open("a") as out:
             out.write(json.dumps(figures) + "\n")
     return 0
+
+
+def _plain_rows(sink, columns: list[str]):
+    """A keyed sink's rows as a plain ``deltalake`` reader sees them, with no filter: a column
+    only offsetlake should see (the state, hidden markers) is itself a problem."""
+    table = storage.table(sink)
+    private = [c for c in table.schema().to_arrow().names if c in ("_offsetlake_hidden", "_offsetlake_state")]
+    if private:
+        raise AssertionError(f"the sink {sink} has offsetlake-private columns {private}: a plain reader sees them")
+    return table.to_pyarrow_dataset().to_table(columns=columns)
 
 
 if __name__ == "__main__":
