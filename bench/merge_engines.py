@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from offsetlake_bench import produce_order_ids, write_pipeline  # noqa: E402
 
-from offsetlake import storage  # noqa: E402
+from offsetlake import state_table, storage  # noqa: E402
 from offsetlake.backfill import plan_backfill  # noqa: E402
 from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
@@ -80,19 +80,17 @@ def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
     table = storage.table(config.layout.sink)
     entries = [c.entry for c in sink_commits(table, config.name)]
     batch_s = [round((e.duration_ms or 0) / 1000, 2) for e in entries]
-    data = table.to_pyarrow_dataset()
-    hidden = data.to_table(columns=["_offsetlake_hidden"]).column(0) if "_offsetlake_hidden" in data.schema.names else None
-    rows = data.count_rows()
-    visible = rows if hidden is None else hidden.null_count  # readers keep _offsetlake_hidden IS NULL
+    state = state_table.pinned(config, table)  # a keyed sink's state lives beside it (offsetlake.state_table)
     figures = {
         "sink": label,
         "batches": len(entries),
         "drain_s": round(drained, 2),
         "batch_s_median": statistics.median(batch_s[1:]) if len(batch_s) > 1 else batch_s[0],
         "batch_s": batch_s,
-        "table_rows": rows,
-        "visible_rows": visible,
+        "table_rows": table.to_pyarrow_dataset().count_rows(),  # what a plain reader sees
         "table_bytes": sum(f["size_bytes"] for f in _files(table)),
+        "state_rows": state.to_pyarrow_dataset().count_rows() if state is not None else 0,
+        "state_bytes": sum(f["size_bytes"] for f in _files(state)) if state is not None else 0,
     }
     figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config)
     return figures
