@@ -186,6 +186,11 @@ class SchemaRegistryUnavailableError(OffsetlakeError):
     transient = True  # an outage: the registry answers again
 
 
+class SchemaNotFound(Exception):
+    """The registry answered that the schema (id, or subject/version) does not exist: an answer
+    the formats act on (a schema that is not there yet, a subject to register), not a failure."""
+
+
 class SparkServerUnavailableError(OffsetlakeError):
     """The Spark Connect server a run was told to attach to (--remote, $OFFSETLAKE_SPARK_REMOTE)
     cannot be reached; nothing was planned on it. Start it, or run without it."""

@@ -194,13 +194,11 @@ def may_hold_any(file: Mapping[str, Any], column: str, values: ColumnValues, *, 
     """
     if values.empty:
         return False
-    if values.anywhere:
-        return True
     try:
-        bounds = _bounds(file, column, values, partitioned)
-        if bounds is None:
+        found = _in_bounds_terms(file, column, values, partitioned)
+        if found is None:
             return True
-        ordered = values.as_floats() if bounds.as_floats else values.ordered
+        bounds, ordered = found
         i = bisect.bisect_left(ordered, bounds.low)
         return i < len(ordered) and bounds.at_most_high(ordered[i])
     except _INCOMPARABLE:  # statistics of another type than the values: cannot tell
@@ -215,14 +213,11 @@ def may_hold_between(file: Mapping[str, Any], column: str, low: Any, high: Any, 
             return False
     except TypeError:  # bounds of two types: cannot tell
         return True
-    values = values_of([low, high])
-    if values.anywhere:
-        return True
     try:
-        bounds = _bounds(file, column, values, partitioned)
-        if bounds is None:
+        found = _in_bounds_terms(file, column, values_of([low, high]), partitioned)
+        if found is None:
             return True
-        first, last = values.as_floats() if bounds.as_floats else values.ordered
+        bounds, (first, last) = found
         # the values a file admits are all >= bounds.low, and closed downward above it: if any of
         # [low, high] is admitted, the least value >= bounds.low in it is
         candidate = max(first, bounds.low)
@@ -245,6 +240,17 @@ class _Bounds:
         if value <= self.high:
             return True
         return self.prefix is not None and isinstance(value, str) and value.startswith(self.prefix)
+
+
+def _in_bounds_terms(file: Mapping[str, Any], column: str, values: ColumnValues, partitioned: bool) -> tuple[_Bounds, list] | None:
+    """The file's bounds of ``column`` and ``values`` ordered in the bounds' terms (floats when
+    the bounds are); None when the statistics cannot rule out any value."""
+    if values.anywhere:
+        return None
+    bounds = _bounds(file, column, values, partitioned)
+    if bounds is None:
+        return None
+    return bounds, (values.as_floats() if bounds.as_floats else values.ordered)
 
 
 def _bounds(file: Mapping[str, Any], column: str, values: ColumnValues, partitioned: bool) -> _Bounds | None:

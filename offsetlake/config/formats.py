@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from offsetlake.config.ddl import spark_type_problem
-from offsetlake.config.registry_settings import registry_options
+from offsetlake.config.registry_settings import RegistryOptions
 from offsetlake.config.strict import Strict as _Strict
 
 
@@ -49,17 +49,12 @@ class _RegistryFormat(_Strict):
     connection ``schema_registry_<pipeline>`` / ``schema_registry_default``), the subject and the
     version the reader schema is (the subject's latest when a batch is planned, or a pinned one)."""
 
-    schema_registry: dict[str, str] = Field(default_factory=dict)
+    schema_registry: RegistryOptions = Field(default_factory=dict)
     subject: str | None = None  # default: <topic>-value (the TopicNameStrategy)
     version: int | Literal["latest"] = "latest"
     # debezium: values are Debezium change events (the schema is the envelope: before, after,
     # op, source, ...), see ``offsetlake.formats.debezium``
     envelope: Literal["debezium"] | None = None
-
-    @field_validator("schema_registry", mode="before")
-    @classmethod
-    def _registry_options(cls, value: Any) -> Any:
-        return registry_options(value)
 
     @field_validator("version")
     @classmethod
@@ -131,7 +126,7 @@ class KeyFormat(_Strict):
 
     type: Literal["none", "string", "bytes", "json", "avro", "protobuf"] = "string"
     schema_: dict[str, str] = Field(default_factory=dict, alias="schema")  # json: field -> Spark SQL type
-    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    schema_registry: RegistryOptions = Field(default_factory=dict)  # default: format.schema_registry
     subject: str | None = None  # default: <topic>-key
     version: int | Literal["latest"] = "latest"
     message: str | None = None  # protobuf: the key message's full name (default: the schema's first)
@@ -143,11 +138,6 @@ class KeyFormat(_Strict):
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return {"type": value} if isinstance(value, str) else value
-
-    @field_validator("schema_registry", mode="before")
-    @classmethod
-    def _registry_options(cls, value: Any) -> Any:
-        return registry_options(value)
 
     @field_validator("schema_")
     @classmethod

@@ -4,7 +4,9 @@ offsetlake passes on, what is wrong with a mapping of them, and how they may be 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 # Schema Registry client options offsetlake passes on (confluent-kafka's SchemaRegistryClient);
 # numbers are given to it as numbers.
@@ -60,3 +62,7 @@ def registry_options(value: Any) -> dict[str, str]:
     if problem:
         raise ValueError(problem)
     return value
+
+
+# a ``schema_registry`` field: the client options, checked as ``registry_options`` checks them
+RegistryOptions = Annotated[dict[str, str], BeforeValidator(registry_options)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
-from offsetlake.config.registry_settings import registry_options
+from offsetlake.config.registry_settings import RegistryOptions
 from offsetlake.config.strict import Strict as _Strict
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h|d)$")
@@ -122,13 +122,9 @@ class DeltaSinkSettings(_Strict):
     def _no_kafka_fields(cls, data: Any) -> Any:
         """A Kafka sink's field here cannot be written (``extra: forbid``); this says where it belongs."""
         if isinstance(data, dict):
-            for name in ("topic", "dead_letter_topic", "subject"):
-                if data.get(name) is not None:
-                    raise ValueError(f"{name} applies to a Kafka sink (type: kafka), not to a Delta table")
-            for name in ("format", "schema_registry", "register", "register_schema"):
-                if name in data:
-                    name = name.removesuffix("_schema")
-                    raise ValueError(f"{name} applies to a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+            _refuse_given(data, ("topic", "dead_letter_topic", "subject"), "a Kafka sink (type: kafka), not to a Delta table", _set)
+            registry = ("format", "schema_registry", "register", "register_schema")
+            _refuse_given(data, registry, "a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
         return data
 
     @model_validator(mode="after")
@@ -259,17 +255,12 @@ class KafkaSinkSettings(_Strict):
     # Schema Registry (``offsetlake.sink_values``): the schema derived from the output columns is
     # registered under ``subject`` (default <topic>-value), or with register: false only looked up
     format: Literal["json", "avro", "json_schema", "protobuf"] = "json"
-    schema_registry: dict[str, str] = Field(default_factory=dict)  # default: format.schema_registry
+    schema_registry: RegistryOptions = Field(default_factory=dict)  # default: format.schema_registry
     subject: str | None = Field(default=None, min_length=1)
     register_schema: bool = Field(default=True, alias="register")  # YAML: register
     # where records that became no row go, in the same transaction, with the reason in headers
     # (default <topic>.dead-letters)
     dead_letter_topic: str | None = Field(default=None, min_length=1)
-
-    @field_validator("schema_registry", mode="before")
-    @classmethod
-    def _registry_options(cls, value: Any) -> Any:
-        return registry_options(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -285,17 +276,12 @@ class KafkaSinkSettings(_Strict):
                 f"a Kafka sink takes mode append only, not {data['mode']}: a topic cannot replace or delete a key's row "
                 "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
             )
-        for name in ("table", "partition_by"):
-            if data.get(name):
-                raise ValueError(f"{name} applies to a Delta sink; a Kafka sink writes to topic {data['topic']}")
-        for name in ("measures", "window", "allowed_lateness", "within", "within_on"):
-            if data.get(name):
-                raise ValueError(f"{name} applies to a Delta sink's merge engines, not to a Kafka sink")
+        _refuse_given(data, ("table", "partition_by"), f"a Delta sink; a Kafka sink writes to topic {data['topic']}", bool)
+        engines = ("measures", "window", "allowed_lateness", "within", "within_on")
+        _refuse_given(data, engines, "a Delta sink's merge engines, not to a Kafka sink", bool)
         if data.get("format", "json") == "json":
-            for name in ("schema_registry", "subject", "register", "register_schema"):
-                if name in data:
-                    name = name.removesuffix("_schema")
-                    raise ValueError(f"{name} applies to the registry formats (avro, json_schema, protobuf), not to format json")
+            registry = ("schema_registry", "subject", "register", "register_schema")
+            _refuse_given(data, registry, "the registry formats (avro, json_schema, protobuf), not to format json")
         return data
 
     @model_validator(mode="after")
@@ -313,66 +299,26 @@ class KafkaSinkSettings(_Strict):
         return self.dead_letter_topic or f"{self.topic}.dead-letters"
 
     # ---- a Delta table's settings, as an append sink without them -------------------------------
-    @property
-    def table(self) -> None:
-        return None
-
-    @property
-    def partition_by(self) -> list[str]:
-        return []
-
-    @property
-    def window(self) -> None:
-        return None
-
-    @property
-    def allowed_lateness(self) -> None:
-        return None
-
-    @property
-    def within(self) -> None:
-        return None
-
-    @property
-    def within_on(self) -> None:
-        return None
-
-    @property
-    def delete_on_tombstone(self) -> bool:
-        return False
-
-    @property
-    def file_rows(self) -> int:
-        return 500_000
-
-    @property
-    def measures(self) -> dict[str, dict[str, str]]:
-        return {}
+    table: ClassVar[None] = None
+    partition_by: ClassVar[list[str]] = []
+    window: ClassVar[None] = None
+    allowed_lateness: ClassVar[None] = None
+    within: ClassVar[None] = None
+    within_on: ClassVar[None] = None
+    delete_on_tombstone: ClassVar[bool] = False
+    file_rows: ClassVar[int] = 500_000
+    measures: ClassVar[dict[str, dict[str, str]]] = {}
+    keyed: ClassVar[bool] = False
+    engine: ClassVar[str | None] = None
+    removes_keys: ClassVar[bool] = False
+    deletes: ClassVar[bool] = False
 
     def aggregates(self) -> list[Measure]:
         return []
 
-    @property
-    def keyed(self) -> bool:
-        return False
-
-    @property
-    def engine(self) -> str | None:
-        return None
-
-    @property
-    def removes_keys(self) -> bool:
-        return False
-
-    @property
-    def deletes(self) -> bool:
-        return False
-
     # ---- what a pipeline asks of its sink, answered per kind ------------------------------------
-    @property
-    def is_kafka(self) -> bool:
-        """True: a Kafka topic (see ``DeltaSinkSettings.is_kafka``)."""
-        return True
+    # True: a Kafka topic (see ``DeltaSinkSettings.is_kafka``)
+    is_kafka: ClassVar[bool] = True
 
     def label(self, sink_path: str) -> str:
         return f"Kafka topic {self.topic}"
@@ -413,3 +359,16 @@ class OutboxSettings(_Strict):
 
     topic: str = Field(min_length=1)
     key: list[str] = Field(default_factory=list)
+
+
+def _set(value: Any) -> bool:
+    return value is not None
+
+
+def _refuse_given(data: dict[str, Any], names: tuple[str, ...], belongs: str, given: Callable[[Any], bool] | None = None) -> None:
+    """A field of ``names`` given is refused: it applies to ``belongs``, not here. Given: present
+    (even empty), or, with ``given``, a value it holds true (``register_schema`` is named as YAML
+    writes it, ``register``)."""
+    for name in names:
+        if name in data and (given is None or given(data[name])):
+            raise ValueError(f"{name.removesuffix('_schema')} applies to {belongs}")

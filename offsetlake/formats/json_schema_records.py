@@ -28,7 +28,7 @@ from offsetlake.plan import ReaderSchema
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from offsetlake.config import JsonFormat, JsonSchemaFormat, PipelineConfig
+    from offsetlake.config import JsonFormat, PipelineConfig
 
 _HEADER = 5
 _NO_HEADER = reasons.undecodable("value does not start with the Confluent wire-format header (magic byte 0 and a 4-byte schema id)")
@@ -93,14 +93,10 @@ class JsonSchemaDecoder:
     rows_in_read = True
 
     def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
-        fmt: JsonSchemaFormat = config.format  # type: ignore[assignment]
         self.pipeline = config.name
-        self.settings = dict(fmt.schema_registry)
+        self.settings, schema_id, where = sr.decoder_setting(config, reader)
         self.reader = reader
-        if reader.id is None:
-            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
-        where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
-        text = sr.schema_by_id(self.pipeline, self.settings, reader.id).text
+        text = sr.schema_by_id(self.pipeline, self.settings, schema_id).text
         self.inner = JsonDecoder(json_format_of(json.loads(text), where))
         self._validators: dict[int, tuple[Any, str | None]] | None = None
 

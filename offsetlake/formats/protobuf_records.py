@@ -388,12 +388,9 @@ class ProtobufDecoder:
     def __init__(self, config: PipelineConfig, reader: ReaderSchema) -> None:
         fmt: ProtobufFormat = config.format  # type: ignore[assignment]
         self.pipeline = config.name
-        self.settings = dict(fmt.schema_registry)
+        self.settings, schema_id, where = sr.decoder_setting(config, reader)
         self.reader = reader
-        if reader.id is None:
-            raise ConfigError("a registry reader schema without an id", pipeline=config.name)
-        where = f"{config.source_file or config.name}: reader schema {reader.describe()}"
-        loaded = _load(self.pipeline, self.settings, reader.id)
+        loaded = _load(self.pipeline, self.settings, schema_id)
         if isinstance(loaded, str):
             raise ConfigError(f"{where}: {loaded}")
         everything = [message_name(loaded.proto, path) for path in _message_paths(loaded.proto.message_type)]

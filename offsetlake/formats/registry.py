@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from offsetlake.errors import ConfigError, SchemaRegistryUnavailableError
+from offsetlake.errors import ConfigError, SchemaNotFound, SchemaRegistryUnavailableError
 from offsetlake.plan import ReaderSchema
 
 if TYPE_CHECKING:
@@ -49,8 +49,12 @@ class RegisteredText:
     import_name: str | None = None  # as a reference: the name the referencing schema imports it by
 
 
-class SchemaNotFound(Exception):
-    """The registry answered that the schema (id, or subject/version) does not exist."""
+def decoder_setting(config: PipelineConfig, reader: ReaderSchema) -> tuple[dict[str, str], int, str]:
+    """A registry format's decoder of one reader schema: the registry's settings, the schema's id,
+    and where its errors say they come from. Refuses a reader schema without an id."""
+    if reader.id is None:
+        raise ConfigError("a registry reader schema without an id", pipeline=config.name)
+    return dict(config.format.schema_registry), reader.id, f"{config.source_file or config.name}: reader schema {reader.describe()}"  # type: ignore[union-attr]
 
 
 def registry_url(settings: dict[str, str]) -> str:

@@ -18,7 +18,7 @@ from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
 from offsetlake.processed import ProcessedBatch, stage_files
 from offsetlake.write_modes.mode import Compaction, Replay, StagedMerge
-from offsetlake.write_modes.stateful import StatefulMode
+from offsetlake.write_modes.stateful import MergeStep, StatefulMode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -43,17 +43,8 @@ class EngineMode(StatefulMode):
         """By the key's and the window start's statistics: files are sorted by (window, key)."""
         return [*self.config.sink.key, *([WINDOW_START] if self.config.sink.window is not None else [])]
 
-    def merge(
-        self,
-        config: PipelineConfig,
-        plan: BatchPlan,
-        processed: ProcessedBatch,
-        spark: Any,
-        state: Any,
-        replaced: Selection | None,
-        prepared: Any,
-    ) -> StagedMerge:
-        return stage_engine_merge(config, plan, processed, spark, state, replaced)
+    def merge(self, step: MergeStep) -> StagedMerge:
+        return stage_engine_merge(step.config, step.plan, step.processed, step.spark, step.state, step.replaced)
 
     @property
     def private_columns(self) -> set[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from offsetlake import failpoints, state_table, storage
 from offsetlake.coordinates import Selection
@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from offsetlake.config import PipelineConfig
 
 
+class MergeStep(NamedTuple):
+    """What a keyed mode's merge is given: ``config`` is the pipeline with the state table in the
+    sink's place (``state_table.as_table``), ``state`` the pinned state table (None: empty),
+    ``replaced`` the records a backfill reprocesses, ``prepared`` what ``prepare_backfill`` read."""
+
+    config: PipelineConfig
+    plan: BatchPlan
+    processed: ProcessedBatch
+    spark: Any
+    state: Any
+    replaced: Selection | None
+    prepared: Any
+
+
 @dataclass
 class _Both:
     merge: StagedMerge
@@ -40,19 +54,9 @@ class StatefulMode(WriteMode):
     state_kind: ClassVar[str]  # what the state rows are, for the audit's text
 
     @abstractmethod
-    def merge(
-        self,
-        config: PipelineConfig,
-        plan: BatchPlan,
-        processed: ProcessedBatch,
-        spark: Any,
-        state: Any,
-        replaced: Selection | None,
-        prepared: Any,
-    ) -> StagedMerge:
-        """The batch merged into ``state`` (the pinned state table, None: empty), ``config`` being
-        the pipeline with the state table in the sink's place (``state_table.as_table``): the
-        state files it writes and removes, with ``changed`` and ``touched`` set."""
+    def merge(self, step: MergeStep) -> StagedMerge:
+        """The batch merged into ``step.state``: the state files it writes and removes, with
+        ``changed`` and ``touched`` set."""
 
     def output(self, rows: DataFrame) -> DataFrame:
         """The rows a reader sees of these state rows: those not hidden, without the private columns."""
@@ -67,8 +71,18 @@ class StatefulMode(WriteMode):
         """The columns naming one row of the sink (the key; and the window)."""
 
     @property
+    @abstractmethod
+    def private_columns(self) -> set[str]:
+        """The state rows' columns a reader's row does not have."""
+
+    @property
     def prune(self) -> list[str]:
         """The columns whose statistics find the sink files that may hold a group."""
+        return self.group
+
+    @property
+    def sort_order(self) -> list[str]:
+        """The order of the sink's rows in its files (a group's file found by its statistics)."""
         return self.group
 
     def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
@@ -121,23 +135,13 @@ class StatefulMode(WriteMode):
         of the touched groups staged."""
         config = self.config
         state = state_table.pinned(config, sink)
-        merge = self.merge(state_table.as_table(config), plan, processed, spark, state, replaced, prepared)
+        merge = self.merge(MergeStep(state_table.as_table(config), plan, processed, spark, state, replaced, prepared))
         version = state_table.commit(config, plan.batch_id, state, merge.files, merge.removed, merge.shape)
         projection = state_table.project(
             config, plan, spark, sink, merge.changed, merge.touched, self.group, self.prune, self.output, Selection.of(plan)
         )
         failpoints.failpoint("after_state_commit")  # the state committed, no sink commit pins it yet
         return _Both(merge, projection, version)
-
-    @property
-    @abstractmethod
-    def private_columns(self) -> set[str]:
-        """The state rows' columns a reader's row does not have."""
-
-    @property
-    def sort_order(self) -> list[str]:
-        """The order of the sink's rows in its files (a group's file found by its statistics)."""
-        return self.group
 
     def move_state_out(self) -> int | None:
         """A sink written before the state had a table of its own (its state rows hidden in it,

@@ -20,7 +20,7 @@ from offsetlake.processed import ProcessedBatch, stage_files
 from offsetlake.sink import committed_end, open_table
 from offsetlake.transform import apply_transform
 from offsetlake.write_modes.mode import Compaction, Replay, StagedMerge
-from offsetlake.write_modes.stateful import StatefulMode
+from offsetlake.write_modes.stateful import MergeStep, StatefulMode
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -39,18 +39,9 @@ class UpsertMode(StatefulMode):
     def group(self) -> list[str]:
         return list(self.config.sink.key)
 
-    def merge(
-        self,
-        config: PipelineConfig,
-        plan: BatchPlan,
-        processed: ProcessedBatch,
-        spark: Any,
-        state: Any,
-        replaced: Selection | None,
-        prepared: Any,
-    ) -> StagedMerge:
-        merge = stage_merge(config, plan, processed, spark, state, prepared)
-        merge.shape = keyed.with_hidden_column(processed.rows_schema)  # the merge writes hidden state rows
+    def merge(self, step: MergeStep) -> StagedMerge:
+        merge = stage_merge(step.config, step.plan, step.processed, step.spark, step.state, step.prepared)
+        merge.shape = keyed.with_hidden_column(step.processed.rows_schema)  # the merge writes hidden state rows
         return merge
 
     @property
