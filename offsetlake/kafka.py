@@ -261,12 +261,16 @@ def _consumer_position(consumer: Consumer, tp: TopicPartition) -> int:
     return current if current >= 0 else -1
 
 
-def check_log_start(offsets: PartitionOffsets, start: int, pipeline: str) -> None:
-    """Invariant 7: refuse to plan from below the log start offset."""
+def check_log_start(offsets: PartitionOffsets, start: int, pipeline: str, *, added_later: bool = False) -> None:
+    """Invariant 7: refuse to plan from below the log start offset (``added_later``: a partition
+    added while the pipeline ran, due from offset 0, never read)."""
     if start < offsets.log_start:
+        due = (
+            "the partition was added after the pipeline began and never read" if added_later else f"the pipeline's committed end is {start}"
+        )
         raise OffsetsLostError(
-            f"these offsets are gone from Kafka (log start offset is {offsets.log_start}, the pipeline's committed end is "
-            f"{start}); {offsets.log_start - start} offsets were removed by retention or delete_records "
+            f"these offsets are gone from Kafka (log start offset is {offsets.log_start}, {due}); "
+            f"{offsets.log_start - start} offsets were removed by retention or delete_records "
             "before they were ingested. Set on_offsets_lost: skip to record a gap and continue.",
             pipeline=pipeline,
             topic=offsets.topic,

@@ -88,6 +88,19 @@ def pipeline_has_begun(commits: list[SinkCommit], ends: dict[TopicPartitionKey, 
     return any(end is not None for end in ends.values()) or any(c.kind in OFFSET_MOVING_KINDS for c in commits)
 
 
+def due_from(commits: list[SinkCommit], ends: dict[TopicPartitionKey, int | None], begun: bool) -> dict[TopicPartitionKey, int]:
+    """Per partition, the offset from which every record is due (invariant 7's loss check): its
+    committed end; for a partition without one, of a topic the pipeline has committed ranges of,
+    once it has begun, offset 0: it was added while the pipeline ran, so every record it ever
+    held was due, and records deleted before its first read are lost, not unseen (RELIABILITY
+    rounds 7 and 11). A topic the pipeline has no range of (one just listed or just matching
+    ``topic_pattern``) may hold older records: it starts at its log start with nothing lost."""
+    known = {t for c in commits for t in c.entry.topics()} if begun else set()
+    due = {key: end for key, end in ends.items() if end is not None}
+    due.update({key: 0 for key, end in ends.items() if end is None and key[0] in known})
+    return due
+
+
 def check_no_topic_gone(config: PipelineConfig, commits: list[SinkCommit], present: set[str]) -> None:
     """A topic the pattern matches whose records the sink holds must still exist: one deleted
     (or unreadable) fails the plan, naming it; its committed ranges stay in the sink's history.
@@ -129,11 +142,12 @@ def plan_next_batch(
     current_ids = topic_ids(config, sorted({t for t, _ in offsets}))
     check_topic_identity(config, commits, ends, offsets, current_ids)  # invariant 16, before anything else
     identity = {t: i for t, i in current_ids.items() if i is not None}
+    begun = pipeline_has_begun(commits, ends)
     lost = []
-    for key, committed in ends.items():
-        if committed is not None and committed < offsets[key].log_start:
+    for key, committed in due_from(commits, ends, begun).items():
+        if committed < offsets[key].log_start:
             if config.on_offsets_lost != "skip":
-                check_log_start(offsets[key], committed, config.name)
+                check_log_start(offsets[key], committed, config.name, added_later=ends[key] is None)
             lost.append(OffsetRange(key[0], key[1], committed, offsets[key].log_start))
     if lost:
         return BatchPlan(
@@ -144,7 +158,6 @@ def plan_next_batch(
             key: PartitionOffsets(o.topic, o.partition, o.log_start, min(o.last_stable, end_limit.get(key, o.last_stable)))
             for key, o in offsets.items()
         }
-    begun = pipeline_has_begun(commits, ends)
     ranges = plan_ranges(ends, offsets, config.start, config.max_records_per_batch, pipeline_begun=begun)
     anchors = [r for r in ranges if ends[(r.topic, r.partition)] is None and config.start == "latest" and not begun]
     if all(r.size == 0 for r in ranges) and not anchors:
