@@ -383,6 +383,7 @@ class Campaign:
             "run": (6, self.run_in_process),
             # each of these starts a process with its own JVM (~10-20 s), so they are drawn less often
             "crash_at_failpoint": (1, self.crash_at_failpoint),
+            "crash_keyed_at_failpoint": (1, self.crash_keyed_at_failpoint),
             "kill_cli_run": (1, self.kill_cli_run),
             "backfill": (2, self.backfill),
             "backfill_by_time": (1, self.backfill_by_time),
@@ -479,6 +480,7 @@ class Campaign:
             "runs_in_process": self.stats["runs"],
             "sink_commits": {k.removeprefix("commits:"): v for k, v in sorted(self.stats.items()) if k.startswith("commits:")},
             "failpoint_crashes": self.stats["failpoint_crashes"],
+            "keyed_crashes": {k.removeprefix("keyed_crashes:"): v for k, v in sorted(self.stats.items()) if k.startswith("keyed_crashes:")},
             "sigkills": self.stats["sigkills"],
             "backfills": self.stats["backfills"],
             "backfills_by_time": self.stats["backfills_by_time"],
@@ -620,11 +622,11 @@ class Campaign:
             )
         self.stats["runs"] += 1
 
-    def _cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _cli(self, *args: str, env: dict[str, str] | None = None, file: Path | None = None) -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_FAILPOINT")}
         full.update(env or {})
         return subprocess.Popen(
-            [sys.executable, "-m", "offsetlake", *args, str(self.file)],
+            [sys.executable, "-m", "offsetlake", *args, str(file or self.file)],
             cwd=ROOT,
             env=full,
             stdout=subprocess.PIPE,
@@ -651,6 +653,29 @@ class Campaign:
                 raise InvariantBroken(f"run with failpoint {name} exited {process.returncode}: {err[-2000:]}")
             self.log(f"campaign: failpoint {name} did not fire (attempt {attempt + 1}), nothing was pending")
         raise InvariantBroken(f"failpoint {name} never fired in 3 runs with records pending")
+
+    def crash_keyed_at_failpoint(self) -> None:
+        """A CLI run of a keyed pipeline (upsert or a merge engine) that dies at a failpoint: half
+        the time between its state commit and its sink commit (``after_state_commit``: the state
+        committed, no sink commit pins it yet), else at a batch failpoint. Records are produced
+        first, so the batch has something to merge whatever that pipeline's committed ends are."""
+        file = self.rng.choice([self.keyed_file, self.engine_file, self.first_file, self.partial_file])
+        name = failpoints.STATE_NAMES[0] if self.rng.random() < 0.5 else self.rng.choice(FAILPOINTS)
+        for attempt in range(3):
+            self.finish_open_txn()
+            self.produce()
+            self._ensure_pending()
+            process = self._cli("run", "--max-batches", "1", env={"OFFSETLAKE_FAILPOINT": name}, file=file)
+            out, err = process.communicate(timeout=600)
+            _kill_group(process.pid)
+            if process.returncode == -signal.SIGKILL:
+                self.stats["failpoint_crashes"] += 1
+                self.stats[f"keyed_crashes:{name}"] += 1
+                return
+            if process.returncode != 0:
+                raise InvariantBroken(f"run of {file.stem} with failpoint {name} exited {process.returncode}: {err[-2000:]}")
+            self.log(f"campaign: failpoint {name} of {file.stem} did not fire (attempt {attempt + 1})")
+        raise InvariantBroken(f"failpoint {name} of {file.stem} never fired in 3 runs with records produced")
 
     def _ensure_pending(self, timeout_s: float = 30.0, ends=None) -> None:
         """Produce records unless some partition's last stable offset is past its committed end

@@ -36,6 +36,7 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
         "finish_open_txn",
         "run",
         "crash_at_failpoint",
+        "crash_keyed_at_failpoint",
         "kill_cli_run",
         "backfill",
         "backfill_by_time",
@@ -58,4 +59,5 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
     assert figures["topic_recreations"] > 0 and figures["epochs_reset"] > 0, "the topic was never re-created under a pipeline"
     assert figures["nested_fields_added"] > 0 and figures["keyed_rows"] > 0
     assert figures["keyed_backfills"] + figures["keyed_backfills_refused"] > 0
+    assert sum(figures["keyed_crashes"].values()) > 0, "a keyed pipeline's run must have crashed at a failpoint"
     assert figures["engine_keys"] > 0 and figures["engine_backfills"] > 0, "the merge engine must have rows and a backfill"
