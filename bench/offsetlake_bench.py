@@ -1,7 +1,7 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,paths,s3,avro,overhead,planning,upsert,memory]
+                                               [--only consume,write,steady,peer,paths,s3,avro,overhead,planning,upsert,memory]
                                                [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
@@ -19,6 +19,11 @@ steady    offsetlake ingesting the whole topic (default batch cap) into a fresh 
           attached to a warm `offsetlake spark-server`; next to each warm run (peer, offsetlake,
           offsetlake, peer, ...) the one-process plain peer (bench/plain_peers.py: exact ranges,
           pyarrow JSON parse, one delta-rs commit with a txn per partition, no Spark);
+peer      the peer a Spark user would write instead (bench/spark_streaming_peer.py: Structured
+          Streaming's Kafka source, from_json, the Delta sink, trigger availableNow, a checkpoint),
+          side by side with offsetlake on the same topic: warm (one session, offsetlake, peer,
+          peer, offsetlake, ...) and cold (a fresh `offsetlake run` process against the peer's
+          own process, alternating); medians and offsetlake's speed-up over the peer;
 paths     the warm drain of the whole topic on each data path (jvm, direct, spark), in turn in one
           session, and Spark's Kafka source alone into the noop sink: each over the JVM limit;
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
@@ -82,7 +87,7 @@ from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "paths", "s3", "avro", "overhead", "planning", "upsert", "memory")
+SECTIONS = ("consume", "write", "steady", "peer", "paths", "s3", "avro", "overhead", "planning", "upsert", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -514,6 +519,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
                     figures["steady_with_session_start"]["records_per_s"] / figures["raw_consume"]["records_per_s"], 3
                 ),
             )
+
+    if "peer" in only:
+        streaming_peer(args, work, bootstrap, topic, records, figures)
 
     if "paths" in only:
         data_paths(args, work, bootstrap, topic, records, figures)
@@ -1132,6 +1140,82 @@ def spark_source_to_noop(spark: Any, bootstrap: str, topic: str) -> float:
     t = time.monotonic()
     source.write.format("noop").mode("overwrite").save()
     return round(time.monotonic() - t, 2)
+
+
+def streaming_peer(args: argparse.Namespace, work: Path, bootstrap: str, topic: str, records: int, figures: dict) -> None:
+    """offsetlake against Structured Streaming availableNow into Delta, warm then cold, each pair
+    alternating which goes first; both must write every record."""
+    from spark_streaming_peer import ingest, rows_in
+
+    from offsetlake.plan import RunContext
+    from offsetlake.runs import run_pipeline
+    from offsetlake.spark import spark_session, stop_spark
+
+    spark = spark_session()
+    ensure_topic(bootstrap, "bench_warmup", 2)
+    produce_orders(bootstrap, "bench_warmup", 20_000)
+    warmup = load_pipeline(str(write_pipeline(work / "p", "bench_peer_warmup", "bench_warmup", bootstrap, work / "lake_peer_warmup")))
+    run_pipeline(warmup, RunContext("warmup"), spark_session, emit=lambda _: None)
+    ingest(spark, bootstrap, "bench_warmup", str(work / "ss_warmup"), str(work / "ss_warmup_checkpoint"))
+    times: dict[str, list[float]] = {"offsetlake_warm": [], "peer_warm": [], "offsetlake_cold": [], "peer_cold": []}
+
+    def offsetlake_warm(i: int) -> None:
+        lake = work / f"lake_peer_{i}"
+        config = load_pipeline(str(write_pipeline(work / "p", "bench_peer", topic, bootstrap, lake)))
+        t = time.monotonic()
+        results = run_pipeline(config, RunContext(f"peer-{i}"), spark_session, emit=lambda _: None)
+        times["offsetlake_warm"].append(round(time.monotonic() - t, 2))
+        assert sum(r.total("rows_written") for r in results) == records
+        shutil.rmtree(lake)
+
+    def peer_warm(i: int) -> None:
+        table, checkpoint = work / f"ss_{i}", work / f"ss_{i}_checkpoint"
+        times["peer_warm"].append(round(ingest(spark, bootstrap, topic, str(table), str(checkpoint)), 2))
+        written = rows_in(spark, str(table))
+        assert written == records, f"the Structured Streaming peer wrote {written} of {records}"
+        shutil.rmtree(table)
+        shutil.rmtree(checkpoint)
+
+    for i in range(args.repeats):
+        for measure in (offsetlake_warm, peer_warm) if i % 2 == 0 else (peer_warm, offsetlake_warm):
+            measure(i)
+    stop_spark()
+
+    def offsetlake_cold(i: int) -> None:
+        lake = work / f"lake_peer_cold_{i}"
+        path = write_pipeline(work / "p", "bench_peer_cold", topic, bootstrap, lake)
+        t = time.monotonic()
+        cli("run", str(path))
+        times["offsetlake_cold"].append(round(time.monotonic() - t, 2))
+        shutil.rmtree(lake)
+
+    def peer_cold(i: int) -> None:
+        table, checkpoint = work / f"ss_cold_{i}", work / f"ss_cold_{i}_checkpoint"
+        command = [PY, str(ROOT / "bench" / "spark_streaming_peer.py"), bootstrap, topic, str(table), str(checkpoint)]
+        t = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+        elapsed = time.monotonic() - t
+        if done.returncode != 0:
+            raise RuntimeError(f"the Structured Streaming peer failed:\n{done.stderr[-3000:]}")
+        written = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
+        assert written == records, f"the Structured Streaming peer wrote {written} of {records}"
+        times["peer_cold"].append(round(elapsed, 2))
+        shutil.rmtree(table)
+        shutil.rmtree(checkpoint)
+
+    for i in range(args.repeats):
+        for measure in (offsetlake_cold, peer_cold) if i % 2 == 0 else (peer_cold, offsetlake_cold):
+            measure(i)
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    emit(
+        figures,
+        "structured_streaming_peer",
+        records=records,
+        samples_s=times,
+        median_s={name: round(m, 2) for name, m in medians.items()},
+        speedup_warm=round(medians["peer_warm"] / medians["offsetlake_warm"], 3),
+        speedup_cold=round(medians["peer_cold"] / medians["offsetlake_cold"], 3),
+    )
 
 
 def data_paths(args: argparse.Namespace, work: Path, bootstrap: str, topic: str, records: int, figures: dict) -> None:
