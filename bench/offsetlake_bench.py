@@ -133,6 +133,17 @@ def cli(*args: str, env: dict | None = None, timeout: float = 3600) -> subproces
     return done
 
 
+def cold_run(work: Path, name: str, topic: str, bootstrap: str, lake: Path) -> float:
+    """Seconds of a fresh `offsetlake run` process (JVM and session start included) ingesting
+    ``topic`` into a new ``lake``, which is removed after."""
+    path = write_pipeline(work / "p", name, topic, bootstrap, lake)
+    t = time.monotonic()
+    cli("run", str(path))
+    elapsed = time.monotonic() - t
+    shutil.rmtree(lake)
+    return elapsed
+
+
 # ---- the warm Spark server ----------------------------------------------------------------------
 class SparkServer:
     """`offsetlake spark-server` on a free loopback port, stopped by its PID."""
@@ -474,13 +485,7 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
         stop_spark()
 
         def cold(i: int) -> float:
-            lake = work / f"lake_cold_{i}"
-            path = write_pipeline(work / "p", "bench_cold", topic, bootstrap, lake)
-            t = time.monotonic()
-            cli("run", str(path))
-            elapsed = time.monotonic() - t
-            shutil.rmtree(lake)
-            return elapsed
+            return cold_run(work, "bench_cold", topic, bootstrap, work / f"lake_cold_{i}")
 
         med, samples = median_of(args.repeats, cold)
         emit(figures, "steady_with_session_start", median_s=round(med, 2), samples_s=samples, records_per_s=round(records / med))
@@ -1182,12 +1187,7 @@ def streaming_peer(args: argparse.Namespace, work: Path, bootstrap: str, topic: 
     stop_spark()
 
     def offsetlake_cold(i: int) -> None:
-        lake = work / f"lake_peer_cold_{i}"
-        path = write_pipeline(work / "p", "bench_peer_cold", topic, bootstrap, lake)
-        t = time.monotonic()
-        cli("run", str(path))
-        times["offsetlake_cold"].append(round(time.monotonic() - t, 2))
-        shutil.rmtree(lake)
+        times["offsetlake_cold"].append(round(cold_run(work, "bench_peer_cold", topic, bootstrap, work / f"lake_peer_cold_{i}"), 2))
 
     def peer_cold(i: int) -> None:
         table, checkpoint = work / f"ss_cold_{i}", work / f"ss_cold_{i}_checkpoint"
