@@ -5,6 +5,7 @@ was committed, and a restart serves the same topics and transactions on the same
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -15,7 +16,20 @@ from offsetlake.embedded.sample_data import ensure_topic
 pytestmark = pytest.mark.slow  # it starts brokers of its own
 
 
-def _committed(bootstrap: str, topic: str) -> list[bytes]:
+def _committed(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[bytes]:
+    """The committed values of partition 0 once every transaction on it has its marker. A
+    read_committed consumer stops at the last stable offset, which trails a commit or an abort
+    until the broker has written its marker (commit_transaction may return before): the read is
+    repeated until it stops at the log end (the event, not a sleep, ends the wait)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        values, stopped_at = _read_committed(bootstrap, topic)
+        if stopped_at >= _log_end(bootstrap, topic) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.2)
+
+
+def _read_committed(bootstrap: str, topic: str) -> tuple[list[bytes], int]:
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "check", "isolation.level": "read_committed", "enable.partition.eof": True}
     )
@@ -25,10 +39,18 @@ def _committed(bootstrap: str, topic: str) -> list[bytes]:
         message = consumer.poll(10)
         assert message is not None, "the broker answered nothing within 10 s"
         if message.error():
-            break  # end of the partition
+            stopped_at = message.offset()  # end of the partition, as far as read_committed may read
+            break
         values.append(message.value())
     consumer.close()
-    return values
+    return values, stopped_at
+
+
+def _log_end(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check-end"})
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.close()
+    return high
 
 
 def test_start_stop_crash_and_restart_keep_topics_transactions_and_port(tmp_path):
