@@ -10,12 +10,16 @@ drains the topic in batches of ``--batch`` into three sinks in turn, one fresh l
 append     the plain sink (every record a row);
 aggregate  an hourly aggregate keyed by order_id (window on created_at, 1h): revenue (sum),
            orders (count), largest (max), last customer (last_non_null);
-first_row  dedup: each order_id's first record.
+first_row  dedup: each order_id's first record;
+aggregate_folded, first_row_folded
+           the same with ``sink.fold_after: 1s``: every batch folds the contributions of the
+           batches before it, so the state stays within the groups plus one batch.
 
 Per sink: the median batch time (the ledger entries' ``duration_ms``, batches 2 to n) and every
 batch's time (does it grow with the table?), the table's rows and bytes (visible rows and
 state), and then a backfill of 1% of the range (the first offsets of every partition, one
-backfill each), timed as a whole. Prints one JSON line per sink and writes every figure to ``--out``.
+backfill each; with folding the last offsets, as the first ones are folded and refused), timed
+as a whole. Prints one JSON line per sink and writes every figure to ``--out``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ SINKS: dict[str, dict[str, Any]] = {
     },
     "first_row": {"mode": "first_row", "key": ["order_id"]},
 }
+SINKS["aggregate_folded"] = {**SINKS["aggregate"], "fold_after": "1s"}
+SINKS["first_row_folded"] = {**SINKS["first_row"], "fold_after": "1s"}
 
 
 def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
@@ -92,7 +98,7 @@ def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
         "state_rows": state.to_pyarrow_dataset().count_rows() if state is not None else 0,
         "state_bytes": sum(f["size_bytes"] for f in _files(state)) if state is not None else 0,
     }
-    figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config)
+    figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config, last="fold_after" in sink)
     return figures
 
 
@@ -102,18 +108,19 @@ def _files(table: Any) -> list[dict]:
     return pa.table(table.get_add_actions(flatten=True)).to_pylist()
 
 
-def backfill_one_percent(config: Any) -> tuple[float, int]:
-    """Backfill the first 1% of every partition's committed range, one backfill per partition."""
+def backfill_one_percent(config: Any, last: bool = False) -> tuple[float, int]:
+    """Backfill the first (``last``: the last) 1% of every partition's committed range, one backfill per partition."""
     table = storage.table(config.layout.sink)
     ends = {p: table.transaction_version(config.app_id(TOPIC, p)) or 0 for p in range(PARTITIONS)}
     t = time.monotonic()
     records = 0
     for partition, end in ends.items():
-        stop = max(1, end // 100)
-        plan = plan_backfill(config, RunContext(f"bench-backfill-{partition}"), [partition], 0, stop)
+        size = max(1, end // 100)
+        start, stop = (end - size, end) if last else (0, size)
+        plan = plan_backfill(config, RunContext(f"bench-backfill-{partition}"), [partition], start, stop)
         Ledger.of(config).record_plan(plan)
         execute_recorded_batch(config, plan.batch_id, spark_session)
-        records += stop
+        records += size
     return round(time.monotonic() - t, 2), records
 
 
@@ -122,6 +129,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=2_000_000, help="orders to produce (default 2,000,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct order ids they are drawn from (default 10,000)")
     parser.add_argument("--batch", type=int, default=200_000, help="max_records_per_batch (default 200,000)")
+    parser.add_argument("--only", nargs="*", choices=list(SINKS), help="these sinks only (append is always run: the ratios' base)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench-merge-engines.json", help="where to write every figure as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -133,11 +141,15 @@ def main() -> int:
             rng = random.Random(38)
             produce_order_ids(bootstrap, TOPIC, [rng.randrange(args.keys) for _ in range(args.records)])
             spark_session()
-            for label in SINKS:
+            chosen = [label for label in SINKS if not args.only or label == "append" or label in args.only]
+            for label in chosen:
                 figures[label] = drain(work, bootstrap, label, args.batch)
                 print(json.dumps(figures[label]), flush=True)
             base = figures["append"]["batch_s_median"]
-            figures["ratios"] = {label: round(figures[label]["batch_s_median"] / base, 2) for label in SINKS}
+            figures["ratios"] = {label: round(figures[label]["batch_s_median"] / base, 2) for label in chosen}
+            figures["backfill_ratios"] = {
+                label: round(figures[label]["backfill_1pct_s"] / figures[label]["batch_s_median"], 2) for label in chosen
+            }
             print(json.dumps(figures["ratios"]), flush=True)
             stop_spark()
     finally:

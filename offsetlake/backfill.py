@@ -110,7 +110,9 @@ def _backfill_plan(
     config: PipelineConfig, run: RunContext, ranges: list[OffsetRange], window: RecordTimeWindow | None, table: DeltaTable | None
 ) -> BatchPlan:
     """The backfill batch of the non-empty ``ranges``; an old range decodes into today's reader
-    schema, recorded with the plan (invariant 12)."""
+    schema, recorded with the plan (invariant 12). Refused where the mode can no longer replace
+    a range's records (a merge engine's folded ones)."""
+    write_mode(config).refuse_backfill(ranges, table, current_epochs(sink_commits(table, config.name)) if table is not None else {})
     return BatchPlan(
         config.name,
         new_batch_id(config.name),

@@ -8,7 +8,8 @@ start), contribution files by those of the offsets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 
 from offsetlake import keyed, staging, storage
 from offsetlake.config import PipelineConfig
-from offsetlake.coordinates import Selection
+from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.engines import (
     CONTRIBUTION,
     HIDDEN,
@@ -29,6 +30,7 @@ from offsetlake.engines import (
     group_columns,
     is_contribution_file,
 )
+from offsetlake.file_stats import may_hold_between
 from offsetlake.keyed import MergeCounts
 from offsetlake.schema_evolution import schema_diff, table_schema
 from offsetlake.sink import live_files
@@ -51,6 +53,7 @@ class EngineMerge:
     visible_rows: int
     cached: list[DataFrame]
     keys: DataFrame  # the groups the batch touched (its own and those of the contributions it dropped)
+    folded: dict[tuple[str, int, int], int] = field(default_factory=dict)  # the horizon a fold raised (``fold``)
 
 
 def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame, replaced: Selection | None = None) -> EngineMerge:
@@ -66,7 +69,7 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     cached = [new]
     files = live_files(table) if table is not None else []
     contribution_files = [f for f in files if _holds_contributions(config, f)]
-    replaced_files = [f for f in contribution_files if replaced is not None and replaced.file_may_hold(f)]
+    replaced_files = [f for f in contribution_files if replaced is not None and not _all_folded(f) and replaced.file_may_hold(f)]
     schema = _merged_schema(table, new)
     inside = _selected(replaced)
     dropped = kept = None
@@ -102,7 +105,84 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     cached.append(visible)
     counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
     contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
-    return EngineMerge(visible, contributions, [*stored_files, *replaced_files], counts, visible.count(), cached, keys)
+    removed = [*stored_files, *replaced_files]
+    folding = fold(spark, config, engine, contribution_files, schema, new) if replaced is None else None
+    if folding is not None:
+        contributions = contributions.unionByName(folding.rows)
+        removed += folding.removed
+    merge = EngineMerge(visible, contributions, removed, counts, visible.count(), cached, keys)
+    if folding is not None:
+        merge.folded = folding.below
+    return merge
+
+
+@dataclass
+class Fold:
+    """A fold of old contributions: the rows that replace the files it read (one folded row per
+    group, and the rows of those files too young to fold), the files, and the horizon it raised."""
+
+    rows: DataFrame
+    removed: list[dict[str, Any]]
+    below: dict[tuple[str, int, int], int]
+
+
+def fold(
+    spark: Any, config: PipelineConfig, engine: Engine, files: list[dict[str, Any]], schema: pa.Schema, like: DataFrame
+) -> Fold | None:
+    """Bounded state (docs/design.md, "Bounded state"): the contributions of records older than
+    ``sink.fold_after`` (Kafka timestamp, before now) folded into one row per group, a
+    contribution without coordinates that stands for all of them. An associative fold of a
+    group's folded row and its other contributions is the fold of them all, so a group's state
+    stays exact; what is lost is only the single records a backfill would replace, so the state
+    commit raises the horizon (``state_table.FOLDED_BELOW``) past every offset folded, and a
+    backfill below it is refused. Runs when the contribution rows old enough are at least the
+    folded rows already there (each rewrite of the folded rows is paid for by as many records
+    folded): the state stays within groups x windows plus the records not yet old enough. None:
+    nothing to fold (``files``: the live contribution files; ``like``: the batch's contributions)."""
+    from pyspark.sql import functions as F
+
+    seconds = config.sink.fold_after_seconds
+    if seconds is None or engine.sequential or not files:
+        return None
+    cutoff = datetime.now(UTC) - timedelta(seconds=seconds)
+    holding = [f for f in files if _holds_folded(config, f)]
+    old = [f for f in files if f not in holding and not may_hold_between(f, TIMESTAMP, cutoff, _LAST_INSTANT)]
+    if not old or _rows(old) < _rows(holding):
+        return None
+    read = staging.read_files(spark, config.layout.sink, [*holding, *old], schema, [])
+    goes = F.col(OFFSET).isNull() | F.coalesce(F.col(TIMESTAMP) < F.lit(cutoff), F.lit(False))
+    group = group_columns(config)
+    folded = engine.with_outputs(engine.folded(read.where(goes).select(*group, STATE))).withColumn(HIDDEN, F.lit(CONTRIBUTION))
+    rows = _shaped(folded, like).unionByName(read.where(~goes).select(*like.columns))
+    epoch = F.coalesce(F.col(TOPIC_EPOCH).cast("int"), F.lit(0)) if TOPIC_EPOCH in read.columns else F.lit(0)
+    by_partition = read.where(F.col(OFFSET).isNotNull() & goes).groupBy(TOPIC, epoch.alias("_epoch"), PARTITION)
+    reached = by_partition.agg(F.max(OFFSET).alias("_last"))
+    below = {(r[TOPIC], int(r["_epoch"]), int(r[PARTITION])): int(r["_last"]) + 1 for r in reached.collect()}
+    return Fold(rows, [*holding, *old], below)
+
+
+_LAST_INSTANT = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def _rows(files: list[dict[str, Any]]) -> int:
+    return sum(int(f.get("num_records") or 0) for f in files)
+
+
+def _all_folded(file: dict[str, Any]) -> bool:
+    """Whether every row of a contribution file is a folded row (no coordinates): no backfill replaces one."""
+    nulls = file.get(f"null_count.{OFFSET}")
+    return nulls is not None and nulls == file.get("num_records")
+
+
+def _holds_folded(config: PipelineConfig, file: dict[str, Any]) -> bool:
+    """Whether a contribution file holds a folded row (``fold``: no coordinates), told by its
+    statistics or, for a file written without any, by its offset column read."""
+    nulls = file.get(f"null_count.{OFFSET}")
+    if nulls is not None:
+        return bool(nulls)
+    fs, path = storage.filesystem(config.layout.sink.child(storage.file_path_from_log(file["path"])))
+    with fs.open_input_file(path) as source:
+        return bool(pq.ParquetFile(source).read(columns=[OFFSET])[OFFSET].null_count)
 
 
 def _holds_contributions(config: PipelineConfig, file: dict[str, Any]) -> bool:

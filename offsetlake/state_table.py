@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,8 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, Tr
 from deltalake.exceptions import CommitFailedError
 
 from offsetlake import staging, storage
-from offsetlake.errors import CommitConflictError, OffsetlakeError
+from offsetlake.config.sink_settings import DEFAULT_FOLD_AFTER
+from offsetlake.errors import BackfillParamsError, CommitConflictError, OffsetlakeError
 from offsetlake.schema_evolution import schema_diff, table_schema
 from offsetlake.sink import WrittenFiles, add_actions_for, create_table_once, live_files, readd_actions, remove_actions, staging_dir
 
@@ -43,12 +44,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from offsetlake.config import PipelineConfig
-    from offsetlake.coordinates import Selection
+    from offsetlake.coordinates import OffsetRange, Selection
     from offsetlake.plan import BatchPlan
 
 log = logging.getLogger(__name__)
 
 STATE_APP_ID = "offsetlake-state"  # the sink's txn appId: the state table version the sink version was computed from
+# the state table's property: per (topic, topic epoch, partition), the offset below which no record
+# keeps a contribution of its own (folded into its group's state, ``engine_merge.fold``); a
+# backfill there is refused. Time travel to the pinned version reads the horizon of that state.
+FOLDED_BELOW = "offsetlake.foldedBelow"
 COMMIT_ATTEMPTS = 5  # a state commit that lost to another writer's is made again on the newer version
 
 
@@ -100,6 +105,35 @@ def state_rows(config: PipelineConfig, sink: DeltaTable | None, columns: list[st
     return state.to_pyarrow_dataset().to_table(columns=columns, filter=filter)
 
 
+def folded_below(table: DeltaTable | None) -> dict[tuple[str, int, int], int]:
+    """The horizon of the state ``table`` (at its version): (topic, epoch, partition) -> the
+    offset below which every record's contribution is folded (``FOLDED_BELOW``)."""
+    text = table.metadata().configuration.get(FOLDED_BELOW) if table is not None else None
+    return {(t, int(e), int(p)): int(o) for t, e, p, o in json.loads(text)} if text else {}
+
+
+def refuse_folded(config: PipelineConfig, state: DeltaTable | None, ranges: Iterable[OffsetRange], epochs: Mapping[str, int]) -> None:
+    """BackfillParamsError for the first of ``ranges`` that reaches below the horizon of
+    ``state`` (the pinned state table): those records are folded into their groups' state and
+    have no contribution of their own to replace (``engine_merge.fold``)."""
+    horizon = folded_below(state)
+    for r in ranges:
+        below = horizon.get((r.topic, int(epochs.get(r.topic, 0)), r.partition))
+        if r.size and below is not None and r.start < below:
+            raise BackfillParamsError(
+                f"backfill: {r.topic}[{r.partition}] offsets [{r.start}, {r.end}) reach below offset {below}: the records "
+                f"below it are older than sink.fold_after ({config.sink.fold_after or DEFAULT_FOLD_AFTER}) and were folded "
+                "into their groups' state, so none has a contribution of its own left to replace. Backfill from offset "
+                f"{below} on; or rewind the pipeline to a batch from before the fold (offsetlake rewind), whose state still "
+                "holds them; or ingest the topic into a new sink table",
+                pipeline=config.name,
+                topic=r.topic,
+                partition=r.partition,
+                start=r.start,
+                end=r.end,
+            )
+
+
 def commit(
     config: PipelineConfig,
     batch_id: str,
@@ -107,18 +141,28 @@ def commit(
     files: WrittenFiles,
     removed: list[dict[str, Any]],
     schema: pa.Schema,
+    folded: dict[tuple[str, int, int], int] | None = None,
 ) -> int:
     """The batch's state commit: the state table's live files become the pinned version's, minus
     ``removed``, plus ``files`` (module docstring), on whatever version is newest, with the batch
-    id in its commitInfo. Returns the version, which the batch's sink commit pins (a version
-    whose live files are those already: the newest, when it holds exactly them)."""
+    id in its commitInfo; its horizon (``FOLDED_BELOW``) the pinned version's raised by
+    ``folded``, set first by a commit of its own where the newest differs (an unpinned fold, or a
+    state the sink was rewound from). Returns the version, which the batch's sink commit pins (a
+    version whose live files are those already: the newest, when it holds exactly them)."""
     place = location(config)
     partition_by = config.sink.partition_by
     kept = {f["path"]: f for f in (live_files(pinned_table) if pinned_table is not None else [])}
     for f in removed:
         kept.pop(f["path"], None)
+    horizon = folded_below(pinned_table)
+    for where, offset in (folded or {}).items():
+        horizon[where] = max(offset, horizon.get(where, 0))
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         table = create_table_once(place, schema, partition_by, f"offsetlake state of pipeline {config.name}")
+        if folded_below(table) != horizon:
+            shown = json.dumps(sorted([t, e, p, o] for (t, e, p), o in horizon.items()))
+            table.alter.set_table_properties({FOLDED_BELOW: shown}, raise_if_not_exists=False)
+            table.update_incremental()
         grown = schema_diff(table_schema(table), schema)
         if grown.added:
             table.alter.add_columns([_field(f) for f in schema if f.name not in table_schema(table).names or _grows(table, f)])

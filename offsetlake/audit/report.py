@@ -121,7 +121,8 @@ def _sink_keys(config: PipelineConfig) -> pa.Table:
     engine = write_mode(config).replay is Replay.FOLD and HIDDEN in names
     if engine:  # an engine sink's records are its contribution rows (one per window)
         extra += [c for c in (WINDOW_START,) if c in names]
-    only = pc.field(HIDDEN) == CONTRIBUTION if engine else None
+    # a folded row (``engine_merge.fold``) stands for many records and has no coordinates
+    only = (pc.field(HIDDEN) == CONTRIBUTION) & pc.field(OFFSET).is_valid() if engine else None
     data = table.to_pyarrow_dataset().to_table(columns=[*_COORDS, *extra], filter=only)
     index = pc.fill_null(data[ROW_INDEX], -1) if ROW_INDEX in names else pa.array(np.full(data.num_rows, -1), pa.int32())
     epochs = pc.fill_null(data[TOPIC_EPOCH], 0) if TOPIC_EPOCH in names else pa.array(np.zeros(data.num_rows, np.int32), pa.int32())

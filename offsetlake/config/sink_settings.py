@@ -19,6 +19,9 @@ ENGINE_MODES = ("first_row", "partial_update", "aggregate")
 MEASURE_FUNCTIONS = ("sum", "count", "min", "max", "first", "last", "last_non_null")
 
 
+DEFAULT_FOLD_AFTER = "7d"  # Kafka's default retention (log.retention.hours=168): what a backfill can read back
+
+
 def duration_seconds(text: str) -> int:
     """Seconds of a duration written ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d`` (ValueError else)."""
     found = _DURATION.match(text.strip()) if isinstance(text, str) else None
@@ -116,6 +119,11 @@ class DeltaSinkSettings(_Strict):
     # record's Kafka timestamp)
     within: str | None = None
     within_on: str | None = None
+    # merge engines: a record's contribution of its own (what a backfill replaces) is folded into
+    # its group's state once its Kafka timestamp is this much older than the batch; a backfill
+    # below the folded offsets is refused (docs/design.md, "Bounded state"). Default 7d, Kafka's
+    # own default retention; "never" keeps every contribution. first_row with within keeps them all.
+    fold_after: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -142,7 +150,18 @@ class DeltaSinkSettings(_Strict):
         self._engine_fields()
         return self
 
+    def _fold_after(self) -> None:
+        if self.fold_after is None:
+            return
+        if self.engine is None:
+            raise ValueError(f"fold_after applies to the merge engines (first_row, partial_update, aggregate), not {self.mode}")
+        if self.within is not None:
+            raise ValueError("fold_after does not apply to first_row with within: its episodes fold in order: it keeps every contribution")
+        if self.fold_after != "never":
+            duration_seconds(self.fold_after)
+
     def _engine_fields(self) -> None:
+        self._fold_after()
         if self.mode != "first_row":
             for name in ("within", "within_on"):
                 if getattr(self, name):
@@ -197,6 +216,14 @@ class DeltaSinkSettings(_Strict):
     def engine(self) -> str | None:
         """The merge engine (``ENGINE_MODES``) or None (append, upsert)."""
         return self.mode if self.mode in ENGINE_MODES else None
+
+    @property
+    def fold_after_seconds(self) -> int | None:
+        """How old (Kafka timestamp, seconds before the batch) a record's contribution must be to
+        be folded into its group's state; None: never folded (not an engine, ``within``, "never")."""
+        if self.engine is None or self.within is not None or self.fold_after == "never":
+            return None
+        return duration_seconds(self.fold_after or DEFAULT_FOLD_AFTER)
 
     @property
     def removes_keys(self) -> bool:
@@ -277,7 +304,7 @@ class KafkaSinkSettings(_Strict):
                 "(produce to a compacted topic keyed by key: [columns] for newest-per-key, or use a Delta sink)"
             )
         _refuse_given(data, ("table", "partition_by"), f"a Delta sink; a Kafka sink writes to topic {data['topic']}", bool)
-        engines = ("measures", "window", "allowed_lateness", "within", "within_on")
+        engines = ("measures", "window", "allowed_lateness", "within", "within_on", "fold_after")
         _refuse_given(data, engines, "a Delta sink's merge engines, not to a Kafka sink", bool)
         if data.get("format", "json") == "json":
             registry = ("schema_registry", "subject", "register", "register_schema")
@@ -305,6 +332,8 @@ class KafkaSinkSettings(_Strict):
     allowed_lateness: ClassVar[None] = None
     within: ClassVar[None] = None
     within_on: ClassVar[None] = None
+    fold_after: ClassVar[None] = None
+    fold_after_seconds: ClassVar[None] = None
     delete_on_tombstone: ClassVar[bool] = False
     file_rows: ClassVar[int] = 500_000
     measures: ClassVar[dict[str, dict[str, str]]] = {}

@@ -10,17 +10,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import engine_merge, engines, keyed
-from offsetlake.coordinates import ROW_INDEX, Selection
+from offsetlake import engine_merge, engines, keyed, state_table
+from offsetlake.coordinates import ROW_INDEX, OffsetRange, Selection
 from offsetlake.engines import COORDINATES, STATE, WINDOW_START
 from offsetlake.keyed import HIDDEN
 from offsetlake.log_lines import log_step
 from offsetlake.plan import BatchPlan
 from offsetlake.processed import ProcessedBatch, stage_files
-from offsetlake.write_modes.mode import Compaction, Replay, StagedMerge
+from offsetlake.sink import open_table
+from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, StagedMerge
 from offsetlake.write_modes.stateful import MergeStep, StatefulMode
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
@@ -56,6 +59,18 @@ class EngineMode(StatefulMode):
     def sort_order(self) -> list[str]:
         return [*self.group[len(self.config.sink.key) :], *self.config.sink.key]
 
+    def refuse_backfill(self, ranges: list[OffsetRange], sink: DeltaTable | None, epochs: Mapping[str, int]) -> None:
+        """A backfill may replace only records above the pinned state's horizon (``engine_merge.fold``)."""
+        state_table.refuse_folded(self.config, state_table.pinned(self.config, sink), ranges, epochs)
+
+    def stage_backfill(
+        self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool
+    ) -> BackfillStaging:
+        """Checked again on the snapshot it merges on: a fold may have run since the plan was made."""
+        sink = open_table(self.config.layout.sink)
+        state_table.refuse_folded(self.config, state_table.pinned(self.config, sink), plan.ranges, plan.topic_epochs)
+        return super().stage_backfill(plan, processed, spark, prepared, restore_deleted)
+
     def backfill_message(self, plan: BatchPlan, counts: Any) -> str:
         said = f"{counts.inserted} inserted, {counts.updated} updated, {counts.deleted} deleted"
         return f"merged records of {plan.describe()} into the {self.name} state: {said}; rewrote {counts.files_rewritten} state files"
@@ -87,4 +102,4 @@ def stage_engine_merge(
     )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(window_first), beside=merge.contributions)
     touched = merge.keys.unionByName(merge.visible.select(*[F.col(f"`{c}`") for c in group]))
-    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible), merge.visible, touched)
+    return StagedMerge(files, merge.removed, merge.counts, engines.arrow_schema_of(merge.visible), merge.visible, touched, merge.folded)

@@ -75,6 +75,7 @@ class StagedMerge:
     # changed or gone: what the sink's projection rewrites (``offsetlake.state_table.project``)
     changed: Any = None
     touched: Any = None
+    folded: Any = None  # an engine's fold: the horizon the state commit raises (``engine_merge.fold``)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,11 @@ class WriteMode(ABC):
     def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
         """An ingest or stream batch's files staged for its commit (module docstring); None when
         the sink already holds the plan meanwhile (invariant 3)."""
+
+    def refuse_backfill(self, ranges: list[Any], sink: DeltaTable | None, epochs: dict[str, int]) -> None:
+        """BackfillParamsError when the mode can no longer replace the records of ``ranges`` (an
+        engine's folded records); every mode but the engines replaces any committed range."""
+        return None
 
     def prepare_backfill(self, plan: BatchPlan, spark: Any) -> Any:
         """What every attempt of a backfill needs and no retry changes (read once)."""

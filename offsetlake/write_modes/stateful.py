@@ -136,7 +136,7 @@ class StatefulMode(WriteMode):
         config = self.config
         state = state_table.pinned(config, sink)
         merge = self.merge(MergeStep(state_table.as_table(config), plan, processed, spark, state, replaced, prepared))
-        version = state_table.commit(config, plan.batch_id, state, merge.files, merge.removed, merge.shape)
+        version = state_table.commit(config, plan.batch_id, state, merge.files, merge.removed, merge.shape, merge.folded)
         projection = state_table.project(
             config, plan, spark, sink, merge.changed, merge.touched, self.group, self.prune, self.output, Selection.of(plan)
         )
