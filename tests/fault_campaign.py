@@ -235,8 +235,10 @@ class Campaign:
         self.keyed = self._write_keyed_pipeline()
         self.engine = self._write_engine_pipeline()
         self.first = self._write_engine_pipeline(self.first_name, self.first_file, {"mode": "first_row", "key": ["slot"], "file_rows": 8})
+        # partial_update folds the contributions of records older than a minute (bounded state):
+        # its backfills below the folded offsets are refused and start at the horizon instead
         self.partial = self._write_engine_pipeline(
-            self.partial_name, self.partial_file, {"mode": "partial_update", "key": ["slot"], "file_rows": 8}
+            self.partial_name, self.partial_file, {"mode": "partial_update", "key": ["slot"], "file_rows": 8, "fold_after": "1m"}
         )
         # every merge engine's pipeline: the aggregate, first_row and partial_update (tombstones delete)
         self.engines = (self.engine, self.first, self.partial)
@@ -503,6 +505,8 @@ class Campaign:
             "first_row_keys": self.stats["last_engine_keys:first_row"],
             "partial_update_keys": self.stats["last_engine_keys:partial_update"],
             "engine_backfills": self.stats["engine_backfills"],
+            "engine_backfills_refused_below_fold": self.stats["engine_backfills_refused_below_fold"],
+            "partial_update_folded_offsets": self.stats["last_folded_offsets"],
             "kafka_sink_batches": self._kafka_sink_batches(),
             "kafka_sink_runs": self.stats["kafka_sink_runs"],
             "kafka_sink_crashes": self.stats["kafka_sink_crashes"],
@@ -925,11 +929,25 @@ class Campaign:
             raise InvariantBroken(f"keyed backfill {plan.describe()} ended {result.status}")
         self.stats["keyed_backfills"] += 1
 
+    def _folded_below(self, engine, partition: int, start: int, refused: Exception) -> int:
+        """A backfill from ``start`` refused: only right when the pinned state's horizon (the
+        current epoch's) lies above ``start``; the horizon, where the backfill may start instead."""
+        from offsetlake.history import current_epochs, sink_commits
+
+        sink = storage.table(engine.layout.sink)
+        epoch = current_epochs(sink_commits(sink, engine.name)).get(self.topic, 0)
+        below = state_table.folded_below(state_table.pinned(engine, sink)).get((self.topic, epoch, partition))
+        if below is None or below <= start or "fold_after" not in str(refused):
+            raise InvariantBroken(f"engine backfill from {start} refused, but the state's horizon is {below}: {refused}")
+        self.stats["engine_backfills_refused_below_fold"] += 1
+        return below
+
     def engine_backfill(self) -> None:
         """Backfill a random committed range of a merge engine's pipeline, picked at random
         (current epoch): its contributions there are replaced, each touched key folded again from
-        all of its own."""
+        all of its own. Below a folded horizon it is refused and starts at the horizon instead."""
         from offsetlake.backfill import plan_backfill
+        from offsetlake.errors import BackfillParamsError
         from offsetlake.ledger import Ledger
         from offsetlake.plan import RunContext
         from offsetlake.runs import execute_recorded_batch
@@ -944,7 +962,14 @@ class Campaign:
         partition, end = self.rng.choice(candidates)
         start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
         stop = self.rng.randrange(start + 1, end + 1)
-        plan = plan_backfill(engine, RunContext(run_id=f"campaign-ebackfill-{uuid.uuid4().hex[:6]}"), [partition], start, stop)
+        run = RunContext(run_id=f"campaign-ebackfill-{uuid.uuid4().hex[:6]}")
+        try:
+            plan = plan_backfill(engine, run, [partition], start, stop)
+        except BackfillParamsError as refused:
+            start = self._folded_below(engine, partition, start, refused)
+            if start >= stop:
+                return
+            plan = plan_backfill(engine, run, [partition], start, stop)
         Ledger.of(engine).record_plan(plan)
         result = execute_recorded_batch(engine, plan.batch_id, spark_session)
         if result.status != "committed":
@@ -1676,6 +1701,9 @@ class Campaign:
                     + ", ".join(f"{_iso_us(k)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
                 )
             self.stats[f"last_engine_keys:{engine.sink.mode}"] = len(got)
+            if engine.sink.fold_after_seconds is not None and engine.sink.fold_after:
+                state = state_table.pinned(engine, storage.table(engine.layout.sink))
+                self.stats["last_folded_offsets"] = sum(state_table.folded_below(state).values())
             if final:
                 ends = self._committed_ends(engine)
                 lso = _last_stable(self.bootstrap, self.topic, self.partitions)
