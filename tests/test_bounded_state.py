@@ -66,7 +66,9 @@ def test_folded_state_stays_exact_bounded_and_refuses_a_backfill_below_it(pipeli
     assert sum(r["__records"] for r in folded["_offsetlake_state"].to_pylist()) > 0
     horizon = state_table.folded_below(state)
     assert horizon and all(t == pipeline.topic and epoch == 0 for t, epoch, _ in horizon)
-    assert _exact(config, pipeline).against_kafka["folded"] > 0, "the audit counts the folded records, checked through their groups"
+    report = _exact(config, pipeline)
+    assert report.against_kafka["folded"] > 0, "the audit counts the folded records, checked through their groups"
+    assert f"{report.against_kafka['folded']} committed offsets lie below the engine's fold horizon" in report.text()
 
     (topic, _, partition), below = sorted(horizon.items())[0]
     end = current_offsets(config)[(topic, partition)].last_stable

@@ -74,6 +74,11 @@ class AuditReport:
                     if k.get("groups_skipped")
                     else f"; {k['groups_checked']} of {k['groups']} groups compared with the record-by-record replay of their records"
                 )
+            if k.get("folded"):
+                kafka += (
+                    f"; {k['folded']} committed offsets lie below the engine's fold horizon (their records keep no contribution "
+                    "of their own: checked through their groups' replay)"
+                )
             if k.get("earlier_epochs"):
                 kafka += (
                     f"; {k['earlier_epochs']} committed offsets belong to earlier epochs of a re-created topic "
