@@ -112,7 +112,7 @@ def _backfill_plan(
     """The backfill batch of the non-empty ``ranges``; an old range decodes into today's reader
     schema, recorded with the plan (invariant 12). Refused where the mode can no longer replace
     a range's records (a merge engine's folded ones)."""
-    write_mode(config).refuse_backfill(ranges, table, current_epochs(sink_commits(table, config.name)) if table is not None else {})
+    write_mode(config).refuse_backfill(ranges, table)
     return BatchPlan(
         config.name,
         new_batch_id(config.name),

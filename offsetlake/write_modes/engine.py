@@ -22,8 +22,6 @@ from offsetlake.write_modes.mode import BackfillStaging, Compaction, Replay, Sta
 from offsetlake.write_modes.stateful import MergeStep, StatefulMode
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
@@ -59,9 +57,15 @@ class EngineMode(StatefulMode):
     def sort_order(self) -> list[str]:
         return [*self.group[len(self.config.sink.key) :], *self.config.sink.key]
 
-    def refuse_backfill(self, ranges: list[OffsetRange], sink: DeltaTable | None, epochs: Mapping[str, int]) -> None:
-        """A backfill may replace only records above the pinned state's horizon (``engine_merge.fold``)."""
-        state_table.refuse_folded(self.config, state_table.pinned(self.config, sink), ranges, epochs)
+    def refuse_backfill(self, ranges: list[OffsetRange], sink: DeltaTable | None) -> None:
+        """A backfill may replace only records above the pinned state's horizon (``engine_merge.fold``);
+        the sink's history (for the topics' epochs) is read only when something is folded."""
+        state = state_table.pinned(self.config, sink)
+        if sink is None or not state_table.folded_below(state):
+            return
+        from offsetlake.history import current_epochs, sink_commits
+
+        state_table.refuse_folded(self.config, state, ranges, current_epochs(sink_commits(sink, self.config.name)))
 
     def stage_backfill(
         self, plan: BatchPlan, processed: ProcessedBatch, spark: Any, prepared: Any, restore_deleted: bool

@@ -118,7 +118,7 @@ class WriteMode(ABC):
         """An ingest or stream batch's files staged for its commit (module docstring); None when
         the sink already holds the plan meanwhile (invariant 3)."""
 
-    def refuse_backfill(self, ranges: list[Any], sink: DeltaTable | None, epochs: dict[str, int]) -> None:
+    def refuse_backfill(self, ranges: list[Any], sink: DeltaTable | None) -> None:
         """BackfillParamsError when the mode can no longer replace the records of ``ranges`` (an
         engine's folded records); every mode but the engines replaces any committed range."""
         return None
