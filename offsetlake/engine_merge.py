@@ -22,9 +22,11 @@ from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC, TOPIC_EP
 from offsetlake.engines import (
     CONTRIBUTION,
     HIDDEN,
+    RECORDS,
     STATE,
     WINDOW_START,
     Engine,
+    FirstRowEngine,
     arrow_schema_of,
     engine_for,
     group_columns,
@@ -46,13 +48,13 @@ class EngineMerge:
     (sorted by group), the contribution rows (the batch's, and for a backfill those of the
     replaced contribution files outside its ranges), the live files they replace, the counts."""
 
-    visible: DataFrame
+    visible: DataFrame | pa.Table  # a pyarrow table from ``merged_on_driver``
     contributions: DataFrame
     removed: list[dict[str, Any]]
     counts: MergeCounts
     visible_rows: int
     cached: list[DataFrame]
-    keys: DataFrame  # the groups the batch touched (its own and those of the contributions it dropped)
+    keys: DataFrame | pa.Table  # the groups the batch touched (its own and those of the contributions it dropped)
     folded: dict[tuple[str, int, int], int] = field(default_factory=dict)  # the horizon a fold raised (``fold``)
 
 
@@ -114,6 +116,112 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     if folding is not None:
         merge.folded = folding.below
     return merge
+
+
+def on_driver(config: PipelineConfig, replaced: Selection | None) -> bool:
+    """Whether a batch's merge holds its groups on the driver (``merged_on_driver``): an ingest of
+    an associative engine. A backfill, and ``first_row`` with a horizon, fold in ``merged``."""
+    return replaced is None and not engine_for(config).sequential
+
+
+# the most state rows (the batch's groups plus the stored rows of the files holding them) an
+# ingest merges on the driver; above it the batch merges in Spark (``merged``)
+DRIVER_ROWS = 1_000_000
+
+
+def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame) -> EngineMerge | None:
+    """An ingest's merge with its groups on the driver: a batch has many records but few groups.
+    Spark folds the batch's contributions per group (``partial``: one row per group; the one job
+    over the records, which it caches for the contributions' files); the stored states of those
+    groups are read on the driver from the files that may hold them; Spark folds the two on those
+    few rows with the same ``Engine.folded`` as ``merged`` (an associative fold: the same state)
+    and hands back the visible rows as Arrow, with what each group was before. The visible rows
+    are written from the driver (``staging.write_table``), and so is the sink's projection of them
+    (``state_table.project``). ``visible`` of the result is a pyarrow table, sorted by nothing yet.
+    None: more than ``DRIVER_ROWS`` state rows, for ``merged`` to merge in Spark."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.spark import dataframe_from_arrow
+
+    engine = engine_for(config)
+    group = group_columns(config)
+    first_row = isinstance(engine, FirstRowEngine)
+    new = engine.contributions(rows).persist()
+    partial = engine.folded(new.select(*group, STATE)).persist()
+    cached = [new, partial]
+    mine = partial.select(*group, F.col(STATE)[RECORDS].alias(_RECORDS), *([F.col(STATE)["ok"].alias(_OK)] if first_row else []))
+    keys = mine.select(*group, _RECORDS).toArrow()
+    records = int(pc.sum(keys[_RECORDS]).as_py() or 0)
+    files = live_files(table) if table is not None else []
+    contribution_files = [f for f in files if _holds_contributions(config, f)]
+    schema = _merged_schema(table, new)
+    stored_files: list[dict[str, Any]] = []
+    if table is not None and keys.num_rows:
+        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+        kinds = {f["path"] for f in contribution_files}
+        holding = keyed.files_holding(table, _distinct(keys.select(pruning)), config, pruning)
+        stored_files = [f for f in holding if f["path"] not in kinds]
+    if keys.num_rows + _rows(stored_files) > DRIVER_ROWS:
+        for frame in cached:
+            frame.unpersist()
+        return None
+    states = partial.select(*group, STATE)
+    flagged = _shaped(engine.visible_rows(engine.folded(states)), new) if not stored_files else None
+    untouched = None
+    if stored_files:
+        stored = staging.read_table(config.layout.sink, stored_files, schema, [])
+        before, untouched = _split(stored, keys.select(group), group)
+        old = dataframe_from_arrow(spark, before.select([*group, STATE, HIDDEN]))
+        folded = engine.visible_rows(engine.folded(states.unionByName(old.select(*group, STATE))))
+        flagged = _shaped(folded, new).join(old.select(*group, F.col(HIDDEN).isNull().alias(_BEFORE)), group, "left")
+    assert flagged is not None
+    if _BEFORE not in flagged.columns:
+        flagged = flagged.withColumn(_BEFORE, F.lit(None).cast("boolean"))
+    shape = arrow_schema_of(flagged.select(*new.columns))
+    if first_row:
+        flagged = flagged.join(mine.select(*group, _OK), group, "left").withColumn(_WON, F.col(STATE)["ok"].eqNullSafe(F.col(_OK)))
+    got = flagged.toArrow()
+    visible = got.select(shape.names).cast(shape)
+    if untouched is not None and untouched.num_rows:
+        visible = pa.concat_tables([visible, untouched.select(shape.names).cast(shape)])
+    after, was = pc.is_null(got[HIDDEN]), pc.fill_null(got[_BEFORE], False)
+    counts = MergeCounts(
+        inserted=_true(pc.and_(after, pc.invert(was))),
+        updated=_true(pc.and_(after, was)),
+        deleted=_true(pc.and_(pc.invert(after), was)),
+        files_rewritten=len(stored_files),
+        rows_rewritten=untouched.num_rows if untouched is not None else 0,
+        duplicates=records - _true(got[_WON]) if first_row else 0,
+    )
+    contributions, removed = new, list(stored_files)
+    folding = fold(spark, config, engine, contribution_files, schema, new)
+    if folding is not None:
+        contributions = contributions.unionByName(folding.rows)
+        removed += folding.removed
+    merge = EngineMerge(visible, contributions, removed, counts, visible.num_rows, cached, visible.select(group))
+    if folding is not None:
+        merge.folded = folding.below
+    return merge
+
+
+_RECORDS, _OK, _BEFORE, _WON = "__batch_records", "__batch_ok", "__before", "__won"
+
+
+def _true(flags: pa.ChunkedArray | pa.Array) -> int:
+    return int(pc.sum(pc.cast(pc.fill_null(flags, False), pa.int64())).as_py() or 0)
+
+
+def _distinct(rows: pa.Table) -> pa.Table:
+    return rows.group_by(rows.column_names).aggregate([])
+
+
+def _split(stored: pa.Table, keys: pa.Table, group: list[str]) -> tuple[pa.Table, pa.Table]:
+    """``stored`` rows of groups among ``keys``, and the others (a null column matches nothing, as
+    in Spark's join on columns; engine keys are never null)."""
+    marked = stored.select(group).append_column("__row", pa.array(range(stored.num_rows), pa.int64()))
+    hit = marked.join(keys.cast(stored.select(group).schema), group, join_type="left semi")["__row"]
+    inside = pc.is_in(marked["__row"], value_set=hit.combine_chunks())
+    return stored.filter(inside), stored.filter(pc.invert(inside))
 
 
 @dataclass

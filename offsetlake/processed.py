@@ -19,6 +19,7 @@ from offsetlake.plan import BatchPlan, RangeCounts
 from offsetlake.sink import StagedFile, WrittenFiles, add_actions_for, staging_dir
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 
@@ -108,19 +109,25 @@ def stage_files(
     spark: SparkSession,
     sort_by: tuple[str, ...] = (),
     beside: DataFrame | None = None,
+    held: pa.Table | None = None,
 ) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
     storage alike); counts the rows written per range of the plan. When the read tasks wrote
     files (``processed.written``, the direct path), ``rows`` are those of the records they left
     to Spark (None: none), written next to theirs. ``beside``: more rows written to files of
-    their own (a merge engine's contribution rows, never in a file with visible rows)."""
+    their own (a merge engine's contribution rows, never in a file with visible rows). ``held``:
+    rows the driver holds (a merge engine's groups, ``engine_merge.merged_on_driver``), written
+    from the driver sorted by ``sort_by`` in files of ``sink.file_rows``."""
     t = time.monotonic()
     written = processed.written
     folder = written.folder or staging_dir(config, plan.batch_id)
     staged = list(written.files)
     if rows is not None:
         staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+    if held is not None:
+        files_wanted = max(1, -(-held.num_rows // config.sink.file_rows))
+        staged += staging.write_table(held, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by, files_wanted)
     if beside is not None:
         staged += staging.write_rows(beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan))
     written.remove_undecided()

@@ -256,6 +256,41 @@ def write_rows(
     return [staged_file(row) for row in ordered.mapInArrow(write, RESULT_SCHEMA).collect()]
 
 
+def write_table(
+    rows: pa.Table,
+    table_root: storage.Location,
+    folder: str,
+    partition_by: list[str],
+    selection: Selection,
+    sort_by: tuple[str, ...],
+    files: int,
+) -> list[StagedFile]:
+    """``write_rows`` from the driver, for rows that are there already (a merge engine's groups,
+    a keyed sink's rows of them): sorted by the partition columns and ``sort_by``, cut into
+    ``files`` runs of rows as ``repartitionByRange`` cuts them, each run written by its own
+    ``TaskFiles``, so each file's statistics bound a range of the sort columns."""
+    if rows.num_rows == 0:
+        return []
+    order = [*partition_by, *sort_by]
+    ordered = rows.sort_by([(c, "ascending") for c in order]) if order else rows
+    relative = relative_folder(table_root, folder)
+    size = -(-ordered.num_rows // max(1, files))
+    staged: list[StagedFile] = []
+    for start in range(0, ordered.num_rows, size):
+        run = TaskFiles(
+            table_root,
+            relative,
+            ordered.schema,
+            partition_by,
+            max_open=1,
+            attempt=f"driver-{uuid.uuid4().hex[:12]}",
+            inside=selection.arrow(),
+        )
+        run.write(ordered.slice(start, size))
+        staged += [StagedFile(f.relative, f.rows, dict(f.counts), f.size, f.empty_as_null) for f in run.close()]
+    return staged
+
+
 def open_output(fs: Any, root: str, relative: str) -> Any:
     """A new file under the table root, for a task to write (its folders made on a local disk)."""
     path = f"{root}/{relative}"
@@ -287,6 +322,18 @@ def read_files(
 
     slices = max(1, min(len(entries), 2 * default_parallelism(spark)))
     return spark.range(0, len(entries), numPartitions=slices).mapInArrow(read, from_arrow_schema(schema))
+
+
+def read_table(table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema, partition_by: list[str]) -> pa.Table:
+    """``read_files`` on the driver, for files that hold few rows (a merge engine's groups, a
+    keyed sink's rows of them): the rows of these files as one table of ``schema``."""
+    fs, root = storage.filesystem(table_root)
+    batches = []
+    for f in files:
+        values = {c: f.get(f"partition.{c}") for c in partition_by}
+        with fs.open_input_file(f"{root.rstrip('/')}/{storage.file_path_from_log(f['path'])}") as handle:
+            batches += [_conformed(part, schema, values) for part in pq.ParquetFile(handle).iter_batches(batch_size=65_536)]
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, partition_values: dict[str, Any]) -> pa.RecordBatch:

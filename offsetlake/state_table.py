@@ -258,23 +258,26 @@ def project(
     plan: BatchPlan,
     spark: Any,
     sink: DeltaTable | None,
-    changed: DataFrame,
-    touched: DataFrame,
+    changed: DataFrame | pa.Table,
+    touched: DataFrame | pa.Table,
     group: list[str],
     prune: list[str],
-    output: Callable[[DataFrame], DataFrame],
+    output: Callable[[Any], Any],
     selection: Selection,
 ) -> Projection:
     """What a reader sees of the groups a batch touched: ``changed`` holds every state row of the
     groups it names (the state files the batch rewrote), ``touched`` the groups (``group``
     columns) whose rows may have changed or gone; ``output`` turns state rows into the rows a
     reader sees. The sink files that may hold a touched group (by the statistics of ``prune``)
-    are rewritten: their other groups' rows as they are, the touched groups' rows anew."""
+    are rewritten: their other groups' rows as they are, the touched groups' rows anew. Rows
+    the driver holds (pyarrow tables: ``engine_merge.merged_on_driver``) are projected there."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from offsetlake import keyed
 
+    if isinstance(changed, pa.Table):
+        return _project_held(config, plan, sink, changed, touched, group, prune, output, selection)
     rows = output(changed)
     shape = to_arrow_schema(rows.schema, timezone="UTC", prefers_large_types=False)
     touched = touched.select(*[F.col(f"`{c}`") for c in group]).distinct()
@@ -295,4 +298,46 @@ def project(
         )
     finally:
         rows.unpersist()
+    return Projection(add_actions_for(config.layout.sink, staged), removed, shape)
+
+
+def _project_held(
+    config: PipelineConfig,
+    plan: BatchPlan,
+    sink: DeltaTable | None,
+    changed: pa.Table,
+    touched: pa.Table,
+    group: list[str],
+    prune: list[str],
+    output: Callable[[Any], Any],
+    selection: Selection,
+) -> Projection:
+    """``project`` on the driver, for state rows it holds (a batch's groups: few rows)."""
+    import pyarrow.compute as pc
+
+    from offsetlake import keyed
+
+    rows = output(changed)
+    shape = rows.schema
+    touched = touched.select(group).group_by(group).aggregate([])
+    removed: list[dict[str, Any]] = []
+    if sink is not None:
+        removed = keyed.files_holding(sink, touched.select(prune).group_by(prune).aggregate([]), config, prune)
+    if removed:
+        assert sink is not None
+        schema = keyed.spark_safe(schema_diff(table_schema(sink), shape).merged)
+        stored = staging.read_table(config.layout.sink, removed, schema, config.sink.partition_by)
+        marked = stored.select(group).append_column("__row", pa.array(range(stored.num_rows), pa.int64()))
+        gone = marked.join(touched.cast(stored.select(group).schema), group, join_type="left semi")["__row"]
+        kept = stored.filter(pc.invert(pc.is_in(marked["__row"], value_set=gone.combine_chunks())))
+        rows = pa.concat_tables([rows, kept.select(rows.column_names)], promote_options="permissive")
+    staged = staging.write_table(
+        rows,
+        config.layout.sink,
+        staging_dir(config, plan.batch_id),
+        config.sink.partition_by,
+        selection,
+        tuple(group),
+        keyed.file_count(rows.num_rows, config),
+    )
     return Projection(add_actions_for(config.layout.sink, staged), removed, shape)

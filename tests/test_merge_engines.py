@@ -121,7 +121,19 @@ def test_partial_updates_in_a_stream_keep_stored_values_for_nulls_and_deletes_fo
     assert report.ok and report.against_kafka["groups_checked"] == len(expected), report.text()
 
 
-def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeline, spark):
+@pytest.mark.parametrize("merge_on", ["driver", "spark"])
+def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeline, spark, monkeypatch, merge_on):
+    """Both places an ingest merges (``engine_merge``: its groups on the driver, or in Spark when
+    they pass ``DRIVER_ROWS``) give the same rows and the same counts."""
+    from offsetlake import engine_merge
+
+    if merge_on == "spark":
+        monkeypatch.setattr(engine_merge, "DRIVER_ROWS", 0)
+    in_spark = []
+    spark_merge = engine_merge.merged
+    monkeypatch.setattr(
+        engine_merge, "merged", lambda *a, **k: in_spark.append(a[4] if len(a) > 4 else k.get("replaced")) or spark_merge(*a, **k)
+    )
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce(pipeline.bootstrap, pipeline.topic, 300, seed=4, keys=50)
     config = pipeline.write(max_records_per_batch=80, key_format={"type": "string"}, sink={"mode": "first_row", "key": ["order_id"]})
@@ -131,6 +143,7 @@ def test_first_row_keeps_each_keys_first_record_and_counts_the_duplicates(pipeli
     merges = [c.entry.merge for c in sink_commits(storage.table(config.layout.sink), config.name)]
     assert sum(m["inserted"] for m in merges) == len(expected)
     assert sum(m["duplicates"] for m in merges) == 300 - len(expected)
+    assert len(in_spark) == (len(merges) if merge_on == "spark" else 0), in_spark
 
     # maintenance compacts the sink (it holds only rows now), leaves the state table as the
     # batches wrote it, and the next batches still fold right

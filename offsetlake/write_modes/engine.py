@@ -96,10 +96,21 @@ def stage_engine_merge(
     from pyspark.sql import functions as F
 
     t = time.monotonic()
-    merge = engine_merge.merged(spark, config, table, processed.rows, replaced)
-    processed.cached.extend(merge.cached)
     group = engines.group_columns(config)
     window_first = [*group[len(config.sink.key) :], *config.sink.key]
+    held = engine_merge.merged_on_driver(spark, config, table, processed.rows) if engine_merge.on_driver(config, replaced) else None
+    if held is not None:
+        merge = held
+        processed.cached.extend(merge.cached)
+        processed.timings_ms["merge"] = log_step(
+            "merge", plan, t, engine=str(config.sink.engine), on="driver", files_read=len(merge.removed), **merge.counts.as_dict()
+        )
+        files = stage_files(
+            config, plan, processed, None, spark, sort_by=tuple(window_first), beside=merge.contributions, held=merge.visible
+        )
+        return StagedMerge(files, merge.removed, merge.counts, merge.visible.schema, merge.visible, merge.keys, merge.folded)
+    merge = engine_merge.merged(spark, config, table, processed.rows, replaced)
+    processed.cached.extend(merge.cached)
     ordered = merge.visible.repartitionByRange(keyed.file_count(merge.visible_rows, config), *[F.col(f"`{c}`") for c in window_first])
     processed.timings_ms["merge"] = log_step(
         "merge", plan, t, engine=str(config.sink.engine), files_read=len(merge.removed), **merge.counts.as_dict()

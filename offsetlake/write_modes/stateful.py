@@ -21,7 +21,6 @@ from offsetlake.write_modes.mode import BackfillStaging, Staged, StagedMerge, Wr
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
-    from pyspark.sql import DataFrame
 
     from offsetlake.config import PipelineConfig
 
@@ -58,9 +57,15 @@ class StatefulMode(WriteMode):
         """The batch merged into ``step.state``: the state files it writes and removes, with
         ``changed`` and ``touched`` set."""
 
-    def output(self, rows: DataFrame) -> DataFrame:
-        """The rows a reader sees of these state rows: those not hidden, without the private columns."""
+    def output(self, rows: Any) -> Any:
+        """The rows a reader sees of these state rows (a DataFrame, or a pyarrow table the driver
+        holds): those not hidden, without the private columns."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
         from pyspark.sql import functions as F
+
+        if isinstance(rows, pa.Table):
+            return rows.filter(pc.field(HIDDEN).is_null()).select([c for c in rows.column_names if c not in self.private_columns])
 
         kept = [F.col(f"`{c}`") for c in rows.columns if c not in self.private_columns]
         return rows.where(F.col(HIDDEN).isNull()).select(*kept)
