@@ -146,9 +146,9 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
     engine = engine_for(config)
     group = group_columns(config)
     first_row = isinstance(engine, FirstRowEngine)
-    new = engine.contributions(rows).persist()
+    new = engine.contributions(rows)  # not cached: recomputed from the decoded rows is cheaper than a cache of its states
     partial = engine.folded(new.select(*group, STATE)).persist()
-    cached = [new, partial]
+    cached = [partial]
     mine = partial.select(*group, F.col(STATE)[RECORDS].alias(_RECORDS), *([F.col(STATE)["ok"].alias(_OK)] if first_row else []))
     keys = mine.select(*group, _RECORDS).toArrow()
     records = int(pc.sum(keys[_RECORDS]).as_py() or 0)
