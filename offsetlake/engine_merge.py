@@ -132,7 +132,7 @@ DRIVER_ROWS = 1_000_000
 def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame) -> EngineMerge | None:
     """An ingest's merge with its groups on the driver: a batch has many records but few groups.
     Spark folds the batch's contributions per group (``partial``: one row per group; the one job
-    over the records, which it caches for the contributions' files); the stored states of those
+    over the records besides the one writing the contributions' files); the stored states of those
     groups are read on the driver from the files that may hold them; Spark folds the two on those
     few rows with the same ``Engine.folded`` as ``merged`` (an associative fold: the same state)
     and hands back the visible rows as Arrow, with what each group was before. The visible rows
@@ -170,7 +170,7 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
     untouched = None
     if stored_files:
         stored = staging.read_table(config.layout.sink, stored_files, schema, [])
-        before, untouched = _split(stored, keys.select(group), group)
+        before, untouched = keyed.split_by_groups(stored, keys, group)
         old = dataframe_from_arrow(spark, before.select([*group, STATE, HIDDEN]))
         folded = engine.visible_rows(engine.folded(states.unionByName(old.select(*group, STATE))))
         flagged = _shaped(folded, new).join(old.select(*group, F.col(HIDDEN).isNull().alias(_BEFORE)), group, "left")
@@ -213,15 +213,6 @@ def _true(flags: pa.ChunkedArray | pa.Array) -> int:
 
 def _distinct(rows: pa.Table) -> pa.Table:
     return rows.group_by(rows.column_names).aggregate([])
-
-
-def _split(stored: pa.Table, keys: pa.Table, group: list[str]) -> tuple[pa.Table, pa.Table]:
-    """``stored`` rows of groups among ``keys``, and the others (a null column matches nothing, as
-    in Spark's join on columns; engine keys are never null)."""
-    marked = stored.select(group).append_column("__row", pa.array(range(stored.num_rows), pa.int64()))
-    hit = marked.join(keys.cast(stored.select(group).schema), group, join_type="left semi")["__row"]
-    inside = pc.is_in(marked["__row"], value_set=hit.combine_chunks())
-    return stored.filter(inside), stored.filter(pc.invert(inside))
 
 
 @dataclass

@@ -494,6 +494,18 @@ def spark_safe(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
 
 
+def split_by_groups(rows: pa.Table, groups: pa.Table, group: list[str]) -> tuple[pa.Table, pa.Table]:
+    """``rows`` (a pyarrow table the driver holds) of the groups among ``groups`` (their ``group``
+    columns), and the others. A null column matches nothing, as in Spark's join on columns (keys
+    are never null). Joined by row number, as Arrow joins take no nested columns."""
+    import pyarrow.compute as pc
+
+    marked = rows.select(group).append_column("__row", pa.array(range(rows.num_rows), pa.int64()))
+    hit = marked.join(groups.select(group).cast(rows.select(group).schema), group, join_type="left semi")["__row"]
+    inside = pc.is_in(marked["__row"], value_set=hit.combine_chunks())
+    return rows.filter(inside), rows.filter(pc.invert(inside))
+
+
 def file_count(rows: int, config: PipelineConfig) -> int:
     """How many files (range partitions of the key) a merge writes ``rows`` rows into."""
     return max(1, -(-rows // config.sink.file_rows))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import dead_letters, direct, failpoints, staging, storage
+from offsetlake import dead_letters, direct, failpoints, keyed, staging, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.entry import DeadLetterFile, LedgerEntry, for_plan
@@ -126,8 +126,8 @@ def stage_files(
     if rows is not None:
         staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
     if held is not None:
-        files_wanted = max(1, -(-held.num_rows // config.sink.file_rows))
-        staged += staging.write_table(held, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by, files_wanted)
+        runs = keyed.file_count(held.num_rows, config)
+        staged += staging.write_table(held, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by, runs)
     if beside is not None:
         staged += staging.write_rows(beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan))
     written.remove_undecided()

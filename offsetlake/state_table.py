@@ -313,13 +313,11 @@ def _project_held(
     selection: Selection,
 ) -> Projection:
     """``project`` on the driver, for state rows it holds (a batch's groups: few rows)."""
-    import pyarrow.compute as pc
-
     from offsetlake import keyed
 
     rows = output(changed)
     shape = rows.schema
-    touched = touched.select(group).group_by(group).aggregate([])
+    touched = touched.select(group)
     removed: list[dict[str, Any]] = []
     if sink is not None:
         removed = keyed.files_holding(sink, touched.select(prune).group_by(prune).aggregate([]), config, prune)
@@ -327,9 +325,7 @@ def _project_held(
         assert sink is not None
         schema = keyed.spark_safe(schema_diff(table_schema(sink), shape).merged)
         stored = staging.read_table(config.layout.sink, removed, schema, config.sink.partition_by)
-        marked = stored.select(group).append_column("__row", pa.array(range(stored.num_rows), pa.int64()))
-        gone = marked.join(touched.cast(stored.select(group).schema), group, join_type="left semi")["__row"]
-        kept = stored.filter(pc.invert(pc.is_in(marked["__row"], value_set=gone.combine_chunks())))
+        _, kept = keyed.split_by_groups(stored, touched, group)
         rows = pa.concat_tables([rows, kept.select(rows.column_names)], promote_options="permissive")
     staged = staging.write_table(
         rows,
