@@ -21,6 +21,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.engines import (
     CONTRIBUTION,
+    COORDINATES,
     HIDDEN,
     RECORDS,
     STATE,
@@ -75,10 +76,11 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     schema = _merged_schema(table, new)
     inside = _selected(replaced)
     dropped = kept = None
+    # Spark cannot prune a Python source's columns: a read for the groups and the fold names its own
+    placed = [*group, *[c for c in COORDINATES if c in schema.names]]
     if replaced_files:
-        old = staging.read_files(spark, config.layout.sink, replaced_files, schema, [])
-        dropped = old.where(inside).select(*group)
-        kept = old.where(~inside)
+        dropped = staging.read_files(spark, config.layout.sink, replaced_files, schema, [], placed).where(inside).select(*group)
+        kept = staging.read_files(spark, config.layout.sink, replaced_files, schema, []).where(~inside)
     keys = new.select(*group) if dropped is None else new.select(*group).unionByName(dropped)
     keys = keys.distinct().persist()
     cached.append(keys)
@@ -89,15 +91,21 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
         holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
         kinds = {f["path"] for f in contribution_files}
         stored_files = [f for f in holding if f["path"] not in kinds]
-    stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []) if stored_files else None
+    stored = None
+    if stored_files:  # the touched groups' visible files: a few rows, read for the fold, the counts and the untouched rows
+        stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []).persist()
+        cached.append(stored)
     states = new.select(*group, STATE)
     refold = replaced is not None or (stored is not None and engine.late(new, stored))
     if refold and contribution_files:  # every contribution left of the touched groups
-        rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, []).where(~inside)
+        rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, [], [*placed, STATE]).where(~inside)
         states = states.unionByName(rest.join(keys, group, "left_semi").select(*group, STATE))
     elif stored is not None:
         states = states.unionByName(stored.join(keys, group, "left_semi").select(*group, STATE))
-    folded = engine.visible_rows(engine.folded(states))
+    # one row per touched group, cached: the counts and the visible rows both read it, and it may
+    # be the fold of every contribution of the state (a backfill)
+    folded = engine.visible_rows(engine.folded(states)).persist()
+    cached.append(folded)
     visible = _shaped(folded, new)
     untouched = None
     if stored is not None:

@@ -301,15 +301,23 @@ def open_output(fs: Any, root: str, relative: str) -> Any:
 
 # ---- reading files back (a keyed sink's merge rewrites the files holding touched keys) ---------
 def read_files(
-    spark: Any, table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema, partition_by: list[str]
+    spark: Any,
+    table_root: storage.Location,
+    files: list[dict[str, Any]],
+    schema: pa.Schema,
+    partition_by: list[str],
+    columns: list[str] | None = None,
 ) -> DataFrame:
     """The rows of these data files (``sink.live_files`` rows) as a DataFrame of ``schema``,
     read by the Spark tasks with pyarrow (the same filesystem as ``write_rows``, so on object
     storage too): partition columns from each file's partition values, a column a file lacks
-    (written before the column was added) as null."""
+    (written before the column was added) as null. ``columns``: only these of ``schema`` (Spark
+    cannot prune the columns of a Python source, so a reader that needs few says which)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     entries = [(storage.file_path_from_log(f["path"]), {c: f.get(f"partition.{c}") for c in partition_by}) for f in files]
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs, root = storage.filesystem(table_root)
@@ -317,7 +325,9 @@ def read_files(
             for index in batch.column("id").to_pylist():
                 path, values = entries[index]
                 with fs.open_input_file(f"{root.rstrip('/')}/{path}") as handle:
-                    for part in pq.ParquetFile(handle).iter_batches(batch_size=65_536):
+                    parquet = pq.ParquetFile(handle)
+                    present = [c for c in schema.names if c in parquet.schema_arrow.names] if columns is not None else None
+                    for part in parquet.iter_batches(batch_size=65_536, columns=present):
                         yield _conformed(part, schema, values)
 
     slices = max(1, min(len(entries), 2 * default_parallelism(spark)))
