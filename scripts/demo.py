@@ -19,10 +19,15 @@
 7. a third pipeline, `payments`: Avro in the Confluent wire format through a Schema Registry
    (the test harness's, unless SCHEMA_REGISTRY_URL names one). Its producer registers a new
    schema version mid-stream; the next run's commit adds the column together with its rows, the
-   ledger names both versions, the audit passes.
+   ledger names both versions, the audit passes;
+8. `customers`: Debezium change events of a customers table (a snapshot, then creates, updates
+   and deletes, each delete followed by a tombstone) into an upsert sink. A plain `deltalake`
+   read of the table then has exactly one row per customer the source table still holds, as it
+   holds it, and none for a deleted one: no private column, no filter.
 
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
-touching pipelines/orders.yaml (nor step 5 pipelines/orders_hourly.yaml).
+touching pipelines/orders.yaml (nor step 5 pipelines/orders_hourly.yaml); step 8 writes its
+pipeline, `customers.yaml`, there too (its text is `CUSTOMERS_PIPELINE` below).
 
 With KAFKA_BOOTSTRAP_SERVERS set, that broker is used instead of the embedded one. With
 OFFSETLAKE_DEMO_LAKE=s3 (`make demo-s3`) the lake is on the embedded S3 server instead of lake/.
@@ -43,7 +48,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from local_airflow import LocalAirflow  # noqa: E402
 
 from offsetlake.embedded.local_broker import LocalBroker, free_port  # noqa: E402
-from offsetlake.embedded.sample_data import ensure_topic, produce_orders, produce_transaction  # noqa: E402
+from offsetlake.embedded.sample_data import (  # noqa: E402
+    ensure_topic,
+    produce_customer_changes,
+    produce_orders,
+    produce_transaction,
+)
 
 
 def offsetlake(*args: str, check: bool = True) -> int:
@@ -218,6 +228,7 @@ def _story(lake: str) -> int:
         code = max(code, offsetlake("audit", "orders_hourly", "--against-kafka", check=False))
         code = max(code, _check_kafka_outputs(bootstrap, topic, config))
         code = max(code, _avro_story(bootstrap))
+        code = max(code, _cdc_story(bootstrap, pipelines))
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
         print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
         if broker is not None:
@@ -384,6 +395,66 @@ def _avro_story(bootstrap: str) -> int:
     finally:
         if registry_server is not None:
             registry_server.stop()
+
+
+CUSTOMERS_PIPELINE = """\
+# Debezium change events of a `customers` table (the JsonConverter's JSON) into an upsert sink,
+# <lake>/customers: one row per customer the source table holds; a delete removes the row, the
+# tombstone after it is nothing (docs/guides/keyed-sinks-and-cdc.md).
+name: customers
+topic: ${CUSTOMERS_TOPIC:-customers}
+kafka:
+  bootstrap_servers: ${KAFKA_BOOTSTRAP_SERVERS:-127.0.0.1:9092}
+lake: ${OFFSETLAKE_LAKE:-lake}
+storage:
+  AWS_ENDPOINT_URL: ${AWS_ENDPOINT_URL:-}
+  AWS_REGION: ${AWS_REGION:-}
+  AWS_ACCESS_KEY_ID: ${AWS_ACCESS_KEY_ID:-}
+  AWS_SECRET_ACCESS_KEY: ${AWS_SECRET_ACCESS_KEY:-}
+  AWS_ALLOW_HTTP: ${AWS_ALLOW_HTTP:-}
+start: earliest
+key_format: none                   # the key is the row's id, taken from before/after
+format:
+  type: json
+  envelope: debezium
+  schema: {id: long, name: string, tier: int}
+  required: [id]
+sink:
+  mode: upsert
+  key: [id]
+"""
+
+
+def _cdc_story(bootstrap: str, pipelines: Path) -> int:
+    """Step 8: Debezium changes into an upsert sink, read back as any reader reads it."""
+    from offsetlake import storage
+    from offsetlake.config import load_pipeline
+
+    topic = os.environ.setdefault("CUSTOMERS_TOPIC", "customers")
+    ensure_topic(bootstrap, topic, 3)
+    (pipelines / "customers.yaml").write_text(CUSTOMERS_PIPELINE)
+    live, deleted = produce_customer_changes(bootstrap, topic)
+    say(
+        f"customers: Debezium change events of a customers table to '{topic}' (a snapshot of 2,000 rows, then 8,000 "
+        f"creates, updates and deletes, each delete followed by a tombstone); offsetlake run customers (sink.mode: upsert)"
+    )
+    offsetlake("run", "customers")
+    config = load_pipeline("customers", pipelines)
+    rows = storage.table(config.layout.sink).to_pyarrow_table()  # a plain deltalake read: no filter
+    got = {r["id"]: r for r in rows.to_pylist()}
+    print(
+        f"a plain deltalake read of {storage.display_uri(config.layout.sink.path)}: {rows.num_rows} rows "
+        f"({', '.join(rows.column_names)}); the source table holds {len(live)} customers and deleted {len(deleted)} others"
+    )
+    wrong = [i for i, row in live.items() if i not in got or any(got[i][k] != v for k, v in row.items())]
+    kept = sorted(set(got) & deleted)
+    if rows.num_rows != len(live) or wrong or kept:
+        print(
+            f"MISMATCH: {len(wrong)} customers missing or stale (e.g. {wrong[:5]}), {len(kept)} deleted ones still there (e.g. {kept[:5]})"
+        )
+        return 1
+    print("each of them once, as the source holds it; no row for a deleted customer")
+    return offsetlake("audit", "customers", "--against-kafka", check=False)
 
 
 if __name__ == "__main__":

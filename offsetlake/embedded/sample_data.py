@@ -110,3 +110,58 @@ def produce_transaction(
     else:
         producer.abort_transaction(30)
     return first_id + count
+
+
+def produce_customer_changes(
+    bootstrap: str, topic: str, customers: int = 2000, changes: int = 8000, seed: int = 11
+) -> tuple[dict[int, dict], set[int]]:
+    """Change events of a ``customers`` table (id, name, tier) as Debezium's Postgres connector
+    writes them with the JsonConverter: a snapshot (``op`` r) of ``customers`` rows, then
+    ``changes`` creates, updates and deletes, each delete followed by a tombstone; keyed by
+    ``{"id": ...}``, so a customer's changes share a partition and keep their order. Returns the
+    table the source database holds afterwards (id -> row: what an upsert sink must show) and the
+    ids it deleted and did not create again (what it must not)."""
+    rng = random.Random(seed)
+    live: dict[int, dict] = {}
+    deleted: set[int] = set()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    lsn = 10_000
+
+    def send(key: int, value: dict | None) -> None:
+        while True:
+            try:
+                body = json.dumps(value).encode() if value is not None else None
+                producer.produce(topic, key=json.dumps({"id": key}).encode(), value=body)
+                return
+            except BufferError:
+                producer.poll(0.2)
+
+    def change(op: str, before: dict | None, after: dict | None) -> None:
+        nonlocal lsn
+        lsn += 8
+        ts = 1_796_000_000_000 + lsn
+        source = {"connector": "postgresql", "db": "shop", "table": "customers", "ts_ms": ts - 5, "lsn": lsn}
+        key = (after or before or {})["id"]
+        send(key, {"before": before, "after": after, "op": op, "ts_ms": ts, "source": source})
+
+    for i in range(customers):
+        live[i] = {"id": i, "name": f"customer {i}", "tier": rng.randrange(3)}
+        change("r", None, live[i])
+    for _ in range(changes):
+        i = rng.randrange(customers + customers // 4)
+        if i not in live:
+            live[i] = {"id": i, "name": f"customer {i}", "tier": 0}
+            deleted.discard(i)
+            change("c", None, live[i])
+        elif rng.random() < 0.2:
+            change("d", live.pop(i), None)
+            deleted.add(i)
+            send(i, None)  # the tombstone Debezium writes after a delete, for log compaction
+        else:
+            before = live[i]
+            live[i] = {**before, "tier": before["tier"] + 1}
+            change("u", before, live[i])
+    remaining = producer.flush(60)
+    if remaining:
+        raise RuntimeError(f"{remaining} records to {topic} were not acknowledged")
+    return live, deleted
