@@ -26,10 +26,14 @@ LOCKED_ATTEMPTS = 4
 
 
 def _database_busy(status: int, detail: str) -> bool:
-    """A request Airflow refused because its SQLite database was locked, rolled back whole.
+    """A request Airflow refused because its SQLite database was locked.
 
     Airflow says so with 503 "Database is locked" (backfills) or 500 "Database error" (the
-    other endpoints); either way nothing was written, so the same request may be sent again.
+    other endpoints); the request was rolled back, so it may be sent again. One exception: a new
+    Backfill is committed before its runs are created, and when creating them meets the lock,
+    Airflow's removal of it is best effort (``airflow.models.backfill._create_backfill``). A
+    backfill left so has no runs and blocks every other one of its DAG ("There is already a
+    running backfill") until the scheduler completes it two minutes later; ``api`` cancels it.
     """
     return (status == 503 and "Database is locked" in detail) or (status == 500 and "Database error" in detail)
 
@@ -59,6 +63,8 @@ class AirflowApi:
             data=json.dumps(body).encode() if body is not None else None,
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token()}"},
         )
+        sent = time.time()
+        busy = False
         for attempt in range(LOCKED_ATTEMPTS):
             try:
                 with urllib.request.urlopen(request, timeout=90) as response:
@@ -66,10 +72,27 @@ class AirflowApi:
             except urllib.error.HTTPError as err:
                 detail = err.read().decode()[:2000]
                 if attempt + 1 < LOCKED_ATTEMPTS and _database_busy(err.code, detail):
+                    busy = True
                     time.sleep(2 * (attempt + 1))
+                    continue
+                dag_id = (body or {}).get("dag_id") if busy and err.code == 409 and (method, path) == ("POST", "/backfills") else None
+                if dag_id and attempt + 1 < LOCKED_ATTEMPTS and self._cancel_backfills_left(dag_id, since=sent):
                     continue
                 raise RuntimeError(f"{method} {path} -> {err.code}: {detail}") from None
         raise AssertionError("unreachable")
+
+    def _cancel_backfills_left(self, dag_id: str, since: float) -> bool:
+        """Cancel the backfills of ``dag_id`` that a refused ``POST /backfills`` sent at ``since``
+        left active (``_database_busy``): those created after it and not completed. Whether
+        there was one."""
+        from datetime import datetime
+
+        listed = self.api("GET", f"/backfills?dag_id={dag_id}&limit=100")["backfills"]
+        created = {b["id"]: datetime.fromisoformat(b["created_at"].replace("Z", "+00:00")).timestamp() for b in listed}
+        left = [b for b in listed if b["completed_at"] is None and created[b["id"]] >= since - 1]
+        for backfill in left:
+            self.api("PUT", f"/backfills/{backfill['id']}/cancel")
+        return bool(left)
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
