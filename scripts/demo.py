@@ -433,10 +433,11 @@ def _cdc_story(bootstrap: str, pipelines: Path) -> int:
     topic = os.environ.setdefault("CUSTOMERS_TOPIC", "customers")
     ensure_topic(bootstrap, topic, 3)
     (pipelines / "customers.yaml").write_text(CUSTOMERS_PIPELINE)
-    live, deleted = produce_customer_changes(bootstrap, topic)
+    snapshot, changes = 2000, 8000
+    live, deleted = produce_customer_changes(bootstrap, topic, customers=snapshot, changes=changes)
     say(
-        f"customers: Debezium change events of a customers table to '{topic}' (a snapshot of 2,000 rows, then 8,000 "
-        f"creates, updates and deletes, each delete followed by a tombstone); offsetlake run customers (sink.mode: upsert)"
+        f"customers: Debezium change events of a customers table to '{topic}' (a snapshot of {snapshot:,} rows, then {changes:,} "
+        "creates, updates and deletes, each delete followed by a tombstone); offsetlake run customers (sink.mode: upsert)"
     )
     offsetlake("run", "customers")
     config = load_pipeline("customers", pipelines)
