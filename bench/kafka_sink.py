@@ -15,7 +15,8 @@ offsetlake  ``run_pipeline`` of a pipeline (a fresh name and lake each time, so 
             ``max_records_per_batch: --batch``: wall time of the whole drain (records/s), and per
             batch (batches 2..n) the median of each ``timings_ms`` phase (read, dead_letters,
             commit, total), of ``to_records`` (the batch's rows as Kafka records in the driver:
-            Spark's orderBy + toArrow + a JSON object per row in Python, timed by wrapping
+            Spark's toArrow, the sort by coordinates, keys and values made from the columns
+            (``kafka_transactions.table_records``), timed by wrapping
             ``kafka_sink._output_records``, which ``_commit`` does before its commit timer starts)
             and ``other`` (total minus those: ensuring topics, the writer's init_transactions,
             reading the sink's state, the ledger), the data path of its batches, and the CPU

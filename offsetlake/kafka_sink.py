@@ -45,7 +45,7 @@ from offsetlake.errors import KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets, group_id
 from offsetlake.kafka_commit import commit_log_ends, commit_log_topic, group_offsets, kafka_sink_commits
-from offsetlake.kafka_transactions import NOT_IN_VALUES, OutputRecord, TransactionalWriter, ensure_topics, row_record
+from offsetlake.kafka_transactions import NOT_IN_VALUES, OutputRecord, TransactionalWriter, ensure_topics, table_records
 from offsetlake.log_lines import log_line, log_step
 from offsetlake.plan import OFFSET_MOVING_KINDS, BatchKind, BatchPlan
 from offsetlake.sink_values import value_encoder
@@ -273,17 +273,18 @@ class KafkaSinkWriter(SinkWriter):
 
 def _output_records(config: PipelineConfig, processed: Any) -> Iterator[OutputRecord]:
     """The batch's rows as records, in source order (topic, partition, offset): a key's records
-    keep their order in the output topic."""
+    keep their order in the output topic. The rows come to the driver as Arrow and are sorted
+    there (a batch is at most ``max_records_per_batch`` rows, all of them produced from this
+    process anyway), which costs far less than a sort in Spark."""
     if processed is None or processed.rows is None:
         return
-    rows = processed.rows.orderBy(TOPIC, PARTITION, OFFSET).toArrow()
+    rows = processed.rows.toArrow()
     if rows.num_rows == 0:
         return
+    rows = rows.sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
     columns = pa.schema([f for f in rows.schema if f.name not in NOT_IN_VALUES])
-    encode = value_encoder(config, columns)  # a registry format: the schema is registered on the first row
-    for batch in rows.to_batches(max_chunksize=10_000):
-        for row in batch.to_pylist():
-            yield row_record(row, config.sink.key, encode=encode)
+    encode = value_encoder(config, columns)  # a registry format: the schema is registered now
+    yield from table_records(rows, config.sink.key, encode)
 
 
 def _dead_letter_records(config: PipelineConfig, processed: Any, kind: str) -> Iterator[tuple]:

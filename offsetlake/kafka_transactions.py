@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -34,7 +35,7 @@ from offsetlake import failpoints
 from offsetlake.coordinates import COORDINATE_COLUMNS, OFFSET, PARTITION, TOPIC, TOPIC_EPOCH
 from offsetlake.errors import ConfigError, KafkaSinkAbortedError, KafkaSinkFencedError, KafkaUnavailableError
 from offsetlake.kafka import group_id
-from offsetlake.sink_values import Encode, encode_json, json_value
+from offsetlake.sink_values import Encode, encode_json, json_value, json_values
 
 log = logging.getLogger("offsetlake.kafka_transactions")
 
@@ -67,11 +68,26 @@ class OutputRecord:
     headers: tuple[tuple[str, bytes], ...] = ()
 
     def all_headers(self, batch_id: str, kind: str) -> list[tuple[str, str | bytes | None]]:
-        named: list[tuple[str, str | bytes | None]] = [("offsetlake.batch", batch_id.encode()), ("offsetlake.kind", kind.encode())]
-        if self.topic is not None:
-            coordinates = (self.topic, str(self.partition), str(self.offset))
-            named += [(name, value.encode()) for name, value in zip(SOURCE_HEADERS, coordinates, strict=True)]
-        return [*named, *self.headers]
+        return _Marks(batch_id, kind).of(self)
+
+
+class _Marks:
+    """The headers of a transaction's records: its batch and kind, then the source coordinates
+    (their topic and partition encoded once per partition, not once per record), then the
+    record's own."""
+
+    def __init__(self, batch_id: str, kind: str) -> None:
+        self.batch = (("offsetlake.batch", batch_id.encode()), ("offsetlake.kind", kind.encode()))
+        self.places: dict[tuple[str, int], tuple[tuple[str, bytes], ...]] = {}
+
+    def of(self, record: OutputRecord) -> list[tuple[str, str | bytes | None]]:
+        if record.topic is None:
+            return [*self.batch, *record.headers]
+        place = self.places.get((record.topic, record.partition))
+        if place is None:
+            named = zip(SOURCE_HEADERS[:2], (record.topic.encode(), str(record.partition).encode()), strict=True)
+            place = self.places[record.topic, record.partition] = tuple(named)
+        return [*self.batch, *place, (SOURCE_HEADERS[2], str(record.offset).encode()), *record.headers]
 
 
 @dataclass
@@ -215,8 +231,9 @@ class TransactionalWriter:
             self._needs_restart, self._fatal = False, None
         self._producer.begin_transaction()
         try:
+            marks = _Marks(batch_id, kind)
             for record in records:
-                self._produce(out_topic, record, record.all_headers(batch_id, kind), delivered)
+                self._produce(out_topic, record, marks.of(record), delivered)
                 count += 1
             for index, (topic, key, value, *headers) in enumerate(also):
                 extra = OutputRecord(key, value, None, headers=tuple(headers[0]) if headers else ())
@@ -440,3 +457,32 @@ def row_record(
 
 
 NOT_IN_VALUES = frozenset({*COORDINATE_COLUMNS, TOPIC_EPOCH})
+
+
+def table_records(rows: pa.Table, key_columns: Sequence[str], encode: Encode = encode_json) -> Iterator[OutputRecord]:
+    """``row_record`` of every row of ``rows``, in their order, a column at a time: the keys and
+    JSON values are made from Arrow columns (``record_keys``, ``sink_values.json_values``), so a
+    row is never a dict of Python objects on the way. Another ``encode`` (a registry format), or a
+    column JSON values cannot prepare, encodes row by row as ``row_record`` does."""
+    values = rows.select([c for c in rows.column_names if c not in NOT_IN_VALUES])
+    encoded = json_values(values) if encode is encode_json else None
+    if encoded is None:
+        encoded = [encode(row) for batch in values.to_batches(max_chunksize=10_000) for row in batch.to_pylist()]
+    coordinates = zip(rows.column(TOPIC).to_pylist(), rows.column(PARTITION).to_pylist(), rows.column(OFFSET).to_pylist(), strict=True)
+    for key, value, (topic, partition, offset) in zip(record_keys(rows, key_columns), encoded, coordinates, strict=True):
+        yield OutputRecord(key, value, topic, partition, offset)
+
+
+def record_keys(rows: pa.Table, key_columns: Sequence[str]) -> list[bytes | None]:
+    """``record_key`` of every row: one text, integer or binary column is cast in Arrow (a
+    string's UTF-8 bytes, an integer's digits), anything else goes row by row."""
+    if not key_columns:
+        return [None] * rows.num_rows
+    if len(key_columns) == 1:
+        column, t = rows.column(key_columns[0]), rows.schema.field(key_columns[0]).type
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return column.cast(pa.binary()).to_pylist()
+        if pa.types.is_integer(t):
+            return column.cast(pa.string()).cast(pa.binary()).to_pylist()
+    keys = rows.select(list(key_columns)).to_pylist()
+    return [record_key(row, key_columns) for row in keys]

@@ -25,6 +25,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from offsetlake import json_text
 from offsetlake.errors import ConfigError, KafkaSinkValueError, SchemaRegistryUnavailableError
@@ -58,6 +59,62 @@ def encode_json(value: Mapping[str, Any]) -> bytes:
     """A row as a JSON object; a NaN or infinite double as the string ``"NaN"``, ``"Infinity"``
     or ``"-Infinity"`` (``json_text``: a bare ``NaN`` is not JSON, and a consumer's parser refuses it)."""
     return json_text.dumps(value, default=json_value).encode()
+
+
+_JSON_ROW = json.JSONEncoder(allow_nan=False).encode
+_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "+00:00", "Z", "GMT", "Etc/GMT"})
+
+
+def json_values(rows: pa.Table) -> list[bytes] | None:
+    """Every row of ``rows`` as ``encode_json`` writes it, byte for byte, without turning a row
+    into Python objects first: timestamps, dates and decimals become their JSON text in Arrow,
+    each column becomes one Python list, and Python's C JSON encoder writes each row. None when a
+    column has a type this cannot prepare exactly (binary, nested, a timestamp outside UTC or
+    years outside 1000 to 9999): then encode row by row. A row holding a NaN or an infinity is written by
+    ``encode_json`` itself (the string spellings)."""
+    columns: list[list[Any]] = []
+    for field, column in zip(rows.schema, rows.columns, strict=True):
+        prepared = _json_column(field.type, column)
+        if prepared is None:
+            return None
+        columns.append(prepared.to_pylist())
+    names = rows.column_names
+    out = []
+    for values in zip(*columns, strict=True):
+        row = dict(zip(names, values, strict=True))
+        try:
+            out.append(_JSON_ROW(row).encode())
+        except ValueError:  # a non-finite float: its string spelling
+            out.append(encode_json(row))
+    return out
+
+
+def _json_column(t: pa.DataType, column: Any) -> Any:
+    """``column`` with values whose Python form ``json.dumps`` writes as ``json_value`` would, or
+    None."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
+        return column
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return column
+    if pa.types.is_decimal(t):  # Arrow's text is str(Decimal)'s, exponent form (0E-10) included
+        return column.cast(pa.string())
+    if pa.types.is_date(t):
+        days = column.cast(pa.date32()).cast(pa.timestamp("s"))
+        return None if not _four_digit_years(days) else pc.strftime(days, format="%Y-%m-%d")
+    if pa.types.is_timestamp(t) and t.unit != "ns" and (t.tz is None or t.tz in _UTC_NAMES):
+        micros = column.cast(pa.timestamp("us", tz="UTC"))
+        if not _four_digit_years(micros):
+            return None
+        # datetime.isoformat: seconds, then microseconds only when there are any, then the offset
+        text = pc.replace_substring_regex(pc.strftime(micros, format="%Y-%m-%dT%H:%M:%S"), r"\.000000$", "")
+        return pc.binary_join_element_wise(text, "+00:00", "")
+    return None
+
+
+def _four_digit_years(column: Any) -> bool:
+    bounds = pc.min_max(pc.year(column))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return low is None or (low >= 1000 and high <= 9999)
 
 
 def value_encoder(config: PipelineConfig, columns: pa.Schema) -> Encode:
