@@ -71,7 +71,7 @@ bench-stream: setup ## stream mode: produce-to-commit latency at 1,000 records/s
 	$(PY) bench/stream_latency.py --out bench-stream.json
 	$(PY) bench/stream_latency.py --plain --out bench-stream-plain.json
 
-demo: setup ## embedded default: broker + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
+demo: setup ## embedded default: broker + one warm Spark session + generated orders + Airflow runs (incl. a failed-then-cleared one) + backfill + audit
 	$(PY) scripts/demo.py
 
 demo-s3: setup ## the same story with the lake on the embedded S3 server (moto) instead of lake/

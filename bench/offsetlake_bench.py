@@ -84,6 +84,7 @@ sys.path.insert(0, str(ROOT))
 
 from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
+from offsetlake.embedded.local_spark_server import LocalSparkServer  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
@@ -145,41 +146,18 @@ def cold_run(work: Path, name: str, topic: str, bootstrap: str, lake: Path) -> f
 
 
 # ---- the warm Spark server ----------------------------------------------------------------------
-class SparkServer:
-    """`offsetlake spark-server` on a free loopback port, stopped by its PID."""
+class SparkServer(LocalSparkServer):
+    """`offsetlake spark-server` on a free loopback port for one section, stopped by its PID."""
 
     def __init__(self, log_path: Path) -> None:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"sc://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
+        super().__init__(log_path, cwd=ROOT)
 
     def __enter__(self) -> SparkServer:
-        import select
-
-        with open(self.log_path, "w") as err:
-            self.process = subprocess.Popen(
-                [PY, "-m", "offsetlake", "spark-server", "--port", str(self.port)], stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT
-            )
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 180)
-        if not ready or '"spark_server"' not in self.process.stdout.readline():
-            self.__exit__()
-            raise RuntimeError(f"offsetlake spark-server did not start:\n{self.log_path.read_text()[-3000:]}")
+        self.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        self.stop()
 
 
 # ---- consume / write ----------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 1. an Apache Kafka broker (KRaft, the pinned jars; data in .kafka/) with an `orders` topic: 3 partitions, ~100k events
    including malformed ones, an aborted and a committed transaction;
-2. Airflow on a SQLite home in .airflow/ (api-server, scheduler, dag-processor on 127.0.0.1);
+2. one warm Spark session (`offsetlake spark-server`, Spark Connect on loopback) that every `offsetlake`
+   command and every Airflow ingest task attaches to (OFFSETLAKE_DEMO_SPARK=cold: each starts its own JVM),
+   and Airflow on a SQLite home in .airflow/ (api-server, scheduler, dag-processor on 127.0.0.1);
 3. an `orders_ingest` run; then new events and a run whose ingest dies on its first try (a
    one-shot failpoint), is cleared through the REST API like the UI's Clear button, and reruns
    the same ranges; then an `orders_backfill` run over one partition range;
@@ -39,6 +41,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +51,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from local_airflow import LocalAirflow  # noqa: E402
 
 from offsetlake.embedded.local_broker import LocalBroker, free_port  # noqa: E402
+from offsetlake.embedded.local_spark_server import LocalSparkServer  # noqa: E402
 from offsetlake.embedded.sample_data import (  # noqa: E402
     ensure_topic,
     produce_customer_changes,
@@ -92,11 +96,13 @@ def main() -> int:
         lake_location = str(ROOT / "lake")
         shutil.rmtree(ROOT / "lake", ignore_errors=True)
     os.environ["OFFSETLAKE_LAKE"] = lake_location
+    started = time.monotonic()
     try:
         return _story(lake_location)
     finally:
         if s3 is not None:
             s3.stop()
+        print(f"\nmake demo took {(time.monotonic() - started) / 60:.1f} minutes")
 
 
 def _story(lake: str) -> int:
@@ -113,6 +119,7 @@ def _story(lake: str) -> int:
     bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
     topic = os.environ.setdefault("ORDERS_TOPIC", "orders")
     failpoint = ROOT / ".airflow" / "failpoint"
+    spark_server = _warm_spark()
     airflow = LocalAirflow(
         ROOT / ".airflow",
         int(os.environ.get("AIRFLOW_PORT", free_port())),
@@ -120,6 +127,7 @@ def _story(lake: str) -> int:
             "OFFSETLAKE_DISABLE_SCHEDULES": "1",
             "OFFSETLAKE_TASK_RETRIES": "0",
             "OFFSETLAKE_FAILPOINT_FILE": str(failpoint),
+            **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark_server.airflow_connection} if spark_server else {}),
         },
     )
     try:
@@ -198,6 +206,8 @@ def _story(lake: str) -> int:
         run_dag(airflow, "orders_outbox")
     except BaseException:
         airflow.stop()
+        if spark_server is not None:
+            spark_server.stop()
         if broker is not None:
             broker.stop()
         raise
@@ -236,8 +246,27 @@ def _story(lake: str) -> int:
         print("browse the same DAGs in the UI with `make airflow`")
         return code
     finally:
+        if spark_server is not None:
+            spark_server.stop()
         if broker is not None:
             broker.stop()
+
+
+def _warm_spark() -> LocalSparkServer | None:
+    """One warm Spark session for the whole demo (``offsetlake spark-server``, as `make
+    spark-server` starts it): every `offsetlake` command and every Airflow ingest task attaches to
+    it instead of starting a JVM of its own. OFFSETLAKE_DEMO_SPARK=cold runs each in its own
+    JVM instead; with OFFSETLAKE_SPARK_REMOTE set, that server is used."""
+    if os.environ.get("OFFSETLAKE_DEMO_SPARK") == "cold":
+        return None
+    if os.environ.get("OFFSETLAKE_SPARK_REMOTE"):
+        print(f"attaching every run to the Spark server at {os.environ['OFFSETLAKE_SPARK_REMOTE']}")
+        return None
+    server = LocalSparkServer(ROOT / ".airflow" / "spark-server.log", cwd=ROOT).start()
+    os.environ["OFFSETLAKE_SPARK_REMOTE"] = server.url
+    pid = server.process.pid if server.process else "?"
+    print(f"started a warm Spark session (offsetlake spark-server) on {server.url} (pid {pid}): every run and Airflow task attaches to it")
+    return server
 
 
 OUTBOX_TOPIC = "orders-outbox"

@@ -102,46 +102,22 @@ SPARK_COMMANDS = frozenset({"run", "backfill", "stream"})  # the commands that s
 
 def warm_spark_server() -> str:
     """The URL of the session's `offsetlake spark-server` (its own JVM, as a user starts it)."""
-    if "url" in _WARM:
-        return str(_WARM["url"])
-    import select
-    import socket
-    import tempfile
+    if "url" not in _WARM:
+        import tempfile
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = Path(tempfile.mkdtemp(prefix="offsetlake-spark-server-")) / "server.log"
-    with open(log, "w") as err:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "offsetlake", "spark-server", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            cwd=ROOT,
-        )
-    assert server.stdout is not None
-    ready, _, _ = select.select([server.stdout], [], [], 180)
-    line = server.stdout.readline() if ready else ""
-    if '"spark_server"' not in line:
-        server.kill()
-        raise AssertionError(f"offsetlake spark-server did not start: {line!r}\n{log.read_text()[-3000:]}")
-    _WARM.update(url=f"sc://127.0.0.1:{port}", process=server)
+        from offsetlake.embedded.local_spark_server import LocalSparkServer
+
+        log = Path(tempfile.mkdtemp(prefix="offsetlake-spark-server-")) / "server.log"
+        server = LocalSparkServer(log, cwd=ROOT).start()
+        _WARM.update(url=server.url, server=server)
     return str(_WARM["url"])
 
 
 def stop_warm_spark_server() -> None:
-    import signal
-
-    server = _WARM.pop("process", None)
+    server = _WARM.pop("server", None)
     _WARM.pop("url", None)
-    if isinstance(server, subprocess.Popen) and server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+    if server is not None:
+        server.stop()  # type: ignore[attr-defined]
 
 
 def attached(command: str, args: tuple[str, ...], env: dict[str, str] | None, cold: bool) -> dict[str, str]:
