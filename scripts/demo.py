@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from local_airflow import LocalAirflow  # noqa: E402
 
 from offsetlake.embedded.local_broker import LocalBroker, free_port  # noqa: E402
-from offsetlake.embedded.local_spark_server import LocalSparkServer  # noqa: E402
+from offsetlake.embedded.local_spark_server import LocalSparkServer, airflow_connection  # noqa: E402
 from offsetlake.embedded.sample_data import (  # noqa: E402
     ensure_topic,
     produce_customer_changes,
@@ -120,6 +120,7 @@ def _story(lake: str) -> int:
     topic = os.environ.setdefault("ORDERS_TOPIC", "orders")
     failpoint = ROOT / ".airflow" / "failpoint"
     spark_server = _warm_spark()
+    remote = os.environ.get("OFFSETLAKE_SPARK_REMOTE")  # the Airflow tasks attach where the commands do
     airflow = LocalAirflow(
         ROOT / ".airflow",
         int(os.environ.get("AIRFLOW_PORT", free_port())),
@@ -127,7 +128,7 @@ def _story(lake: str) -> int:
             "OFFSETLAKE_DISABLE_SCHEDULES": "1",
             "OFFSETLAKE_TASK_RETRIES": "0",
             "OFFSETLAKE_FAILPOINT_FILE": str(failpoint),
-            **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark_server.airflow_connection} if spark_server else {}),
+            **({"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": airflow_connection(remote)} if remote else {}),
         },
     )
     try:
@@ -256,7 +257,7 @@ def _warm_spark() -> LocalSparkServer | None:
     """One warm Spark session for the whole demo (``offsetlake spark-server``, as `make
     spark-server` starts it): every `offsetlake` command and every Airflow ingest task attaches to
     it instead of starting a JVM of its own. OFFSETLAKE_DEMO_SPARK=cold runs each in its own
-    JVM instead; with OFFSETLAKE_SPARK_REMOTE set, that server is used."""
+    JVM instead; with OFFSETLAKE_SPARK_REMOTE set, that server is used by both."""
     if os.environ.get("OFFSETLAKE_DEMO_SPARK") == "cold":
         return None
     if os.environ.get("OFFSETLAKE_SPARK_REMOTE"):

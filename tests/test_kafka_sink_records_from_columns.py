@@ -96,8 +96,6 @@ FALLBACK = {
 def test_a_column_it_cannot_prepare_goes_row_by_row(column):
     rows = _rows(long=PREPARED["long"], **{column: FALLBACK[column]})
     assert json_values(rows.select(["long", column])) is None
-    if column == "nanos":  # row by row needs pandas for nanoseconds; the fallback is the point here
-        pytest.importorskip("pandas")
     assert list(table_records(rows, ["long"])) == _row_by_row(rows, ["long"])
 
 

@@ -61,16 +61,13 @@ class LocalSparkServer:
 
     @property
     def airflow_connection(self) -> str:
-        """The value of ``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT`` that makes Airflow's ingest tasks attach."""
-        return json.dumps({"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port})
+        return airflow_connection(self.url)
 
     def stop(self, timeout_s: float = 60) -> None:
         """SIGTERM to the command, which stops its Spark session and exits; its whole process group
         is SIGKILLed if it has not after ``timeout_s``."""
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.poll() is not None:
+        if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
         try:
@@ -79,3 +76,10 @@ class LocalSparkServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # not yet reaped: the group id is still its own
             process.wait(10)
+
+
+def airflow_connection(url: str) -> str:
+    """The value of ``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT`` that makes Airflow's ingest tasks attach
+    to the Spark Connect server at ``url`` (``sc://host:port``)."""
+    host, _, port = url.removeprefix("sc://").split("/")[0].partition(":")
+    return json.dumps({"conn_type": "spark_connect", "host": host, "port": int(port or 15002)})
