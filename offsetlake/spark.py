@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from offsetlake import jars
+from offsetlake import jars, spark_server
 from offsetlake.errors import SparkServerUnavailableError
 
 _SESSION: Any = None
@@ -41,7 +41,9 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake", remot
 
     With a Spark Connect URL (``remote`` or ``$OFFSETLAKE_SPARK_REMOTE``, e.g.
     ``sc://127.0.0.1:15002``) the session is a client of that server and no JVM starts here.
-    Otherwise ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under
+    Given neither a URL nor a master, and not under spark-submit, it is a client of the project's
+    own server (``offsetlake.spark_server``: started on first use, stopped when idle) unless
+    ``$OFFSETLAKE_SPARK_SERVER`` is ``off``. Otherwise ``master`` defaults to ``$OFFSETLAKE_SPARK_MASTER`` or ``local[2]``; under
     spark-submit the master given there wins. Timestamps are UTC and written as TIMESTAMP_MICROS
     because delta-rs commits these files; RawLocalFileSystem avoids ``.crc`` side files in table
     folders. Every classic session has Delta Lake for Spark and Spark's Kafka source (the pinned
@@ -51,6 +53,8 @@ def spark_session(master: str | None = None, app_name: str = "offsetlake", remot
     if _SESSION is not None:
         return _SESSION
     url = remote_url(remote)
+    if not url and spark_server.wanted(master):
+        url = spark_server.attach()
     if url:
         check_reachable(url)
         session = SparkSession.builder.remote(url).appName(app_name).getOrCreate()
@@ -214,6 +218,7 @@ def stop_spark() -> None:
         _SESSION.stop()
         _SESSION = None
         _ADDED_FILES.clear()
+    spark_server.release()
 
 
 def dataframe_from_arrow(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -66,7 +66,7 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
         try:
             remote = spark_connect_url()
             result = None
-            if remote:
+            if remote or _project_server():
                 self._run_attached(remote)
             else:
                 self.jars = self.jars or jars.spark_jars()  # the pinned jars, as every offsetlake session has them
@@ -89,10 +89,14 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
         args = [str(a) for a in self.application_args or []]
         return args[args.index("--batch-id") + 1] if "--batch-id" in args else None
 
-    def _run_attached(self, remote: str) -> None:
+    def _run_attached(self, remote: str | None) -> None:
         command = [sys.executable, str(self.application), *[str(a) for a in self.application_args or []]]
-        log.info("attached to the Spark server at %s: %s", remote.split(";")[0], " ".join(command))
-        env = {**os.environ, **(self.env_vars or {}), "OFFSETLAKE_SPARK_REMOTE": remote}
+        env = {**os.environ, **(self.env_vars or {})}
+        if remote:
+            log.info("attached to the Spark server at %s: %s", remote.split(";")[0], " ".join(command))
+            env["OFFSETLAKE_SPARK_REMOTE"] = remote
+        else:
+            log.info("attached to the project's own Spark server (started if none runs): %s", " ".join(command))
         self._attached = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=project_dir())
         assert self._attached.stdout is not None
         for line in self._attached.stdout:
@@ -108,6 +112,17 @@ class OffsetlakeSparkSubmitOperator(_ReportsLineage, SparkSubmitOperator):
             attached.kill()  # as spark-submit's driver would die: the batch commits nothing, a retry redoes it
             return
         super().on_kill()
+
+
+def _project_server() -> bool:
+    """Whether an ingest task attaches to the project's own warm Spark server
+    (``offsetlake.spark_server``) rather than spark-submit: by default, when ``spark_default`` is
+    absent or a local master (the server is ``local[2]``); never with ``$OFFSETLAKE_SPARK_SERVER=off``
+    or a cluster master, which spark-submit serves."""
+    from offsetlake import spark_server
+
+    master = spark_master()
+    return spark_server.enabled() and (master is None or master.startswith("local"))
 
 
 class OffsetlakeStreamOperator(_ReportsLineage, BaseOperator):

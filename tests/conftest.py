@@ -26,6 +26,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# Each test says where its Spark runs: the session's warm server (``attached``) or a JVM of its own
+# (``cold``). The project's own server, which commands start by default, would be one JVM per test
+# home left running until idle; tests/test_spark_server_by_default.py sets ``auto`` and tests it.
+os.environ["OFFSETLAKE_SPARK_SERVER"] = "off"
 
 from offsetlake.config import PipelineConfig, load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import LocalBroker  # noqa: E402

@@ -283,3 +283,33 @@ def test_a_kafka_sink_through_airflow_survives_a_job_killed_after_its_kafka_comm
     assert marked.returncode == 0, (marked.stdout + marked.stderr)[-4000:]
     kinds = Counter(dict(r.headers)["offsetlake.kind"].decode() for r in read_records(pipeline.bootstrap, out))
     assert kinds == {"ingest": 800, "backfill": 10}
+
+
+@pytest.mark.local_lake
+def test_ingest_task_by_default_attaches_to_the_projects_own_spark_server(airflow_env, pipeline):
+    """No spark_connect_default, a local spark_default: the ingest job attaches to the project's own
+    server (``offsetlake.spark_server``), which the first task starts and the next one reuses."""
+    import shutil
+
+    from offsetlake import spark_server
+
+    env = {**cold(airflow_env), "OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_SPARK_SERVER_IDLE": "10m"}
+    config = pipeline.write(schedule=None)
+    shutil.copy(pipeline.file, Path(env["OFFSETLAKE_PIPELINES_DIR"]) / pipeline.file.name)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    dag_id = f"{pipeline.name}_ingest"
+    assert airflow(env, "dags", "reserialize").returncode == 0
+    try:
+        servers = []
+        for records in (600, 400):
+            produce_orders(pipeline.bootstrap, pipeline.topic, records)
+            run = airflow(env, "dags", "test", dag_id)
+            output = run.stdout + run.stderr
+            assert run.returncode == 0, output[-4000:]
+            assert "attached to the project's own Spark server" in output, output[-4000:]
+            assert "spark-submit" not in output and "Using Spark's default log4j profile" not in output, output[-4000:]
+            servers.append(spark_server.current(ROOT))  # the job runs in the project folder: its server is there
+        assert servers[0] is not None and servers[0] == servers[1], "the second ingest did not reuse the server"
+        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    finally:
+        spark_server.stop(ROOT)

@@ -22,6 +22,21 @@ def add_spark_options(parser: argparse.ArgumentParser) -> None:
         help="attach to this Spark Connect server instead of starting a JVM "
         "(default: $OFFSETLAKE_SPARK_REMOTE), e.g. sc://127.0.0.1:15002 from `offsetlake spark-server`",
     )
+    parser.add_argument(
+        "--no-server",
+        action="store_true",
+        help="start Spark in this process instead of attaching to the project's warm Spark server. By default a command "
+        "given neither --remote nor --master attaches to it, and the first one starts it (loopback only, with a token; "
+        "it stops after $OFFSETLAKE_SPARK_SERVER_IDLE, default 15m, unused). Same as $OFFSETLAKE_SPARK_SERVER=off",
+    )
+
+
+def apply_spark_options(args: argparse.Namespace) -> None:
+    """--no-server: this command and anything it starts keep Spark in their own process."""
+    import os
+
+    if getattr(args, "no_server", False):
+        os.environ["OFFSETLAKE_SPARK_SERVER"] = "off"
 
 
 def configure_logging(level: str) -> None:
@@ -37,6 +52,8 @@ def configure_logging(level: str) -> None:
 def load_config(args: argparse.Namespace, name: str) -> PipelineConfig:
     if args.command in ("run", "stream", "backfill"):
         from offsetlake.spark import check_reachable, remote_url
+
+        apply_spark_options(args)
 
         remote = remote_url(args.remote)
         if remote:

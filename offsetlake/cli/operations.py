@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from offsetlake.cli.common import add_pipeline, add_spark_options, load_config, print_table
+from offsetlake.cli.common import add_pipeline, add_spark_options, apply_spark_options, load_config, print_table
 from offsetlake.config import resolve_pipeline
 from offsetlake.errors import OffsetlakeError
 from offsetlake.log_lines import log_line
@@ -125,8 +125,14 @@ def add_spark_server_command(commands: argparse._SubParsersAction, common: argpa
     server = commands.add_parser(
         "spark-server",
         parents=[common],
-        help="keep a warm Spark session that runs, backfills and Airflow tasks attach to (Spark Connect)",
-        description="Start a Spark session with offsetlake's settings and serve it over Spark Connect until "
+        help="keep a warm Spark session that runs, backfills and Airflow tasks attach to (Spark Connect); "
+        "--status / --stop the project's own",
+        description="By default you need not start one: a `run`, `stream`, `backfill` or `sql` given neither --remote nor "
+        "--master attaches to the project's own server, which the first of them starts (loopback only, with a token, "
+        "one per $OFFSETLAKE_HOME or working directory, files in .offsetlake/spark-server/) and which stops once no "
+        "command has used it for $OFFSETLAKE_SPARK_SERVER_IDLE (default 15m); `--status` shows it, `--stop` stops it, "
+        "--no-server or $OFFSETLAKE_SPARK_SERVER=off keeps Spark in each command's own process. "
+        "Without --status/--stop, start a Spark session with offsetlake's settings and serve it over Spark Connect until "
         "SIGTERM or Ctrl-C. A `run`, `stream` or `backfill` given --remote (or $OFFSETLAKE_SPARK_REMOTE) and the "
         "Airflow ingest task (connection spark_connect_default) then attach to it instead of starting a JVM of "
         "their own, which is most of a small batch's time. Each attached run has its own Spark session "
@@ -138,23 +144,58 @@ def add_spark_server_command(commands: argparse._SubParsersAction, common: argpa
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     server.add_argument("--port", type=int, default=15002, help="port to listen on (default 15002, Spark Connect's)")
     server.add_argument("--master", help="Spark master (default: $OFFSETLAKE_SPARK_MASTER or local[2])")
+    which = server.add_mutually_exclusive_group()
+    which.add_argument(
+        "--status",
+        action="store_true",
+        help="print the project's own server (the one commands start by default and share: its PID, port, start time "
+        "and the commands attached to it) as one JSON line, and exit; exit code 1 when none runs",
+    )
+    which.add_argument(
+        "--stop", action="store_true", help="stop the project's own server by its PID (its commands in flight fail and commit nothing)"
+    )
+    server.add_argument("--managed", metavar="DIR", help=argparse.SUPPRESS)  # started by offsetlake.spark_server
 
 
 def cmd_spark_server(args: argparse.Namespace) -> int:
     import signal
     import threading
+    from pathlib import Path
 
+    from offsetlake import spark_server
     from offsetlake.spark import serve_connect, stop_spark
 
+    if args.status or args.stop:
+        running = spark_server.current()
+        if args.stop:
+            ended = spark_server.stop()
+            print(json.dumps({"spark_server": "stopped" if ended else "none", "pid": ended.pid if ended else None}))
+            return 0
+        if running is None:
+            print(json.dumps({"spark_server": None, "home": str(spark_server.home())}))
+            return 1
+        leases = sorted(p.name.split(".")[0] for p in (spark_server.state_dir() / "leases").glob(f"*.{running.pid}"))
+        shown = {"spark_server": f"sc://localhost:{running.port}", "pid": running.pid, "started": running.started, "commands": leases}
+        print(json.dumps(shown))
+        return 0
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())
     url = serve_connect(args.host, args.port, args.master)
-    log_line(log, "spark_server", url=url, pid=os.getpid())
-    print(json.dumps({"spark_server": url, "pid": os.getpid()}), flush=True)
+    if args.managed:  # the project's own server: name it, and stop it when it is idle or retired
+        folder = Path(args.managed)
+        spark_server.publish(folder, args.port)
+        idle = spark_server.idle_seconds()
+        threading.Thread(target=spark_server.watch, args=(folder, idle, stopped), name="idle-watch", daemon=True).start()
+        log_line(log, "spark_server", url=url, pid=os.getpid(), idle_stop_s=idle, home=str(folder))
+    else:
+        log_line(log, "spark_server", url=url, pid=os.getpid())
+        print(json.dumps({"spark_server": url, "pid": os.getpid()}), flush=True)
     try:
         stopped.wait()
     finally:
+        if args.managed:
+            spark_server.retire(Path(args.managed))
         stop_spark()
     log_line(log, "spark_server_stopped", url=url)
     return 0
@@ -198,6 +239,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if not names:
         raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to query")
     configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]
+    apply_spark_options(args)
     spark = spark_session(args.master, "offsetlake-sql", args.remote)
     try:
         registered, skipped = register(spark, configs)

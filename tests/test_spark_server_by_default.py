@@ -1,0 +1,194 @@
+"""The project's own warm Spark server (``offsetlake.spark_server``): a command given neither a
+server nor a master attaches to it, the first one starts it, it stops when idle, and a crashed,
+stale or foreign one is dealt with. Each test has a home of its own and stops what it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka_truth import assert_exactly_once, read_topic
+
+from offsetlake import spark_server
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+
+pytestmark = pytest.mark.slow  # each test starts a Spark server of its own
+
+ROOT = Path(__file__).resolve().parent.parent
+JVM_STARTED = "Using Spark's default log4j profile"  # what every classic session start prints
+
+# a command that needs Spark: attaches as any offsetlake command does, and may hold on until told
+CLIENT = """
+import json, os, sys, time
+from pathlib import Path
+from offsetlake import spark_server
+from offsetlake.spark import is_connect, spark_session
+spark = spark_session()
+count = spark.range(int(sys.argv[1])).count()
+server = spark_server.current()
+print(json.dumps({"count": count, "connect": is_connect(spark), "server": server.pid if server else None}), flush=True)
+hold = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+while hold is not None and not hold.exists():
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    spark_server.stop(tmp_path)
+
+
+def _env(home: Path, idle: str = "3s", **more: str) -> dict[str, str]:
+    return {**os.environ, "OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_HOME": str(home), "OFFSETLAKE_SPARK_SERVER_IDLE": idle, **more}
+
+
+def _client(home: Path, rows: int = 5, hold: Path | None = None, **env: str) -> subprocess.Popen:
+    argv = [sys.executable, "-c", CLIENT, str(rows), *([str(hold)] if hold else [])]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(home, **env), cwd=ROOT)
+
+
+def _result(process: subprocess.Popen, timeout: float = 240) -> dict:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not spark_server._is_server(pid):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_two_commands_racing_start_one_server_which_stops_when_idle(home: Path) -> None:
+    first, second = _client(home, 5), _client(home, 7)  # both at once: one starts it, the other waits on the lock
+    a, b = _result(first), _result(second)
+    assert (a["count"], b["count"]) == (5, 7)
+    assert a["connect"] and b["connect"], "a command with no master ran Spark in its own process"
+    assert a["server"] == b["server"] is not None
+    log = (home / ".offsetlake" / "spark-server" / "server.log").read_text()
+    assert log.count("step=spark_server ") == 1, log[-3000:]  # one JVM for both
+    server = spark_server.current(home)
+    assert server is not None and server.pid == a["server"]
+    assert oct((home / ".offsetlake" / "spark-server" / "server.json").stat().st_mode & 0o777) == "0o600"  # it holds the token
+    # nobody uses it now: it stops by itself after $OFFSETLAKE_SPARK_SERVER_IDLE
+    assert _gone(server.pid, 90), "an idle server did not stop"
+    assert spark_server.current(home) is None and not (home / ".offsetlake" / "spark-server" / "server.json").exists()
+
+
+def test_a_command_in_flight_keeps_the_server_past_its_idle_time(home: Path) -> None:
+    hold = home / "release"
+    holding = _client(home, 3, hold=hold, idle="2s")
+    deadline = time.monotonic() + 240
+    while spark_server.current(home) is None or not list((home / ".offsetlake" / "spark-server" / "leases").iterdir()):
+        assert holding.poll() is None and time.monotonic() < deadline, holding.stderr.read()[-3000:] if holding.stderr else ""
+        time.sleep(0.2)
+    server = spark_server.current(home)
+    assert server is not None
+    time.sleep(8)  # four idle periods: the lease, not the clock, keeps it
+    assert spark_server.current(home) == server, "the server stopped under a command that was still attached"
+    later = _result(_client(home, 4, idle="2s"))  # a second command meanwhile uses the same one
+    assert later["server"] == server.pid
+    hold.touch()
+    assert _result(holding)["count"] == 3
+    assert _gone(server.pid, 90), "the server outlived its last command by more than its idle time"
+
+
+def test_a_crashed_server_is_replaced(home: Path) -> None:
+    first = _result(_client(home, idle="10m"))
+    os.killpg(first["server"], signal.SIGKILL)  # its own process group (start_new_session): the server and its JVM
+    assert _gone(first["server"], 30)
+    again = _result(_client(home, 6, idle="10m"))
+    assert again["count"] == 6 and again["server"] not in (None, first["server"])
+
+
+def test_a_pid_that_is_no_longer_the_server_is_left_alone(home: Path) -> None:
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        folder = spark_server.state_dir(home)
+        folder.mkdir(parents=True)
+        (folder / "server.json").write_text(
+            json.dumps({"url": "sc://localhost:1/;token=x", "pid": stranger.pid, "code": spark_server.code_fingerprint(), "started": 0})
+        )
+        got = _result(_client(home, idle="10m"))
+        assert got["count"] == 5 and got["server"] not in (None, stranger.pid)
+        assert stranger.poll() is None, "offsetlake killed a process that was not its server"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_server_of_other_code_is_retired_and_replaced(home: Path) -> None:
+    old = _result(_client(home, idle="10m"))
+    path = spark_server.state_dir(home) / "server.json"
+    named = json.loads(path.read_text())
+    path.write_text(json.dumps({**named, "code": "an-older-offsetlake"}))  # as after an upgrade or an edit
+    new = _result(_client(home, idle="10m"))
+    assert new["server"] not in (None, old["server"])
+    assert _gone(old["server"], 60), "a retired server with no command attached did not stop"
+    assert spark_server.current(home) is not None and spark_server.current(home).pid == new["server"]
+
+
+def test_the_server_refuses_a_client_without_its_token(home: Path) -> None:
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    started = _result(_client(home, idle="10m"))
+    server = spark_server.current(home)
+    assert server is not None and server.pid == started["server"]
+    probe = f"from pyspark.sql import SparkSession\nSparkSession.builder.remote('sc://127.0.0.1:{server.port}').create().range(1).count()\n"
+    env = {k: v for k, v in os.environ.items() if k != spark_server.TOKEN_ENV}
+    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0 and "No authentication token provided" in refused.stderr, refused.stderr[-2000:]
+    assert SparkConnectGrpcException.__name__ in refused.stderr
+
+
+def test_no_server_keeps_spark_in_the_command_and_the_cli_shows_and_stops_the_server(home: Path) -> None:
+    own = _result(_client(home, 2, OFFSETLAKE_SPARK_SERVER="off"))
+    assert own == {"count": 2, "connect": False, "server": None}
+    assert not spark_server.state_dir(home).exists(), "--no-server touched the project's server"
+
+    cli = [sys.executable, "-m", "offsetlake", "spark-server"]
+    none = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
+    assert none.returncode == 1 and json.loads(none.stdout)["spark_server"] is None
+    started = _result(_client(home, idle="10m"))
+    status = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["pid"] == started["server"] and "token" not in status.stdout
+    stopped = subprocess.run([*cli, "--stop"], capture_output=True, text=True, env=_env(home), timeout=120)
+    assert json.loads(stopped.stdout) == {"spark_server": "stopped", "pid": started["server"]}
+    assert _gone(started["server"], 30) and spark_server.current(home) is None
+
+
+@pytest.mark.local_lake
+def test_offsetlake_run_by_default_starts_the_server_once_and_attaches_after(pipeline, tmp_path: Path) -> None:
+    config = pipeline.write(max_records_per_batch=400)
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    env = {"OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_HOME": str(tmp_path), "OFFSETLAKE_SPARK_SERVER_IDLE": "10m"}
+    try:
+        produce_orders(pipeline.bootstrap, pipeline.topic, 500)
+        first = pipeline.cli("run", env=env, cold=True)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert JVM_STARTED not in first.stderr, "the run started Spark in its own process"
+        server = spark_server.current(tmp_path)
+        assert server is not None
+        produce_orders(pipeline.bootstrap, pipeline.topic, 300)
+        second = pipeline.cli("run", env=env, cold=True)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert spark_server.current(tmp_path) == server, "the second run did not reuse the server"
+        produce_orders(pipeline.bootstrap, pipeline.topic, 100)
+        own = pipeline.cli("run", "--no-server", env=env, cold=True)
+        assert own.returncode == 0 and JVM_STARTED in own.stderr, own.stderr[-3000:]
+        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+    finally:
+        spark_server.stop(tmp_path)
