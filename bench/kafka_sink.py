@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shutil
 import statistics
@@ -455,4 +456,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Spark in this process, or a server this script starts itself: never the project's own warm
+    # server, which commands use by default (offsetlake.spark_server)
+    os.environ.setdefault("OFFSETLAKE_SPARK_SERVER", "off")
     sys.exit(main())

@@ -29,7 +29,8 @@ paths     the warm drain of the whole topic on each data path (jvm, direct, spar
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
           run next to the same ingest into a local folder (local, S3, S3, local, ...): the
           batch time of the same records on both, and their ratio;
-overhead  wall time of `offsetlake run` with nothing new and with 1,000 new records, and of
+overhead  wall time of `offsetlake run` with nothing new and with 1,000 new records (its own JVM,
+          attached to a warm server, and by default: the project's own server), and of
           `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
           and with 1,000 new records; then both with 1,000 new records attached to a warm
           `offsetlake spark-server` (`--remote`; the connection spark_connect_default);
@@ -962,6 +963,40 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
         emit(figures, "airflow_dags_test_1k_new_attached", median_s=round(med, 2), samples_s=samples)
         airflow.env.pop("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT")
 
+    # by default: no --remote, no connection; the project's own server (offsetlake.spark_server),
+    # which the first command starts (its home is the project folder, where the CLI and the ingest
+    # job run) and the later ones attach to
+    from offsetlake import spark_server
+
+    default = {"OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_SPARK_SERVER_IDLE": "30m"}
+    spark_server.stop(ROOT)
+
+    def default_1k(i: int) -> float:
+        nonlocal next_id
+        next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+        t = time.monotonic()
+        cli("run", str(path), env=default)
+        return time.monotonic() - t
+
+    try:
+        first = default_1k(0)  # starts the server
+        emit(figures, "cli_run_1k_new_default_first", median_s=round(first, 2), samples_s=[round(first, 2)])
+        med, samples = median_of(args.repeats, default_1k)
+        emit(figures, "cli_run_1k_new_default", median_s=round(med, 2), samples_s=samples)
+        airflow.env.update(default)
+
+        def airflow_default_1k(i: int) -> float:
+            nonlocal next_id
+            next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+            return dags_test(i, expect_spark=False)  # attached to the project's server: no spark-submit
+
+        med, samples = median_of(args.repeats, airflow_default_1k)
+        emit(figures, "airflow_dags_test_1k_new_default", median_s=round(med, 2), samples_s=samples)
+    finally:
+        for name in default:
+            airflow.env.pop(name, None)
+        spark_server.stop(ROOT)
+
 
 UPSERT_KEYS = ("order_id",)
 
@@ -1263,4 +1298,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # Spark in this process, or a server this script starts itself: never the project's own warm
+    # server, which commands use by default (offsetlake.spark_server)
+    os.environ.setdefault("OFFSETLAKE_SPARK_SERVER", "off")
     sys.exit(main())

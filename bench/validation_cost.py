@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -131,6 +132,9 @@ def _measure(args: argparse.Namespace, work: Path, bootstrap: str) -> int:
 
 
 if __name__ == "__main__":
+    # Spark in this process, or a server this script starts itself: never the project's own warm
+    # server, which commands use by default (offsetlake.spark_server)
+    os.environ.setdefault("OFFSETLAKE_SPARK_SERVER", "off")
     from offsetlake.cli import exit_now
 
     exit_now(main())

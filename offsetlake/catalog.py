@@ -72,17 +72,47 @@ def _local_path(table: NamedTable) -> Path:
 
 def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable], list[NamedTable]]:
     """Name every committed table of ``configs`` in ``spark``'s catalog; (registered, skipped
-    because they have no commit yet). A name already in the catalog is left as it is: nothing
-    here ever drops a table."""
+    because they have no commit yet).
+
+    The catalog may outlive this command: a warm server's (the project's own, shared by every
+    command) keeps the names an earlier ``sql`` gave. A name that already points at the table's
+    folder is kept; one that points at another folder (the pipeline's lake moved, or was made
+    anew elsewhere) is an external table's catalog entry and is dropped and named again: dropping
+    it removes only the name, never a file. A managed table of that name (its data in the
+    catalog's warehouse) is refused, not dropped."""
     registered, skipped = [], []
     for table in named_tables(configs):
         if not committed(table):
             skipped.append(table)
             continue
-        location = str(_local_path(table).resolve()).replace("'", "\\'")
+        folder = _local_path(table).resolve()
+        location = str(folder).replace("'", "\\'")
+        named = _named_location(spark, table.name)
+        if named is not None and named[1] != folder:
+            if named[0] != "EXTERNAL":
+                raise OffsetlakeError(
+                    f"the Spark catalog already has a {named[0].lower()} table `{table.name}` (at {named[1]}); offsetlake names "
+                    f"{folder} so only where that name is free or names another folder. Drop or rename it, or query "
+                    f"delta.`{folder}`",
+                    field="sql",
+                )
+            spark.sql(f"DROP TABLE `{table.name}`")  # an external table: the name goes, the files stay
         spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
         registered.append(table)
     return registered, skipped
+
+
+def _named_location(spark: Any, name: str) -> tuple[str, Path] | None:
+    """(its type, its folder) of table ``name`` in ``spark``'s current database, if it exists."""
+    if not spark.catalog.tableExists(name):
+        return None
+    rows = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED `{name}`").collect()}
+    location = str(rows.get("Location") or "")
+    if location.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        location = unquote(urlparse(location).path)
+    return str(rows.get("Type") or "").upper(), Path(location)
 
 
 # ---- what a statement may do (``offsetlake sql`` is read-only unless asked) ----------------------

@@ -196,6 +196,9 @@ def _serving(folder: Path) -> Server | None:
 
 
 def _start(folder: Path, project: Path, timeout_s: float) -> Server:
+    for lease in (folder / "leases").glob("*.*"):  # those of servers that are gone
+        if not _alive(int(lease.name.split(".")[1])):
+            lease.unlink(missing_ok=True)
     token = secrets.token_hex(24)
     port = _free_port()
     env = {**os.environ, TOKEN_ENV: token}

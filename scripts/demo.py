@@ -259,6 +259,7 @@ def _warm_spark() -> LocalSparkServer | None:
     it instead of starting a JVM of its own. OFFSETLAKE_DEMO_SPARK=cold runs each in its own
     JVM instead; with OFFSETLAKE_SPARK_REMOTE set, that server is used by both."""
     if os.environ.get("OFFSETLAKE_DEMO_SPARK") == "cold":
+        os.environ["OFFSETLAKE_SPARK_SERVER"] = "off"  # not the project's own server either
         return None
     if os.environ.get("OFFSETLAKE_SPARK_REMOTE"):
         print(f"attaching every run to the Spark server at {os.environ['OFFSETLAKE_SPARK_REMOTE']}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -148,4 +149,7 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
+    # Spark in this process, or a server this script starts itself: never the project's own warm
+    # server, which commands use by default (offsetlake.spark_server)
+    os.environ.setdefault("OFFSETLAKE_SPARK_SERVER", "off")
     main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / "tests" / "data" / "lake-keyed-v1")

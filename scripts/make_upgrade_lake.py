@@ -217,4 +217,7 @@ def _version() -> str:
 
 
 if __name__ == "__main__":
+    # Spark in this process, or a server this script starts itself: never the project's own warm
+    # server, which commands use by default (offsetlake.spark_server)
+    os.environ.setdefault("OFFSETLAKE_SPARK_SERVER", "off")
     main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / "tests" / "data" / "lake-v1")

@@ -192,3 +192,45 @@ def test_offsetlake_run_by_default_starts_the_server_once_and_attaches_after(pip
         assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
     finally:
         spark_server.stop(tmp_path)
+
+
+@pytest.mark.local_lake
+def test_sql_on_the_shared_server_follows_a_pipeline_whose_lake_moved(pipeline, tmp_path: Path) -> None:
+    """The server's catalog outlives each `offsetlake sql`: a name it holds from an earlier call
+    must follow the pipeline to its new lake, not keep answering from the old folder."""
+    import dataclasses
+
+    home = tmp_path / "home"
+    env = _env(home, idle="10m")
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+
+    def count() -> int:
+        argv = [
+            sys.executable,
+            "-m",
+            "offsetlake",
+            "--pipelines-dir",
+            str(pipeline.folder),
+            "sql",
+            f"SELECT count(*) AS n FROM {pipeline.name}",
+            "--json",
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert JVM_STARTED not in done.stderr, "sql started Spark in its own process"
+        return int(json.loads(done.stdout.strip().splitlines()[-1])["n"])
+
+    try:
+        pipeline.write()
+        produce_orders(pipeline.bootstrap, pipeline.topic, 30)
+        assert pipeline.cli("run").returncode == 0
+        assert count() == 30
+        moved = dataclasses.replace(pipeline, lake=tmp_path / "lake_elsewhere")
+        moved.write()  # the same pipeline, its lake made anew in another folder: it ingests the topic again
+        produce_orders(pipeline.bootstrap, pipeline.topic, 20)
+        assert moved.cli("run").returncode == 0
+        server = spark_server.current(home)
+        assert count() == 50
+        assert spark_server.current(home) == server  # the same server, so the same catalog, answered both
+    finally:
+        spark_server.stop(home)
