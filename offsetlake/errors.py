@@ -179,6 +179,14 @@ class StorageError(OffsetlakeError):
     Not transient: most of its causes (a refused credential, no put-if-absent) need a change."""
 
 
+class CatalogManagedTableError(OffsetlakeError):
+    """A table offsetlake would read and commit to by its folder is catalog-managed (Delta's
+    ``catalogManaged`` table feature, Unity Catalog's managed tables): its commits go through the
+    catalog that owns it, which offsetlake's writer (delta-rs) cannot do. Refused when the table is
+    first opened, before anything is planned or written. Not transient: the table or the pipeline
+    must change."""
+
+
 class SchemaRegistryUnavailableError(OffsetlakeError):
     """The Schema Registry could not be reached or answered an error while a batch was planned or
     read; nothing was committed and no record became a dead letter for it. Run again later."""

@@ -33,10 +33,10 @@ from urllib.parse import quote, unquote, urlsplit
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyarrow import fs as pafs
 
-from offsetlake.errors import StorageError
+from offsetlake.errors import CatalogManagedTableError, StorageError
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # how Spark names the folder of a null partition value
 
@@ -288,9 +288,17 @@ def open_table(where: Where, version: int | None = None) -> DeltaTable | None:
 
 
 def table(where: Where, version: int | None = None) -> DeltaTable:
-    """The Delta table at ``where``; raises TableNotFoundError when there is none."""
+    """The Delta table at ``where``; raises TableNotFoundError when there is none, and
+    CatalogManagedTableError when its commits belong to a catalog: delta-rs refuses to load a
+    table with the ``catalogManaged`` (or ``catalogOwned-preview``) feature without the catalog's
+    version, and that refusal becomes one that says what to do."""
     location, options = _reach(where)
-    opened = DeltaTable(location, version=version, storage_options=options)
+    try:
+        opened = DeltaTable(location, version=version, storage_options=options)
+    except DeltaError as err:
+        if "catalog-managed" in str(err) or "catalog version" in str(err).lower():
+            raise _catalog_managed(location) from None
+        raise
     _OPENED_AT[id(opened)] = Location(location, options)
     weakref.finalize(opened, _OPENED_AT.pop, id(opened), None)
     return opened
@@ -300,6 +308,16 @@ def table(where: Where, version: int | None = None) -> DeltaTable:
 # files (its log, the history cache) when a caller holds only the table. An entry lives as long
 # as its table object (DeltaTable is not hashable, so by id, dropped when the table is).
 _OPENED_AT: dict[int, Location] = {}
+
+
+def _catalog_managed(location: str) -> CatalogManagedTableError:
+    return CatalogManagedTableError(
+        f"the Delta table at {location} is catalog-managed (table feature catalogManaged, e.g. a Unity Catalog managed "
+        "table): its commits must go through the catalog that owns it, and offsetlake commits to a table's folder "
+        "directly (delta-rs cannot commit through a catalog). Nothing was read or written. Point the pipeline's lake at "
+        "a folder of its own (offsetlake creates path-based tables there, which a catalog can name as external tables), "
+        "or have the catalog's owner turn the table into an external one"
+    )
 
 
 def table_place(delta_table: DeltaTable) -> Location:
