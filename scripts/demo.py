@@ -25,7 +25,10 @@
 8. `customers`: Debezium change events of a customers table (a snapshot, then creates, updates
    and deletes, each delete followed by a tombstone) into an upsert sink. A plain `deltalake`
    read of the table then has exactly one row per customer the source table still holds, as it
-   holds it, and none for a deleted one: no private column, no filter.
+   holds it, and none for a deleted one: no private column, no filter;
+9. `offsetlake catalog register` names every pipeline's tables in the embedded metastore, and a
+   plain pyspark session (no offsetlake in it) started with `offsetlake catalog settings` counts
+   each sink by name, beside a plain delta-rs read of the same table.
 
 The pipelines folder is copied to .airflow/pipelines so step 4 can change the policy without
 touching pipelines/orders.yaml (nor step 5 pipelines/orders_hourly.yaml); step 8 writes its
@@ -37,6 +40,7 @@ OFFSETLAKE_DEMO_LAKE=s3 (`make demo-s3`) the lake is on the embedded S3 server i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -240,6 +244,8 @@ def _story(lake: str) -> int:
         code = max(code, _check_kafka_outputs(bootstrap, topic, config))
         code = max(code, _avro_story(bootstrap))
         code = max(code, _cdc_story(bootstrap, pipelines))
+        if not storage.is_uri(lake):
+            code = max(code, _catalog_story())
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
         print(f"Airflow task logs: {airflow.home / 'logs'}  service logs: {airflow.home / 'service-logs'}")
         if broker is not None:
@@ -251,6 +257,44 @@ def _story(lake: str) -> int:
             spark_server.stop()
         if broker is not None:
             broker.stop()
+
+
+# a user's own Spark session: pyspark alone, its settings read by Spark from $SPARK_CONF_DIR
+PLAIN_SESSION = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").appName("a colleague's pyspark").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+print(json.dumps({name: spark.sql(f"SELECT count(*) AS n FROM {name}").collect()[0]["n"] for name in sys.argv[1:]}))
+"""
+
+
+def _catalog_story() -> int:
+    """The tables by name in the embedded metastore, queried from a plain pyspark session."""
+    from offsetlake import metastore, storage
+    from offsetlake.catalog import committed, named_tables
+    from offsetlake.config import all_pipeline_files, resolve_pipeline
+
+    say("the tables by name, from any Spark session: offsetlake catalog register, then a plain pyspark")
+    offsetlake("catalog", "register")
+    configs = [resolve_pipeline(p.stem) for p in all_pipeline_files(None)]
+    sinks = [t for t in named_tables(configs) if t.kind == "sink" and committed(t)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_")}
+    env["SPARK_CONF_DIR"] = str(metastore.conf_dir())
+    names = [t.name for t in sinks]
+    print(f"\n$ SPARK_CONF_DIR={metastore.conf_dir()} .venv/bin/pyspark   # then, for each: SELECT count(*) FROM <name>", flush=True)
+    done = subprocess.run([sys.executable, "-c", PLAIN_SESSION, *names], capture_output=True, text=True, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        print(f"CHECK FAILED: the plain pyspark session failed:\n{done.stderr[-3000:]}")
+        return 1
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    failed = 0
+    for table in sinks:
+        plain = storage.table(table.location).to_pyarrow_table().num_rows  # what a plain delta-rs read sees
+        same = "same as a plain delta-rs read" if counted[table.name] == plain else f"CHECK FAILED: delta-rs reads {plain}"
+        failed += counted[table.name] != plain
+        print(f"  SELECT count(*) FROM {table.name}: {counted[table.name]:,}  ({same})")
+    return 1 if failed else 0
 
 
 def _warm_spark() -> LocalSparkServer | None:

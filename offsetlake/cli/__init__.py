@@ -31,10 +31,12 @@ from offsetlake.cli.batches import (
 )
 from offsetlake.cli.common import configure_logging
 from offsetlake.cli.operations import (
+    add_catalog_command,
     add_maintenance_command,
     add_publish_command,
     add_spark_server_command,
     add_sql_command,
+    cmd_catalog,
     cmd_maintenance,
     cmd_publish,
     cmd_spark_server,
@@ -83,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_maintenance_command(commands, common)
     add_spark_server_command(commands, common)
     add_sql_command(commands, common)
+    add_catalog_command(commands, common)
     add_publish_command(commands, common)
     return parser
 
@@ -99,6 +102,7 @@ COMMANDS = {
     "maintenance": cmd_maintenance,
     "spark-server": cmd_spark_server,
     "sql": cmd_sql,
+    "catalog": cmd_catalog,
     "publish": cmd_publish,
 }
 

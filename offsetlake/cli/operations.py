@@ -201,6 +201,58 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    catalog = commands.add_parser(
+        "catalog",
+        parents=[common],
+        help="name the pipelines' tables in a metastore any Spark session reaches: `catalog register`, `catalog settings`",
+        description="Spark's Hive-compatible catalog with an embedded metastore (Derby) in .offsetlake/metastore/ under "
+        "$OFFSETLAKE_HOME or the working directory. `register` names every committed table of the pipelines there "
+        "(PIPELINE, PIPELINE_dead_letters, PIPELINE_ledger; external Delta tables whose location is the lake folder, so "
+        "the Delta log stays the truth); `settings` prints the Spark settings a `pyspark`, `spark-sql` or "
+        "`spark-submit` session needs to query them by name. Derby allows one process at a time: register while no "
+        "other session has the metastore open.",
+    )
+    actions = catalog.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+    register = actions.add_parser("register", parents=[common], help="name the pipelines' committed tables in the metastore")
+    register.add_argument(
+        "--pipeline", action="append", metavar="PIPELINE", help="register only this pipeline's tables (repeatable; default: all)"
+    )
+    shown = actions.add_parser("settings", parents=[common], help="print the Spark settings of a session that sees the tables")
+    shown.add_argument("--json", action="store_true", help="one JSON object of settings instead of --conf arguments")
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from offsetlake import metastore
+    from offsetlake.config import all_pipeline_files
+
+    if args.catalog_command == "settings":
+        conf = metastore.settings()
+        if args.json:
+            print(json.dumps(conf))
+            return 0
+        print("# a Spark session with these settings sees the registered tables by name; `catalog register` also")
+        print(f"# writes them to {metastore.conf_dir()}/spark-defaults.conf, so this is enough:")
+        print(f"#   SPARK_CONF_DIR={metastore.conf_dir()} .venv/bin/pyspark     (or spark-sql, spark-submit)")
+        print("\n".join(f"--conf {key}={value}" for key, value in conf.items()))
+        return 0
+    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
+    if not names:
+        raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to register")
+    configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]
+    registered, skipped = metastore.register(configs)
+    log_line(
+        log, "catalog_registered", tables=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped)
+    )
+    print(
+        f"registered {len(registered)} tables in the metastore at {metastore.folder()}: {', '.join(t.name for t in registered) or 'none'}"
+    )
+    if skipped:
+        print(f"not yet (no commit): {', '.join(t.name for t in skipped)}")
+    print(f"query them by name from any Spark session started with SPARK_CONF_DIR={metastore.conf_dir()} (`offsetlake catalog settings`)")
+    return 0
+
+
 def add_sql_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     sql = commands.add_parser(
         "sql",

@@ -1,0 +1,66 @@
+"""`offsetlake catalog register` names the pipelines' tables in the embedded metastore, and a
+plain Spark session (no offsetlake in it) started with its settings, as Spark reads them from
+``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offsetlake import storage
+from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# a user's own session: pyspark only, with the printed settings
+PLAIN_SESSION = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").getOrCreate()  # its settings: $SPARK_CONF_DIR/spark-defaults.conf
+counts = {name: spark.sql(f"SELECT count(*) AS n FROM {name}").collect()[0]["n"] for name in sys.argv[1:]}
+print(json.dumps(counts))
+"""
+
+
+def _offsetlake(home: Path, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OFFSETLAKE_HOME": str(home)}
+    argv = [sys.executable, "-m", "offsetlake", "--pipelines-dir", str(folder), *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+
+
+@pytest.mark.local_lake
+def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeline, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    config = pipeline.write()
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 40)
+    assert pipeline.cli("run").returncode == 0
+
+    registered = _offsetlake(home, pipeline.folder, "catalog", "register")
+    assert registered.returncode == 0, registered.stderr[-3000:]
+    assert "registered 3 tables" in registered.stdout and f"{pipeline.name}_dead_letters" in registered.stdout, registered.stdout
+    assert (home / ".offsetlake" / "metastore" / "metastore_db").is_dir()
+
+    settings = _offsetlake(home, pipeline.folder, "catalog", "settings")
+    assert settings.returncode == 0, settings.stderr[-2000:]
+    conf_dir = home / ".offsetlake" / "metastore" / "conf"
+    assert f"SPARK_CONF_DIR={conf_dir} .venv/bin/pyspark" in settings.stdout, settings.stdout
+    assert "--conf spark.sql.catalogImplementation=hive" in settings.stdout.splitlines()
+
+    def counts(*names: str) -> dict[str, int]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_")}
+        env["SPARK_CONF_DIR"] = str(conf_dir)  # as `catalog settings` says: Spark reads spark-defaults.conf there
+        done = subprocess.run(
+            [sys.executable, "-c", PLAIN_SESSION, *names], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    ledger_rows = storage.table(config.layout.ledger).to_pyarrow_table().num_rows
+    names = [pipeline.name, f"{pipeline.name}_dead_letters", f"{pipeline.name}_ledger"]
+    assert counts(*names) == dict(zip(names, [40, 0, ledger_rows], strict=True))
