@@ -72,7 +72,6 @@ def register(configs: list[PipelineConfig], project: Path | None = None) -> tupl
     # Spark warns for each table that Hive itself cannot read a Delta table: expected, and not Spark's readers' concern
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        spark.sql("CREATE DATABASE IF NOT EXISTS default")
         named = name_tables(spark, configs)
         write_conf(project)
         return named

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from offsetlake.durations import seconds
 from offsetlake.errors import OffsetlakeError
 
 MODE_ENV = "OFFSETLAKE_SPARK_SERVER"
@@ -102,18 +103,13 @@ def wanted(master: str | None) -> bool:
 
 
 def idle_seconds() -> float:
-    raw = os.environ.get(IDLE_ENV, "").strip().lower()
+    raw = os.environ.get(IDLE_ENV, "").strip()
     if not raw:
         return DEFAULT_IDLE_S
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    unit = next((u for u in ("ms", "s", "m", "h") if raw.endswith(u)), "")
     try:
-        value = float(raw[: len(raw) - len(unit)]) * units.get(unit, 1.0)
-    except ValueError:
-        raise OffsetlakeError(f"${IDLE_ENV}={raw!r} is not a duration like 90s, 15m or 1h", field=IDLE_ENV) from None
-    if value <= 0:
-        raise OffsetlakeError(f"${IDLE_ENV}={raw!r} must be more than zero", field=IDLE_ENV)
-    return value
+        return seconds(raw)
+    except ValueError as err:
+        raise OffsetlakeError(f"${IDLE_ENV}: {err}", field=IDLE_ENV) from None
 
 
 def code_fingerprint() -> str:

@@ -64,17 +64,13 @@ def load_config(args: argparse.Namespace, name: str) -> PipelineConfig:
 
 
 def duration(text: str) -> float:
-    """Seconds from '5s', '500ms', '2m', '1h' or a plain number of seconds."""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    raw = text.strip().lower()
-    unit = next((u for u in ("ms", "s", "m", "h") if raw.endswith(u)), "")
+    """Seconds from '5s', '500ms', '2m', '1h' or a plain number of seconds (an argparse type)."""
+    from offsetlake.durations import seconds
+
     try:
-        value = float(raw[: len(raw) - len(unit)]) * units.get(unit, 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a duration like 5s, 500ms, 2m or 1h") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be more than zero")
-    return value
+        return seconds(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
