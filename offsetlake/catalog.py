@@ -12,8 +12,13 @@ OF``/``TIMESTAMP AS OF``), ``DESCRIBE HISTORY``. ``register`` names them in the 
 The names are external tables over the lake's folders (``CREATE TABLE … USING delta LOCATION``):
 registering reads only the tables' logs and changes nothing in them. The embedded default's
 catalog lives in the session, so each ``offsetlake sql`` registers them again (idempotent). A table
-that has no commit yet (no ``_delta_log``) is skipped and said so. Lakes on object storage are
-not registered: the pinned jars carry no S3 filesystem for Spark (delta-rs reads those lakes).
+that has no commit yet (no ``_delta_log``) is skipped and said so.
+
+A lake on S3 is reached through Hadoop's S3A filesystem (``hadoop-aws``, pinned with the other
+jars): its tables are named at ``s3a://bucket/...`` (the scheme Hadoop's S3 filesystem answers
+to), and ``hadoop_settings`` turns the pipeline's ``storage:`` settings (object_store's keys, the
+ones delta-rs takes) into S3A's per-bucket settings, so each lake is read with its own endpoint,
+region and credentials. Other object stores (gs, az, abfss) are refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +39,27 @@ class NamedTable:
     name: str
     pipeline: str
     kind: str  # sink | dead_letters | ledger
-    location: str
+    where: storage.Location
+
+    @property
+    def location(self) -> str:
+        return self.where.path
+
+    @property
+    def spark_location(self) -> str:
+        """The folder as Spark reaches it: a local path (absolute), or the lake's URI with S3's
+        scheme as Hadoop's S3A filesystem names it (``s3a://``)."""
+        if not storage.is_uri(self.location) or self.location.startswith("file:"):
+            return str(_local_path(self).resolve())
+        kind = storage.scheme(self.location)
+        if kind not in ("s3", "s3a"):
+            raise OffsetlakeError(
+                f"table {self.name} is at {self.location}: Spark here reaches local and S3 lakes (the pinned jars carry "
+                f"Hadoop's S3A filesystem only); read a {kind}:// lake with delta-rs (`offsetlake ledger`, `audit`) or on a "
+                f"cluster with that store's Hadoop connector",
+                pipeline=self.pipeline,
+            )
+        return "s3a://" + self.location.split("://", 1)[1]
 
 
 def named_tables(configs: list[PipelineConfig]) -> list[NamedTable]:
@@ -43,22 +68,88 @@ def named_tables(configs: list[PipelineConfig]) -> list[NamedTable]:
     for config in configs:
         layout = config.layout
         tables += [
-            NamedTable(config.name, config.name, "sink", str(layout.sink)),
-            NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", str(layout.dead_letters)),
-            NamedTable(f"{config.name}_ledger", config.name, "ledger", str(layout.ledger)),
+            NamedTable(config.name, config.name, "sink", layout.sink),
+            NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", layout.dead_letters),
+            NamedTable(f"{config.name}_ledger", config.name, "ledger", layout.ledger),
         ]
     return tables
 
 
 def committed(table: NamedTable) -> bool:
-    """Whether the table has a Delta log (at least one commit); object-storage tables raise."""
-    if storage.is_uri(table.location) and not table.location.startswith("file:"):
-        raise OffsetlakeError(
-            f"table {table.name} is at {table.location}: Spark here reads local lakes only (the pinned jars carry no "
-            "S3 filesystem for Spark); read it with delta-rs (`offsetlake ledger`, `audit`) or on a cluster with hadoop-aws",
-            pipeline=table.pipeline,
-        )
-    return (_local_path(table) / "_delta_log").is_dir()
+    """Whether the table has a Delta log (at least one commit); a table on a store Spark here
+    cannot reach raises."""
+    location = table.spark_location  # raises for a store Spark here cannot reach
+    if location.startswith("s3a://"):
+        return storage.is_table(table.where)
+    return (Path(location) / "_delta_log").is_dir()
+
+
+# object_store's keys (what a pipeline's ``storage:`` holds, lower-cased) -> S3A's per-bucket keys
+_S3A_KEYS = {
+    "aws_access_key_id": "access.key",
+    "access_key_id": "access.key",
+    "aws_secret_access_key": "secret.key",
+    "secret_access_key": "secret.key",
+    "aws_session_token": "session.token",
+    "aws_token": "session.token",
+    "session_token": "session.token",
+    "token": "session.token",
+    "aws_region": "endpoint.region",
+    "region": "endpoint.region",
+    "aws_default_region": "endpoint.region",
+    "aws_endpoint_url": "endpoint",
+    "aws_endpoint": "endpoint",
+    "endpoint_url": "endpoint",
+    "endpoint": "endpoint",
+}
+
+
+def _s3_bucket(table: NamedTable) -> str | None:
+    location = table.spark_location
+    return location[len("s3a://") :].split("/", 1)[0] if location.startswith("s3a://") else None
+
+
+def s3_buckets(tables: list[NamedTable]) -> list[str]:
+    """The S3 buckets ``tables`` live in, each once."""
+    return list(dict.fromkeys(b for b in map(_s3_bucket, tables) if b is not None))
+
+
+def hadoop_settings(tables: list[NamedTable]) -> dict[str, str]:
+    """The Hadoop settings a Spark session needs to read ``tables``: for each S3 bucket, S3A's
+    ``fs.s3a.bucket.<bucket>.*`` keys from the pipeline's storage settings (endpoint, region,
+    keys, session token; path-style requests for a custom endpoint unless
+    ``aws_virtual_hosted_style_request`` says otherwise, as object_store does). A bucket with no
+    credentials in its settings is read with S3A's default chain (environment, profile, instance
+    role), as delta-rs reads it. Values are secrets: they go to a session's conf or a 0600 file,
+    never to a log line. Two pipelines on one bucket with different settings are refused: S3A
+    settings are per bucket."""
+    out: dict[str, str] = {}
+    owner: dict[str, NamedTable] = {}
+    for table in tables:
+        bucket = _s3_bucket(table)
+        if bucket is None:
+            continue
+        options = storage.normalized_options(table.where.options or {})
+        prefix = f"fs.s3a.bucket.{bucket}."
+        mine = {prefix + _S3A_KEYS[k]: v for k, v in options.items() if k in _S3A_KEYS}
+        endpoint = mine.get(prefix + "endpoint")
+        if endpoint:
+            hosted = options.get("aws_virtual_hosted_style_request", options.get("virtual_hosted_style_request", "false"))
+            mine[prefix + "path.style.access"] = "false" if hosted.lower() == "true" else "true"
+            mine[prefix + "connection.ssl.enabled"] = "false" if endpoint.lower().startswith("http://") else "true"
+        if prefix + "session.token" in mine:
+            mine[prefix + "aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        first = owner.setdefault(bucket, table)
+        clash = [k for k, v in mine.items() if out.get(k, v) != v]
+        if clash:
+            raise OffsetlakeError(
+                f"pipelines {first.pipeline} and {table.pipeline} reach bucket {bucket} with different storage settings "
+                f"({', '.join(sorted(k[len(prefix) :] for k in clash))}); a Spark session reads a bucket with one set of S3A "
+                "settings: query them in separate calls (--pipeline)",
+                pipeline=table.pipeline,
+            )
+        out.update(mine)
+    return out
 
 
 def _local_path(table: NamedTable) -> Path:
@@ -81,12 +172,15 @@ def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable
     it removes only the name, never a file. A managed table of that name (its data in the
     catalog's warehouse) is refused, not dropped."""
     registered, skipped = [], []
-    for table in named_tables(configs):
+    tables = named_tables(configs)
+    for key, value in hadoop_settings(tables).items():
+        spark.conf.set(key, value)  # the session's Hadoop configuration: how Delta reads an s3a:// table
+    for table in tables:
         if not committed(table):
             skipped.append(table)
             continue
-        folder = _local_path(table).resolve()
-        location = str(folder).replace("'", "\\'")
+        folder = table.spark_location
+        location = folder.replace("'", "\\'")
         named = _named_location(spark, table.name)
         if named is not None and named[1] != folder:
             if named[0] != "EXTERNAL":
@@ -97,13 +191,27 @@ def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable
                     field="sql",
                 )
             spark.sql(f"DROP TABLE `{table.name}`")  # an external table: the name goes, the files stay
-        spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
+        try:
+            spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
+        except Exception as err:  # Spark's own (py4j, Connect, analysis): what it could not reach, in one line
+            raise OffsetlakeError(
+                f"Spark could not read table {table.name} at {folder} to name it: {_first_line(err)}"
+                + (" (check the pipeline's storage: settings: endpoint, region, credentials)" if folder.startswith("s3a://") else ""),
+                pipeline=table.pipeline,
+            ) from None
         registered.append(table)
     return registered, skipped
 
 
-def _named_location(spark: Any, name: str) -> tuple[str, Path] | None:
-    """(its type, its folder) of table ``name`` in ``spark``'s current database, if it exists."""
+def _first_line(err: Exception) -> str:
+    """The first line of Spark's error text (for py4j, the Java exception's), with no stack."""
+    text = str(getattr(err, "java_exception", None) or err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _named_location(spark: Any, name: str) -> tuple[str, str] | None:
+    """(its type, its folder: a local path, or a URI) of table ``name`` in ``spark``'s current
+    database, if it exists."""
     if not spark.catalog.tableExists(name):
         return None
     rows = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED `{name}`").collect()}
@@ -112,7 +220,7 @@ def _named_location(spark: Any, name: str) -> tuple[str, Path] | None:
         from urllib.parse import unquote, urlparse
 
         location = unquote(urlparse(location).path)
-    return str(rows.get("Type") or "").upper(), Path(location)
+    return str(rows.get("Type") or "").upper(), location.rstrip("/")
 
 
 # ---- what a statement may do (``offsetlake sql`` is read-only unless asked) ----------------------
@@ -209,7 +317,7 @@ def table_versions(tables: list[NamedTable]) -> dict[str, int]:
     """Each table's current Delta version (delta-rs: nothing is read but the log)."""
     versions = {}
     for table in tables:
-        found = storage.open_table(table.location)
+        found = storage.open_table(table.where)
         if found is not None:
             versions[table.name] = found.version()
     return versions
@@ -222,7 +330,7 @@ def changes_since(tables: list[NamedTable], before: dict[str, int]) -> list[str]
 
     lines = []
     for table in tables:
-        found = storage.open_table(table.location)
+        found = storage.open_table(table.where)
         if found is None or found.version() <= before.get(table.name, -1):
             continue
         for info in commit_infos(found, before.get(table.name, -1) + 1, found.version()):

@@ -8,8 +8,9 @@ pipelines there as an external Delta table whose location is its folder in the l
 ``PIPELINE_dead_letters``, ``PIPELINE_ledger`` in the ``default`` database), in a Spark session of
 its own. The Delta log stays the truth: a name only points at a folder, so a table made anew in the
 same folder (an epoch reset, a rebuilt sink) needs nothing, and a pipeline whose lake moved is named
-again (``catalog.register``). Derby lets one process open the metastore at a time: register while
-no other session holds it.
+again (``catalog.register``). A lake on S3 is named at ``s3a://`` and the conf file carries S3A's
+per-bucket settings from the pipelines' ``storage:`` (a 0600 file: they hold credentials). Derby
+lets one process open the metastore at a time: register while no other session holds it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from offsetlake import jars
-from offsetlake.catalog import NamedTable
+from offsetlake.catalog import NamedTable, hadoop_settings, named_tables, s3_buckets
 from offsetlake.catalog import register as name_tables
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
@@ -51,14 +52,45 @@ def conf_dir(project: Path | None = None) -> Path:
     return folder(project) / "conf"
 
 
-def write_conf(project: Path | None = None) -> Path:
+def write_conf(project: Path | None = None, configs: list[PipelineConfig] | None = None) -> Path:
+    """Write ``settings()`` and the S3A settings of ``configs``' lakes (``object_storage``) as the
+    folder's ``spark-defaults.conf``, readable by its owner only (the S3A settings hold
+    credentials). Buckets named by an earlier ``register`` and not by ``configs`` keep theirs."""
     where = conf_dir(project)
     where.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{key} {value}\n" for key, value in settings(project).items())
+    target = where / "spark-defaults.conf"
+    mine = object_storage(configs or [])
+    buckets = tuple(f"{_S3A}{bucket}." for bucket in s3_buckets(named_tables(configs or [])))
+    earlier = {k: v for k, v in _read_conf(target).items() if k.startswith(_S3A) and not k.startswith(buckets)}
+    text = "".join(f"{key} {value}\n" for key, value in {**settings(project), **earlier, **mine}.items())
     partial = where / "spark-defaults.conf.partial"
-    partial.write_text("# written by `offsetlake catalog register`: the pipelines' tables by name\n" + text)
-    partial.replace(where / "spark-defaults.conf")
+    partial.unlink(missing_ok=True)
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+        out.write("# written by `offsetlake catalog register`: the pipelines' tables by name\n" + text)
+    partial.replace(target)
     return where
+
+
+_S3A = "spark.hadoop.fs.s3a.bucket."
+
+
+def object_storage(configs: list[PipelineConfig]) -> dict[str, str]:
+    """The Spark settings (``spark.hadoop.fs.s3a.bucket.<bucket>.*``) that reach ``configs``'
+    lakes on S3 with their pipelines' storage settings; empty for local lakes."""
+    return {f"spark.hadoop.{key}": value for key, value in hadoop_settings(named_tables(configs)).items()}
+
+
+def shown(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` for a terminal: S3A credentials as ``***`` (they are in the 0600 conf file)."""
+    secret = (".access.key", ".secret.key", ".session.token")
+    return {k: ("***" if k.startswith(_S3A) and k.endswith(secret) else v) for k, v in conf.items()}
+
+
+def _read_conf(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    pairs = (line.split(" ", 1) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
 
 
 def register(configs: list[PipelineConfig], project: Path | None = None) -> tuple[list[NamedTable], list[NamedTable]]:
@@ -68,12 +100,13 @@ def register(configs: list[PipelineConfig], project: Path | None = None) -> tupl
     from offsetlake.spark import classic_builder
 
     folder(project).mkdir(parents=True, exist_ok=True)
-    spark: Any = classic_builder(app_name="offsetlake-catalog", extra=settings(project)).getOrCreate()
+    extra = {**settings(project), **object_storage(configs)}  # the metastore's Hive client reads the lake's folders too
+    spark: Any = classic_builder(app_name="offsetlake-catalog", extra=extra).getOrCreate()
     # Spark warns for each table that Hive itself cannot read a Delta table: expected, and not Spark's readers' concern
     spark.sparkContext.setLogLevel("ERROR")
     try:
         named = name_tables(spark, configs)
-        write_conf(project)
+        write_conf(project, configs)
         return named
     except Exception as err:
         if "Another instance of Derby may have already booted the database" in str(err) or "XSDB6" in str(err):

@@ -1,6 +1,7 @@
 """A batch's data files, written by the Spark tasks themselves with pyarrow: one write path for a
-local lake and for object storage, with no Hadoop filesystem connector (``hadoop-aws`` is a
-Maven download that nothing here, nor many users' clusters, can install).
+local lake and for object storage, with no Hadoop filesystem connector: ``hadoop-aws`` is pinned
+only so that Spark can *read* S3 lakes by name (``offsetlake sql``, the catalog), and a run must
+not need it on a user's cluster that lacks it.
 
 ``TaskFiles`` is the one task-side file writer of every data path: the Spark path's tasks
 (``write_rows``: rows that arrive sorted by the partition columns, ``sortWithinPartitions`` as

@@ -1,6 +1,7 @@
 """`offsetlake catalog register` names the pipelines' tables in the embedded metastore, and a
 plain Spark session (no offsetlake in it) started with its settings, as Spark reads them from
-``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53)."""
+``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53) — on a local
+lake and on the embedded S3 server, where ``offsetlake sql`` reads the lake by name too."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def _offsetlake(home: Path, folder: Path, *args: str) -> subprocess.CompletedPro
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
-@pytest.mark.local_lake
+@pytest.mark.also_on_s3
 def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeline, tmp_path: Path) -> None:
     home = tmp_path / "home"
     config = pipeline.write()
@@ -51,6 +52,13 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
     conf_dir = home / ".offsetlake" / "metastore" / "conf"
     assert f"SPARK_CONF_DIR={conf_dir} .venv/bin/pyspark" in settings.stdout, settings.stdout
     assert "--conf spark.sql.catalogImplementation=hive" in settings.stdout.splitlines()
+    conf_file = conf_dir / "spark-defaults.conf"
+    assert conf_file.stat().st_mode & 0o077 == 0, "the conf file may hold S3 credentials: its owner's only"
+    if pipeline.lake_uri:  # the lake's bucket reached with the pipeline's own settings, its secrets kept off the terminal
+        bucket = pipeline.lake_uri.split("/")[2]
+        assert f"--conf spark.hadoop.fs.s3a.bucket.{bucket}.secret.key=***" in settings.stdout.splitlines(), settings.stdout
+        assert pipeline.storage["AWS_SECRET_ACCESS_KEY"] not in settings.stdout
+        assert f"spark.hadoop.fs.s3a.bucket.{bucket}.endpoint {pipeline.storage['AWS_ENDPOINT_URL']}" in conf_file.read_text()
 
     def counts(*names: str) -> dict[str, int]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_")}
@@ -64,3 +72,9 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
     ledger_rows = storage.table(config.layout.ledger).to_pyarrow_table().num_rows
     names = [pipeline.name, f"{pipeline.name}_dead_letters", f"{pipeline.name}_ledger"]
     assert counts(*names) == dict(zip(names, [40, 0, ledger_rows], strict=True))
+
+    if pipeline.lake_uri:  # `offsetlake sql` reads an S3 lake by name as well (a local one: tests/test_delta_spark.py)
+        query = f"SELECT (SELECT count(*) FROM {pipeline.name}) AS sink, (SELECT count(*) FROM {pipeline.name}_ledger) AS ledger"
+        shown = _offsetlake(home, pipeline.folder, "sql", "--json", "--no-server", query)
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        assert json.loads(shown.stdout.strip().splitlines()[-1]) == {"sink": 40, "ledger": ledger_rows}

@@ -218,7 +218,14 @@ def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.A
     register.add_argument(
         "--pipeline", action="append", metavar="PIPELINE", help="register only this pipeline's tables (repeatable; default: all)"
     )
-    shown = actions.add_parser("settings", parents=[common], help="print the Spark settings of a session that sees the tables")
+    shown = actions.add_parser(
+        "settings",
+        parents=[common],
+        help="print the Spark settings of a session that sees the tables (S3 credentials as ***: they are in the conf file)",
+    )
+    shown.add_argument(
+        "--pipeline", action="append", metavar="PIPELINE", help="only this pipeline's lake settings (repeatable; default: all)"
+    )
     shown.add_argument("--json", action="store_true", help="one JSON object of settings instead of --conf arguments")
 
 
@@ -226,17 +233,20 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     from offsetlake import metastore
     from offsetlake.config import all_pipeline_files
 
+    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
     if args.catalog_command == "settings":
-        conf = metastore.settings()
+        conf = metastore.shown(
+            {**metastore.settings(), **metastore.object_storage([resolve_pipeline(n, args.pipelines_dir) for n in names])}
+        )
         if args.json:
             print(json.dumps(conf))
             return 0
         print("# a Spark session with these settings sees the registered tables by name; `catalog register` also")
-        print(f"# writes them to {metastore.conf_dir()}/spark-defaults.conf, so this is enough:")
+        print(f"# writes them to {metastore.conf_dir()}/spark-defaults.conf (with the S3 credentials shown here as ***),")
+        print("# so this is enough:")
         print(f"#   SPARK_CONF_DIR={metastore.conf_dir()} .venv/bin/pyspark     (or spark-sql, spark-submit)")
         print("\n".join(f"--conf {key}={value}" for key, value in conf.items()))
         return 0
-    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
     if not names:
         raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to register")
     configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]
