@@ -2,9 +2,11 @@
 embedded metastore under the project's home (issue 53).
 
 ``settings()`` is what a session needs to see them: the pinned Delta jars and extension, Spark's
-Hive catalog, and a Derby metastore in ``<home>/.offsetlake/metastore/`` (home: ``$OFFSETLAKE_HOME``,
-else the working directory; git-ignored). ``register`` names every committed table of the given
-pipelines there as an external Delta table whose location is its folder in the lake (``PIPELINE``,
+Hive catalog, and a Derby metastore in ``<home>/.offsetlake/metastore/`` (home:
+``$OFFSETLAKE_HOME``, else the working directory; git-ignored) — or, with ``$OFFSETLAKE_METASTORE``
+(``--metastore``) set to ``thrift://HOST:PORT``, an existing Hive Metastore server that every
+session of a team reaches. ``register`` names every committed table of the given pipelines there as
+an external Delta table whose location is its folder in the lake (``PIPELINE``,
 ``PIPELINE_dead_letters``, ``PIPELINE_ledger`` in the ``default`` database), in a Spark session of
 its own. The Delta log stays the truth: a name only points at a folder, so a table made anew in the
 same folder (an epoch reset, a rebuilt sink) needs nothing, and a pipeline whose lake moved is named
@@ -16,6 +18,7 @@ lets one process open the metastore at a time: register while no other session h
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +33,39 @@ def folder(project: Path | None = None) -> Path:
     return (project or Path(os.environ.get("OFFSETLAKE_HOME") or os.getcwd())).resolve() / ".offsetlake" / "metastore"
 
 
-def settings(project: Path | None = None) -> dict[str, str]:
-    """The Spark settings of a session that sees the registered tables by name."""
+# Where the tables are named: the project's embedded metastore, or a Hive Metastore server
+ENV = "OFFSETLAKE_METASTORE"
+_THRIFT = re.compile(r"^thrift://[^/:\s]+:\d+$")
+
+
+def server(given: str | None = None) -> str | None:
+    """The Hive Metastore server the tables are named in (``thrift://HOST:PORT``, several
+    comma-separated for a metastore behind more than one address), from ``given`` (``--metastore``)
+    or ``$OFFSETLAKE_METASTORE``; None for the project's embedded metastore (``embedded`` or unset)."""
+    value = (given if given is not None else os.environ.get(ENV, "")).strip()
+    if value in ("", "embedded"):
+        return None
+    uris = [uri.strip() for uri in value.split(",")]
+    wrong = [uri for uri in uris if not _THRIFT.match(uri)]
+    if wrong:
+        raise OffsetlakeError(
+            f"metastore {wrong[0]!r} (--metastore or ${ENV}) is not a Hive Metastore address: give thrift://HOST:PORT "
+            "(comma-separated for several), or `embedded` for the project's own",
+            field="metastore",
+        )
+    return ",".join(uris)
+
+
+def settings(project: Path | None = None, metastore: str | None = None) -> dict[str, str]:
+    """The Spark settings of a session that sees the registered tables by name: the Delta jars
+    and extension, Spark's Hive catalog, and either the Hive Metastore server ``metastore``
+    (``thrift://…``) or the project's embedded Derby metastore."""
+    common = {"spark.jars": jars.spark_jars(), **jars.DELTA_CONF, "spark.sql.catalogImplementation": "hive"}
+    if metastore:
+        return {**common, "spark.hadoop.hive.metastore.uris": metastore}
     where = folder(project)
     return {
-        "spark.jars": jars.spark_jars(),
-        **jars.DELTA_CONF,
-        "spark.sql.catalogImplementation": "hive",
+        **common,
         "spark.sql.warehouse.dir": str(where / "warehouse"),
         "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={where / 'metastore_db'};create=true",
         "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
@@ -52,7 +81,7 @@ def conf_dir(project: Path | None = None) -> Path:
     return folder(project) / "conf"
 
 
-def write_conf(project: Path | None = None, configs: list[PipelineConfig] | None = None) -> Path:
+def write_conf(project: Path | None = None, configs: list[PipelineConfig] | None = None, metastore: str | None = None) -> Path:
     """Write ``settings()`` and the S3A settings of ``configs``' lakes (``object_storage``) as the
     folder's ``spark-defaults.conf``, readable by its owner only (the S3A settings hold
     credentials). Buckets named by an earlier ``register`` and not by ``configs`` keep theirs."""
@@ -62,7 +91,7 @@ def write_conf(project: Path | None = None, configs: list[PipelineConfig] | None
     mine = object_storage(configs or [])
     buckets = tuple(f"{_S3A}{bucket}." for bucket in s3_buckets(named_tables(configs or [])))
     earlier = {k: v for k, v in _read_conf(target).items() if k.startswith(_S3A) and not k.startswith(buckets)}
-    text = "".join(f"{key} {value}\n" for key, value in {**settings(project), **earlier, **mine}.items())
+    text = "".join(f"{key} {value}\n" for key, value in {**settings(project, metastore), **earlier, **mine}.items())
     partial = where / "spark-defaults.conf.partial"
     partial.unlink(missing_ok=True)
     with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
@@ -93,26 +122,34 @@ def _read_conf(path: Path) -> dict[str, str]:
     return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
 
 
-def register(configs: list[PipelineConfig], project: Path | None = None) -> tuple[list[NamedTable], list[NamedTable]]:
-    """Name every committed table of ``configs`` in the metastore; (registered, skipped: no
-    commit yet). Idempotent. Starts and stops a Spark session of its own (the warm server's
-    catalog is its own, in memory)."""
+def register(
+    configs: list[PipelineConfig], project: Path | None = None, metastore: str | None = None
+) -> tuple[list[NamedTable], list[NamedTable]]:
+    """Name every committed table of ``configs`` in the metastore (the Hive Metastore server
+    ``metastore``, else the embedded one); (registered, skipped: no commit yet). Idempotent.
+    Starts and stops a Spark session of its own (the warm server's catalog is its own, in memory)."""
     from offsetlake.spark import classic_builder
 
     folder(project).mkdir(parents=True, exist_ok=True)
-    extra = {**settings(project), **object_storage(configs)}  # the metastore's Hive client reads the lake's folders too
+    extra = {**settings(project, metastore), **object_storage(configs)}  # the metastore's Hive client reads the lake's folders too
     spark: Any = classic_builder(app_name="offsetlake-catalog", extra=extra).getOrCreate()
     # Spark warns for each table that Hive itself cannot read a Delta table: expected, and not Spark's readers' concern
     spark.sparkContext.setLogLevel("ERROR")
     try:
         named = name_tables(spark, configs)
-        write_conf(project, configs)
+        write_conf(project, configs, metastore)
         return named
     except Exception as err:
-        if "Another instance of Derby may have already booted the database" in str(err) or "XSDB6" in str(err):
+        text = str(err)
+        if "Another instance of Derby may have already booted the database" in text or "XSDB6" in text:
             raise OffsetlakeError(
                 f"the metastore at {folder(project)} is open in another Spark session (its embedded Derby database "
                 "allows one process at a time): close that session, then register again"
+            ) from None
+        if metastore and ("SessionHiveMetaStoreClient" in text or "Could not connect to meta store" in text):
+            raise OffsetlakeError(
+                f"cannot reach the Hive Metastore at {metastore} (--metastore or ${ENV}): is it running and listening there?",
+                field="metastore",
             ) from None
         raise
     finally:

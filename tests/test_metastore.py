@@ -1,7 +1,10 @@
 """`offsetlake catalog register` names the pipelines' tables in the embedded metastore, and a
 plain Spark session (no offsetlake in it) started with its settings, as Spark reads them from
-``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53) — on a local
-lake and on the embedded S3 server, where ``offsetlake sql`` reads the lake by name too."""
+``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53): a local lake
+named in the project's embedded metastore, and a lake on the embedded S3 server named in a Hive
+Metastore server (Apache Hive's own, by ``$OFFSETLAKE_METASTORE=thrift://…``), where
+``offsetlake sql`` reads the lake by name too. One test for both saves a broker, a lake and three
+JVMs per case."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from offsetlake import storage
+from offsetlake.embedded.local_metastore import LocalMetastore
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,27 +32,36 @@ print(json.dumps(counts))
 """
 
 
-def _offsetlake(home: Path, folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OFFSETLAKE_HOME": str(home)}
+def _offsetlake(home: Path, folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OFFSETLAKE_HOME": str(home), **(env or {})}
     argv = [sys.executable, "-m", "offsetlake", "--pipelines-dir", str(folder), *args]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
 
 
 @pytest.mark.also_on_s3
-def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeline, tmp_path: Path) -> None:
+def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeline, tmp_path: Path, request) -> None:
     home = tmp_path / "home"
     config = pipeline.write()
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce_orders(pipeline.bootstrap, pipeline.topic, 40)
     assert pipeline.cli("run").returncode == 0
 
-    registered = _offsetlake(home, pipeline.folder, "catalog", "register")
+    hive = LocalMetastore(tmp_path / "hive").start() if pipeline.lake_uri else None
+    request.addfinalizer(lambda: hive.stop() if hive else None)
+    chosen = {"OFFSETLAKE_METASTORE": hive.uri} if hive else {}  # the one setting that names the tables in a metastore server
+
+    registered = _offsetlake(home, pipeline.folder, "catalog", "register", env=chosen)
     assert registered.returncode == 0, registered.stderr[-3000:]
     assert "registered 3 tables" in registered.stdout and f"{pipeline.name}_dead_letters" in registered.stdout, registered.stdout
-    assert (home / ".offsetlake" / "metastore" / "metastore_db").is_dir()
+    # the names are where the setting says: the project's own Derby, or the server's (and nothing left beside it)
+    assert (home / ".offsetlake" / "metastore" / "metastore_db").is_dir() is (hive is None)
+    if hive:
+        assert hive.uri in registered.stdout and (tmp_path / "hive" / "metastore_db").is_dir()
 
-    settings = _offsetlake(home, pipeline.folder, "catalog", "settings")
+    settings = _offsetlake(home, pipeline.folder, "catalog", "settings", env=chosen)
     assert settings.returncode == 0, settings.stderr[-2000:]
+    if hive:
+        assert f"--conf spark.hadoop.hive.metastore.uris={hive.uri}" in settings.stdout.splitlines(), settings.stdout
     conf_dir = home / ".offsetlake" / "metastore" / "conf"
     assert f"SPARK_CONF_DIR={conf_dir} .venv/bin/pyspark" in settings.stdout, settings.stdout
     assert "--conf spark.sql.catalogImplementation=hive" in settings.stdout.splitlines()

@@ -211,7 +211,9 @@ def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.A
         "(PIPELINE, PIPELINE_dead_letters, PIPELINE_ledger; external Delta tables whose location is the lake folder, so "
         "the Delta log stays the truth); `settings` prints the Spark settings a `pyspark`, `spark-sql` or "
         "`spark-submit` session needs to query them by name. Derby allows one process at a time: register while no "
-        "other session has the metastore open.",
+        "other session has the metastore open. With --metastore thrift://HOST:PORT (or $OFFSETLAKE_METASTORE) the "
+        "names go to that Hive Metastore server instead, which every session of a team reaches at once. A lake on S3 "
+        "is named at s3a:// with the pipeline's storage: settings as S3A's per-bucket settings.",
     )
     actions = catalog.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
     register = actions.add_parser("register", parents=[common], help="name the pipelines' committed tables in the metastore")
@@ -227,6 +229,13 @@ def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.A
         "--pipeline", action="append", metavar="PIPELINE", help="only this pipeline's lake settings (repeatable; default: all)"
     )
     shown.add_argument("--json", action="store_true", help="one JSON object of settings instead of --conf arguments")
+    for action in (register, shown):
+        action.add_argument(
+            "--metastore",
+            metavar="URI",
+            help="a Hive Metastore server to name the tables in, thrift://HOST:PORT (comma-separated for several); "
+            "default: $OFFSETLAKE_METASTORE, else `embedded`, the project's own in .offsetlake/metastore/",
+        )
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
@@ -235,8 +244,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
     if args.catalog_command == "settings":
+        server = metastore.server(args.metastore)
         conf = metastore.shown(
-            {**metastore.settings(), **metastore.object_storage([resolve_pipeline(n, args.pipelines_dir) for n in names])}
+            {**metastore.settings(None, server), **metastore.object_storage([resolve_pipeline(n, args.pipelines_dir) for n in names])}
         )
         if args.json:
             print(json.dumps(conf))
@@ -250,12 +260,14 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     if not names:
         raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to register")
     configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]
-    registered, skipped = metastore.register(configs)
+    server = metastore.server(args.metastore)
+    registered, skipped = metastore.register(configs, metastore=server)
     log_line(
         log, "catalog_registered", tables=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped)
     )
     print(
-        f"registered {len(registered)} tables in the metastore at {metastore.folder()}: {', '.join(t.name for t in registered) or 'none'}"
+        f"registered {len(registered)} tables in the metastore at {server or metastore.folder()}: "
+        f"{', '.join(t.name for t in registered) or 'none'}"
     )
     if skipped:
         print(f"not yet (no commit): {', '.join(t.name for t in skipped)}")
