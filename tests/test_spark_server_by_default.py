@@ -1,6 +1,8 @@
 """The project's own warm Spark server (``offsetlake.spark_server``): a command given neither a
 server nor a master attaches to it, the first one starts it, it stops when idle, and a crashed,
-stale or foreign one is dealt with. Each test has a home of its own and stops what it started."""
+stale or foreign one is dealt with. A test of how a server starts, stops, dies or is retired has a
+home of its own and stops what it started; the tests that only need one running (at the end of the
+file) share one home and its server (``served``), since a server start is ~13 s of JVM."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from kafka_truth import assert_exactly_once, read_topic
 from offsetlake import spark_server
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
-pytestmark = pytest.mark.slow  # each test starts a Spark server of its own
+pytestmark = pytest.mark.slow  # each test starts a Spark server, or uses the one ``served`` started
 
 ROOT = Path(__file__).resolve().parent.parent
 JVM_STARTED = "Using Spark's default log4j profile"  # what every classic session start prints
@@ -112,22 +115,6 @@ def test_a_crashed_server_is_replaced(home: Path) -> None:
     assert again["count"] == 6 and again["server"] not in (None, first["server"])
 
 
-def test_a_pid_that_is_no_longer_the_server_is_left_alone(home: Path) -> None:
-    stranger = subprocess.Popen(["sleep", "600"])
-    try:
-        folder = spark_server.state_dir(home)
-        folder.mkdir(parents=True)
-        (folder / "server.json").write_text(
-            json.dumps({"url": "sc://localhost:1/;token=x", "pid": stranger.pid, "code": spark_server.code_fingerprint(), "started": 0})
-        )
-        got = _result(_client(home, idle="10m"))
-        assert got["count"] == 5 and got["server"] not in (None, stranger.pid)
-        assert stranger.poll() is None, "offsetlake killed a process that was not its server"
-    finally:
-        stranger.kill()
-        stranger.wait()
-
-
 def test_a_server_of_other_code_is_retired_and_replaced(home: Path) -> None:
     old = _result(_client(home, idle="10m"))
     path = spark_server.state_dir(home) / "server.json"
@@ -139,24 +126,7 @@ def test_a_server_of_other_code_is_retired_and_replaced(home: Path) -> None:
     assert spark_server.current(home) is not None and spark_server.current(home).pid == new["server"]
 
 
-def test_the_server_refuses_a_client_without_its_token(home: Path) -> None:
-    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
-
-    started = _result(_client(home, idle="10m"))
-    server = spark_server.current(home)
-    assert server is not None and server.pid == started["server"]
-    probe = f"from pyspark.sql import SparkSession\nSparkSession.builder.remote('sc://127.0.0.1:{server.port}').create().range(1).count()\n"
-    env = {k: v for k, v in os.environ.items() if k != spark_server.TOKEN_ENV}
-    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
-    assert refused.returncode != 0 and "No authentication token provided" in refused.stderr, refused.stderr[-2000:]
-    assert SparkConnectGrpcException.__name__ in refused.stderr
-
-
-def test_no_server_keeps_spark_in_the_command_and_the_cli_shows_and_stops_the_server(home: Path) -> None:
-    own = _result(_client(home, 2, OFFSETLAKE_SPARK_SERVER="off"))
-    assert own == {"count": 2, "connect": False, "server": None}
-    assert not spark_server.state_dir(home).exists(), "--no-server touched the project's server"
-
+def test_the_cli_shows_and_stops_the_server(home: Path) -> None:
     cli = [sys.executable, "-m", "offsetlake", "spark-server"]
     none = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
     assert none.returncode == 1 and json.loads(none.stdout)["spark_server"] is None
@@ -170,38 +140,101 @@ def test_no_server_keeps_spark_in_the_command_and_the_cli_shows_and_stops_the_se
     assert _gone(started["server"], 30) and spark_server.current(home) is None
 
 
+# --- the tests below need a running server, not a lifecycle of their own: they share ``served`` ---
+
+
+@dataclass(frozen=True)
+class Served:
+    """The shared home (``path``), what the command that started its server printed (``first``),
+    and the live process (``stranger``, not a server) its ``server.json`` named before that."""
+
+    path: Path
+    first: dict
+    stranger: subprocess.Popen
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One home whose server the tests below attach to (idle 10m; stopped by its PID at the end of
+    the module). Its start is itself a test's fault: ``server.json`` first names a living process
+    that is not a server, as after a crash and a reused PID (test_a_pid_that_is_no_longer_the_server_is_left_alone)."""
+    home = tmp_path_factory.mktemp("served_home")
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        folder = spark_server.state_dir(home)
+        folder.mkdir(parents=True)
+        (folder / "server.json").write_text(
+            json.dumps({"url": "sc://localhost:1/;token=x", "pid": stranger.pid, "code": spark_server.code_fingerprint(), "started": 0})
+        )
+        first = _result(_client(home, idle="10m"))
+        yield Served(home, first, stranger)
+    finally:
+        spark_server.stop(home)
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_pid_that_is_no_longer_the_server_is_left_alone(served: Served) -> None:
+    got = served.first  # the first command in a home whose server.json named the stranger
+    assert got["count"] == 5 and got["server"] not in (None, served.stranger.pid)
+    assert served.stranger.poll() is None, "offsetlake killed a process that was not its server"
+
+
+def test_the_server_refuses_a_client_without_its_token(served: Served) -> None:
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    server = spark_server.current(served.path)
+    assert server is not None and server.pid == served.first["server"]
+    probe = f"from pyspark.sql import SparkSession\nSparkSession.builder.remote('sc://127.0.0.1:{server.port}').create().range(1).count()\n"
+    env = {k: v for k, v in os.environ.items() if k != spark_server.TOKEN_ENV}
+    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0 and "No authentication token provided" in refused.stderr, refused.stderr[-2000:]
+    assert SparkConnectGrpcException.__name__ in refused.stderr
+
+
+def _server_starts(home: Path) -> int:
+    return (spark_server.state_dir(home) / "server.log").read_text().count("step=spark_server ")
+
+
 @pytest.mark.local_lake
-def test_offsetlake_run_by_default_starts_the_server_once_and_attaches_after(pipeline, tmp_path: Path) -> None:
+def test_offsetlake_run_by_default_attaches_to_one_server_and_no_server_keeps_spark_in_the_run(
+    pipeline, served: Served, tmp_path: Path
+) -> None:
     config = pipeline.write(max_records_per_batch=400)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
-    env = {"OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_HOME": str(tmp_path), "OFFSETLAKE_SPARK_SERVER_IDLE": "10m"}
+    env = {"OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_HOME": str(served.path), "OFFSETLAKE_SPARK_SERVER_IDLE": "10m"}
+    starts = _server_starts(served.path)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 500)
+    first = pipeline.cli("run", env=env, cold=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert JVM_STARTED not in first.stderr, "the run started Spark in its own process"
+    server = spark_server.current(served.path)
+    assert server is not None
+    produce_orders(pipeline.bootstrap, pipeline.topic, 300)
+    second = pipeline.cli("run", env=env, cold=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert spark_server.current(served.path) == server, "the second run did not reuse the server"
+    assert _server_starts(served.path) == starts, "a run started a server of its own while one served"
+    # a home of its own, never used: --no-server must leave it untouched, as it must leave any server alone
+    alone = tmp_path / "no_server_home"
+    alone.mkdir()
+    produce_orders(pipeline.bootstrap, pipeline.topic, 100)
     try:
-        produce_orders(pipeline.bootstrap, pipeline.topic, 500)
-        first = pipeline.cli("run", env=env, cold=True)
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert JVM_STARTED not in first.stderr, "the run started Spark in its own process"
-        server = spark_server.current(tmp_path)
-        assert server is not None
-        produce_orders(pipeline.bootstrap, pipeline.topic, 300)
-        second = pipeline.cli("run", env=env, cold=True)
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert spark_server.current(tmp_path) == server, "the second run did not reuse the server"
-        produce_orders(pipeline.bootstrap, pipeline.topic, 100)
-        own = pipeline.cli("run", "--no-server", env=env, cold=True)
-        assert own.returncode == 0 and JVM_STARTED in own.stderr, own.stderr[-3000:]
-        assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
+        own = pipeline.cli("run", "--no-server", env={**env, "OFFSETLAKE_HOME": str(alone)}, cold=True)
     finally:
-        spark_server.stop(tmp_path)
+        spark_server.stop(alone)  # had it attached after all, the server it started
+    assert own.returncode == 0 and JVM_STARTED in own.stderr, own.stderr[-3000:]  # Spark in the run's own process
+    assert not spark_server.state_dir(alone).exists(), "--no-server touched the project's server"
+    assert_exactly_once(config, read_topic(pipeline.bootstrap, pipeline.topic))
 
 
 @pytest.mark.local_lake
-def test_sql_on_the_shared_server_follows_a_pipeline_whose_lake_moved(pipeline, tmp_path: Path) -> None:
+def test_sql_on_the_shared_server_follows_a_pipeline_whose_lake_moved(pipeline, served: Served, tmp_path: Path) -> None:
     """The server's catalog outlives each `offsetlake sql`: a name it holds from an earlier call
     must follow the pipeline to its new lake, not keep answering from the old folder."""
     import dataclasses
 
-    home = tmp_path / "home"
-    env = _env(home, idle="10m")
+    env = _env(served.path, idle="10m")
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
 
     def count() -> int:
@@ -220,17 +253,14 @@ def test_sql_on_the_shared_server_follows_a_pipeline_whose_lake_moved(pipeline, 
         assert JVM_STARTED not in done.stderr, "sql started Spark in its own process"
         return int(json.loads(done.stdout.strip().splitlines()[-1])["n"])
 
-    try:
-        pipeline.write()
-        produce_orders(pipeline.bootstrap, pipeline.topic, 30)
-        assert pipeline.cli("run").returncode == 0
-        assert count() == 30
-        moved = dataclasses.replace(pipeline, lake=tmp_path / "lake_elsewhere")
-        moved.write()  # the same pipeline, its lake made anew in another folder: it ingests the topic again
-        produce_orders(pipeline.bootstrap, pipeline.topic, 20)
-        assert moved.cli("run").returncode == 0
-        server = spark_server.current(home)
-        assert count() == 50
-        assert spark_server.current(home) == server  # the same server, so the same catalog, answered both
-    finally:
-        spark_server.stop(home)
+    pipeline.write()
+    produce_orders(pipeline.bootstrap, pipeline.topic, 30)
+    assert pipeline.cli("run").returncode == 0
+    assert count() == 30
+    moved = dataclasses.replace(pipeline, lake=tmp_path / "lake_elsewhere")
+    moved.write()  # the same pipeline, its lake made anew in another folder: it ingests the topic again
+    produce_orders(pipeline.bootstrap, pipeline.topic, 20)
+    assert moved.cli("run").returncode == 0
+    server = spark_server.current(served.path)
+    assert count() == 50
+    assert spark_server.current(served.path) == server  # the same server, so the same catalog, answered both
