@@ -42,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_spark()
     print(json.dumps(result.summary()), flush=True)
+    from offsetlake import metastore
+
+    problem = metastore.follow(
+        config, args.pipeline, args.pipelines_dir
+    )  # the batch's new tables by name, if the project keeps a metastore
+    if problem:
+        print(f"ingest_job: warning: {problem}; run `offsetlake catalog register`", file=sys.stderr)
     return 0
 
 

@@ -138,6 +138,7 @@ def register(
     try:
         named = name_tables(spark, configs)
         write_conf(project, configs, metastore)
+        _remember(project, metastore, named[0])
         return named
     except Exception as err:
         text = str(err)
@@ -154,3 +155,75 @@ def register(
         raise
     finally:
         spark.stop()
+
+
+# ---- following the pipelines' tables (after a run) -----------------------------------------------
+# ``named.json`` beside the metastore: which table names this project gave which folder, per
+# metastore (``embedded`` or the server's address). A run reads it to know, without a JVM, whether
+# a table of its pipeline is new to the metastore (its first commit, a lake that moved). A name
+# given from another machine is not in it: that costs one idempotent registration, nothing else.
+
+
+def _named_path(project: Path | None) -> Path:
+    return folder(project) / "named.json"
+
+
+def _named(project: Path | None) -> dict[str, dict[str, str]]:
+    import json
+
+    path = _named_path(project)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _remember(project: Path | None, metastore: str | None, tables: list[NamedTable]) -> None:
+    import json
+
+    known = _named(project)
+    mine = known.setdefault(metastore or "embedded", {})
+    mine.update({t.name: t.spark_location for t in tables})
+    partial = _named_path(project).with_suffix(".partial")
+    partial.write_text(json.dumps(known, indent=1, sort_keys=True))
+    partial.replace(_named_path(project))
+
+
+def unnamed(configs: list[PipelineConfig], project: Path | None = None, metastore: str | None = None) -> list[NamedTable]:
+    """The committed tables of ``configs`` that this project has not named in the metastore at
+    their folder (reads the tables' logs' existence only: no Spark)."""
+    from offsetlake.catalog import committed
+
+    known = _named(project).get(metastore or "embedded", {})
+    return [t for t in named_tables(configs) if known.get(t.name) != t.spark_location and committed(t)]
+
+
+def follow(config: PipelineConfig, source: str, pipelines_dir: Path | None = None, project: Path | None = None) -> str | None:
+    """After a run of ``config`` (given to the command as ``source``, a name or a file): when
+    ``$OFFSETLAKE_METASTORE`` names a Hive Metastore server, name the pipeline's tables that are
+    new to it (a first commit, a lake that moved) with ``offsetlake catalog register`` in a process
+    of its own: a JVM once per new table, nothing at all when every table is named. The embedded
+    Derby metastore is left to ``catalog register``: it admits one process at a time, and a run
+    must not wait for, or lock out, a colleague's open session. Never fails the run: returns what
+    went wrong, or None."""
+    import subprocess
+    import sys
+
+    try:
+        metastore = server()
+        if metastore is None:
+            return None
+        missing = unnamed([config], project, metastore)
+        if not missing:
+            return None
+        command = [sys.executable, "-m", "offsetlake", *(["--pipelines-dir", str(pipelines_dir)] if pipelines_dir else [])]
+        command += ["catalog", "register", "--pipeline", source]
+        # a classic session of its own: not the run's Spark Connect server, nor the run's JVM (pyspark
+        # leaves both in the environment of the process it ran in)
+        inherited = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")
+        env = {k: v for k, v in os.environ.items() if k not in inherited and k != "OFFSETLAKE_SPARK_REMOTE"}
+        env.update({"OFFSETLAKE_HOME": str(project)} if project else {})
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    except (OffsetlakeError, OSError, subprocess.TimeoutExpired) as err:
+        return f"the metastore was not told of the pipeline's new tables: {err}"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"naming {', '.join(t.name for t in missing)} in the metastore failed: {said}"
+    return None

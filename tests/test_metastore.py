@@ -2,12 +2,13 @@
 plain Spark session (no offsetlake in it) started with its settings, as Spark reads them from
 ``$SPARK_CONF_DIR``, queries them by name and sees what the lake holds (issue 53): a local lake
 named in the project's embedded metastore, and a lake on the embedded S3 server named in a Hive
-Metastore server (Apache Hive's own, by ``$OFFSETLAKE_METASTORE=thrift://…``), where
-``offsetlake sql`` reads the lake by name too. One test for both saves a broker, a lake and three
+Metastore server (Apache Hive's own, by ``$OFFSETLAKE_METASTORE=thrift://…``), where a new
+pipeline's run names its tables itself and ``offsetlake sql`` reads the lake by name too. One test for both saves a broker, a lake and three
 JVMs per case."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -82,9 +83,25 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
+    names = [pipeline.name, f"{pipeline.name}_dead_letters"]
+    expected = [40, 0]
+    if hive:  # with a metastore server, a run names its pipeline's new tables itself (metastore.follow)
+        second = dataclasses.replace(pipeline, name=f"{pipeline.name}_two")
+        second.write()
+        with_server = {**chosen, "OFFSETLAKE_HOME": str(home)}
+        ran = second.cli("run", env=with_server)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        named = home / ".offsetlake" / "metastore" / "named.json"
+        assert f"{second.name}_dead_letters" in json.loads(named.read_text())[hive.uri], named.read_text()
+        before = named.stat().st_mtime_ns
+        again = second.cli("run", env=with_server)  # nothing new to name: no registration, no JVM for it
+        assert again.returncode == 0 and named.stat().st_mtime_ns == before, again.stderr[-2000:]
+        names += [second.name, f"{second.name}_dead_letters"]
+        expected += [40, 0]
     ledger_rows = storage.table(config.layout.ledger).to_pyarrow_table().num_rows
-    names = [pipeline.name, f"{pipeline.name}_dead_letters", f"{pipeline.name}_ledger"]
-    assert counts(*names) == dict(zip(names, [40, 0, ledger_rows], strict=True))
+    names.append(f"{pipeline.name}_ledger")
+    expected.append(ledger_rows)
+    assert counts(*names) == dict(zip(names, expected, strict=True))
 
     if pipeline.lake_uri:  # `offsetlake sql` reads an S3 lake by name as well (a local one: tests/test_delta_spark.py)
         query = f"SELECT (SELECT count(*) FROM {pipeline.name}) AS sink, (SELECT count(*) FROM {pipeline.name}_ledger) AS ledger"

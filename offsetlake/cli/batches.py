@@ -8,6 +8,7 @@ import logging
 import os
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from offsetlake.cli.common import add_pipeline, add_spark_options, duration, load_config
 from offsetlake.log_lines import log_line
@@ -50,7 +51,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         stop_spark()
     log_line(log, "done", pipeline=config.name, run_id=run_id, batches=len(results))
+    _follow_catalog(config, args.pipeline, args.pipelines_dir)
     return 0
+
+
+def _follow_catalog(config: Any, source: str, pipelines_dir: Any) -> None:
+    """The pipeline's tables that are new since the last ``catalog register`` get their names
+    (``metastore.follow``); a failure there is a warning, the run's commits stand."""
+    from offsetlake import metastore
+
+    problem = metastore.follow(config, source, pipelines_dir)
+    if problem:
+        log_line(log, "catalog_not_followed", f"{problem}; run `offsetlake catalog register`", level=logging.WARNING, pipeline=config.name)
 
 
 def add_stream_command(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
