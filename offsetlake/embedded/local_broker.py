@@ -98,6 +98,11 @@ LOG_CONFIG = """Configuration:
 """
 
 
+def java_binary() -> str:
+    """The ``java`` a server started here runs on: ``$JAVA_HOME``'s, else the one on PATH."""
+    return str(Path(os.environ["JAVA_HOME"]) / "bin" / "java") if os.environ.get("JAVA_HOME") else "java"
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -168,7 +173,7 @@ class LocalBroker:
             raise RuntimeError(f"formatting the Kafka log folder {log_dir} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
 
     def _java(self, main_class: str, *args: str) -> list[str]:
-        java = str(Path(os.environ["JAVA_HOME"]) / "bin" / "java") if os.environ.get("JAVA_HOME") else "java"
+        java = java_binary()
         logging = f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.yaml'}"
         return [java, *JVM_OPTIONS, logging, "-cp", jars.classpath("kafka"), main_class, *args]
 

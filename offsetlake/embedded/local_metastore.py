@@ -9,14 +9,13 @@ loopback port like the embedded broker, and stopped by its PID (its process grou
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from offsetlake.embedded.local_broker import free_port, stop_process_group
+from offsetlake.embedded.local_broker import free_port, java_binary, stop_process_group
 
 
 def _pyspark_jars() -> Path:
@@ -40,7 +39,6 @@ class LocalMetastore:
         return self.folder / "metastore.log"
 
     def _command(self) -> list[str]:
-        java = str(Path(os.environ["JAVA_HOME"]) / "bin" / "java") if os.environ.get("JAVA_HOME") else "java"
         hive = {
             "hive.async.log.enabled": "false",  # Hive's async logger needs the disruptor jar, which pyspark does not ship
             "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={self.folder / 'metastore_db'};create=true",
@@ -50,7 +48,7 @@ class LocalMetastore:
         }
         settings = [arg for key, value in hive.items() for arg in ("--hiveconf", f"{key}={value}")]
         return [
-            java,
+            java_binary(),
             "-Xmx512m",
             f"-Dderby.system.home={self.folder}",
             "-cp",
