@@ -103,8 +103,8 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
     expected.append(ledger_rows)
     assert counts(*names) == dict(zip(names, expected, strict=True))
 
-    if pipeline.lake_uri:  # `offsetlake sql` reads an S3 lake by name as well (a local one: tests/test_delta_spark.py)
+    if pipeline.lake_uri:  # `offsetlake sql` on a warm Spark Connect server (as by default) reads an S3 lake by name too
         query = f"SELECT (SELECT count(*) FROM {pipeline.name}) AS sink, (SELECT count(*) FROM {pipeline.name}_ledger) AS ledger"
-        shown = _offsetlake(home, pipeline.folder, "sql", "--json", "--no-server", query)
+        shown = _offsetlake(home, pipeline.folder, "sql", "--json", "--remote", request.getfixturevalue("spark_server"), query)
         assert shown.returncode == 0, shown.stderr[-3000:]
         assert json.loads(shown.stdout.strip().splitlines()[-1]) == {"sink": 40, "ledger": ledger_rows}
