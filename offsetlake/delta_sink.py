@@ -95,6 +95,11 @@ class DeltaSinkWriter(SinkWriter):
         """An ingest or stream batch adds files: the read tasks may write them (the direct path)."""
         return plan.kind != BatchKind.BACKFILL
 
+    def observes_gate(self, plan: BatchPlan) -> bool:
+        """An append sink's ingest or stream batch writes its rows in one job (``stage_files``),
+        which settles the observed suite before the commit."""
+        return plan.kind != BatchKind.BACKFILL and write_mode(self.config).row_per_record
+
     def write(
         self, plan: BatchPlan, processed: Any, spark: Any, started: float, before_commit: Callable[[], None], restore_deleted: bool
     ) -> SinkCommit | None:

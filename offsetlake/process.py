@@ -37,14 +37,19 @@ from offsetlake.processed import DataPath, PathChoice, ProcessedBatch, WrittenIn
 from offsetlake.sink import staging_dir
 from offsetlake.spark import add_python_file
 from offsetlake.transform import apply_transform, number_rows_per_record
-from offsetlake.validation import Suite, apply_quarantine, validate_rows, write_report
+from offsetlake.validation import ObservedGate, Suite, apply_quarantine, spark_checks, validate_rows, write_report
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
 def process_ranges(
-    config: PipelineConfig, plan: BatchPlan, spark: SparkSession, suite: Suite | None = None, write_in_read: bool = False
+    config: PipelineConfig,
+    plan: BatchPlan,
+    spark: SparkSession,
+    suite: Suite | None = None,
+    write_in_read: bool = False,
+    observe_gate: bool = False,
 ) -> ProcessedBatch:
     """Read the plan's ranges once on the batch's data path (``choose_data_path``; ``write_in_read``:
     the caller commits new files, an ingest or stream batch, so the direct path is open), count
@@ -54,6 +59,10 @@ def process_ranges(
 
     Raises ValidationFailedError when the batch must not commit (nothing was staged then), and
     ConfigError when ``data_path: direct`` meets a batch that needs Spark (nothing was read).
+
+    ``observe_gate``: the sink writes ``rows`` in one job and settles ``processed.gate`` before
+    its commit (an append sink's ingest): a suite Spark decides is observed during that write
+    (``validation.ObservedGate``) instead of run on cached rows first.
     """
     t = time.monotonic()
     if config.transform:
@@ -64,7 +73,7 @@ def process_ranges(
     choice = choose_data_path(config, plan, spark, decoder, adds_files=write_in_read)
     log_step("path", plan, t, path=choice.path, reason=choice.reason)
     per_range = {(r.topic, r.partition): {"records_read": 0, "dead_letters": 0, "rows_written": 0} for r in plan.ranges}
-    processed = ProcessedBatch(choice, per_range, rows_schema=choice.rows_schema)
+    processed = ProcessedBatch(choice, per_range, rows_schema=choice.rows_schema, observe_gate=observe_gate)
     try:
         decoded = _read_and_decoded(config, plan, spark, decoder, keep_raw, processed)
         processed.timings_ms["read"] = log_step(
@@ -517,8 +526,14 @@ def _split_unwritable(
 def _validate(
     config: PipelineConfig, plan: BatchPlan, suite: Suite, rows: DataFrame, decoded: DataFrame, processed: ProcessedBatch
 ) -> tuple[DataFrame, DataFrame | None]:
-    """Gate the batch with its suite; returns (rows to write, quarantined dead letters or None)."""
+    """Gate the batch with its suite; returns (rows to write, quarantined dead letters or None).
+    A suite Spark decides, on a batch whose sink settles an observed gate, is left to the write
+    (``validation.ObservedGate``): nothing is quarantined then, as a passing batch has nothing to."""
     t = time.monotonic()
+    checks = spark_checks(rows, suite) if processed.observe_gate else None
+    if checks is not None:
+        processed.gate = ObservedGate(suite, config, plan, checks)
+        return rows, None
     rows = rows.persist()
     processed.cached.append(rows)
     try:

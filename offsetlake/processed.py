@@ -73,6 +73,8 @@ class ProcessedBatch:
     written: WrittenInRead = field(default_factory=WrittenInRead)
     cached: list[Any] = field(default_factory=list)  # persisted DataFrames; ``release`` when the batch is done
     validation: dict | None = None  # the Great Expectations summary, None without a suite
+    observe_gate: bool = False  # whether the suite may be observed during the write (``process_ranges``)
+    gate: Any = None  # that suite, observed by ``stage_files`` and settled after its write (``validation.ObservedGate``)
     # the batch's dead letters (``dead_letters.DEAD_LETTER_SCHEMA``), None for none: a Delta sink
     # stages them as a file its commit's entry lists (``stage_dead_letters``, invariant 8), a
     # Kafka sink produces them in its transaction
@@ -101,6 +103,26 @@ class ProcessedBatch:
         self.written.remove_undecided()
 
 
+def settle_gate(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBatch, staged: list[StagedFile]) -> None:
+    """The suite observed during the write decides the batch (``validation.ObservedGate``): a
+    pass is recorded as a suite run before the write would be (summary, report, ``validate``
+    step); anything else removes the batch's staged files and raises ``validation.Undecided``."""
+    from offsetlake.validation import Undecided, write_report
+
+    t = time.monotonic()
+    gate, processed.gate = processed.gate, None
+    try:
+        validation = gate.settle()
+    except Undecided:
+        direct.remove_undecided(config.layout.sink, [f.path for f in staged])  # inert: no commit names them
+        raise
+    validation.summary["report"] = write_report(config, plan, validation.summary)
+    processed.validation = validation.summary
+    processed.timings_ms["validate"] = log_step(
+        "validate", plan, t, outcome="passed", observed=True, failed=0, quarantined=0, report=validation.summary["report"]
+    )
+
+
 def stage_files(
     config: PipelineConfig,
     plan: BatchPlan,
@@ -124,7 +146,10 @@ def stage_files(
     folder = written.folder or staging_dir(config, plan.batch_id)
     staged = list(written.files)
     if rows is not None:
-        staged += staging.write_rows(rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+        written_rows = processed.gate.observed(rows) if processed.gate is not None else rows
+        staged += staging.write_rows(written_rows, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by)
+    if processed.gate is not None:
+        settle_gate(config, plan, processed, staged)
     if held is not None:
         runs = keyed.file_count(held.num_rows, config)
         staged += staging.write_table(held, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by, runs)

@@ -56,7 +56,7 @@ from offsetlake.sink import (
 from offsetlake.sinks.choice import open_sink
 from offsetlake.sinks.writing import WRITER, SinkWriter
 from offsetlake.spark import release_memory
-from offsetlake.validation import load_suite
+from offsetlake.validation import Undecided, load_suite
 
 log = logging.getLogger("offsetlake.runs")
 
@@ -185,11 +185,17 @@ def _lifecycle(
         return _gap(plan, ledger, sink, started, before_commit)
     suite = load_suite(config)  # a typo in the suite fails here, before Spark starts or anything is read
     spark = spark_factory()
-    processed = process_ranges(config, plan, spark, suite, write_in_read=sink.writes_in_read(plan))
-    try:
-        commit = sink.write(plan, processed, spark, started, before_commit, restore_deleted)
-    finally:
-        processed.release()
+    observe = sink.observes_gate(plan)
+    while True:
+        processed = process_ranges(config, plan, spark, suite, write_in_read=sink.writes_in_read(plan), observe_gate=observe)
+        try:
+            commit = sink.write(plan, processed, spark, started, before_commit, restore_deleted)
+            break
+        except Undecided as err:  # the suite observed during the write may fail: Great Expectations decides, before the write
+            log_step("revalidate", plan, started, reason=str(err))
+            observe = False
+        finally:
+            processed.release()
     if commit is None:  # the sink, read again right before the commit, holds the plan already
         return _superseded(plan, ledger, sink, started, processed.timings_ms)
     _committed(plan, ledger, sink, commit, processed)

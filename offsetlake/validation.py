@@ -230,17 +230,7 @@ def validate_rows(rows, suite: Suite, config: PipelineConfig, plan: BatchPlan) -
         if policy == "fail"
         else [e for e, r in zip(suite.expectations, results, strict=True) if not r["success"] and (not e.row_level or r["error"])]
     )
-    summary = {
-        "suite": str(suite.path.name),
-        "on_failure": policy,
-        "success": not failed,
-        "outcome": "passed" if not failed else ("failed" if blocking else "quarantined"),
-        "rows_validated": rows.count(),  # rows is persisted: one cheap job
-        "failed": [e.label for e in failed],
-        "expectations": results,
-        "validated_at": datetime.now(UTC).isoformat(),
-        "duration_ms": int((time.monotonic() - started) * 1000),
-    }
+    summary = _summary(suite, policy, failed, blocking, rows.count(), results, started)  # rows is persisted: one cheap job
     if blocking:
         summary["report"] = write_report(config, plan, summary)
         raise ValidationFailedError(failure_message(config, plan, summary, blocking), summary, pipeline=config.name, batch_id=plan.batch_id)
@@ -268,25 +258,95 @@ def _all_pass_in_spark(rows, suite: Suite) -> dict[int, dict] | None:
     the row count is within its bounds. None otherwise, and for a suite with an expectation, a
     kwarg or a column type this does not decide: then Great Expectations decides, as before. So a
     verdict never changes: a pass here is one GX would give, and every failure is GX's."""
+    checks = spark_checks(rows, suite)
+    if checks is None:
+        return None
+    return _verdicts(rows.agg(*checks).collect()[0].asDict(), suite)
+
+
+def spark_checks(rows, suite: Suite) -> list | None:
+    """The aggregate columns that decide ``_all_pass_in_spark`` (``_rows``, the row count, and
+    ``_u<index>``, each expectation's unexpected rows), or None for a suite Spark does not decide."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     types = {f.name: f.dataType.typeName() for f in rows.schema.fields}
-    checks = []
+    checks = [F.count(F.lit(1)).alias("_rows")]
     for e in suite.expectations:
         if set(e.kwargs) - _SPARK_KWARGS.get(e.type, set()) or not _decidable(e, types):
             return None
         if e.type != "expect_table_row_count_to_be_between":
             checks.append(F.sum(F.when(_unexpected(e, F, Window), 1).otherwise(0)).alias(f"_u{e.index}"))
-    counted = rows.agg(F.count(F.lit(1)).alias("_rows"), *checks).collect()[0]
+    return checks
+
+
+def _verdicts(counted: dict[str, Any], suite: Suite) -> dict[int, dict] | None:
+    """Every expectation passing (BOOLEAN_ONLY verdicts) when ``counted`` (``spark_checks``'
+    values) shows no unexpected row and a row count within its bounds; None otherwise."""
     for e in suite.expectations:
         if e.type == "expect_table_row_count_to_be_between":
             low, high = e.kwargs.get("min_value"), e.kwargs.get("max_value")
             if (low is not None and counted["_rows"] < low) or (high is not None and counted["_rows"] > high):
                 return None
-        elif counted[f"_u{e.index}"]:
+        elif counted.get(f"_u{e.index}"):
             return None
     return {e.index: {"success": True} for e in suite.expectations}
+
+
+def _summary(suite: Suite, policy: str, failed: list, blocking: list, rows: int, results: list, started: float) -> dict[str, Any]:
+    """The validation summary a batch's ledger entry and report hold."""
+    return {
+        "suite": str(suite.path.name),
+        "on_failure": policy,
+        "success": not failed,
+        "outcome": "passed" if not failed else ("failed" if blocking else "quarantined"),
+        "rows_validated": rows,
+        "failed": [e.label for e in failed],
+        "expectations": results,
+        "validated_at": datetime.now(UTC).isoformat(),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+    }
+
+
+class Undecided(Exception):
+    """A gate observed during the write (``ObservedGate``) saw a row or a count the suite may
+    fail on: the batch's staged files are removed, and the batch is processed again with the
+    suite run before the write (Great Expectations decides every failure)."""
+
+
+@dataclass
+class ObservedGate:
+    """A passing suite decided during the sink write: the same aggregation as
+    ``_all_pass_in_spark``, observed (``DataFrame.observe``) on the rows the write job computes,
+    so a passing batch pays no pass and no cache of its own. ``settle`` after the write: the
+    passing ``Validation``, or ``Undecided``. Nothing is committed before ``settle``: the staged
+    files are inert until a commit names them (invariant 2), so the gate still comes first
+    (invariant 9)."""
+
+    suite: Suite
+    config: PipelineConfig
+    plan: BatchPlan
+    checks: list
+    observation: Any = None
+
+    def observed(self, rows):
+        """``rows`` with the suite's aggregation observed by the next action on them."""
+        from pyspark.sql import Observation
+
+        self.observation = Observation(f"offsetlake_gate_{time.monotonic_ns()}")
+        return rows.observe(self.observation, *self.checks)
+
+    def settle(self) -> Validation:
+        started = time.monotonic()
+        if self.observation is None:
+            raise Undecided(f"{self.plan.batch_id}: the rows were never written, so the observed suite saw nothing")
+        counted = dict(self.observation.get)
+        verdicts = _verdicts(counted, self.suite)
+        if verdicts is None:
+            raise Undecided(f"{self.plan.batch_id}: the observed suite saw rows it may fail on")
+        results = [_result(e, verdicts[e.index], self.config.validation.examples) for e in self.suite.expectations]
+        summary = _summary(self.suite, self.config.validation.on_failure, [], [], int(counted["_rows"]), results, started)
+        return Validation(summary, [])
 
 
 _NUMBERS = {"byte", "short", "integer", "long", "float", "double", "decimal"}

@@ -111,3 +111,36 @@ def test_a_passing_batch_is_not_handed_to_great_expectations(spark, monkeypatch)
     assert outcome.summary["success"] and outcome.summary["outcome"] == "passed"
     assert [r["success"] for r in outcome.summary["expectations"]] == [True] * 5
     assert outcome.summary["rows_validated"] == 3
+
+
+@pytest.mark.parametrize("suite_name", sorted(SUITES))
+def test_a_gate_observed_during_the_write_decides_as_the_aggregation_does(spark, suite_name):
+    """``ObservedGate``: the same aggregation observed on the job that writes the rows (a
+    ``mapInArrow`` that collects, as ``staging.write_rows`` does) passes exactly the batches
+    ``_all_pass_in_spark`` passes, with their row count; every other batch is ``Undecided``, for
+    Great Expectations to decide before a write; a gate whose rows were never written decides
+    nothing."""
+    from offsetlake.plan import BatchKind, BatchPlan, OffsetRange, RunContext
+
+    plan = BatchPlan("p", "b1", BatchKind.INGEST, (OffsetRange("t", 0, 0, 3),), RunContext("r"))
+    config = SimpleNamespace(name="p", validation=SimpleNamespace(on_failure="fail", examples=3))
+    suite = _suite(suite_name)
+    for name, batch in BATCHES.items():
+        frame = spark.createDataFrame(batch, SCHEMA)
+        checks = validation.spark_checks(frame, suite)
+        assert checks is not None, suite_name
+        gate = validation.ObservedGate(suite, config, plan, checks)  # type: ignore[arg-type]
+        written = gate.observed(frame).mapInArrow(lambda batches: iter(batches), frame.schema).collect()
+        assert len(written) == len(batch)
+        expected = validation._all_pass_in_spark(frame, suite)
+        if expected is None:
+            with pytest.raises(validation.Undecided):
+                gate.settle()
+            continue
+        outcome = gate.settle()
+        assert outcome.passed and outcome.summary["outcome"] == "passed", (suite_name, name)
+        assert outcome.summary["rows_validated"] == len(batch)
+        assert [r["success"] for r in outcome.summary["expectations"]] == [True] * len(suite.expectations)
+    never = validation.ObservedGate(suite, config, plan, [])  # type: ignore[arg-type]
+    with pytest.raises(validation.Undecided):
+        never.settle()

@@ -8,6 +8,7 @@ dead letters hold every record of the range exactly once. The HTML report opens 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -52,7 +53,8 @@ def _report_exists(report: str) -> bool:
     return storage.exists(urlparse(report).path if report.startswith("file://") else report)
 
 
-def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_record_once(pipeline, spark):
+def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_record_once(pipeline, spark, caplog):
+    caplog.set_level(logging.INFO, logger="offsetlake.batch")
     (pipeline.folder / f"{pipeline.name}.expectations.yaml").write_text(yaml.safe_dump(SUITE, sort_keys=False))
     config = pipeline.write(validation={"on_failure": "fail"})
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
@@ -67,6 +69,9 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert summary["outcome"] == "passed" and summary["rows_validated"] == 400 and summary["failed"] == []
     assert {e["type"] for e in summary["expectations"]} == {next(iter(e)) for e in SUITE["expectations"]}
     assert _report_exists(summary["report"])
+    # an append sink's ingest: the suite was observed during the write, not run before it
+    gated = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step=validate ")]
+    assert gated and all("observed=True" in line for line in gated), gated
     sink = storage.table(config.layout.sink)
     metadata = json.loads(sink.history(1)[0]["userMetadata"])
     assert metadata["validation"]["outcome"] == "passed"
@@ -122,6 +127,8 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert len(final) == 2, "one committed ledger row per partition of the rerun batch"
     quarantined = json.loads(final[0]["validation"])
     assert quarantined["outcome"] == "quarantined" and quarantined["quarantined_records"] == 24
+    # the observed gate saw the nulls: the batch's staged files went, and GX decided it before a write
+    assert any(r.getMessage().startswith("step=revalidate ") and bad_batch in r.getMessage() for r in caplog.records)
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
 

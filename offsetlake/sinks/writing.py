@@ -94,6 +94,11 @@ class SinkWriter(ABC):
         """Whether the read tasks may write the batch's files themselves (the direct path)."""
         return False
 
+    def observes_gate(self, plan: BatchPlan) -> bool:
+        """Whether ``write`` writes the batch's rows in one job and settles ``processed.gate``
+        before its commit (``process_ranges``' ``observe_gate``)."""
+        return False
+
     @abstractmethod
     def write(
         self, plan: BatchPlan, processed: Any, spark: Any, started: float, before_commit: Callable[[], None], restore_deleted: bool
