@@ -7,7 +7,10 @@ OF``/``TIMESTAMP AS OF``), ``DESCRIBE HISTORY``. ``register`` names them in the 
 - ``<pipeline>``: the sink table;
 - ``<pipeline>_dead_letters``: its dead letters;
 - ``<pipeline>_ledger``: the offset ledger of the pipeline's lake (one table per lake, shared by
-  the pipelines on it: filter on its ``pipeline`` column).
+  the pipelines on it: filter on its ``pipeline`` column);
+
+each in the pipeline's ``catalog.database`` (``default`` unless it says otherwise; created when
+missing), so two lakes, or two teams, keep their names apart: ``sales.orders``.
 
 The names are external tables over the lake's folders (``CREATE TABLE … USING delta LOCATION``):
 registering reads only the tables' logs and changes nothing in them. The embedded default's
@@ -40,6 +43,22 @@ class NamedTable:
     pipeline: str
     kind: str  # sink | dead_letters | ledger
     where: storage.Location
+    database: str = "default"
+
+    @property
+    def qualified(self) -> str:
+        """The name as SQL writes it whatever the session's current database: `db`.`name`."""
+        return f"`{self.database}`.`{self.name}`"
+
+    @property
+    def full_name(self) -> str:
+        """database.name, as a reader types it and the catalog lists it."""
+        return f"{self.database}.{self.name}"
+
+    @property
+    def label(self) -> str:
+        """The name as offsetlake prints it: bare in ``default``, else database.name."""
+        return self.name if self.database == "default" else self.full_name
 
     @property
     def location(self) -> str:
@@ -67,10 +86,11 @@ def named_tables(configs: list[PipelineConfig]) -> list[NamedTable]:
     tables = []
     for config in configs:
         layout = config.layout
+        database = config.catalog.database
         tables += [
-            NamedTable(config.name, config.name, "sink", layout.sink),
-            NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", layout.dead_letters),
-            NamedTable(f"{config.name}_ledger", config.name, "ledger", layout.ledger),
+            NamedTable(config.name, config.name, "sink", layout.sink, database),
+            NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", layout.dead_letters, database),
+            NamedTable(f"{config.name}_ledger", config.name, "ledger", layout.ledger, database),
         ]
     return tables
 
@@ -175,32 +195,45 @@ def register(spark: Any, configs: list[PipelineConfig]) -> tuple[list[NamedTable
     tables = named_tables(configs)
     for key, value in hadoop_settings(tables).items():
         spark.conf.set(key, value)  # the session's Hadoop configuration: how Delta reads an s3a:// table
+    databases = set()
     for table in tables:
         if not committed(table):
             skipped.append(table)
             continue
+        if table.database not in databases:
+            spark.sql(f"CREATE DATABASE IF NOT EXISTS `{table.database}`")
+            databases.add(table.database)
         folder = table.spark_location
         location = folder.replace("'", "\\'")
-        named = _named_location(spark, table.name)
+        named = _named_location(spark, table)
         if named is not None and named[1] != folder:
             if named[0] != "EXTERNAL":
                 raise OffsetlakeError(
-                    f"the Spark catalog already has a {named[0].lower()} table `{table.name}` (at {named[1]}); offsetlake names "
+                    f"the Spark catalog already has a {named[0].lower()} table {table.label} (at {named[1]}); offsetlake names "
                     f"{folder} so only where that name is free or names another folder. Drop or rename it, or query "
                     f"delta.`{folder}`",
                     field="sql",
                 )
-            spark.sql(f"DROP TABLE `{table.name}`")  # an external table: the name goes, the files stay
+            spark.sql(f"DROP TABLE {table.qualified}")  # an external table: the name goes, the files stay
         try:
-            spark.sql(f"CREATE TABLE IF NOT EXISTS `{table.name}` USING delta LOCATION '{location}'")
+            spark.sql(f"CREATE TABLE IF NOT EXISTS {table.qualified} USING delta LOCATION '{location}'")
         except Exception as err:  # Spark's own (py4j, Connect, analysis): what it could not reach, in one line
             raise OffsetlakeError(
-                f"Spark could not read table {table.name} at {folder} to name it: {_first_line(err)}"
+                f"Spark could not read table {table.label} at {folder} to name it: {_first_line(err)}"
                 + (" (check the pipeline's storage: settings: endpoint, region, credentials)" if folder.startswith("s3a://") else ""),
                 pipeline=table.pipeline,
             ) from None
         registered.append(table)
     return registered, skipped
+
+
+def current_database(spark: Any, tables: list[NamedTable]) -> None:
+    """Make the one database ``tables`` are named in the session's current one, so a statement
+    names them unqualified (``FROM orders``) wherever they are; with several, it names them
+    ``database.name``."""
+    databases = {t.database for t in tables}
+    if len(databases) == 1:
+        spark.catalog.setCurrentDatabase(databases.pop())
 
 
 def _first_line(err: Exception) -> str:
@@ -209,12 +242,12 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _named_location(spark: Any, name: str) -> tuple[str, str] | None:
-    """(its type, its folder: a local path, or a URI) of table ``name`` in ``spark``'s current
-    database, if it exists."""
-    if not spark.catalog.tableExists(name):
+def _named_location(spark: Any, table: NamedTable) -> tuple[str, str] | None:
+    """(its type, its folder: a local path, or a URI) of ``table``'s name in its database, if
+    that name exists."""
+    if not spark.catalog.tableExists(table.name, table.database):
         return None
-    rows = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED `{name}`").collect()}
+    rows = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {table.qualified}").collect()}
     location = str(rows.get("Location") or "")
     if location.startswith("file:"):
         from urllib.parse import unquote, urlparse

@@ -132,6 +132,9 @@ def register(
 
     folder(project).mkdir(parents=True, exist_ok=True)
     extra = {**settings(project, metastore), **object_storage(configs)}  # the metastore's Hive client reads the lake's folders too
+    # a catalog.database this session creates gets its (empty: the tables are external) folder here, not in the
+    # working directory; a team that wants it elsewhere creates the database first, and register keeps it
+    extra.setdefault("spark.sql.warehouse.dir", str(folder(project) / "warehouse"))
     spark: Any = classic_builder(app_name="offsetlake-catalog", extra=extra).getOrCreate()
     # Spark warns for each table that Hive itself cannot read a Delta table: expected, and not Spark's readers' concern
     spark.sparkContext.setLogLevel("ERROR")
@@ -180,7 +183,7 @@ def _remember(project: Path | None, metastore: str | None, tables: list[NamedTab
 
     known = _named(project)
     mine = known.setdefault(metastore or "embedded", {})
-    mine.update({t.name: t.spark_location for t in tables})
+    mine.update({t.full_name: t.spark_location for t in tables})
     partial = _named_path(project).with_suffix(".partial")
     partial.write_text(json.dumps(known, indent=1, sort_keys=True))
     partial.replace(_named_path(project))
@@ -192,7 +195,7 @@ def unnamed(configs: list[PipelineConfig], project: Path | None = None, metastor
     from offsetlake.catalog import committed
 
     known = _named(project).get(metastore or "embedded", {})
-    return [t for t in named_tables(configs) if known.get(t.name) != t.spark_location and committed(t)]
+    return [t for t in named_tables(configs) if known.get(t.full_name) != t.spark_location and committed(t)]
 
 
 def follow(config: PipelineConfig, source: str, pipelines_dir: Path | None = None, project: Path | None = None) -> str | None:
@@ -225,5 +228,5 @@ def follow(config: PipelineConfig, source: str, pipelines_dir: Path | None = Non
         return f"the metastore was not told of the pipeline's new tables: {err}"
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return f"naming {', '.join(t.name for t in missing)} in the metastore failed: {said}"
+        return f"naming {', '.join(t.label for t in missing)} in the metastore failed: {said}"
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -106,6 +107,9 @@ def classic_builder(master: str | None = None, app_name: str = "offsetlake", ext
         "spark.ui.enabled": os.environ.get("OFFSETLAKE_SPARK_UI", "false"),
         "spark.driver.memory": os.environ.get("OFFSETLAKE_DRIVER_MEMORY", "2g"),
         "spark.ui.showConsoleProgress": "false",
+        # a database `offsetlake sql` names tables in (catalog.database) and a user's managed table get their folders
+        # in the project's home, not in whatever directory a command (or the warm server) was started from
+        "spark.sql.warehouse.dir": str(Path(os.environ.get("OFFSETLAKE_HOME") or os.getcwd()).resolve() / ".offsetlake" / "warehouse"),
         **(extra or {}),
     }
     for key, value in conf.items():

@@ -79,3 +79,42 @@ def test_two_pipelines_reaching_one_bucket_with_different_settings_are_refused()
         hadoop_settings([same[0], _table("s3://shared/b/t", {"aws_region": "us-east-2"}, "p2")])
     said = str(refused.value)
     assert "orders and p2" in said and "bucket shared" in said and "endpoint.region" in said and "--pipeline" in said
+
+
+def test_a_pipeline_names_its_tables_in_its_catalog_database(tmp_path) -> None:
+    """``catalog.database``: the three names go to that database (``default`` unless given), and
+    offsetlake prints them qualified outside ``default``; a name Spark and the Hive Metastore
+    would not keep as given is refused at load, naming the file and the field."""
+    import yaml
+
+    from offsetlake.catalog import named_tables
+    from offsetlake.config import load_pipeline
+    from offsetlake.errors import ConfigError
+
+    base = {
+        "name": "orders",
+        "topic": "orders",
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+        "format": {"type": "json", "schema": {"order_id": "long"}},
+        "lake": str(tmp_path / "lake"),
+    }
+    plain, sales = tmp_path / "orders.yaml", tmp_path / "sales" / "orders.yaml"
+    sales.parent.mkdir()
+    plain.write_text(yaml.safe_dump(base))
+    sales.write_text(yaml.safe_dump({**base, "catalog": {"database": "sales"}}))
+    defaults = named_tables([load_pipeline(str(plain))])
+    assert [(t.database, t.label, t.qualified) for t in defaults] == [
+        ("default", "orders", "`default`.`orders`"),
+        ("default", "orders_dead_letters", "`default`.`orders_dead_letters`"),
+        ("default", "orders_ledger", "`default`.`orders_ledger`"),
+    ]
+    assert [t.label for t in named_tables([load_pipeline(str(sales))])] == [
+        "sales.orders",
+        "sales.orders_dead_letters",
+        "sales.orders_ledger",
+    ]
+    for bad in ("Sales", "sales-eu", "a.b", ""):
+        sales.write_text(yaml.safe_dump({**base, "catalog": {"database": bad}}))
+        with pytest.raises(ConfigError) as refused:
+            load_pipeline(str(sales))
+        assert str(sales) in str(refused.value) and "catalog.database" in str(refused.value), str(refused.value)

@@ -42,7 +42,10 @@ def _offsetlake(home: Path, folder: Path, *args: str, env: dict[str, str] | None
 @pytest.mark.also_on_s3
 def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeline, tmp_path: Path, request) -> None:
     home = tmp_path / "home"
-    config = pipeline.write()
+    # the local lake's names in a database of their own (catalog.database), made by register
+    database = "default" if pipeline.lake_uri else "lake_local"
+    config = pipeline.write(catalog={"database": database})
+    prefix = "" if database == "default" else f"{database}."
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce_orders(pipeline.bootstrap, pipeline.topic, 40)
     assert pipeline.cli("run").returncode == 0
@@ -53,7 +56,7 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
 
     registered = _offsetlake(home, pipeline.folder, "catalog", "register", env=chosen)
     assert registered.returncode == 0, registered.stderr[-3000:]
-    assert "registered 3 tables" in registered.stdout and f"{pipeline.name}_dead_letters" in registered.stdout, registered.stdout
+    assert "registered 3 tables" in registered.stdout and f"{prefix}{pipeline.name}_dead_letters" in registered.stdout, registered.stdout
     # the names are where the setting says: the project's own Derby, or the server's (and nothing left beside it)
     assert (home / ".offsetlake" / "metastore" / "metastore_db").is_dir() is (hive is None)
     if hive:
@@ -83,28 +86,31 @@ def test_registered_tables_are_queried_by_name_from_a_plain_spark_session(pipeli
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    names = [pipeline.name, f"{pipeline.name}_dead_letters"]
+    names = [f"{prefix}{pipeline.name}", f"{prefix}{pipeline.name}_dead_letters"]
     expected = [40, 0]
     if hive:  # with a metastore server, a run names its pipeline's new tables itself (metastore.follow)
         second = dataclasses.replace(pipeline, name=f"{pipeline.name}_two")
-        second.write()
+        second.write(catalog={"database": "sales"})  # and its names in another database, created by the run's registration
         with_server = {**chosen, "OFFSETLAKE_HOME": str(home)}
         ran = second.cli("run", env=with_server)
         assert ran.returncode == 0, ran.stderr[-3000:]
         named = home / ".offsetlake" / "metastore" / "named.json"
-        assert f"{second.name}_dead_letters" in json.loads(named.read_text())[hive.uri], named.read_text()
+        assert f"sales.{second.name}_dead_letters" in json.loads(named.read_text())[hive.uri], named.read_text()
         before = named.stat().st_mtime_ns
         again = second.cli("run", env=with_server)  # nothing new to name: no registration, no JVM for it
         assert again.returncode == 0 and named.stat().st_mtime_ns == before, again.stderr[-2000:]
-        names += [second.name, f"{second.name}_dead_letters"]
+        names += [f"sales.{second.name}", f"sales.{second.name}_dead_letters"]
         expected += [40, 0]
     ledger_rows = storage.table(config.layout.ledger).to_pyarrow_table().num_rows
-    names.append(f"{pipeline.name}_ledger")
+    names.append(f"{prefix}{pipeline.name}_ledger")
     expected.append(ledger_rows)
     assert counts(*names) == dict(zip(names, expected, strict=True))
 
-    if pipeline.lake_uri:  # `offsetlake sql` on a warm Spark Connect server (as by default) reads an S3 lake by name too
-        query = f"SELECT (SELECT count(*) FROM {pipeline.name}) AS sink, (SELECT count(*) FROM {pipeline.name}_ledger) AS ledger"
-        shown = _offsetlake(home, pipeline.folder, "sql", "--json", "--remote", request.getfixturevalue("spark_server"), query)
-        assert shown.returncode == 0, shown.stderr[-3000:]
-        assert json.loads(shown.stdout.strip().splitlines()[-1]) == {"sink": 40, "ledger": ledger_rows}
+    # `offsetlake sql` on a warm Spark Connect server (as by default) reads the lake by name too (an S3 lake through
+    # S3A). Unqualified names: the local pipeline's one database is the session's current one; with the S3 case's
+    # two databases, `default` stays current and the other is named database.table
+    query = f"SELECT (SELECT count(*) FROM {pipeline.name}) AS sink, (SELECT count(*) FROM {pipeline.name}_ledger) AS ledger"
+    query += f", (SELECT count(*) FROM sales.{pipeline.name}_two) AS second" if hive else ""
+    shown = _offsetlake(home, pipeline.folder, "sql", "--json", "--remote", request.getfixturevalue("spark_server"), query)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert json.loads(shown.stdout.strip().splitlines()[-1]) == {"sink": 40, "ledger": ledger_rows, **({"second": 40} if hive else {})}

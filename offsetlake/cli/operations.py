@@ -208,8 +208,9 @@ def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.A
         help="name the pipelines' tables in a metastore any Spark session reaches: `catalog register`, `catalog settings`",
         description="Spark's Hive-compatible catalog with an embedded metastore (Derby) in .offsetlake/metastore/ under "
         "$OFFSETLAKE_HOME or the working directory. `register` names every committed table of the pipelines there "
-        "(PIPELINE, PIPELINE_dead_letters, PIPELINE_ledger; external Delta tables whose location is the lake folder, so "
-        "the Delta log stays the truth); `settings` prints the Spark settings a `pyspark`, `spark-sql` or "
+        "(PIPELINE, PIPELINE_dead_letters, PIPELINE_ledger in the pipeline's catalog.database, `default` unless it says "
+        "otherwise; external Delta tables whose location is the lake folder, so the Delta log stays the truth); "
+        "`settings` prints the Spark settings a `pyspark`, `spark-sql` or "
         "`spark-submit` session needs to query them by name. Derby allows one process at a time: register while no "
         "other session has the metastore open. With --metastore thrift://HOST:PORT (or $OFFSETLAKE_METASTORE) the "
         "names go to that Hive Metastore server instead, which every session of a team reaches at once. A lake on S3 "
@@ -263,14 +264,14 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     server = metastore.server(args.metastore)
     registered, skipped = metastore.register(configs, metastore=server)
     log_line(
-        log, "catalog_registered", tables=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped)
+        log, "catalog_registered", tables=",".join(t.label for t in registered) or "none", no_commit_yet=",".join(t.label for t in skipped)
     )
     print(
         f"registered {len(registered)} tables in the metastore at {server or metastore.folder()}: "
-        f"{', '.join(t.name for t in registered) or 'none'}"
+        f"{', '.join(t.label for t in registered) or 'none'}"
     )
     if skipped:
-        print(f"not yet (no commit): {', '.join(t.name for t in skipped)}")
+        print(f"not yet (no commit): {', '.join(t.label for t in skipped)}")
     print(f"query them by name from any Spark session started with SPARK_CONF_DIR={metastore.conf_dir()} (`offsetlake catalog settings`)")
     return 0
 
@@ -282,7 +283,8 @@ def add_sql_command(commands: argparse._SubParsersAction, common: argparse.Argum
         help="query the pipelines' Delta tables by name with Spark SQL (time travel included)",
         description="Open Spark with Delta Lake and name every pipeline's tables in its catalog: PIPELINE (the sink), "
         "PIPELINE_dead_letters and PIPELINE_ledger (the offset ledger of its lake, shared by the pipelines on it: "
-        'filter on `pipeline`). Then run QUERY and print its rows, e.g. `offsetlake sql "SELECT status, count(*) '
+        "filter on `pipeline`), in the pipeline's catalog.database (default: `default`; the current database when all "
+        'share one, else name them DATABASE.TABLE). Then run QUERY and print its rows, e.g. `offsetlake sql "SELECT status, count(*) '
         'FROM orders_ledger GROUP BY status"` or `... FROM orders VERSION AS OF 3`. Without QUERY, read '
         "statements ending in `;` from stdin, one result after another (a shell when stdin is a terminal). "
         "Registering reads only the tables' logs. Read-only by default: a statement that would change a table "
@@ -305,7 +307,7 @@ def add_sql_command(commands: argparse._SubParsersAction, common: argparse.Argum
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from offsetlake.catalog import changes_since, refuse_write, register, table_versions, writes
+    from offsetlake.catalog import changes_since, current_database, refuse_write, register, table_versions, writes
     from offsetlake.config import all_pipeline_files
     from offsetlake.spark import spark_session, stop_spark
 
@@ -317,14 +319,17 @@ def cmd_sql(args: argparse.Namespace) -> int:
     spark = spark_session(args.master, "offsetlake-sql", args.remote)
     try:
         registered, skipped = register(spark, configs)
-        log_line(log, "tables", registered=",".join(t.name for t in registered) or "none", no_commit_yet=",".join(t.name for t in skipped))
+        current_database(spark, registered)
+        log_line(
+            log, "tables", registered=",".join(t.label for t in registered) or "none", no_commit_yet=",".join(t.label for t in skipped)
+        )
         statements = [args.query] if args.query else _statements(sys.stdin)
         for number, statement in enumerate(statements, start=1):
             writing = _parsed(writes, spark, statement, number, registered)
             if writing:
                 refuse_write(statement, number, args.write, registered)
                 before = table_versions(registered)
-            frame = _query(spark, statement, number, [t.name for t in registered])
+            frame = _query(spark, statement, number, [t.label for t in registered])
             rows = [r.asDict(recursive=True) for r in (frame.limit(args.limit) if args.limit else frame).collect()]
             if writing:
                 changed = [f"statement {number} changed {line}" for line in changes_since(registered, before)]
@@ -349,7 +354,7 @@ def _parsed(check: Callable[[Any, str], bool], spark: Any, statement: str, numbe
     except (ParseException, Py4JJavaError) as err:
         text = str(err.java_exception) if isinstance(err, Py4JJavaError) else str(err)
         first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-        raise OffsetlakeError(f"statement {number}: {first} (tables here: {', '.join(t.name for t in tables) or 'none'})") from None
+        raise OffsetlakeError(f"statement {number}: {first} (tables here: {', '.join(t.label for t in tables) or 'none'})") from None
 
 
 def _query(spark: Any, statement: str, number: int, tables: list[str]) -> Any:

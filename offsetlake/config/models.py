@@ -28,6 +28,7 @@ from offsetlake.config.strict import Strict as _Strict
 from offsetlake.errors import ConfigError
 
 PIPELINE_NAME = re.compile(r"^[a-z0-9_]+$")
+CATALOG_DATABASE = re.compile(r"^[a-z0-9_]+$")
 _SECRET_KEY = re.compile(r"(password|secret|jaas|token|key\.pem|keystore|truststore|credential)", re.I)
 # ``max_record_bytes``: the default lets the issue-35 records (a 95 MB JSON value beside a 50 MB
 # one in one consume call) through on both data paths with the 2g driver; the ceiling is
@@ -67,6 +68,22 @@ class ValidationSettings(_Strict):
     # table-level expectation still fails the batch.
     on_failure: Literal["fail", "quarantine"] = "fail"
     examples: int = Field(default=5, ge=0, le=50)  # unexpected values shown per expectation
+
+
+class CatalogSettings(_Strict):
+    # The catalog database (Spark's namespace) the pipeline's tables are named in by `offsetlake
+    # catalog register` and `offsetlake sql` (``offsetlake.catalog``): <database>.<name>,
+    # <database>.<name>_dead_letters, <database>.<name>_ledger. Created when missing.
+    database: str = "default"
+
+    @field_validator("database")
+    @classmethod
+    def _plain_identifier(cls, value: str) -> str:
+        if not CATALOG_DATABASE.match(value):
+            raise ValueError(
+                f"'{value}' is not allowed: a catalog database is [a-z0-9_]+ (Spark and the Hive Metastore keep names in lower case)"
+            )
+        return value
 
 
 class PipelineConfig(_Strict):
@@ -109,6 +126,7 @@ class PipelineConfig(_Strict):
     sink: SinkSettings = Field(default_factory=DeltaSinkSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     outbox: OutboxSettings | None = None  # lake -> Kafka after each commit (append Delta sinks)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)  # where its tables are named (``offsetlake.catalog``)
     source_file: str = ""  # filled in by load_pipeline
     _layout: LakeLayout | None = PrivateAttr(default=None)
 
