@@ -321,7 +321,7 @@ class BatchLoop:
         self.transient_failures = 0
         self.batches += 1
         self.policy.emit(result)
-        release_memory()
+        release_memory(result.total("records_read"))
         self.pause(self.policy.trigger_interval - (time.monotonic() - started))
         return True
 
