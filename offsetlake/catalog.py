@@ -245,7 +245,7 @@ def _first_line(err: Exception) -> str:
 def _named_location(spark: Any, table: NamedTable) -> tuple[str, str] | None:
     """(its type, its folder: a local path, or a URI) of ``table``'s name in its database, if
     that name exists."""
-    if not spark.catalog.tableExists(table.name, table.database):
+    if not spark.catalog.tableExists(table.full_name):
         return None
     rows = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {table.qualified}").collect()}
     location = str(rows.get("Location") or "")
