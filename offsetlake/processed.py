@@ -113,8 +113,10 @@ def settle_gate(config: PipelineConfig, plan: BatchPlan, processed: ProcessedBat
     gate, processed.gate = processed.gate, None
     try:
         validation = gate.settle()
-    except Undecided:
-        direct.remove_undecided(config.layout.sink, [f.path for f in staged])  # inert: no commit names them
+    except Undecided:  # inert, as no commit names them: the batch's files and its dead letters' (staged again by its rerun)
+        direct.remove_undecided(config.layout.sink, [f.path for f in staged])
+        direct.remove_undecided(config.layout.dead_letters, [f.path for f in processed.dead_letter_files])
+        processed.dead_letter_files = ()
         raise
     validation.summary["report"] = write_report(config, plan, validation.summary)
     processed.validation = validation.summary

@@ -22,6 +22,7 @@ from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
+from offsetlake.sink import live_files
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -129,6 +130,11 @@ def test_failed_validation_commits_nothing_and_the_quarantine_rerun_holds_every_
     assert quarantined["outcome"] == "quarantined" and quarantined["quarantined_records"] == 24
     # the observed gate saw the nulls: the batch's staged files went, and GX decided it before a write
     assert any(r.getMessage().startswith("step=revalidate ") and bad_batch in r.getMessage() for r in caplog.records)
+    # and what that first attempt staged is gone: every dead-letter file on disk is one the table's log names
+    folder = Path(config.layout.dead_letters.path)
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*.parquet")}
+    named = {storage.file_path_from_log(f["path"]) for f in live_files(storage.table(config.layout.dead_letters))}
+    assert on_disk == named, (on_disk, named)
     audit = pipeline.cli("audit", "--against-kafka")
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
