@@ -34,6 +34,12 @@ overhead  wall time of `offsetlake run` with nothing new and with 1,000 new reco
           `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
           and with 1,000 new records; then both with 1,000 new records attached to a warm
           `offsetlake spark-server` (`--remote`; the connection spark_connect_default);
+scheduled an Airflow ingest as production runs it, by default: the api-server, scheduler,
+          dag-processor and triggerer running (LocalExecutor), the project's own Spark server
+          up; 1,000 new records, then the dag run triggered through the REST API and polled
+          every 0.1 s until it succeeds: wall time from the trigger to success, and the run's
+          own queued-to-end time as Airflow records it (`airflow dags test` parses the DAG file
+          and sets up a database each time; a scheduled run does not);
 planning  the plan step of a dag run (`plan_for_dag_run`: reconcile the ledger with the sink's
           history, read offsets, plan, record the plan) after 10, 100 and 1,000 committed
           batches. The batches are committed through offsetlake's own commit path (txn per
@@ -89,7 +95,7 @@ from offsetlake.embedded.local_spark_server import LocalSparkServer  # noqa: E40
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "peer", "paths", "s3", "avro", "overhead", "planning", "upsert", "memory")
+SECTIONS = ("consume", "write", "steady", "peer", "paths", "s3", "avro", "overhead", "scheduled", "planning", "upsert", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -592,6 +598,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
     if "overhead" in only:
         overhead(args, work, bootstrap, figures)
 
+    if "scheduled" in only:
+        scheduled(args, work, bootstrap, figures)
+
     if "planning" in only:
         ensure_topic(bootstrap, "bench_planning", 6)
         produce_orders(bootstrap, "bench_planning", 6 * 1_200)
@@ -995,6 +1004,98 @@ def overhead(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict
     finally:
         for name in default:
             airflow.env.pop(name, None)
+        spark_server.stop(ROOT)
+
+
+def scheduled(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+    """``scheduled`` (module docstring)."""
+    from datetime import datetime
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from local_airflow import LocalAirflow
+
+    from offsetlake import spark_server
+    from offsetlake.embedded.local_broker import free_port
+
+    topic = "bench_scheduled"
+    ensure_topic(bootstrap, topic, args.partitions)
+    next_id = produce_orders(bootstrap, topic, 1_000)
+    pipelines = work / "scheduled_pipelines"
+    write_pipeline(pipelines, "bench_scheduled", topic, bootstrap, work / "lake_scheduled")
+    default = {"OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_SPARK_SERVER_IDLE": "30m"}
+    airflow = LocalAirflow(
+        work / "airflow_scheduled",
+        free_port(),
+        extra_env={
+            "OFFSETLAKE_PIPELINES_DIR": str(pipelines),
+            "OFFSETLAKE_TASK_RETRIES": "0",
+            "OFFSETLAKE_DISABLE_SCHEDULES": "1",
+            **default,
+        },
+    )
+    dag_id = "bench_scheduled_ingest"
+    spark_server.stop(ROOT)
+    airflow.start()
+    try:
+        airflow.wait_for_dag(dag_id)
+
+        def one_run(_: int) -> tuple[float, float]:
+            t = time.monotonic()
+            run_id = airflow.trigger(dag_id)
+            while True:
+                run = airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+                if run["state"] in ("success", "failed"):
+                    break
+                if time.monotonic() - t > 600:
+                    raise RuntimeError(f"{dag_id} run {run_id} did not finish within 600 s")
+                time.sleep(0.1)
+            wall = time.monotonic() - t
+            if run["state"] != "success":
+                raise RuntimeError(f"{dag_id} run {run_id} ended {run['state']}; logs under {airflow.home / 'logs'}")
+            recorded = datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["queued_at"])
+            queued = datetime.fromisoformat(run["queued_at"])
+            for ti in airflow.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]:
+                if ti["start_date"] and ti["end_date"]:  # where the run's time goes, per task
+                    start, end = datetime.fromisoformat(ti["start_date"]), datetime.fromisoformat(ti["end_date"])
+                    tasks.setdefault(ti["task_id"], []).append(
+                        ((start - queued).total_seconds(), (end - start).total_seconds(), (end - queued).total_seconds())
+                    )
+            return wall, recorded.total_seconds()
+
+        tasks: dict[str, list[tuple[float, float, float]]] = {}
+        one_run(0)  # the first run starts the project's Spark server and Airflow's first task process
+        tasks.clear()
+        walls, recorded = [], []
+        for i in range(args.repeats):
+            next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+            wall, own = one_run(i)
+            walls.append(round(wall, 2))
+            recorded.append(round(own, 2))
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(work / "lake_scheduled" / "bench_scheduled")).to_pyarrow_dataset().count_rows()
+        if rows != 1_000 * (args.repeats + 1):  # every run ingested its 1,000 new records
+            raise RuntimeError(f"the sink holds {rows} rows after {args.repeats + 1} runs of 1,000 new records each")
+        emit(
+            figures,
+            "airflow_scheduled_1k_new_default",
+            median_s=round(statistics.median(walls), 2),
+            samples_s=walls,
+            recorded_median_s=round(statistics.median(recorded), 2),
+            recorded_samples_s=recorded,
+            sink_rows=rows,
+            # per task, medians: seconds from the run's queueing to its start, its duration, to its end
+            tasks={
+                task: {
+                    "starts_after_s": round(statistics.median(t[0] for t in times), 2),
+                    "duration_s": round(statistics.median(t[1] for t in times), 2),
+                    "ends_after_s": round(statistics.median(t[2] for t in times), 2),
+                }
+                for task, times in tasks.items()
+            },
+        )
+    finally:
+        airflow.stop()
         spark_server.stop(ROOT)
 
 
