@@ -23,7 +23,9 @@ peer      the peer a Spark user would write instead (bench/spark_streaming_peer.
           Streaming's Kafka source, from_json, the Delta sink, trigger availableNow, a checkpoint),
           side by side with offsetlake on the same topic: warm (one session, offsetlake, peer,
           peer, offsetlake, ...) and cold (a fresh `offsetlake run` process against the peer's
-          own process, alternating); medians and offsetlake's speed-up over the peer;
+          own process, alternating); then, warm, the shipped orders pipeline (transform,
+          partitions, its suite) against the same shape in the peer (``ingest_shipped``: the
+          checks in foreachBatch, Delta's idempotent txn options); medians and speed-ups;
 paths     the warm drain of the whole topic on each data path (jvm, direct, spark), in turn in one
           session, and Spark's Kafka source alone into the noop sink: each over the JVM limit;
 s3        the warm steady ingest with the lake on the embedded S3 server (moto, loopback), each
@@ -1261,10 +1263,34 @@ def spark_source_to_noop(spark: Any, bootstrap: str, topic: str) -> float:
     return round(time.monotonic() - t, 2)
 
 
+def shipped_orders_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path) -> Path:
+    """``pipelines/orders.yaml`` as shipped (transform, ``partition_by``, the expectation suite,
+    batches of 200,000) reading ``topic`` into ``lake``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_load((ROOT / "pipelines" / "orders.yaml").read_text().replace("${", "$${"))
+    body.pop("storage", None)  # its escaped ${AWS_...:-} defaults are not empty: a local lake takes none
+    body.pop("schedule", None)
+    body.update(
+        {
+            "name": name,
+            "topic": topic,
+            "lake": str(lake),
+            "read_timeout_seconds": 600,
+            "kafka": {"bootstrap_servers": bootstrap, "options": {"client.id": f"bench-{name}"}},
+            "validation": {"on_failure": "fail"},
+        }
+    )
+    shutil.copy(ROOT / "pipelines" / "orders_transform.py", folder / "orders_transform.py")
+    shutil.copy(ROOT / "pipelines" / "orders.expectations.yaml", folder / f"{name}.expectations.yaml")
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
 def streaming_peer(args: argparse.Namespace, work: Path, bootstrap: str, topic: str, records: int, figures: dict) -> None:
     """offsetlake against Structured Streaming availableNow into Delta, warm then cold, each pair
     alternating which goes first; both must write every record."""
-    from spark_streaming_peer import ingest, rows_in
+    from spark_streaming_peer import ingest, ingest_shipped, rows_in
 
     from offsetlake.plan import RunContext
     from offsetlake.runs import run_pipeline
@@ -1276,28 +1302,49 @@ def streaming_peer(args: argparse.Namespace, work: Path, bootstrap: str, topic: 
     warmup = load_pipeline(str(write_pipeline(work / "p", "bench_peer_warmup", "bench_warmup", bootstrap, work / "lake_peer_warmup")))
     run_pipeline(warmup, RunContext("warmup"), spark_session, emit=lambda _: None)
     ingest(spark, bootstrap, "bench_warmup", str(work / "ss_warmup"), str(work / "ss_warmup_checkpoint"))
-    times: dict[str, list[float]] = {"offsetlake_warm": [], "peer_warm": [], "offsetlake_cold": [], "peer_cold": []}
+    times: dict[str, list[float]] = {
+        "offsetlake_warm": [],
+        "peer_warm": [],
+        "offsetlake_cold": [],
+        "peer_cold": [],
+        "offsetlake_shipped_warm": [],
+        "peer_shipped_warm": [],
+    }
 
-    def offsetlake_warm(i: int) -> None:
-        lake = work / f"lake_peer_{i}"
-        config = load_pipeline(str(write_pipeline(work / "p", "bench_peer", topic, bootstrap, lake)))
-        t = time.monotonic()
-        results = run_pipeline(config, RunContext(f"peer-{i}"), spark_session, emit=lambda _: None)
-        times["offsetlake_warm"].append(round(time.monotonic() - t, 2))
-        assert sum(r.total("rows_written") for r in results) == records
-        shutil.rmtree(lake)
+    def offsetlake_side(shape: str, pipeline: Callable[[Path], Path]) -> Callable[[int], None]:
+        def measure(i: int) -> None:
+            lake = work / f"lake_{shape}_{i}"
+            config = load_pipeline(str(pipeline(lake)))
+            t = time.monotonic()
+            results = run_pipeline(config, RunContext(f"{shape}-{i}"), spark_session, emit=lambda _: None)
+            times[f"offsetlake_{shape}"].append(round(time.monotonic() - t, 2))
+            assert sum(r.total("rows_written") for r in results) == records
+            shutil.rmtree(lake)
 
-    def peer_warm(i: int) -> None:
-        table, checkpoint = work / f"ss_{i}", work / f"ss_{i}_checkpoint"
-        times["peer_warm"].append(round(ingest(spark, bootstrap, topic, str(table), str(checkpoint)), 2))
-        written = rows_in(spark, str(table))
-        assert written == records, f"the Structured Streaming peer wrote {written} of {records}"
-        shutil.rmtree(table)
-        shutil.rmtree(checkpoint)
+        return measure
 
-    for i in range(args.repeats):
-        for measure in (offsetlake_warm, peer_warm) if i % 2 == 0 else (peer_warm, offsetlake_warm):
-            measure(i)
+    def peer_side(shape: str, run: Callable[..., float]) -> Callable[[int], None]:
+        def measure(i: int) -> None:
+            table, checkpoint = work / f"ss_{shape}_{i}", work / f"ss_{shape}_{i}_checkpoint"
+            times[f"peer_{shape}"].append(round(run(spark, bootstrap, topic, str(table), str(checkpoint)), 2))
+            written = rows_in(spark, str(table))
+            assert written == records, f"the Structured Streaming peer ({shape}) wrote {written} of {records}"
+            shutil.rmtree(table)
+            shutil.rmtree(checkpoint)
+
+        return measure
+
+    # plain (every order a row), then the shipped orders pipeline's shape on both sides:
+    # transform, partitions, the suite
+    sides = {
+        "warm": (lambda lake: write_pipeline(work / "p", "bench_peer", topic, bootstrap, lake), ingest),
+        "shipped_warm": (lambda lake: shipped_orders_pipeline(work / "p_shipped", "bench_shipped", topic, bootstrap, lake), ingest_shipped),
+    }
+    for shape, (pipeline, run) in sides.items():
+        ours, theirs = offsetlake_side(shape, pipeline), peer_side(shape, run)
+        for i in range(args.repeats):
+            for measure in (ours, theirs) if i % 2 == 0 else (theirs, ours):
+                measure(i)
     stop_spark()
 
     def offsetlake_cold(i: int) -> None:
@@ -1329,6 +1376,7 @@ def streaming_peer(args: argparse.Namespace, work: Path, bootstrap: str, topic: 
         median_s={name: round(m, 2) for name, m in medians.items()},
         speedup_warm=round(medians["peer_warm"] / medians["offsetlake_warm"], 3),
         speedup_cold=round(medians["peer_cold"] / medians["offsetlake_cold"], 3),
+        speedup_shipped_warm=round(medians["peer_shipped_warm"] / medians["offsetlake_shipped_warm"], 3),
     )
 
 
