@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from confluent_kafka import Producer
 
 from offsetlake import process, storage
@@ -57,6 +58,7 @@ def _kept_raw(monkeypatch) -> list[bool]:
     return seen
 
 
+@pytest.mark.also_on_s3
 def test_a_text_partition_column_a_transform_makes_keeps_the_bytes_of_its_dead_letters(pipeline, spark, monkeypatch):
     (pipeline.folder / "region_transform.py").write_text(TRANSFORM)
     config = pipeline.write(format=FORMAT, transform="region_transform:with_region", sink={"partition_by": ["region"]})
