@@ -426,9 +426,10 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
     rows = good_rows(decoded, decoder)
     if not upsert and CHANGE in rows.columns:  # an append sink keeps every change as a row
         rows = rows.drop(CHANGE)
-    rows = apply_transform(rows, config)
+    transformed = apply_transform(rows, config)
     if config.transform:  # a record may become several rows: number them (offsetlake.transform)
-        rows = number_rows_per_record(rows)
+        transformed = number_rows_per_record(transformed, before=rows)
+    rows = transformed
     if upsert:
         if CHANGE not in rows.columns:
             rows = rows.withColumn(CHANGE, F.lit(UPSERT))

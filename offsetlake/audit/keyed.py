@@ -218,9 +218,10 @@ def _decoded_rows(
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON)))
     if config.sink.deletes:
         decoded = mark_tombstones(decoded)
-    rows = apply_transform(good_rows(decoded, decoder), config)
+    good = good_rows(decoded, decoder)
+    rows = apply_transform(good, config)
     if config.transform and numbered:  # a merge engine's contributions are per row of a record
-        rows = number_rows_per_record(rows)
+        rows = number_rows_per_record(rows, before=good)
     return [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
 
 
