@@ -171,7 +171,9 @@ def _rows_schema_before_reading(config: PipelineConfig, plan: BatchPlan, spark: 
         spark, [], config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder, max_record_bytes=config.max_record_bytes
     )
     return _arrow_schema(
-        with_topic_epochs(_rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True)), plan.topic_epochs)
+        with_topic_epochs(
+            _rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True), judge_rows=False), plan.topic_epochs
+        )
     )
 
 
@@ -418,8 +420,10 @@ def _decoded(config: PipelineConfig, plan: BatchPlan, decoder: Decoder, raw: Dat
     return decoded
 
 
-def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataFrame:
-    """The sink rows of the decoded records, transformed (before validation)."""
+def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame, judge_rows: bool = True) -> DataFrame:
+    """The sink rows of the decoded records, transformed (before validation). ``judge_rows``
+    False: only their schema is wanted, which is the same whether the transform's rows are
+    counted or not, so its plan is not read (two analyses on the server, ~0.1 s a batch)."""
     from pyspark.sql import functions as F
 
     upsert = config.sink.keyed
@@ -428,7 +432,7 @@ def _rows(config: PipelineConfig, decoder: Decoder, decoded: DataFrame) -> DataF
         rows = rows.drop(CHANGE)
     transformed = apply_transform(rows, config)
     if config.transform:  # a record may become several rows: number them (offsetlake.transform)
-        transformed = number_rows_per_record(transformed, before=rows)
+        transformed = number_rows_per_record(transformed, before=rows if judge_rows else None)
     rows = transformed
     if upsert:
         if CHANGE not in rows.columns:
