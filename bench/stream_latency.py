@@ -5,7 +5,7 @@
 
 One `offsetlake stream` process (its own Spark session, local[2]) ingests the `orders` pipeline
 as shipped (transform + Great Expectations suite; ``--no-suite`` leaves the suite out, ``--plain`` the
-transform, suite and partitioning, so every batch takes the direct path) from a 2-partition topic on noida-db (or
+transform, suite and partitioning, so every batch takes the direct path) from a 2-partition topic on a private Apache Kafka broker (or
 KAFKA_BOOTSTRAP_SERVERS). A producer thread in this process writes orders at a steady rate in
 bursts every 100 ms. A record's latency is the Delta commit time of the sink version holding it
 (commit timestamp from the table history; the ranges of each version from its commit's ledger entry) minus

@@ -4,7 +4,7 @@
 scripts/compose_test.py installs Debian's container engine and Compose if missing, starts the
 engine if none runs (and stops only that one), builds the Dockerfile on the official Python image
 or, where it cannot be pulled, on a base built from Debian's packages, brings docker-compose.yaml
-up with deploy/compose-test.yaml (host networking on 127.0.0.1; noida-db, a Debian PostgreSQL and
+up with deploy/compose-test.yaml (host networking on 127.0.0.1; the embedded Apache Kafka broker, a Debian PostgreSQL and
 the embedded S3 server in place of the official Kafka, Postgres and MinIO images) and drives it
 through Airflow's REST API: a scheduled run, a backfill, a run whose Spark driver is killed and
 whose ingest is cleared. It fails on the first check that does not hold; this test also reads
