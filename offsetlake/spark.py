@@ -101,6 +101,10 @@ def classic_builder(master: str | None = None, app_name: str = "offsetlake", ext
         # --packages, so a session starts offline
         "spark.jars": jars.spark_jars(),
         "spark.sql.shuffle.partitions": os.environ.get("OFFSETLAKE_SHUFFLE_PARTITIONS", "4"),
+        # delta-spark rebuilds a table's snapshot (its log replayed) in this many tasks each time
+        # it first reads a table or a new version of it: Delta's default of 50 tasks made every
+        # first read of a small table 4-7 s on two cores (1.3-2 s with 4; see BENCHMARKS.md)
+        "spark.databricks.delta.snapshotPartitions": os.environ.get("OFFSETLAKE_SHUFFLE_PARTITIONS", "4"),
         "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
         "spark.hadoop.fs.file.impl.disable.cache": "true",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
