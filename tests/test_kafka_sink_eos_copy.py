@@ -1,6 +1,6 @@
 """Kafka's own exactly-once test, as an outside check of the Kafka sink (issue 48, item 6).
 
-The shape of Apache Kafka's ``transactions_test.py``: a seeded 100,000-record topic is copied by a
+The shape of Apache Kafka's ``transactions_test.py``: a seeded topic is copied by a
 transactional copier (here a Kafka-sink pipeline, in small transactions) while the broker is
 bounced, cleanly and hard, and the copier is killed; a read_committed consumer reads the output
 beside it the whole time. Afterwards the output holds the same records, none twice, and each
@@ -34,9 +34,11 @@ from offsetlake.errors import is_transient
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 
-RECORDS = 100_000
+# Kafka's system test copies 100,000 records; what the faults land among is the number of
+# transactions, kept at about 25 here with 30,000 records
+RECORDS = 30_000
 PARTITIONS = 3
-BATCH = 4_000  # records per batch: about 25 transactions
+BATCH = 1_200  # records per batch: about 25 transactions
 
 
 class Beside:
