@@ -28,8 +28,8 @@ $(STAMP): requirements.lock pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: setup lint test-fast ## lint, the fast tier, then every other test (the campaign's CI seed, the properties' few examples, every S3 run and Airflow test) in two pytest sessions side by side (scripts/test_tracks.py: the second holds the Airflow tests and those with brokers of their own), each with its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints each track's time and 25 slowest tests
-	$(PY) scripts/test_tracks.py $(PYTEST_ARGS)
+test: setup lint test-fast ## lint, the fast tier, then every other test (the campaign's CI seed, the properties' few examples, every S3 run and Airflow test): its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
+	$(PY) -m pytest tests -m "not fast and not stack" $(PYTEST_ARGS)
 
 test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it after make test
 	$(PY) -m pytest tests -m stack -p no:cacheprovider $(PYTEST_ARGS)

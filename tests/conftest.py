@@ -251,33 +251,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "stack: builds and runs the production stack (docker images, compose); `make test-stack`, run by .ci/run after make test",
     )
     config.addinivalue_line("markers", "also_on_s3: the test runs twice, its lake local and on the embedded S3")
-    config.addinivalue_line(
-        "markers", "second_track: make test runs it in its second pytest process, beside the first (set by file: SECOND_TRACK)"
-    )
 
 
 SERVICES = frozenset({"broker", "own_broker", "schema_registry", "spark", "spark_server", "s3", "running_airflow", "pipeline"})
-
-# make test runs its main tier as two pytest sessions side by side (scripts/test_tracks.py): this
-# second track holds the files that drive Airflow and those that start brokers or a Spark cluster
-# of their own, mostly waits; the first track the rest. A file here must share nothing with the
-# first track but the read-only checkout: no `offsetlake sql` or `catalog register` without a
-# home of its own (the project's Derby metastore opens in one process at a time).
-SECOND_TRACK = frozenset(
-    {
-        "test_airflow_ingest_dag.py",
-        "test_airflow_races.py",
-        "test_airflow_rerun_after_failure.py",
-        "test_airflow_s3_race.py",
-        "test_airflow_scheduling_native.py",
-        "test_airflow_schema_registry.py",
-        "test_airflow_stream_dag.py",
-        "test_broker_faults.py",
-        "test_fault_campaign.py",
-        "test_kafka_sink_eos_copy.py",
-        "test_spark_cluster.py",
-    }
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -287,8 +263,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not SERVICES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.fast)
-        if item.path.name in SECOND_TRACK:
-            item.add_marker(pytest.mark.second_track)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
