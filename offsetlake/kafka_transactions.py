@@ -255,7 +255,14 @@ class TransactionalWriter:
             fatal = self._fatal_among(failed) or _kafka_error_in(err)
             if fatal is None:
                 met = self._abort(batch_id)
-                fatal = self._fatal or (met if met is not None and (met.fatal() or met.code() in _FENCED) else None)
+                if met is not None and not _fenced(met):
+                    # librdkafka (issue 4849) can fail an abort right after a produce with
+                    # INVALID_TXN_STATE and make the producer fatal: not a fence. The transaction
+                    # stays uncommitted, the next commit starts a new producer whose
+                    # init_transactions aborts it, and the error to report is the batch's own.
+                    log.warning("batch %s: %s (%s); the next batch restarts the producer", batch_id, met.str(), met.name())
+                    self._fatal = None
+                fatal = self._fatal or (met if met is not None and _fenced(met) else None)
             log.warning("batch %s: %s while in its transaction (fatal: %s)", batch_id, type(err).__name__, fatal.str() if fatal else None)
             if fatal is not None:
                 raise self._aborted(batch_id, fatal) from None
@@ -306,6 +313,14 @@ class TransactionalWriter:
             log.warning("batch %s: aborting the transaction of %s failed: %s", batch_id, self.transactional_id, err.args[0].str())
             return err.args[0]
         return None
+
+
+def _fenced(error: KafkaError) -> bool:
+    """The producer was fenced (a newer one with its transactional.id, or its transaction timed
+    out): librdkafka's fence codes, or a fatal error that names them."""
+    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        return True
+    return error.fatal() and error.code() != KafkaError.INVALID_TXN_STATE
 
 
 def _kafka_error_in(err: BaseException) -> KafkaError | None:
