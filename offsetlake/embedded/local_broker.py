@@ -72,6 +72,9 @@ SETTINGS = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # a transaction left open past its transaction.timeout.ms is aborted within 2 s of it, not
+    # Kafka's 10 s: a stalled Kafka-sink runner is fenced sooner
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "2000",
     # keep every record whatever its timestamp: Kafka 4 refuses records stamped more than an hour
     # ahead by default, and deletes by time those stamped long ago; the tests produce both, as
     # any producer may
