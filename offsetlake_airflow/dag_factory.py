@@ -276,11 +276,11 @@ STREAM_PARAMS = {
     ),
     "max_duration_minutes": Param(
         1440,
-        type="integer",
-        minimum=1,
+        type="number",
+        minimum=0.1,
         maximum=10080,
         title="Maximum duration (minutes)",
-        description="The stream stops cleanly after this long (the task then succeeds); trigger a new run to go on.",
+        description="The stream stops cleanly after this long (the task then succeeds), e.g. 0.5 for a 30 s trial; then trigger a new run.",
     ),
 }
 MAX_STREAM_MINUTES = 10080

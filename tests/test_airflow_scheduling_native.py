@@ -316,7 +316,7 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     # 6. a stream that ends by itself announces each micro-batch it committed, and reports lineage
     produce_orders(bootstrap, topic, 60, first_id=20_000)
     airflow.wait_for_dag(f"{name}_stream")  # unpaused
-    stream = airflow.trigger(f"{name}_stream", {"trigger_interval": "2s", "max_duration_minutes": 1})
+    stream = airflow.trigger(f"{name}_stream", {"trigger_interval": "2s", "max_duration_minutes": 0.25})  # 15 s: a fraction of a minute
     assert airflow.wait_for_run(f"{name}_stream", stream, timeout_s=300) == "success"
     mine = {r["batch_id"] for r in ledger_rows(config) if r["run_id"] == stream and r["status"] == "committed"}
     assert mine, "the stream committed the 60 records"
