@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 from confluent_kafka import Consumer, TopicPartition
-from conftest import ROOT
+from conftest import ROOT, attached
 from kafka_truth import last_stable_offsets
 
 from offsetlake import failpoints
@@ -146,13 +146,20 @@ def test_a_kafka_sink_copies_a_topic_exactly_once_through_bounces_and_kills(tmp_
                 assert is_transient(err) or "fenced" in str(err), err
         assert bounced == ["first batch passes", "clean"]
 
-        # 2. the copier killed (SIGKILL) while it copies, in its own process
+        # 2. the copier killed (SIGKILL) while it copies, in its own process (attached to the
+        # session's warm Spark server: its producer, the transaction's owner, dies with it)
         runner = subprocess.Popen(
-            [sys.executable, "-m", "offsetlake", "run", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT
+            [sys.executable, "-m", "offsetlake", "run", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=attached("run", (), None, cold=False),
         )
+        copied_before = sum(1 for s in beside.seen if s[4] == "ingest")
         deadline = time.monotonic() + 180
         while runner.poll() is None and time.monotonic() < deadline:
-            if sum(1 for s in beside.seen if s[4] == "ingest") > 8 * BATCH:  # it has committed a few batches of its own
+            if sum(1 for s in beside.seen if s[4] == "ingest") > copied_before + 3 * BATCH:  # a few batches of its own committed
                 break
             time.sleep(0.2)
         runner.send_signal(signal.SIGKILL)
