@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 LINTED := offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench examples
-STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements-setup.lock requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
@@ -21,10 +21,11 @@ lock-jars: $(STAMP) ## after a change to jars/*/pom.xml: re-resolve and rewrite 
 debian: ## Debian's chromium (pinned in debian-packages.txt) for the browser tests, if missing
 	scripts/install_debian_packages.sh
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-setup.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
