@@ -91,8 +91,13 @@ spark-server: setup ## a warm Spark session on 127.0.0.1:SPARK_SERVER_PORT that 
 lint: $(STAMP) ## ruff format --check, ruff (incl. C901 ≤ 15 in the library, RUF100), mypy and the import-linter contracts in pyproject.toml; needs only the venv (no apt)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/ruff check $(LINTED)
-	$(VENV)/bin/mypy
+	MYPY_CACHE_DIR=$(MYPY_CACHE) $(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# mypy's cache outside the clone, shared by every clone of this machine: it checks each entry
+# against the file's hash, so a fresh clone (as CI makes) re-checks only what changed, in seconds
+# where a cold run takes over a minute
+MYPY_CACHE ?= $(HOME)/.cache/offsetlake/mypy
 
 lock: ## re-resolve requirements.txt into requirements.lock
 	rm -rf .lockvenv && $(PYTHON) -m venv .lockvenv && .lockvenv/bin/pip install -q -r requirements.txt
