@@ -317,10 +317,8 @@ class TransactionalWriter:
 
 def _fenced(error: KafkaError) -> bool:
     """The producer was fenced (a newer one with its transactional.id, or its transaction timed
-    out): librdkafka's fence codes, or a fatal error that names them."""
-    if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
-        return True
-    return error.fatal() and error.code() != KafkaError.INVALID_TXN_STATE
+    out): a fence code, or any fatal error but the INVALID_TXN_STATE of a failed abort."""
+    return error.code() in _FENCED or (error.fatal() and error.code() != KafkaError.INVALID_TXN_STATE)
 
 
 def _kafka_error_in(err: BaseException) -> KafkaError | None:
