@@ -53,7 +53,7 @@ def _runs(airflow, dag_id: str) -> list[dict]:
     return airflow.api("GET", f"/dags/{dag_id}/dagRuns?order_by=id&limit=100")["dag_runs"]
 
 
-def _wait(what: str, check, timeout_s: float = 300, every_s: float = 2):
+def _wait(what: str, check, timeout_s: float = 300, every_s: float = 0.5):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = check()
