@@ -154,13 +154,16 @@ def test_every_reader_sees_the_same_rows_as_the_oracle(pipeline, spark):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce(pipeline.bootstrap, pipeline.topic, 240, seed=51, keys=30, nulls=0.1, deletes=0.08)
     pipelines = {kind: dataclasses.replace(pipeline, name=f"{pipeline.name}_{kind}") for kind in SINKS}
-    configs = {kind: p.write(key_format={"type": "string"}, max_records_per_batch=100, sink=SINKS[kind]) for kind, p in pipelines.items()}
+    # two batches of 120 per sink: the rewind to the first undoes the second and the backfill, and
+    # the crashed run and its recovery read the second again as one batch (a keyed batch is ~6 s
+    # whatever its size, so each batch fewer here is five fewer in the test)
+    configs = {kind: p.write(key_format={"type": "string"}, max_records_per_batch=120, sink=SINKS[kind]) for kind, p in pipelines.items()}
 
     def agree(step: str) -> dict[str, dict]:
         return {kind: _agree(config, pipeline, spark, f"{kind}, {step}") for kind, config in configs.items()}
 
     for kind, config in configs.items():
-        assert len(run_pipeline(config, RunContext(f"agree-{kind}"), lambda: spark, emit=lambda _: None)) >= 3
+        assert len(run_pipeline(config, RunContext(f"agree-{kind}"), lambda: spark, emit=lambda _: None)) >= 2
     assert all(agree("after the ingest").values())
     for kind, config in configs.items():
         if config.sink.mode != "append":
