@@ -42,16 +42,23 @@ def _deserializer(fmt: str, client, columns: pa.Schema | None = None, name: str 
     from google.protobuf import descriptor_pb2, descriptor_pool, timestamp_pb2
     from google.protobuf.message_factory import GetMessageClass
 
-    def decode(raw: bytes) -> dict:
-        schema_id = int.from_bytes(raw[1:5], "big")
+    # one deserializer per writer schema, as a consumer keeps it (one per record parsed the schema anew for each)
+    by_id: dict[int, ProtobufDeserializer] = {}
+
+    def deserializer(schema_id: int) -> ProtobufDeserializer:
         registered = client.get_schema(schema_id, fmt="serialized")
         file = descriptor_pb2.FileDescriptorProto.FromString(__import__("base64").b64decode(registered.schema_str))
         pool = descriptor_pool.DescriptorPool()
         pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
         pool.Add(file)
         message_class = GetMessageClass(pool.FindMessageTypeByName(f"{file.package}.{file.message_type[0].name}"))
-        pb = ProtobufDeserializer(message_class, {"use.deprecated.format": False}, schema_registry_client=client)
-        return _as_dict(pb(raw, ctx))
+        return ProtobufDeserializer(message_class, {"use.deprecated.format": False}, schema_registry_client=client)
+
+    def decode(raw: bytes) -> dict:
+        schema_id = int.from_bytes(raw[1:5], "big")
+        if schema_id not in by_id:
+            by_id[schema_id] = deserializer(schema_id)
+        return _as_dict(by_id[schema_id](raw, ctx))
 
     return decode
 
@@ -79,9 +86,10 @@ def test_each_registry_format_registers_the_output_schema_and_every_row_reads_ba
     ensure_topic(pipeline.bootstrap, out, 2)
     sink = {"type": "kafka", "topic": out, "key": ["customer"], "format": fmt, "schema_registry": schema_registry.settings}
     config = pipeline.write(max_records_per_batch=400, sink=sink)
-    produce_orders(pipeline.bootstrap, pipeline.topic, 900, malformed_every=37)
+    # two batches (200 a partition, then the rest): the second's schema is the one the first registered
+    produce_orders(pipeline.bootstrap, pipeline.topic, 500, malformed_every=37)
     batches = run_pipeline(config, RunContext("first"), lambda: spark)
-    assert batches and all(b.status == BatchStatus.COMMITTED for b in batches)
+    assert len(batches) == 2 and all(b.status == BatchStatus.COMMITTED for b in batches)
 
     client = schema_registry.client()
     registered = client.get_latest_version(f"{out}-value")

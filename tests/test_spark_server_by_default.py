@@ -2,7 +2,10 @@
 server nor a master attaches to it, the first one starts it, it stops when idle, and a crashed,
 stale or foreign one is dealt with. A test of how a server starts, stops, dies or is retired has a
 home of its own and stops what it started; the tests that only need one running (at the end of the
-file) share one home and its server (``served``), since a server start is ~13 s of JVM."""
+file) share one home and its server (``served``), since a server start is ~13 s of JVM. For the
+same reason a lifecycle test goes on from the server its previous step left, where that server is
+as good as a fresh one: the racing start goes on to the lease that outlives the idle time, and the
+crash's replacement is the server then retired, whose replacement the CLI shows and stops."""
 
 from __future__ import annotations
 
@@ -73,9 +76,13 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
-def test_two_commands_racing_start_one_server_which_stops_when_idle(home: Path) -> None:
-    first, second = _client(home, 5), _client(home, 7)  # both at once: one starts it, the other waits on the lock
-    a, b = _result(first), _result(second)
+def test_two_commands_racing_start_one_server_which_a_command_in_flight_keeps_past_its_idle_time(home: Path) -> None:
+    hold = home / "release"
+    # both at once: one starts it, the other waits on the lock; the first then holds on, attached
+    first, second = _client(home, 5, hold=hold, idle="1s"), _client(home, 7, idle="1s")
+    line = first.stdout.readline() if first.stdout else ""
+    assert line, first.stderr.read()[-3000:] if first.stderr else ""
+    a, b = json.loads(line), _result(second)
     assert (a["count"], b["count"]) == (5, 7)
     assert a["connect"] and b["connect"], "a command with no master ran Spark in its own process"
     assert a["server"] == b["server"] is not None
@@ -84,39 +91,30 @@ def test_two_commands_racing_start_one_server_which_stops_when_idle(home: Path) 
     server = spark_server.current(home)
     assert server is not None and server.pid == a["server"]
     assert oct((home / ".offsetlake" / "spark-server" / "server.json").stat().st_mode & 0o777) == "0o600"  # it holds the token
+    assert list((home / ".offsetlake" / "spark-server" / "leases").glob(f"{first.pid}.*")), "the holding command has no lease"
+    time.sleep(4)  # four idle periods with only the holding command attached: the lease, not the clock, keeps it
+    assert spark_server.current(home) == server, "the server stopped under a command that was still attached"
+    later = _result(_client(home, 4, idle="1s"))  # a third command meanwhile uses the same one
+    assert later["server"] == server.pid
+    hold.touch()
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-3000:]
     # nobody uses it now: it stops by itself after $OFFSETLAKE_SPARK_SERVER_IDLE
-    assert _gone(server.pid, 90), "an idle server did not stop"
+    assert _gone(server.pid, 90), "the server outlived its last command by more than its idle time"
     assert spark_server.current(home) is None and not (home / ".offsetlake" / "spark-server" / "server.json").exists()
 
 
-def test_a_command_in_flight_keeps_the_server_past_its_idle_time(home: Path) -> None:
-    hold = home / "release"
-    holding = _client(home, 3, hold=hold, idle="2s")
-    deadline = time.monotonic() + 240
-    while spark_server.current(home) is None or not list((home / ".offsetlake" / "spark-server" / "leases").iterdir()):
-        assert holding.poll() is None and time.monotonic() < deadline, holding.stderr.read()[-3000:] if holding.stderr else ""
-        time.sleep(0.2)
-    server = spark_server.current(home)
-    assert server is not None
-    time.sleep(8)  # four idle periods: the lease, not the clock, keeps it
-    assert spark_server.current(home) == server, "the server stopped under a command that was still attached"
-    later = _result(_client(home, 4, idle="2s"))  # a second command meanwhile uses the same one
-    assert later["server"] == server.pid
-    hold.touch()
-    assert _result(holding)["count"] == 3
-    assert _gone(server.pid, 90), "the server outlived its last command by more than its idle time"
+def test_a_crashed_or_retired_server_is_replaced_and_the_cli_shows_and_stops_it(home: Path) -> None:
+    cli = [sys.executable, "-m", "offsetlake", "spark-server"]
+    none = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
+    assert none.returncode == 1 and json.loads(none.stdout)["spark_server"] is None
 
-
-def test_a_crashed_server_is_replaced(home: Path) -> None:
     first = _result(_client(home, idle="10m"))
     os.killpg(first["server"], signal.SIGKILL)  # its own process group (start_new_session): the server and its JVM
     assert _gone(first["server"], 30)
-    again = _result(_client(home, 6, idle="10m"))
-    assert again["count"] == 6 and again["server"] not in (None, first["server"])
+    old = _result(_client(home, 6, idle="10m"))
+    assert old["count"] == 6 and old["server"] not in (None, first["server"]), "a crashed server was not replaced"
 
-
-def test_a_server_of_other_code_is_retired_and_replaced(home: Path) -> None:
-    old = _result(_client(home, idle="10m"))
     path = spark_server.state_dir(home) / "server.json"
     named = json.loads(path.read_text())
     path.write_text(json.dumps({**named, "code": "an-older-offsetlake"}))  # as after an upgrade or an edit
@@ -125,19 +123,13 @@ def test_a_server_of_other_code_is_retired_and_replaced(home: Path) -> None:
     assert _gone(old["server"], 60), "a retired server with no command attached did not stop"
     assert spark_server.current(home) is not None and spark_server.current(home).pid == new["server"]
 
-
-def test_the_cli_shows_and_stops_the_server(home: Path) -> None:
-    cli = [sys.executable, "-m", "offsetlake", "spark-server"]
-    none = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
-    assert none.returncode == 1 and json.loads(none.stdout)["spark_server"] is None
-    started = _result(_client(home, idle="10m"))
     status = subprocess.run([*cli, "--status"], capture_output=True, text=True, env=_env(home), timeout=60)
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
-    assert shown["pid"] == started["server"] and "token" not in status.stdout
+    assert shown["pid"] == new["server"] and "token" not in status.stdout
     stopped = subprocess.run([*cli, "--stop"], capture_output=True, text=True, env=_env(home), timeout=120)
-    assert json.loads(stopped.stdout) == {"spark_server": "stopped", "pid": started["server"]}
-    assert _gone(started["server"], 30) and spark_server.current(home) is None
+    assert json.loads(stopped.stdout) == {"spark_server": "stopped", "pid": new["server"]}
+    assert _gone(new["server"], 30) and spark_server.current(home) is None
 
 
 # --- the tests below need a running server, not a lifecycle of their own: they share ``served`` ---
@@ -255,12 +247,13 @@ def test_sql_on_the_shared_server_follows_a_pipeline_whose_lake_moved(pipeline, 
 
     pipeline.write()
     produce_orders(pipeline.bootstrap, pipeline.topic, 30)
-    assert pipeline.cli("run").returncode == 0
+    # the runs attach to the same server (not the session's: no JVM of their own when this file runs alone)
+    assert pipeline.cli("run", env=env, cold=True).returncode == 0
     assert count() == 30
     moved = dataclasses.replace(pipeline, lake=tmp_path / "lake_elsewhere")
     moved.write()  # the same pipeline, its lake made anew in another folder: it ingests the topic again
     produce_orders(pipeline.bootstrap, pipeline.topic, 20)
-    assert moved.cli("run").returncode == 0
+    assert moved.cli("run", env=env, cold=True).returncode == 0
     server = spark_server.current(served.path)
     assert count() == 50
     assert spark_server.current(served.path) == server  # the same server, so the same catalog, answered both
