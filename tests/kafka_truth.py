@@ -257,8 +257,12 @@ def source_orders(bootstrap: str, topic: str) -> dict[tuple[int, int], dict | No
 
 def by_source(bootstrap: str, topic: str, kinds: tuple[str, ...] = ("ingest", "stream")) -> Counter:
     """How many times each source (partition, offset) appears among the committed records of ``kinds``."""
+    return _sources(read_records(bootstrap, topic), kinds)
+
+
+def _sources(records: list[Record], kinds: tuple[str, ...] = ("ingest", "stream")) -> Counter:
     seen: Counter = Counter()
-    for record in read_records(bootstrap, topic):
+    for record in records:
         h = dict(record.headers)
         if h["offsetlake.kind"].decode() in kinds:
             seen[(int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))] += 1
@@ -298,10 +302,11 @@ def _check_kafka_sink(bootstrap: str, source_topic: str, config, decode) -> None
     out, dead_topic = config.sink.topic, config.sink.dead_letters_to
     source = source_orders(bootstrap, source_topic)
     valid = {k for k, v in source.items() if v is not None}
-    seen = by_source(bootstrap, out)
+    written = read_records(bootstrap, out)  # each topic read once: its counts and its records' contents
+    seen = _sources(written)
     assert set(seen) == valid, f"missing {sorted(valid - set(seen))[:5]}, extra {sorted(set(seen) - valid)[:5]}"
     assert not seen or max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:5]
-    for record in read_records(bootstrap, out):
+    for record in written:
         h = dict(record.headers)
         if h["offsetlake.kind"].decode() not in ("ingest", "stream"):
             continue
@@ -309,8 +314,9 @@ def _check_kafka_sink(bootstrap: str, source_topic: str, config, decode) -> None
         value = decode(record.value or b"")
         assert expected is not None and value["order_id"] == expected["order_id"] and value["customer"] == expected["customer"]
         assert record.key == (expected["customer"] or "").encode() or (record.key is None and expected["customer"] is None)
-    dead = by_source(bootstrap, dead_topic)
-    assert all(dict(r.headers)["offsetlake.reason"] for r in read_records(bootstrap, dead_topic))
+    dead_letters = read_records(bootstrap, dead_topic)
+    dead = _sources(dead_letters)
+    assert all(dict(r.headers)["offsetlake.reason"] for r in dead_letters)
     assert set(dead) == set(source) - valid and (not dead or max(dead.values()) == 1)
     partitions = sorted({p for p, _ in source})
     per_partition = Counter(p for p, _ in source)
