@@ -32,7 +32,7 @@ def _sql(pipeline, *args: str, stdin: str | None = None) -> subprocess.Completed
 
 
 @pytest.mark.local_lake
-def test_sql_names_the_sink_dead_letters_and_ledger_and_travels_in_time(pipeline, spark):
+def test_sql_names_the_sink_dead_letters_and_ledger_and_travels_in_time(pipeline, spark, spark_server):
     config = pipeline.write(max_records_per_batch=1_000)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce_orders(pipeline.bootstrap, pipeline.topic, 600, malformed_every=50)
@@ -62,8 +62,8 @@ def test_sql_names_the_sink_dead_letters_and_ledger_and_travels_in_time(pipeline
     assert lines[:3] == [{"n": rows_all}, {"n": rows_first}, {"n": dead}]
     assert {"status": "committed", "batches": 2} in lines[3:]
 
-    # one statement as an argument
-    done = _sql(pipeline, f"SELECT max(order_id) AS top FROM {pipeline.name}")
+    # one statement as an argument, on a Spark server (a JVM start fewer than a second session of its own)
+    done = _sql(pipeline, "--remote", spark_server, f"SELECT max(order_id) AS top FROM {pipeline.name}")
     assert done.returncode == 0 and json.loads(done.stdout) == {"top": 10_899}, done.stderr[-3000:]
 
 
