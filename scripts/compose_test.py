@@ -551,6 +551,20 @@ def drive(stack: Stack, result: dict) -> None:
         result.update(good=len(truth.good), malformed=len(truth.bad), ledger_view_kinds=ledger_view(api))
 
 
+def clear_leftovers(stack: Stack) -> None:
+    """Take down what an earlier run left (one killed before its `down -v`, as CI's time limit
+    does): `up` would otherwise reuse its volumes, and Airflow's database would hold that run's
+    scheduled run, already successful, with no lake behind it."""
+    left = stack.leftovers()
+    if not left:
+        return
+    print(f"an earlier run left {len(left)} containers, networks or volumes of the project: taking them down first")
+    stack.compose("down", "-v", "--remove-orphans", check=False)
+    still = stack.leftovers()
+    if still:
+        raise SystemExit(f"compose-test: an earlier run's {still} could not be removed; remove them and run again")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rebuild-base", action="store_true", help="debootstrap the stand-in base image again")
@@ -570,6 +584,7 @@ def main() -> int:
             build_images(base_image(args.rebuild_base))
         stack = Stack()
         stack.resolve()
+        clear_leftovers(stack)
         with phase("up"):
             print(f"ports on 127.0.0.1: {stack.ports}")
             up = stack.compose("up", "-d", "--no-build", check=False)
