@@ -32,7 +32,7 @@ $(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 test: setup lint test-fast ## lint, the fast tier, then every other test (the campaign's CI seed, the properties' few examples, every S3 run and Airflow test): its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
 	$(PY) -m pytest tests -m "not fast and not stack" $(PYTEST_ARGS)
 
-test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it after make test
+test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it beside make test
 	$(PY) -m pytest tests -m stack -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (a minute or two, no broker, Spark, S3 or Airflow): planner arithmetic, Selection, the DDL parser, ledger entry round trips, file stats, config validation, docs and CLI reference

@@ -248,7 +248,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
     config.addinivalue_line(
         "markers",
-        "stack: builds and runs the production stack (docker images, compose); `make test-stack`, run by .ci/run after make test",
+        "stack: builds and runs the production stack (docker images, compose); `make test-stack`, run by .ci/run beside make test",
     )
     config.addinivalue_line("markers", "also_on_s3: the test runs twice, its lake local and on the embedded S3")
 

@@ -1,5 +1,5 @@
 """The production stack, built and run: `make compose-test` as a test (`make test-stack`, which
-.ci/run runs after `make test`: three and a half minutes of image builds kept out of make test's 45).
+.ci/run runs beside `make test`: about four and a half minutes, most of them waiting on containers).
 
 scripts/compose_test.py installs Debian's container engine and Compose if missing, starts the
 engine if none runs (and stops only that one), builds the Dockerfile on the official Python image

@@ -30,19 +30,24 @@ from offsetlake import jars
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
-def free_port() -> int:
+def free_port(below: tuple[int, int] = (12_000, 0)) -> int:
     """A free loopback port below the kernel's ephemeral range, where none is handed to an
     outgoing connection: a broker restarted on its ports gets them back. A port the kernel chose
     (bind to 0) is an ephemeral one, and while its broker was down any connection could take it
     as its local port: the fault campaign's broker restart failed with "Address already in use"
-    (seed 5105, beside a test run). Where the range is unknown, the kernel's choice."""
+    (seed 5105, beside a test run). Where the range is unknown, the kernel's choice.
+
+    ``below``: how far under the range's start the ports are taken from (farthest, nearest). Two
+    programs that pick ports side by side and bind them later (the compose test's stack beside
+    the test suite) take disjoint spans, so neither binds a port the other picked."""
     import random
 
     try:
         low = int(EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 0
-    for port in random.sample(range(max(1024, low - 12_000), low), min(200, max(0, low - 1024))) if low > 1024 else ():
+    ports = range(max(1024, low - below[0]), max(1024, low - below[1]))
+    for port in random.sample(ports, min(200, len(ports))) if low > 1024 else ():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
