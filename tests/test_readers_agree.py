@@ -117,11 +117,13 @@ def _same(expected: dict, actual: dict, columns: list[str], where: str) -> None:
                 assert want == got, (where, key, column, want, got)
 
 
-def _sql_rows(folder, pipelines: dict) -> dict[str, list[dict]]:
-    """Each sink's rows as ``offsetlake sql`` (delta-spark, every pipeline's tables by name) shows them."""
+def _sql_rows(folder, pipelines: dict, remote: str) -> dict[str, list[dict]]:
+    """Each sink's rows as ``offsetlake sql`` (delta-spark, every pipeline's tables by name) shows
+    them, attached to the warm Spark server as sql is by default (the classic session's sql is
+    test_delta_spark's and test_foreign_commits')."""
     statements = "".join(f"SELECT '{kind}' AS kind, to_json(struct(*)) AS row FROM {p.name};\n" for kind, p in pipelines.items())
     done = subprocess.run(
-        [sys.executable, "-m", "offsetlake", "--pipelines-dir", str(folder), "sql", "--json", "--limit", "0"],
+        [sys.executable, "-m", "offsetlake", "--pipelines-dir", str(folder), "sql", "--json", "--limit", "0", "--remote", remote],
         input=statements,
         capture_output=True,
         text=True,
@@ -145,13 +147,13 @@ def _crash(_name: str) -> None:
 
 
 @pytest.mark.local_lake
-def test_every_reader_sees_the_same_rows_as_the_oracle(pipeline, spark):
+def test_every_reader_sees_the_same_rows_as_the_oracle(pipeline, spark, spark_server):
     """The five kinds of sink side by side on one topic (upsert and partial_update see its
     tombstones as deletes; first_row, the aggregate and the append sink as dead letters).
 
     Over the 60 s budget on purpose: it is five pipelines through five operations with two
-    readers after each and one `offsetlake sql` JVM at the end; one test instead of five saves
-    four JVM starts and four fixtures."""
+    readers after each and one `offsetlake sql` at the end; one test instead of five saves four
+    fixtures."""
     ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
     produce(pipeline.bootstrap, pipeline.topic, 240, seed=51, keys=30, nulls=0.1, deletes=0.08)
     pipelines = {kind: dataclasses.replace(pipeline, name=f"{pipeline.name}_{kind}") for kind in SINKS}
@@ -196,6 +198,6 @@ def test_every_reader_sees_the_same_rows_as_the_oracle(pipeline, spark):
     for config in configs.values():
         maintain(config, retention_hours=168)
     expected = agree("after maintenance")
-    shown = _sql_rows(pipeline.folder, pipelines)
+    shown = _sql_rows(pipeline.folder, pipelines, spark_server)
     for kind, config in configs.items():
         _same(expected[kind], _by_key(config, shown[kind], "offsetlake sql"), _compared(config), f"{kind}, offsetlake sql")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import warm_spark_server
 from crash_runs import assert_every_plan_has_an_outcome
 from deltalake.exceptions import TableNotFoundError
 from kafka_truth import assert_exactly_once, group_offsets, ledger_rows, read_topic
@@ -96,8 +97,12 @@ class Stream:
                 stream.proc.wait(30)
         cls.started.clear()
 
-    def __init__(self, pipeline, folder, name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, pipeline, folder, name: str, env: dict[str, str] | None = None, warm: bool = False) -> None:
+        """``warm``: attached to the session's warm Spark server, as a stream is by default (no
+        JVM of its own to start); a stream killed at an arbitrary point keeps a JVM of its own,
+        so the kill stops its Spark work too."""
         self.out, self.err = folder / f"{name}.out", folder / f"{name}.err"
+        env = {**(env or {}), **({"OFFSETLAKE_SPARK_REMOTE": warm_spark_server()} if warm else {})}
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(
                 [
@@ -116,7 +121,7 @@ class Stream:
                 stdout=out,
                 stderr=err,
                 text=True,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **env},
                 cwd=ROOT,
             )
         Stream.started.append(self)
@@ -155,7 +160,7 @@ def test_streams_stopped_killed_and_taken_over_keep_the_sink_exactly_once(pipeli
 
 def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) -> None:
     # 1. a live stream owns the pipeline: batch runs skip, a backfill still replaces its rows
-    first = Stream(pipeline, tmp_path, "first")
+    first = Stream(pipeline, tmp_path, "first", warm=True)  # stopped by SIGTERM: its batch in flight finishes
     _wait_for("2 stream batches", lambda: len(_committed_batch_ids(config)) >= 2, proc=first)
     lease = live_lease(config)
     assert lease is not None and lease.state == "held"
@@ -191,7 +196,8 @@ def _stop_kill_take_over(pipeline, config, spark, tmp_path, producer, capsys) ->
     # 3. SIGKILL mid-batch (files written, not committed): the lease stays until it expires
     failpoint = tmp_path / "failpoint"
     failpoint.write_text("after_files_written")
-    killed = Stream(pipeline, tmp_path, "killed", env={"OFFSETLAKE_FAILPOINT_FILE": str(failpoint)})
+    # killed by its own failpoint, between two calls to the server: nothing of its is running there
+    killed = Stream(pipeline, tmp_path, "killed", env={"OFFSETLAKE_FAILPOINT_FILE": str(failpoint)}, warm=True)
     assert killed.wait(180) == -signal.SIGKILL, killed.stderr()[-3000:]
     assert live_lease(config) is not None, "a killed stream's lease lives until its expiry"
 
