@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import direct, engines, failpoints, keyed, storage
+from offsetlake import direct, engines, failpoints, keyed, routing, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, with_topic_epochs
@@ -367,7 +367,16 @@ def _checked_rows(
 
     upsert = config.sink.keyed
     rows = _rows(config, decoder, decoded)
+    if not routing.owns_the_rest(config):  # another table of the routes dead-letters what does not decode
+        for counts in processed.per_range.values():
+            counts["dead_letters"] = 0
     dead = dead_letter_rows(decoded, config.name, plan.batch_id) if _total(processed, "dead_letters") else None
+    if config.routed_by_column:  # this table's rows, before the suite sees them (``offsetlake.routing``)
+        rows = routing.rows_of_route(config, rows)
+        unrouted = routing.unrouted_reason(config, rows)
+        if unrouted is not None:
+            rows, no_table = _split_records(config, plan, rows, decoded, processed, [unrouted], "unrouted")
+            dead = _union(dead, no_table)
     if suite is not None and _total(processed, "records_read"):
         # a keyed sink's deletes write no row: the suite sees the rows that are written
         deletes = rows.where(F.col(CHANGE) == DELETE) if upsert else None
@@ -451,6 +460,8 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
 
     if suite is not None and config.validation.on_failure == "quarantine":
         return True
+    if config.routed_by_column and routing.owns_the_rest(config):
+        return True  # a row whose value no table maps may be a dead letter
     if config.sink.keyed:  # a row whose key (or window time) is null is a dead letter
         return True
     if not config.sink.partition_by:
@@ -488,8 +499,6 @@ def _split_unwritable(
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
-    from offsetlake.coordinates import RECORD_KEY
-
     columns = [c for c in config.sink.partition_by if c in rows.columns and isinstance(rows.schema[c].dataType, StringType)]
     null_key = _coalesced(keyed.null_key_reason(config), engines.row_problem(config))
     if not columns and null_key is None:
@@ -519,6 +528,25 @@ def _split_unwritable(
                 ),
             )
         )
+    return _split_records(config, plan, rows, decoded, processed, reasons, "unwritable")
+
+
+def _split_records(
+    config: PipelineConfig,
+    plan: BatchPlan,
+    rows: DataFrame,
+    decoded: DataFrame,
+    processed: ProcessedBatch,
+    reasons: list[Column],
+    step: str,
+) -> tuple[DataFrame, DataFrame | None]:
+    """The rows of records none of whose rows has a reason in ``reasons``, and those records as
+    dead letters with the first reason found (all rows of such a record go, as quarantine does);
+    counted per range and logged as ``step``."""
+    from pyspark.sql import functions as F
+
+    from offsetlake.coordinates import RECORD_KEY
+
     flagged = rows.select(*RECORD_KEY, F.coalesce(*reasons).alias("_unwritable")).where(F.col("_unwritable").isNotNull())
     bad = flagged.groupBy(*RECORD_KEY).agg(F.first("_unwritable").alias("_unwritable")).persist()
     processed.cached.append(bad)
@@ -527,7 +555,7 @@ def _split_unwritable(
         return rows, None
     for key, count in per_partition.items():
         processed.per_range[key]["dead_letters"] += count
-    log_step("unwritable", plan, time.monotonic(), records=sum(per_partition.values()))
+    log_step(step, plan, time.monotonic(), records=sum(per_partition.values()))
     kept = rows.join(bad.drop("_unwritable"), list(RECORD_KEY), "left_anti")
     coordinates = bad.select(
         F.col(TOPIC).alias("topic"),

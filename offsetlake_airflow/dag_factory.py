@@ -16,7 +16,7 @@ from airflow.providers.standard.operators.python import PythonOperator, ShortCir
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 from offsetlake import jars
-from offsetlake.config import PipelineConfig, all_pipeline_files, load_pipeline
+from offsetlake.config import PipelineConfig, load_pipeline, pipeline_names
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.errors import ConfigError
 from offsetlake_airflow import pipelines_folder, project_dir
@@ -340,11 +340,11 @@ def pipeline_dags() -> dict[str, DAG]:
     """Every pipeline's four DAGs by dag id; a pipeline file that does not load is logged and
     skipped, so one broken file never hides the other pipelines."""
     dags: dict[str, DAG] = {}
-    for path in all_pipeline_files(pipelines_folder()):
+    for name in pipeline_names(pipelines_folder()):  # a routed file: one pipeline per table
         try:
-            config = load_pipeline(str(path))
+            config = load_pipeline(name, pipelines_folder())
         except ConfigError as err:
-            log.error("skipping %s: %s", path, err)
+            log.error("skipping %s: %s", name, err)
             continue
         made = [ingest_dag(config), backfill_dag(config), stream_dag(config)]
         if sink_kind(config).can(config, Capability.REWIND):  # a Kafka sink takes none

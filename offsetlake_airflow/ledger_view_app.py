@@ -86,16 +86,16 @@ def may_read(user: Any, pipeline: str) -> bool:
 
 
 def visible_pipelines(user: Any) -> list[str]:
-    from offsetlake.config import all_pipeline_files
+    from offsetlake.config import pipeline_names
 
-    return [path.stem for path in all_pipeline_files(pipelines_folder()) if may_read(user, path.stem)]
+    return [name for name in pipeline_names(pipelines_folder()) if may_read(user, name)]
 
 
 def readable_config(user: Any, pipeline: str) -> PipelineConfig:
     """The pipeline's config (Kafka connection overrides applied); 404 unknown, 403 not allowed."""
-    from offsetlake.config import all_pipeline_files
+    from offsetlake.config import pipeline_names
 
-    if pipeline not in {path.stem for path in all_pipeline_files(pipelines_folder())}:
+    if pipeline not in pipeline_names(pipelines_folder()):
         raise HTTPException(404, f"no pipeline '{pipeline}' in {pipelines_folder()}")
     if not may_read(user, pipeline):
         raise HTTPException(403, f"not allowed to read the runs of DAG {pipeline}_ingest")

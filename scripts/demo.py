@@ -273,11 +273,11 @@ def _catalog_story() -> int:
     """The tables by name in the embedded metastore, queried from a plain pyspark session."""
     from offsetlake import metastore, storage
     from offsetlake.catalog import committed, named_tables
-    from offsetlake.config import all_pipeline_files, resolve_pipeline
+    from offsetlake.config import pipeline_names, resolve_pipeline
 
     say("the tables by name, from any Spark session: offsetlake catalog register, then a plain pyspark")
     offsetlake("catalog", "register")
-    configs = [resolve_pipeline(p.stem) for p in all_pipeline_files(None)]
+    configs = [resolve_pipeline(name) for name in pipeline_names(None)]
     sinks = [t for t in named_tables(configs) if t.kind == "sink" and committed(t)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_")}
     env["SPARK_CONF_DIR"] = str(metastore.conf_dir())

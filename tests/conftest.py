@@ -187,7 +187,11 @@ class Pipeline:
             body.pop("storage", None)  # a test that names its own lake names its own storage
         body.update(overrides)
         self.file.write_text(yaml.safe_dump(on_the_test_data_path(body), sort_keys=False))
-        return self.config()
+        return self.config() if "routes" not in overrides else self.route(next(iter(overrides["routes"]["tables"])))  # type: ignore[index]
+
+    def route(self, table: str) -> PipelineConfig:
+        """One table's pipeline of a file with ``routes:`` (``<name>_<table>``)."""
+        return load_pipeline(f"{self.name}_{table}", self.folder)
 
     def config(self) -> PipelineConfig:
         return load_pipeline(str(self.file))

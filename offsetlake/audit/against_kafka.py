@@ -101,15 +101,17 @@ def _read_back(
 
 
 def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list]], found: dict) -> list[tuple[str, int, list[int]]]:
-    """The records of ``unaccounted`` that should have become rows or dead letters: all of them
-    without a transform; with one, those its decode + transform still turn into rows or dead letters."""
+    """The records of ``unaccounted`` that should have become rows or dead letters of this table:
+    all of them without a transform or routes; with one, those its decode, transform and route
+    (``offsetlake.routing``) still turn into rows or dead letters here."""
     if not unaccounted:
         return []
-    if not config.transform:
+    if not config.transform and not config.routed_by_column:
         return [(t, p, sorted(m.offset() for m in messages)) for t, p, messages in unaccounted]
     from pyspark.sql import functions as F
 
-    from offsetlake.formats import REASON, decoder_for, good_rows
+    from offsetlake import routing
+    from offsetlake.formats import CHANGE, REASON, decoder_for, good_rows
     from offsetlake.reader import raw_dataframe
     from offsetlake.spark import spark_session
     from offsetlake.transform import apply_transform
@@ -118,14 +120,19 @@ def _lost_records(config: PipelineConfig, unaccounted: list[tuple[str, int, list
     decoder = decoder_for(config, sink_columns=sink_columns(open_table(config.layout.sink)))
     decoded = decoder.decode_in_spark(raw_dataframe(spark, unaccounted, decoder, max_record_bytes=config.max_record_bytes))
     decoded = decoded.withColumn(REASON, F.coalesce(F.col("read_problem"), F.col(REASON))).persist()
-    should_be_dead = {
-        (r["topic"], r["partition"], r["offset"])
-        for r in decoded.where(F.col(REASON).isNotNull()).select("topic", "partition", "offset").collect()
-    }
-    with_rows = {
-        (r[TOPIC], r[PARTITION], r[OFFSET])
-        for r in apply_transform(good_rows(decoded, decoder), config).select(TOPIC, PARTITION, OFFSET).distinct().collect()
-    }
+    should_be_dead = (
+        {
+            (r["topic"], r["partition"], r["offset"])
+            for r in decoded.where(F.col(REASON).isNotNull()).select("topic", "partition", "offset").collect()
+        }
+        if routing.owns_the_rest(config)
+        else set()
+    )
+    rows = good_rows(decoded, decoder)
+    if not config.sink.keyed and CHANGE in rows.columns:
+        rows = rows.drop(CHANGE)
+    rows = routing.rows_of_route(config, apply_transform(rows, config))
+    with_rows = {(r[TOPIC], r[PARTITION], r[OFFSET]) for r in rows.select(TOPIC, PARTITION, OFFSET).distinct().collect()}
     decoded.unpersist()
     lost = []
     for topic, partition, messages in unaccounted:

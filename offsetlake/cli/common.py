@@ -10,7 +10,11 @@ from offsetlake.config import PipelineConfig, resolve_pipeline
 
 
 def add_pipeline(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("pipeline", metavar="PIPELINE", help="pipeline name (pipelines/<name>.yaml) or a .yaml path")
+    parser.add_argument(
+        "pipeline",
+        metavar="PIPELINE",
+        help="pipeline name (pipelines/<name>.yaml; <name>_<table> for one table of a file with routes:) or a .yaml path",
+    )
 
 
 def add_spark_options(parser: argparse.ArgumentParser) -> None:

@@ -241,9 +241,9 @@ def add_catalog_command(commands: argparse._SubParsersAction, common: argparse.A
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from offsetlake import metastore
-    from offsetlake.config import all_pipeline_files
+    from offsetlake.config import pipeline_names
 
-    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
+    names = args.pipeline or pipeline_names(args.pipelines_dir)
     if args.catalog_command == "settings":
         server = metastore.server(args.metastore)
         conf = metastore.shown(
@@ -308,10 +308,10 @@ def add_sql_command(commands: argparse._SubParsersAction, common: argparse.Argum
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from offsetlake.catalog import changes_since, current_database, refuse_write, register, table_versions, writes
-    from offsetlake.config import all_pipeline_files
+    from offsetlake.config import pipeline_names
     from offsetlake.spark import spark_session, stop_spark
 
-    names = args.pipeline or [p.stem for p in all_pipeline_files(args.pipelines_dir)]
+    names = args.pipeline or pipeline_names(args.pipelines_dir)
     if not names:
         raise OffsetlakeError(f"no pipelines in {args.pipelines_dir or 'the pipelines folder'}: nothing to query")
     configs = [resolve_pipeline(name, args.pipelines_dir) for name in names]

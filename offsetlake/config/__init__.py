@@ -23,6 +23,7 @@ from offsetlake.config.loading import (
     all_pipeline_files,
     find_pipeline_file,
     load_pipeline,
+    pipeline_names,
     pipelines_dir,
 )
 from offsetlake.config.models import (
@@ -31,6 +32,7 @@ from offsetlake.config.models import (
     PIPELINE_NAME,
     KafkaSettings,
     PipelineConfig,
+    RouteSettings,
     ValidationSettings,
     spark_only_reason,
 )
@@ -74,6 +76,7 @@ __all__ = [
     "OverridesSource",
     "PipelineConfig",
     "ProtobufFormat",
+    "RouteSettings",
     "DeltaSinkSettings",
     "KafkaSinkSettings",
     "SinkSettings",
@@ -85,6 +88,7 @@ __all__ = [
     "key_columns",
     "spark_only_reason",
     "load_pipeline",
+    "pipeline_names",
     "pipelines_dir",
     "redacted_registry_settings",
     "registry_options",

@@ -86,6 +86,73 @@ class CatalogSettings(_Strict):
         return value
 
 
+UNMAPPED_DEAD_LETTER = "dead_letter"
+
+
+class RouteSettings(_Strict):
+    """``routes:``: one pipeline's rows into several sink tables, chosen per row
+    (``offsetlake.routing``). Each table is a pipeline of its own, ``<name>_<table>``, with its
+    own txns, ledger entries, dead letters and leases (invariants 2-4 per table)."""
+
+    # A column of the rows (after the transform) whose value chooses the table, or ``topic``:
+    # the record's source topic (then each table reads only its own topics).
+    by: str = Field(min_length=1)
+    # table name -> the values (or topics) whose rows it takes; a value in at most one table
+    tables: dict[str, list[str]]
+    # What a row whose value no table maps becomes: dead_letter (reason code ``unrouted``, in the
+    # first table's dead letters) or a table's name (it takes every such row; a name not in
+    # ``tables`` is a table of its own that takes only those).
+    unmapped: str = UNMAPPED_DEAD_LETTER
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unmapped_is_a_table(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("tables"), dict):
+            unmapped = value.get("unmapped", UNMAPPED_DEAD_LETTER)
+            if isinstance(unmapped, str) and unmapped != UNMAPPED_DEAD_LETTER and unmapped not in value["tables"]:
+                return {**value, "tables": {**value["tables"], unmapped: []}}
+        return value
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _values_as_text(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out: dict[Any, Any] = {}
+        for name, values in value.items():
+            items = values if isinstance(values, list) else [values]
+            # a value is compared as the column's text (Spark's cast to string): YAML's true is "true"
+            out[name] = [str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else str(v) for v in items]
+        return out
+
+    @model_validator(mode="after")
+    def _tables_apart(self) -> RouteSettings:
+        if not self.tables:
+            raise ValueError("tables: name one or more tables, each with the values it takes")
+        for name, values in self.tables.items():
+            if not PIPELINE_NAME.match(name):
+                raise ValueError(f"tables: '{name}' is not allowed: a table's name is [a-z0-9_]+ (it ends its pipeline's name)")
+            if not values and self.unmapped != name:
+                raise ValueError(f"tables.{name}: give the values it takes (or make it the unmapped table)")
+        seen: dict[str, str] = {}
+        for name, values in self.tables.items():
+            for v in values:
+                if v in seen and seen[v] != name:
+                    raise ValueError(f"tables: value '{v}' is mapped to both {seen[v]} and {name}; a row goes to one table")
+                seen[v] = name
+        return self
+
+    @property
+    def by_topic(self) -> bool:
+        return self.by == "topic"
+
+    @property
+    def owner(self) -> str:
+        """The table whose pipeline dead-letters what no table takes (records that do not decode,
+        rows whose value no table maps): the unmapped table, else the first one listed."""
+        return self.unmapped if self.unmapped != UNMAPPED_DEAD_LETTER else next(iter(self.tables))
+
+
 class PipelineConfig(_Strict):
     name: str
     # Exactly one of: one topic, a list, or a pattern (a regular expression a topic name must
@@ -127,7 +194,11 @@ class PipelineConfig(_Strict):
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     outbox: OutboxSettings | None = None  # lake -> Kafka after each commit (append Delta sinks)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)  # where its tables are named (``offsetlake.catalog``)
+    routes: RouteSettings | None = None  # rows into several tables, each its own pipeline ``<name>_<table>``
     source_file: str = ""  # filled in by load_pipeline
+    # filled in by load_pipeline for one table of a routed file: that table's name in ``routes``
+    # (the config's name is then ``<file's name>_<route>``); never written in the YAML
+    route: str | None = None
     _layout: LakeLayout | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -159,11 +230,17 @@ class PipelineConfig(_Strict):
             _data_path_problem,
             _engine_problem,
             _kafka_sink_problem,
+            _routes_problem,
         ):
             found = check(self)
             if found:
                 raise PydanticCustomError(FIELD_PROBLEM, "{field}: {problem}", {"field": found[0], "problem": found[1]})
         return self
+
+    @property
+    def routed_by_column(self) -> bool:
+        """This config is one table of a pipeline that routes its rows by a column's value."""
+        return self.route is not None and self.routes is not None and not self.routes.by_topic
 
     @property
     def topic_label(self) -> str:
@@ -294,11 +371,13 @@ class PipelineConfig(_Strict):
 
     @property
     def suite_file(self) -> Path | None:
-        """The expectation suite file, or None when the pipeline has none (no validation)."""
+        """The expectation suite file, or None when the pipeline has none (no validation). One
+        table of a routed file takes ``<name>_<table>.expectations.yaml`` when it has one, else
+        the file's ``<file>.expectations.yaml``."""
         if self.validation.suite:
             return self.transform_dir / self.validation.suite
-        default = self.transform_dir / f"{self.name}.expectations.yaml"
-        return default if default.exists() else None
+        names = [self.name] + ([Path(self.source_file).stem] if self.route is not None and self.source_file else [])
+        return next((p for n in names if (p := self.transform_dir / f"{n}.expectations.yaml").exists()), None)
 
     def kafka_client_config(self) -> dict[str, str]:
         """Full librdkafka config, secrets included: hand it to clients, never to a logger."""
@@ -431,6 +510,8 @@ def spark_only_reason(config: PipelineConfig) -> str | None:
         return "a keyed sink merges in Spark"
     if config.transform:
         return "a transform runs in Spark"
+    if config.routed_by_column:
+        return "its rows are routed by a column's value in Spark"
     if config.suite_file is not None:
         return "the suite validates the rows in Spark"
     if getattr(config.format, "envelope", None) == "debezium":
@@ -483,3 +564,41 @@ def _kafka_sink_problem(config: PipelineConfig) -> tuple[str, str] | None:
         )
 
     return config.sink.sources_problem(config.data_path, is_source, config.name)
+
+
+def _routes_problem(config: PipelineConfig) -> tuple[str, str] | None:
+    """Routes the pipeline cannot take: a Kafka sink (one transaction is its commit point, so it
+    routes nothing yet), one named sink table or an outbox (several tables), a column the rows
+    cannot have, topics a topic route does not list."""
+    routes = config.routes
+    if routes is None:
+        return None
+    if isinstance(config.sink, KafkaSinkSettings):
+        return "routes", "a Kafka sink does not route yet: write one pipeline per output topic"
+    if isinstance(config.sink, DeltaSinkSettings) and config.sink.table is not None:
+        return "sink.table", "names one table, and a routed pipeline writes several: <lake>/<name>_<table> each (leave sink.table out)"
+    if config.outbox is not None:
+        return "outbox", "publishes one sink table, and a routed pipeline writes several"
+    if routes.by_topic:
+        if config.route is not None:  # one table reads its own topics: the file was checked whole
+            return None
+        if config.topic_pattern is not None:
+            return "routes.by", "topic routes the topics the pipeline lists; give topic or topics, not topic_pattern"
+        listed = [config.topic] if config.topic is not None else list(config.topics or ())
+        for name, topics in routes.tables.items():
+            stray = [t for t in topics if t not in listed]
+            if stray:
+                return f"routes.tables.{name}", f"topic '{stray[0]}' is not one the pipeline reads ({', '.join(listed)})"
+        mapped = {t for topics in routes.tables.values() for t in topics}
+        unmapped = [t for t in listed if t not in mapped]
+        if unmapped and routes.unmapped == UNMAPPED_DEAD_LETTER:
+            return "routes.tables", f"topic '{unmapped[0]}' goes to no table: map it, or name a table in routes.unmapped"
+        return None
+    if not config.transform and isinstance(config.format, JsonFormat) and not (config.key_format and config.key_format.uses_registry):
+        fields = set(config.format.schema_) | set(key_columns(config.key_format or KeyFormat()))
+        if routes.by not in fields:
+            return (
+                "routes.by",
+                f"column '{routes.by}' is not a field of format.schema or a key column (without a transform the rows have only those)",
+            )
+    return None

@@ -43,6 +43,7 @@ CODES = {
     "timestamp_range": "the record timestamp is outside what the sink's timestamp type holds",
     "partition_value": "a string partition value cannot be a folder name",
     "quarantined": "the record failed a row-level expectation under validation.on_failure: quarantine",
+    "unrouted": "the value of the column routes: goes by maps to none of its tables, and routes.unmapped is dead_letter",
 }
 
 
