@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements-setup.lock requirements.loc
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup jars lock-jars debian test test-fast test-stack test-jvm torture bench bench-keyed-dv bench-engines bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-fast test-stack test-jvm torture bench bench-keyed-dv bench-engines bench-routes bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
 
@@ -64,6 +64,9 @@ bench-keyed-dv: setup ## a keyed sink's merges: offsetlake (delta-rs) beside del
 
 bench-engines: setup ## merge engines (hourly aggregate, first_row) beside the append sink: time per batch, state size, a 1% backfill, 2M records over 10k keys -> bench-merge-engines.json
 	$(PY) bench/merge_engines.py --out bench-merge-engines.json
+
+bench-routes: setup ## what routes cost: one topic into one table beside the same topic routed by currency into two tables, 500k orders, medians of 3
+	$(PY) bench/routing_cost.py
 
 bench-kafka-sink: setup ## a Kafka topic as the sink: Kafka -> Kafka, 2M orders, offsetlake beside a plain transactional consume-transform-produce loop, and the cost of a transaction per batch size -> bench-kafka-sink.json
 	$(PY) bench/kafka_sink.py --out bench-kafka-sink.json

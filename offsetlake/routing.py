@@ -51,6 +51,14 @@ def rows_of_route(config: PipelineConfig, rows: DataFrame) -> DataFrame:
     return rows.where(_kept(config, rows))
 
 
+def rows_written(config: PipelineConfig, rows: DataFrame) -> DataFrame:
+    """The rows this table writes as rows: ``rows_of_route`` without those its owner makes dead
+    letters (``unrouted_reason``); what an audit replays."""
+    kept = rows_of_route(config, rows)
+    unrouted = unrouted_reason(config, kept)
+    return kept if unrouted is None else kept.where(unrouted.isNull())
+
+
 def unrouted_reason(config: PipelineConfig, rows: DataFrame) -> Column | None:
     """For the owner of ``unmapped: dead_letter``: the dead-letter reason of a row whose value no
     table maps (null for every other row); None when this table dead-letters no row for routing."""

@@ -244,6 +244,7 @@ def _story(lake: str) -> int:
         code = max(code, _check_kafka_outputs(bootstrap, topic, config))
         code = max(code, _avro_story(bootstrap))
         code = max(code, _cdc_story(bootstrap, pipelines))
+        code = max(code, _routes_story(pipelines))
         if not storage.is_uri(lake):
             code = max(code, _catalog_story())
         print(f"\ntables: {lake}/orders, {lake}/_dead_letters/orders, {lake}/_offset_ledger")
@@ -257,6 +258,28 @@ def _story(lake: str) -> int:
             spark_server.stop()
         if broker is not None:
             broker.stop()
+
+
+def _routes_story(pipelines: Path) -> int:
+    """One file, three tables: orders_by_currency routes the orders by currency (``routes:``)."""
+    from offsetlake import storage
+    from offsetlake.config import load_pipeline
+
+    say("orders_by_currency: one pipeline file, a table per currency (routes:), each table a pipeline of its own")
+    tables = ("eur", "usd", "other")
+    for table in tables:
+        offsetlake("run", f"orders_by_currency_{table}")
+    failed = 0
+    for table in tables:
+        config = load_pipeline(f"orders_by_currency_{table}", pipelines)
+        rows = storage.table(config.layout.sink).to_pyarrow_table(columns=["currency"])  # a plain delta-rs read
+        seen = sorted(set(rows["currency"].to_pylist()), key=str)
+        dead = storage.table(config.layout.dead_letters).count() if storage.is_table(config.layout.dead_letters) else 0
+        print(f"  {config.sink_path}: {rows.num_rows:,} rows, currencies {seen}; {dead} dead letters")
+        failed += table != "other" and seen != [table.upper()]
+    if failed:
+        print("CHECK FAILED: a routed table holds another table's currency")
+    return max(1 if failed else 0, offsetlake("audit", "orders_by_currency_other", "--against-kafka", check=False))
 
 
 # a user's own Spark session: pyspark alone, its settings read by Spark from $SPARK_CONF_DIR

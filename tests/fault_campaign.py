@@ -99,6 +99,9 @@ SCHEMA = {"order_id": "long", "customer": "string", "amount": "double"}
 # The sink is partitioned by customer: null and "" (both the default partition folder, issue 35
 # finding 1) and values Spark escapes in folder names, next to plain ones.
 CUSTOMERS = ["a", "", None, "b", "q?r#s", "x%20y", "São Paulo", "k:v=1"]
+# The routed pipeline (issue 53) sends the plain records by customer to two tables; the other
+# customers (and a null one) are mapped to none: dead letters of the first table, coded unrouted.
+ROUTES = {"a": ["a", "São Paulo"], "b": ["b", "", "q?r#s"]}
 EXTRA_FIELD = ("note", "string")  # what schema_change adds and drops: nullable, no record carries it
 # Nested values every record carries (derived from its order id, see ``nested_values``); the
 # schema starts without some of them and ``nested_field`` adds them one stage at a time: a field
@@ -230,7 +233,12 @@ class Campaign:
         self.kafka_name = f"{self.name}_kafka"
         self.kafka_file = self.folder / f"{self.kafka_name}.yaml"
         self.with_extra_field = False
-        self.model.epoch_incarnation = {n: [0] for n in (self.name, self.keyed_name, self.engine_name, self.first_name, self.partial_name)}
+        self.routed_name = f"{self.name}_rt"
+        self.routed_file = self.folder / f"{self.routed_name}.yaml"
+        self.routes = self._write_routed_pipeline()
+        self.model.epoch_incarnation = {
+            n: [0] for n in (self.name, self.keyed_name, self.engine_name, self.first_name, self.partial_name, *self._route_names())
+        }
         self.config = self._write_pipeline()
         self.keyed = self._write_keyed_pipeline()
         self.engine = self._write_engine_pipeline()
@@ -285,6 +293,34 @@ class Campaign:
             )
         )
         return load_pipeline(str(self.file))
+
+    def _write_routed_pipeline(self) -> list:
+        """The routed pipeline (issue 53): the plain records by customer into two tables, each a
+        pipeline of its own (``<file>_a``, ``<file>_b``); small batches."""
+        from offsetlake.config import load_pipeline
+
+        self.routed_file.write_text(
+            yaml.safe_dump(
+                {
+                    "name": self.routed_name,
+                    "topic": self.topic,
+                    "lake": str(self.work / "lake"),
+                    "start": "earliest",
+                    "kafka": {"bootstrap_servers": self.bootstrap, "options": {"client.id": "campaign-routed"}},
+                    "max_records_per_batch": 350,
+                    "read_timeout_seconds": 60,
+                    "on_offsets_lost": "skip",
+                    "key_format": "none",
+                    "format": {"type": "json", "schema": SCHEMA, "required": ["order_id"]},
+                    "routes": {"by": "customer", "tables": ROUTES},
+                },
+                sort_keys=False,
+            )
+        )
+        return [load_pipeline(f"{self.routed_name}_{table}", self.folder) for table in ROUTES]
+
+    def _route_names(self) -> list[str]:
+        return [f"{self.routed_name}_{table}" for table in ROUTES]
 
     def _write_keyed_pipeline(self):
         """The keyed pipeline: the same topic into an upsert sink keyed by the record key's
@@ -399,6 +435,7 @@ class Campaign:
             "recreate_topic": (1, self.recreate_topic),
             "keyed_backfill": (1, self.keyed_backfill),
             "engine_backfill": (1, self.engine_backfill),
+            "routed_crash_or_backfill": (1, self.routed_crash_or_backfill),
         }
         if self.kafka_sinks:
             kinds.update(
@@ -442,6 +479,7 @@ class Campaign:
                 self.check(clean_run=kind == "run")
                 self.check_keyed()
                 self.check_engine()
+                self.check_routes()
                 if self.kafka_sinks:
                     checked = time.monotonic()
                     self.check_kafka_sink()
@@ -459,10 +497,11 @@ class Campaign:
         self.check(clean_run=True, final=True)
         self.check_keyed(final=True)
         self.check_engine(final=True)
+        self.check_routes(final=True)
         if self.kafka_sinks:
             self.check_kafka_sink(final=True)
             self.check_outbox(final=True)
-        self.audit()
+        self.audit(final=True)
         figures = self.figures(time.monotonic() - started)
         self.log("campaign figures " + json.dumps(figures))
         return figures
@@ -521,6 +560,11 @@ class Campaign:
             "outbox_records": self.stats["last_outbox_records"],
             "outbox_crashes": self.stats["outbox_crashes"],
             "kafka_sink_and_outbox_checks_seconds": round(self.stats["kafka_checks_ms"] / 1000, 1),
+            "routed_rows": self.stats["last_routed_rows"],
+            "routed_dead_letters": self.stats["last_routed_dead"],
+            "routed_unrouted": self.stats["last_routed_unrouted"],
+            "routed_crashes": self.stats["routed_crashes"],
+            "routed_backfills": self.stats["routed_backfills"],
             "partitions": self.partitions,
             "duplicates_found": self.stats["duplicates_found"],
             "records_lost": self.stats["records_lost"],
@@ -616,7 +660,7 @@ class Campaign:
         from offsetlake.runs import run_pipeline
         from offsetlake.spark import spark_session
 
-        for config in (self.config, self.keyed, *self.engines):
+        for config in (self.config, self.keyed, *self.engines, *self.routes):
             run_pipeline(
                 config,
                 RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"),
@@ -866,7 +910,11 @@ class Campaign:
         or a rewind of this campaign still needs is deleted unless the campaign is that old."""
         from offsetlake.maintenance import maintain
 
-        reports = [*maintain(self.config, retention_hours=1, vacuum=True), *maintain(self.keyed, retention_hours=1, vacuum=True)]
+        reports = [
+            *maintain(self.config, retention_hours=1, vacuum=True),
+            *maintain(self.keyed, retention_hours=1, vacuum=True),
+            *(r for route in self.routes for r in maintain(route, retention_hours=1, vacuum=True)),
+        ]
         for engine in self.engines:
             # the sink holds rows and is compacted; the state table keeps the pinned state's files
             # as the merges wrote them (an unpinned commit a crash left is healed away)
@@ -977,6 +1025,142 @@ class Campaign:
         self.stats["engine_backfills"] += 1
 
     # ---- steps: the Kafka sink and the outbox ---------------------------------------------------
+    def routed_crash_or_backfill(self) -> None:
+        """One table of the routed pipeline: a run that dies at a random failpoint (in process, as
+        a crash leaves it) with records pending, or a backfill of a random range of its own."""
+        from offsetlake.backfill import plan_backfill
+        from offsetlake.ledger import Ledger
+        from offsetlake.plan import RunContext
+        from offsetlake.runs import execute_recorded_batch, run_pipeline
+        from offsetlake.spark import spark_session
+
+        route = self.rng.choice(self.routes)
+        ends = self._committed_ends(route)
+        candidates = [(p, e) for p, e in ends.items() if e and e > self.model.deleted_below.get(p, 0) + 1]
+        if candidates and self.rng.random() < 0.5:
+            partition, end = self.rng.choice(candidates)
+            start = self.rng.randrange(self.model.deleted_below.get(partition, 0), end - 1)
+            plan = plan_backfill(route, RunContext(run_id=f"campaign-routed-{uuid.uuid4().hex[:6]}"), [partition], start, end)
+            Ledger(route.layout.ledger, route.name).record_plan(plan)
+            execute_recorded_batch(route, plan.batch_id, spark_session)
+            self.stats["routed_backfills"] += 1
+            return
+        name = self.rng.choice(FAILPOINTS)
+        for attempt in range(3):
+            self.finish_open_txn()
+            self.produce()
+            self._ensure_pending(ends=lambda: self._committed_ends(route))
+            with failpoints.on(name, _simulated_crash):
+                try:
+                    done = run_pipeline(
+                        route, RunContext(run_id=f"campaign-{uuid.uuid4().hex[:6]}"), spark_session, max_batches=1, emit=lambda _: None
+                    )
+                except failpoints.SimulatedCrash:
+                    self.stats["routed_crashes"] += 1
+                    self.stats[f"routed_crashes:{name}"] += 1
+                    return
+            self.log(f"campaign: failpoint {name} of {route.name} did not fire (attempt {attempt + 1}): {[r.status for r in done]}")
+        raise InvariantBroken(f"failpoint {name} of {route.name} never fired in 3 runs with records produced")
+
+    def check_routes(self, final: bool = False) -> None:
+        """The routed pipeline's tables as a plain reader sees them: each holds only the rows of
+        its customers, each valid record below its committed end once; the first table's dead
+        letters hold the records that do not decode and those of customers no table maps, the
+        other's none; no order in both tables."""
+        from offsetlake import routing
+
+        problems: list[str] = []
+        by_order = {r.order_id: r for r in self.model.records.values() if r.order_id is not None}
+        mapped = {c for customers in ROUTES.values() for c in customers}
+        orders: Counter = Counter()
+        rows_total = dead_total = unrouted_total = 0
+        for route in self.routes:
+            name, mine, owner = route.name, set(ROUTES[route.route]), routing.owns_the_rest(route)
+            ends = self._committed_ends(route)
+            commits, _, live, epoch_of = self._history(route)
+            incarnations = self.model.epoch_incarnation[name]
+            rows: list[dict] = []
+            if storage.is_table(route.layout.sink):
+                rows = _plain_rows(route.layout.sink, ["_kafka_partition", "_kafka_offset", "order_id", "customer"]).to_pylist()
+            held = Counter(r["order_id"] for r in rows)
+            orders.update(held.keys())
+            if any(n > 1 for n in held.values()):
+                self.stats["duplicates_found"] += sum(n - 1 for n in held.values() if n > 1)
+                problems.append(f"{name}: orders twice in the table: {[k for k, n in held.items() if n > 1][:5]}")
+            for row in rows:
+                record = by_order.get(row["order_id"])
+                if (
+                    record is None
+                    or record.state != "visible"
+                    or (record.partition, record.offset) != (row["_kafka_partition"], row["_kafka_offset"])
+                ):
+                    problems.append(f"{name}: row {row} is not a committed record ({record})")
+                elif row["customer"] not in mine:
+                    problems.append(f"{name}: row of order {row['order_id']} has customer {row['customer']!r}, not one of {sorted(mine)}")
+            dead: Counter = Counter()
+            codes: Counter = Counter()
+            changes = [c["version"] for c in commits if "dead_letter_files" in c or "dead_letter_restore" in c]
+            dead_pending = bool(changes)
+            if storage.is_table(route.layout.dead_letters):
+                table = storage.table(route.layout.dead_letters)
+                d = table.to_pyarrow_dataset().to_table(columns=["_kafka_partition", "_kafka_offset", "batch_id", "reason_code"])
+                version_of = {c.get("batch_id"): c["version"] for c in commits}
+                for p, o, b, code in zip(*(d[c].to_pylist() for c in d.column_names), strict=True):
+                    dead[(incarnations[min(epoch_of(version_of.get(b, 1 << 62)), len(incarnations) - 1)], p, o)] += 1
+                    codes[code] += 1
+                sink_id = str(storage.table(route.layout.sink).metadata().id) if changes else ""
+                applied = table.transaction_version(dead_letters.applied_app_id(sink_id)) if changes else None
+                dead_pending = bool(changes) and (applied is None or applied < max(changes))
+            if dead and not owner:
+                problems.append(f"{name}: {sum(dead.values())} dead letters in a table that does not own them (codes {dict(codes)})")
+            if any(n > 1 for n in dead.values()):
+                self.stats["duplicates_found"] += 1
+                problems.append(f"{name}: dead letters twice: {[k for k, n in dead.items() if n > 1][:5]}")
+            gaps = self._gaps(name, live, epoch_of)
+            lost = []
+            for (inc, p, o), record in self.model.records.items():
+                end = self._ends_of(name, inc, ends).get(p)
+                if (
+                    record.state != "visible"
+                    or end is None
+                    or o >= end
+                    or any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps)
+                ):
+                    continue
+                if record.order_id is not None and record.customer in mine:
+                    found = held[record.order_id]
+                elif owner and (record.order_id is None or record.customer not in mapped):
+                    found = dead[(inc, p, o)] or (1 if dead_pending else 0)
+                else:
+                    continue
+                if not found:
+                    lost.append((name, inc, p, o))
+            for key in dead:
+                record = self.model.records.get(key)
+                if record is None or record.state != "visible" or (record.order_id is not None and record.customer in mapped):
+                    problems.append(f"{name}: dead letter {key} is not a malformed, tombstone or unrouted record ({record})")
+            if lost:
+                self.stats["records_lost"] += len(lost)
+                problems.append(f"{len(lost)} records below {name}'s committed end are missing: {lost[:8]}")
+            if final:
+                lso = _last_stable(self.bootstrap, self.topic, self.partitions)
+                behind = {p: (ends.get(p), lso[p]) for p in lso if (ends.get(p) or 0) < lso[p] and lso[p] > 0}
+                if behind:
+                    problems.append(f"{name}: after the final run partitions are behind their LSO: {behind}")
+                if dead_pending:
+                    problems.append(f"{name}: after the final run the dead-letter table still lacks a sink commit's change")
+            rows_total += len(rows)
+            dead_total += sum(dead.values())
+            unrouted_total += codes["unrouted"]
+        both = [o for o, n in orders.items() if n > 1]
+        if both:
+            self.stats["duplicates_found"] += len(both)
+            problems.append(f"orders in both routed tables: {both[:5]}")
+        self.stats["last_routed_rows"], self.stats["last_routed_dead"] = rows_total, dead_total
+        self.stats["last_routed_unrouted"] = unrouted_total
+        if problems:
+            raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps: " + "; ".join(problems[:8]))
+
     def _kafka_ends(self) -> dict[int, int | None]:
         """The Kafka-sink pipeline's committed ends: what its commit log (topic
         offsetlake-commits-<pipeline>) records, as a plain read_committed consumer reads it
@@ -1201,6 +1385,7 @@ class Campaign:
             self.engine_name: (self.engine, self.engine_file),
             self.first_name: (self.first, self.first_file),
             self.partial_name: (self.partial, self.partial_file),
+            **{route.name: (route, route.name) for route in self.routes},  # a routed table: by its name
         }
         ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
         kafka_ends = self._kafka_ends()
@@ -1236,6 +1421,8 @@ class Campaign:
                     sys.executable,
                     "-m",
                     "offsetlake",
+                    "--pipelines-dir",
+                    str(self.folder),
                     "topic",
                     "reset-epoch",
                     "--topic",
@@ -1314,7 +1501,7 @@ class Campaign:
         self.restart_broker(wait_for_topics=[self.topic])
 
     # ---- the invariants -------------------------------------------------------------------
-    def audit(self, against_kafka: bool = True) -> None:
+    def audit(self, against_kafka: bool = True, final: bool = False) -> None:
         """offsetlake's own audit; against Kafka it reads every committed range back from the broker.
 
         That read costs about 0.5 s per committed range ending on a transaction marker (measured
@@ -1324,10 +1511,13 @@ class Campaign:
         """
         from offsetlake.audit import audit_pipeline
 
-        for config in (self.config, self.keyed, *self.engines):
+        # the routed tables against Kafka every third audit (each decodes and routes the records
+        # it does not hold); the model checks them after every step (check_routes)
+        routes_too = final or self.stats["audits_against_kafka"] % 3 == 0
+        for config in (self.config, self.keyed, *self.engines, *self.routes):
             if not storage.is_table(config.layout.sink):
                 continue
-            report = audit_pipeline(config, against_kafka=against_kafka)
+            report = audit_pipeline(config, against_kafka=against_kafka and (config not in self.routes or routes_too))
             if not report.ok:
                 raise InvariantBroken(
                     f"seed {self.seed} after {self.stats['steps']} steps: offsetlake's audit of "

@@ -17,7 +17,7 @@ from fault_campaign import Campaign
 from offsetlake.embedded.local_broker import broker_for
 
 SEED = int(os.environ.get("OFFSETLAKE_CAMPAIGN_SEED", "20261122"))
-STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "23"))
+STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "24"))
 
 
 def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
@@ -49,6 +49,7 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
         "recreate_topic",
         "keyed_backfill",
         "engine_backfill",
+        "routed_crash_or_backfill",
     }
     assert expected <= kinds, f"every kind of step must run at least once: missing {expected - kinds}"
     assert figures["records_in_sink"] > 0 and figures["batches_committed"] > 0
@@ -61,3 +62,5 @@ def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, tmp_path):
     assert figures["keyed_backfills"] + figures["keyed_backfills_refused"] > 0
     assert sum(figures["keyed_crashes"].values()) > 0, "a keyed pipeline's run must have crashed at a failpoint"
     assert figures["engine_keys"] > 0 and figures["engine_backfills"] > 0, "the merge engine must have rows and a backfill"
+    assert figures["routed_rows"] > 0 and figures["routed_unrouted"] > 0, "the routed tables must hold rows and unrouted dead letters"
+    assert figures["routed_crashes"] + figures["routed_backfills"] > 0, "a routed table must have crashed or been backfilled"

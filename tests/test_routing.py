@@ -9,6 +9,7 @@ one route; ``audit --against-kafka`` of each table passes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ from offsetlake.config import load_pipeline, pipeline_names
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import ConfigError
 from offsetlake.plan import RunContext
+from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import run_pipeline
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
@@ -149,10 +151,12 @@ def test_rows_go_to_their_table_once_through_a_crash_a_rerun_and_a_backfill(pipe
         run_pipeline(usd, RunContext("usd-crashed"), lambda: spark)
     assert _rows(usd) == []
     run_pipeline(eur, RunContext("eur"), lambda: spark)
-    run_pipeline(usd, RunContext("usd-again"), lambda: spark)
+    again = run_pipeline(usd, RunContext("usd-again"), lambda: spark)
+    assert len(again) >= 2, "max_records_per_batch=600 splits the 1,200 records into several batches"
 
-    truth = read_topic(pipeline.bootstrap, pipeline.topic)
-    sources = {(p, o): v for (p, o), v in truth.good.items()}
+    # each decodable record's currency (a record without an order id is a dead letter: "bad")
+    truth = read_topic(pipeline.bootstrap, pipeline.topic, order_id=lambda v: (int(json.loads(v)["order_id"]), json.loads(v)["currency"]))
+    sources = {(p, o): currency for (p, o), (_, currency) in truth.good.items()}
     currencies = Counter()
     for config, currency in ((eur, "EUR"), (usd, "USD")):
         rows = _rows(config)
@@ -184,6 +188,18 @@ def test_rows_go_to_their_table_once_through_a_crash_a_rerun_and_a_backfill(pipe
     assert (storage.table(eur.layout.sink).version(), sorted(r["order_id"] for r in _rows(eur))) == before_eur, "eur was not touched"
     kinds = Counter(r["kind"] for r in ledger_rows(usd) if r["status"] == "committed")
     assert kinds["backfill"] == 1 and not any(r["kind"] == "backfill" for r in ledger_rows(eur))
+
+    # a rewind of one route to its first batch: that table holds the batch's rows only, eur keeps
+    # everything; the next run of usd brings the rest back once
+    first = again[0].plan
+    rewind_pipeline(usd, first.batch_id, reason="test: rewind one route")
+    ends = {r.partition: r.end for r in first.ranges}
+    assert {(r["_kafka_partition"], r["_kafka_offset"]) for r in _rows(usd)} == {
+        (p, o) for (p, o), currency in sources.items() if o < ends[p] and currency == "USD"
+    }
+    assert (storage.table(eur.layout.sink).version(), sorted(r["order_id"] for r in _rows(eur))) == before_eur
+    run_pipeline(usd, RunContext("usd-after-rewind"), lambda: spark)
+    assert sorted(r["order_id"] for r in _rows(usd)) == before_usd
 
 
 def test_the_unmapped_table_takes_what_no_other_maps_and_topic_routes_read_their_topics(pipeline, spark):
@@ -217,3 +233,43 @@ def test_a_column_routes_unmapped_values_to_the_named_table(pipeline, spark):
     assert _dead(eur) == [] and len(_dead(other)) == 400 // 50, "the unmapped table owns the undecodable records"
     assert len(_rows(eur)) + len(_rows(other)) + len(_dead(other)) == 400
     assert os.path.basename(other.sink_path) == f"{pipeline.name}_other"
+
+
+def test_a_keyed_sink_routes_each_key_to_its_table_and_a_tombstone_deletes_it_wherever_it_is(pipeline, spark):
+    """Upsert by the record key, routed by currency (a key keeps its currency): each table holds the
+    newest row of its keys only; a tombstone (no currency) reaches every table and deletes the key."""
+    import random
+
+    from confluent_kafka import Producer
+    from kafka_truth import read_records, replay_by_key
+
+    from offsetlake.audit import audit_pipeline
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    pipeline.write(routes=BY_CURRENCY, max_records_per_batch=300, sink={"mode": "upsert", "key": ["_kafka_key"]})
+    rng = random.Random(53)
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap, "linger.ms": 5})
+    currency = {k: ("EUR", "USD", "GBP")[k % 3] for k in range(60)}
+    for i in range(400):
+        k = rng.randrange(60)
+        value = None if rng.random() < 0.1 else json.dumps({"order_id": i, "currency": currency[k], "amount": float(i)}).encode()
+        producer.produce(pipeline.topic, key=f"k{k}".encode(), value=value, partition=k % 2)
+    assert producer.flush(30) == 0
+    eur, usd = (pipeline.route(t) for t in ("eur", "usd"))
+    for config in (eur, usd):
+        run_pipeline(config, RunContext(config.name), lambda: spark)
+
+    newest = replay_by_key(
+        read_records(pipeline.bootstrap, pipeline.topic),
+        key_of=lambda r: r.key.decode(),
+        row_of=lambda r: None if r.value is None else json.loads(r.value),
+    )
+    for config, wanted in ((eur, "EUR"), (usd, "USD")):
+        rows = {r["_kafka_key"]: r for r in _rows(config)}
+        expected = {k: row for k, row in newest.items() if row["currency"] == wanted}
+        assert set(rows) == set(expected), f"{config.name}: {sorted(set(rows) ^ set(expected))[:10]}"
+        assert all(rows[k]["order_id"] == row["order_id"] for k, row in expected.items())
+        report = audit_pipeline(config, against_kafka=True)
+        assert report.ok, report.text()
+    unrouted = [d for d in _dead(eur) if d["reason_code"] == "unrouted"]
+    assert unrouted and all(b"GBP" in d["value"] for d in unrouted)

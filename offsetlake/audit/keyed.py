@@ -207,6 +207,7 @@ def _decoded_rows(
     with ``CHANGE``), each with its topic's current epoch."""
     from pyspark.sql import functions as F
 
+    from offsetlake import routing
     from offsetlake.formats import REASON, decoder_for, good_rows
     from offsetlake.keyed import mark_tombstones
     from offsetlake.reader import raw_dataframe
@@ -222,6 +223,7 @@ def _decoded_rows(
     rows = apply_transform(good, config)
     if config.transform and numbered:  # a merge engine's contributions are per row of a record
         rows = number_rows_per_record(rows, before=good)
+    rows = routing.rows_written(config, rows)  # one table of routes: its rows only
     return [{**r, TOPIC_EPOCH: current.get(r[TOPIC], 0)} for r in rows.toArrow().to_pylist()]
 
 
