@@ -65,7 +65,7 @@ bench-keyed-dv: setup ## a keyed sink's merges: offsetlake (delta-rs) beside del
 bench-engines: setup ## merge engines (hourly aggregate, first_row) beside the append sink: time per batch, state size, a 1% backfill, 2M records over 10k keys -> bench-merge-engines.json
 	$(PY) bench/merge_engines.py --out bench-merge-engines.json
 
-bench-routes: setup ## what routes cost: one topic into one table beside the same topic routed by currency into two tables, 500k orders, medians of 3
+bench-routes: setup ## what routes cost: one topic into one table beside the same topic routed by currency into three tables, 500k orders, medians of 3
 	$(PY) bench/routing_cost.py
 
 bench-kafka-sink: setup ## a Kafka topic as the sink: Kafka -> Kafka, 2M orders, offsetlake beside a plain transactional consume-transform-produce loop, and the cost of a transaction per batch size -> bench-kafka-sink.json

@@ -1,15 +1,15 @@
-"""What routes cost: one topic into one table, against the same topic routed by a column into two
-tables (and the values neither maps to the first table's dead letters).
+"""What routes cost: one topic into one table, against the same topic routed by a column into three
+tables (EUR, USD, and every other currency: ``unmapped: other``), every record a row of one table.
 
     .venv/bin/python bench/routing_cost.py [--records 500000] [--repeats 3]
 
 Produces ``--records`` orders once (2 partitions, a private Apache Kafka broker unless
 KAFKA_BOOTSTRAP_SERVERS is set; currencies EUR, USD, GBP, INR in equal shares), then per repeat,
 into fresh lakes, alternating which goes first: the plain pipeline (no transform, no suite: the
-direct path), and the routed file's two tables run one after the other (each reads every record:
-the Spark path, as routing by a column needs). One warm Spark session (local[2]) serves every run,
-after a small warm-up. Prints one JSON line per run and a summary with medians: seconds for one
-table, for each routed table and for both, and the ratio of both to one table.
+direct path), and the routed file's three tables run one after the other (each reads every
+record: the Spark path, as routing by a column needs). One warm Spark session (local[2]) serves
+every run, after a small warm-up. Prints one JSON line per run and a summary with medians: seconds
+for one table, for each routed table and for all three, and the ratio of all three to one table.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from offsetlake.runs import run_pipeline  # noqa: E402
 from offsetlake.spark import spark_session, stop_spark  # noqa: E402
 
 SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "currency": "string", "created_at": "timestamp"}
-ROUTES = {"by": "currency", "tables": {"eur": ["EUR"], "usd": ["USD"]}}
+ROUTES = {"by": "currency", "tables": {"eur": ["EUR"], "usd": ["USD"]}, "unmapped": "other"}
+TABLES = ("eur", "usd", "other")
 
 
 def write_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path, records: int, routed: bool) -> None:
@@ -79,7 +80,8 @@ def main() -> int:
         folder = work / "pipelines"
         write_pipeline(folder, "warmup", topic, bootstrap, work / "lake_warmup", 20_000, routed=True)
         run_pipeline(load_pipeline("warmup_eur", folder), RunContext("warmup"), spark_session, max_batches=1, emit=lambda _: None)
-        one, eur, usd = [], [], []
+        one: list[float] = []
+        routed: dict[str, list[float]] = {t: [] for t in TABLES}
         for repeat in range(args.repeats):
             lake = work / f"lake_{repeat}"
             write_pipeline(folder, f"plain_{repeat}", topic, bootstrap, lake, args.records, routed=False)
@@ -89,19 +91,18 @@ def main() -> int:
                 if which == "plain":
                     one.append(timed(f"plain_{repeat}", folder))
                 else:
-                    eur.append(timed(f"routed_{repeat}_eur", folder))
-                    usd.append(timed(f"routed_{repeat}_usd", folder))
+                    for table in TABLES:
+                        routed[table].append(timed(f"routed_{repeat}_{table}", folder))
         stop_spark()
-    both = [a + b for a, b in zip(eur, usd, strict=True)]
+    every = [sum(times) for times in zip(*routed.values(), strict=True)]
     summary = {
         "records": args.records,
         "repeats": args.repeats,
         "one_table_s": round(statistics.median(one), 2),
-        "routed_eur_s": round(statistics.median(eur), 2),
-        "routed_usd_s": round(statistics.median(usd), 2),
-        "routed_both_s": round(statistics.median(both), 2),
-        "both_over_one": round(statistics.median(both) / statistics.median(one), 2),
-        "samples": {"one": [round(x, 2) for x in one], "both": [round(x, 2) for x in both]},
+        **{f"routed_{t}_s": round(statistics.median(routed[t]), 2) for t in TABLES},
+        "routed_all_s": round(statistics.median(every), 2),
+        "all_over_one": round(statistics.median(every) / statistics.median(one), 2),
+        "samples": {"one": [round(x, 2) for x in one], "all": [round(x, 2) for x in every]},
     }
     print(json.dumps({"summary": summary}), flush=True)
     return 0

@@ -375,7 +375,7 @@ def _checked_rows(
         rows = routing.rows_of_route(config, rows)
         unrouted = routing.unrouted_reason(config, rows)
         if unrouted is not None:
-            rows, no_table = _split_records(config, plan, rows, decoded, processed, [unrouted], "unrouted")
+            rows, no_table = _split_unrouted(config, plan, rows, decoded, processed, unrouted)
             dead = _union(dead, no_table)
     if suite is not None and _total(processed, "records_read"):
         # a keyed sink's deletes write no row: the suite sees the rows that are written
@@ -460,8 +460,8 @@ def _may_dead_letter_good_records(config: PipelineConfig, suite: Suite | None, d
 
     if suite is not None and config.validation.on_failure == "quarantine":
         return True
-    if config.routed_by_column and routing.owns_the_rest(config):
-        return True  # a row whose value no table maps may be a dead letter
+    if routing.may_dead_letter_rows(config):
+        return True  # a row whose value no table maps is a dead letter
     if config.sink.keyed:  # a row whose key (or window time) is null is a dead letter
         return True
     if not config.sink.partition_by:
@@ -528,43 +528,58 @@ def _split_unwritable(
                 ),
             )
         )
-    return _split_records(config, plan, rows, decoded, processed, reasons, "unwritable")
+    from offsetlake.coordinates import RECORD_KEY
+
+    flagged = rows.select(*RECORD_KEY, F.coalesce(*reasons).alias(_REASON_OF_ROW))
+    bad, dead = _dead_records(config, plan, flagged, decoded, processed, "unwritable")
+    if bad is None:
+        return rows, None
+    return rows.join(bad.drop(_REASON_OF_ROW), list(RECORD_KEY), "left_anti"), dead
 
 
-def _split_records(
-    config: PipelineConfig,
-    plan: BatchPlan,
-    rows: DataFrame,
-    decoded: DataFrame,
-    processed: ProcessedBatch,
-    reasons: list[Column],
-    step: str,
+def _split_unrouted(
+    config: PipelineConfig, plan: BatchPlan, rows: DataFrame, decoded: DataFrame, processed: ProcessedBatch, reason: Column
 ) -> tuple[DataFrame, DataFrame | None]:
-    """The rows of records none of whose rows has a reason in ``reasons``, and those records as
-    dead letters with the first reason found (all rows of such a record go, as quarantine does);
-    counted per range and logged as ``step``."""
+    """The rows some table takes, and the records of the rows no table takes as dead letters
+    (``routing.unrouted_reason``), once per record. Only the unrouted rows leave: a record whose
+    transform made rows of several values keeps its mapped rows in their tables."""
+    from pyspark.sql import functions as F
+
+    flagged = rows.withColumn(_REASON_OF_ROW, reason)
+    bad, dead = _dead_records(config, plan, flagged, decoded, processed, "unrouted")
+    if bad is None:
+        return rows, None
+    return flagged.where(F.col(_REASON_OF_ROW).isNull()).drop(_REASON_OF_ROW), dead
+
+
+_REASON_OF_ROW = "_dead_letter_reason"  # a row's reason to make its record a dead letter (null: none)
+
+
+def _dead_records(
+    config: PipelineConfig, plan: BatchPlan, flagged: DataFrame, decoded: DataFrame, processed: ProcessedBatch, step: str
+) -> tuple[DataFrame | None, DataFrame | None]:
+    """The records with a row whose ``_REASON_OF_ROW`` is set, once each with the first reason
+    (cached; None when there is none), and their dead letters; counted per range, logged as ``step``."""
     from pyspark.sql import functions as F
 
     from offsetlake.coordinates import RECORD_KEY
 
-    flagged = rows.select(*RECORD_KEY, F.coalesce(*reasons).alias("_unwritable")).where(F.col("_unwritable").isNotNull())
-    bad = flagged.groupBy(*RECORD_KEY).agg(F.first("_unwritable").alias("_unwritable")).persist()
+    bad = flagged.where(F.col(_REASON_OF_ROW).isNotNull()).groupBy(*RECORD_KEY).agg(F.first(_REASON_OF_ROW).alias(_REASON_OF_ROW)).persist()
     processed.cached.append(bad)
     per_partition = {(r[TOPIC], r[PARTITION]): int(r["count"]) for r in bad.groupBy(TOPIC, PARTITION).count().collect()}
     if not per_partition:
-        return rows, None
+        return None, None
     for key, count in per_partition.items():
         processed.per_range[key]["dead_letters"] += count
     log_step(step, plan, time.monotonic(), records=sum(per_partition.values()))
-    kept = rows.join(bad.drop("_unwritable"), list(RECORD_KEY), "left_anti")
     coordinates = bad.select(
         F.col(TOPIC).alias("topic"),
         F.col(PARTITION).alias("partition"),
         F.col("_kafka_offset").alias("offset"),
-        F.col("_unwritable").alias(REASON),
+        F.col(_REASON_OF_ROW).alias(REASON),
     )
     records = decoded.drop(REASON).join(coordinates, ["topic", "partition", "offset"])
-    return kept, dead_letter_rows(records, config.name, plan.batch_id)
+    return bad, dead_letter_rows(records, config.name, plan.batch_id)
 
 
 def _validate(

@@ -40,6 +40,14 @@ def owns_the_rest(config: PipelineConfig) -> bool:
     return config.route == config.routes.owner
 
 
+def may_dead_letter_rows(config: PipelineConfig) -> bool:
+    """Whether this table makes dead letters of rows that decoded well (those no table maps): the
+    owner of ``unmapped: dead_letter``, which must keep their records' bytes."""
+    return (
+        config.routed_by_column and owns_the_rest(config) and config.routes is not None and config.routes.unmapped == UNMAPPED_DEAD_LETTER
+    )
+
+
 def rows_of_route(config: PipelineConfig, rows: DataFrame) -> DataFrame:
     """The rows this table takes: those whose value it maps, a keyed sink's deletes without a
     value, and for the owner those whose value no table maps (rows of the unmapped table, or
