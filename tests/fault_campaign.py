@@ -1263,12 +1263,20 @@ class Campaign:
         }
         problems = []
         for topic, valid in ((self.kafka.sink.topic, True), (self.kafka.sink.dead_letters_to, False)):
-            got = Counter(
-                (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
-                for h in (_headers(r) for r in read_records(self.bootstrap, topic))
-                if h.get("offsetlake.batch") == plan.batch_id
-            )
             expected = {k for k, r in want.items() if (r.order_id is not None) == valid}
+            # the last stable offset passes a committed transaction once the coordinator has written
+            # its markers, which Apache Kafka does after answering the commit: read again until the
+            # batch's records are in, or 30 s
+            deadline = time.monotonic() + 30
+            while True:
+                got = Counter(
+                    (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
+                    for h in (_headers(r) for r in read_records(self.bootstrap, topic))
+                    if h.get("offsetlake.batch") == plan.batch_id
+                )
+                if set(got) >= expected or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
             if set(got) != expected or any(n > 1 for n in got.values()):
                 problems.append(
                     f"{topic}: only republished {sorted(set(got) - expected)[:5]}, only in the model {sorted(expected - set(got))[:5]}, "
