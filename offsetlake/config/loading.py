@@ -66,9 +66,14 @@ def _pipeline_source(name_or_path: str, directory: Path | None) -> tuple[Path, s
         path = folder / f"{name_or_path}{suffix}"
         if path.exists():
             return path, None
-    for path in all_pipeline_files(folder) if folder.is_dir() else []:
-        if name_or_path.startswith(path.stem + "_") and name_or_path[len(path.stem) + 1 :] in _route_tables(path):
-            return path, name_or_path[len(path.stem) + 1 :]
+    # one table of a routed file: only the files whose name is a prefix of ours are read
+    parts = name_or_path.split("_")
+    for cut in range(1, len(parts)):
+        stem, table = "_".join(parts[:cut]), "_".join(parts[cut:])
+        for suffix in (".yaml", ".yml"):
+            path = folder / f"{stem}{suffix}"
+            if path.exists() and table in _route_tables(path):
+                return path, table
     known = pipeline_names(folder) if folder.is_dir() else []
     raise ConfigError(
         f"no pipeline '{name_or_path}' in {folder.resolve()} (known: {', '.join(known) or 'none'}); "
