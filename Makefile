@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements-setup.lock requirements.loc
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: setup jars lock-jars debian test test-fast test-stack test-jvm torture bench bench-keyed-dv bench-engines bench-routes bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
+.PHONY: setup jars lock-jars debian test test-main test-fast test-stack test-jvm torture bench bench-keyed-dv bench-engines bench-routes bench-stream demo demo-s3 compose-test airflow spark-server lint lock clean
 
 setup: $(STAMP) jars debian ## venv + pinned packages + editable package, and the pinned jars (Delta Lake for Spark, Spark's Kafka source, the Apache Kafka broker); idempotent
 
@@ -29,10 +29,12 @@ $(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: setup lint test-fast ## lint, the fast tier, then every other test (the campaign's CI seed, the properties' few examples, every S3 run and Airflow test): its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
+test: setup lint test-fast test-main ## lint, the fast tier, then every other test (make test-main)
+
+test-main: setup ## every test but the fast tier and the stack: the campaign's CI seed, the properties' few examples, every S3 run and Airflow test: its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
 	$(PY) -m pytest tests -m "not fast and not stack" $(PYTEST_ARGS)
 
-test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it beside make test
+test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it beside lint and the fast tier, before the main tier
 	$(PY) -m pytest tests -m stack -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (a minute or two, no broker, Spark, S3 or Airflow): planner arithmetic, Selection, the DDL parser, ledger entry round trips, file stats, config validation, docs and CLI reference
