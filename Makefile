@@ -45,10 +45,11 @@ STEPS ?= 200
 MINUTES ?= 600
 EXAMPLES ?= 100
 AUDIT_EVERY ?= 10
-torture: setup ## what make test cannot hold: the long randomized fault campaign (the Kafka sink and outbox steps included; audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the jvm data path's tests: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
+torture: setup ## what make test cannot hold: the long randomized fault campaign (the Kafka sink and outbox steps included; audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the jvm data path's tests, then the local twins of the also_on_s3 tests (make test runs them on S3): make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
 	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py tests/test_merge_engine_properties.py -p no:cacheprovider
 	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
+	OFFSETLAKE_ALSO_ON_S3_KINDS=local $(PY) -m pytest tests -m also_on_s3 -p no:cacheprovider
 
 # the read path's tests (exactly once, crashes at every failpoint, hostile input, properties)
 JVM_PATH_TESTS = tests/test_exactly_once_runs.py tests/test_failpoints.py tests/test_hostile_input.py tests/test_properties.py tests/test_transactions_at_the_tail.py tests/test_offsets_lost.py
