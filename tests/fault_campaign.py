@@ -204,6 +204,7 @@ class Campaign:
         log=print,
         kafka_audit_every: int = 1,
         kafka_sinks: bool = False,
+        spark_remote: str | None = None,
     ) -> None:
         self.rng = random.Random(seed)
         # the Kafka sink's and the outbox's steps and checks (issue 39): in `make torture` (main);
@@ -211,6 +212,9 @@ class Campaign:
         self.kafka_sinks = kafka_sinks
         self.seed, self.steps = seed, steps
         self.kafka_audit_every = kafka_audit_every
+        # the CLI runs it crashes and kills attach to this Spark server (OFFSETLAKE_SPARK_REMOTE)
+        # when given, as Airflow's tasks do; else each starts a JVM of its own (make torture)
+        self.spark_remote = spark_remote
         self.bootstrap = bootstrap
         self.work = work
         self.restart_broker = restart_broker
@@ -672,6 +676,8 @@ class Campaign:
 
     def _cli(self, *args: str, env: dict[str, str] | None = None, file: Path | None = None) -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if not k.startswith("OFFSETLAKE_FAILPOINT")}
+        if self.spark_remote:
+            full["OFFSETLAKE_SPARK_REMOTE"] = self.spark_remote
         full.update(env or {})
         return subprocess.Popen(
             [sys.executable, "-m", "offsetlake", *args, str(file or self.file)],
