@@ -32,9 +32,9 @@ $(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 test: setup lint test-fast test-main ## lint, the fast tier, then every other test (make test-main)
 
 test-main: setup ## every test but the fast tier and the stack: the campaign's CI seed, the properties' few examples, every S3 run and Airflow test: its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
-	$(PY) -m pytest tests -m "not fast and not stack" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not fast and not stack and not torture" $(PYTEST_ARGS)
 
-test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); .ci/run runs it beside lint and the fast tier, before the main tier
+test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); not run by .ci/run: run it after a change to the Dockerfile, docker-compose.yaml, deploy/ or jars/
 	$(PY) -m pytest tests -m stack -p no:cacheprovider $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the fast tier (a minute or two, no broker, Spark, S3 or Airflow): planner arithmetic, Selection, the DDL parser, ledger entry round trips, file stats, config validation, docs and CLI reference
@@ -45,11 +45,12 @@ STEPS ?= 200
 MINUTES ?= 600
 EXAMPLES ?= 100
 AUDIT_EVERY ?= 10
-torture: setup ## what make test cannot hold: the long randomized fault campaign (the Kafka sink and outbox steps included; audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the jvm data path's tests, then the local twins of the also_on_s3 tests (make test runs them on S3): make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
+torture: setup ## what make test cannot hold: the long randomized fault campaign (the Kafka sink and outbox steps included; audit --against-kafka every AUDIT_EVERY steps and at the end), then the property tests with many examples, then the jvm data path's tests, then the local twins of the also_on_s3 tests (make test runs them on S3), then the tests marked torture: make torture SEED=7 STEPS=2000 [MINUTES=600] [EXAMPLES=100]
 	$(PY) tests/fault_campaign.py --seed $(SEED) --steps $(STEPS) --minutes $(MINUTES) --kafka-audit-every $(AUDIT_EVERY) --figures torture-figures.jsonl
 	OFFSETLAKE_PROPERTY_EXAMPLES=$(EXAMPLES) $(PY) -m pytest tests/test_properties.py tests/test_merge_engine_properties.py -p no:cacheprovider
 	OFFSETLAKE_TEST_DATA_PATH=jvm $(PY) -m pytest $(JVM_PATH_TESTS) -p no:cacheprovider
 	OFFSETLAKE_ALSO_ON_S3_KINDS=local $(PY) -m pytest tests -m also_on_s3 -p no:cacheprovider
+	$(PY) -m pytest tests -m torture -p no:cacheprovider
 
 # the read path's tests (exactly once, crashes at every failpoint, hostile input, properties)
 JVM_PATH_TESTS = tests/test_exactly_once_runs.py tests/test_failpoints.py tests/test_hostile_input.py tests/test_properties.py tests/test_transactions_at_the_tail.py tests/test_offsets_lost.py

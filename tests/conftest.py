@@ -257,7 +257,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "local_lake: the test looks at the lake's files on disk; its lake stays local")
     config.addinivalue_line(
         "markers",
-        "stack: builds and runs the production stack (docker images, compose); `make test-stack` (.ci/run: beside lint and the fast tier)",
+        "torture: run by make torture, not make test (CI's 90 minutes): its docstring names the make test tests that cover its ground",
+    )
+    config.addinivalue_line(
+        "markers",
+        "stack: builds and runs the production stack (docker images, compose); `make test-stack` (not in .ci/run)",
     )
     config.addinivalue_line(
         "markers",
