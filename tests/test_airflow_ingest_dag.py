@@ -181,10 +181,15 @@ def test_backfill_dag_replaces_a_range_and_bad_params_fail_in_plan(airflow_env, 
         assert check_outbox(pipeline.bootstrap, outbox, config.sink_path, pipeline.name) == {"commits": 2, "records": 1_000 + 50}
 
 
+@pytest.mark.torture
 def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_each_topics_lag(airflow_env, pipeline):
     """Issue 19: the DAGs are unchanged for a pipeline over several topics (a pattern here, into
     a keyed sink): every committed record of the topics it matched, the one created between runs
-    too, lands once; ledger rows and lag are per topic-partition."""
+    too, lands once; ledger rows and lag are per topic-partition.
+
+    In ``make torture`` (about 110 s on CI's machine): ``make test`` covers its ground with
+    tests/test_many_topics.py (a pattern that picks up a new topic, per-topic ranges) and the
+    other ingest DAG tests here (the DAG is the same for one topic or many)."""
     import json
     import shutil
 
@@ -223,10 +228,15 @@ def test_ingest_dag_of_a_topic_pattern_picks_up_a_new_topic_and_status_shows_eac
     assert report.ok, report.text()
 
 
+@pytest.mark.torture
 def test_a_kafka_sink_through_airflow_survives_a_job_killed_after_its_kafka_commit(airflow_env, pipeline):
     """``<p>_ingest`` of a Kafka-sink pipeline: a job killed between the Kafka commit and its ledger
     row fails its run; the next run learns the batch from the commit log and goes on; each valid
-    record once in the output topic. ``<p>_backfill`` needs the Param republish."""
+    record once in the output topic. ``<p>_backfill`` needs the Param republish.
+
+    In ``make torture`` (about 110 s on CI's machine): ``make test`` covers its ground with
+    tests/test_kafka_sink.py (a run crashed at every step, the Kafka commit among them, learns
+    its batch from the commit log) and the other ingest DAG tests here."""
     import json
     import shutil
     from collections import Counter

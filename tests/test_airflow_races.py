@@ -7,18 +7,24 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 
 
+@pytest.mark.torture
 def test_airflow_run_backfill_and_cli_run_at_once_stay_exactly_once(running_airflow, pipeline):
     """New records, then at the same moment a run of the ingest DAG (its plan task and
     spark-submit job, as the scheduler runs them, triggered through the REST API), a backfill of
     one partition's committed offsets and an `offsetlake run`. Whoever loses must re-plan or fail
     with a message naming the batch that won; the topic must land exactly once. (One round: two
-    doubled the suite's slowest test; the fault campaign races writers many more times.)"""
+    doubled the suite's slowest test; the fault campaign races writers many more times.)
+
+    In ``make torture`` (about 65 s on CI's machine): ``make test`` covers its ground with
+    tests/test_concurrent_runs.py (runs, backfills and rewinds racing) and
+    tests/test_airflow_s3_race.py (an Airflow dag run racing a CLI run)."""
     airflow = running_airflow
     config = pipeline.write(schedule=None, max_records_per_batch=3_000)
     shutil.copy(pipeline.file, airflow.pipelines / pipeline.file.name)

@@ -7,6 +7,10 @@ beside it the whole time. Afterwards the output holds the same records, none twi
 output partition keeps the source order of every source partition's records.
 
 It stops and starts a broker, so it runs on a private Apache Kafka broker of its own.
+
+In ``make torture`` (about 105 s on CI's machine): ``make test`` covers its ground with
+tests/test_kafka_sink.py (a run crashed at every step, fenced runners) and
+tests/test_broker_faults.py (a broker restarted inside a Kafka-sink transaction).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from conftest import ROOT, attached
@@ -41,6 +46,8 @@ from offsetlake.runs import run_pipeline
 RECORDS = 18_000
 PARTITIONS = 3
 BATCH = 1_200  # records per batch
+
+pytestmark = pytest.mark.torture
 
 
 class Beside:
