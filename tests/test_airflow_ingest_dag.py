@@ -276,9 +276,15 @@ def test_a_kafka_sink_through_airflow_survives_a_job_killed_after_its_kafka_comm
 
 
 @pytest.mark.local_lake
+@pytest.mark.torture
 def test_ingest_task_by_default_attaches_to_the_projects_own_spark_server(airflow_env, pipeline):
     """No spark_connect_default, a local spark_default: the ingest job attaches to the project's own
-    server (``offsetlake.spark_server``), which the first task starts and the next one reuses."""
+    server (``offsetlake.spark_server``), which the first task starts and the next one reuses.
+
+    In ``make torture`` (about 60 s on CI's machine): ``make test`` covers its ground with
+    tests/test_spark_server_by_default.py (a run starts the project's server, the next reuses it)
+    and the other ingest DAG tests here, which attach through the Spark Connect connection.
+    """
     import shutil
 
     from offsetlake import spark_server

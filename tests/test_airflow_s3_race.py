@@ -1,13 +1,20 @@
 """Issue 17 in real Airflow: a dag run whose storage settings come from the Airflow connection
 ``offsetlake_storage_<pipeline>`` and an ``offsetlake run`` given them in its environment race on
 one pipeline whose lake is on the embedded S3; each range lands once, a loser is ``superseded``
-naming the winner (or finds its ranges taken), and no secret reaches a log."""
+naming the winner (or finds its ranges taken), and no secret reaches a log.
+
+In ``make torture`` (about 55 s on CI's machine, most of it an Airflow of its own): ``make test``
+covers its ground with tests/test_concurrent_runs.py and the also_on_s3 tests (races and runs on
+S3), tests/test_object_storage.py, and the Airflow tests that read a connection (the cleared
+rerun, the Backfill button).
+"""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake import storage
@@ -22,6 +29,9 @@ _FROM_ENV = {
     "AWS_SECRET_ACCESS_KEY": "${RACE_S3_SECRET:-}",
     "AWS_ALLOW_HTTP": "${RACE_S3_ALLOW_HTTP:-}",
 }
+
+
+pytestmark = pytest.mark.torture
 
 
 def test_an_airflow_dag_run_and_a_cli_run_racing_on_an_s3_lake_stay_exactly_once(running_airflow, pipeline, s3, monkeypatch):

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka_truth import assert_exactly_once, last_stable_offsets, ledger_rows, read_topic
 
@@ -331,7 +332,12 @@ def test_backfill_button_assets_and_lineage(running_airflow, pipeline):
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 60
 
 
+@pytest.mark.torture
 def test_on_new_data_wakes_the_ingest_and_a_burst_costs_at_most_two_runs(running_airflow, pipeline):
+    """Asset-driven scheduling: new records wake the ingest; a burst costs at most two runs.
+
+    In ``make torture`` (about 70 s on CI's machine): ``make test`` covers the ingest DAG's runs
+    with the Backfill-button test here and tests/test_airflow_rerun_after_failure.py."""
     airflow = running_airflow
     name, topic, bootstrap = pipeline.name, pipeline.topic, pipeline.bootstrap
     ingest = f"{name}_ingest"

@@ -1,7 +1,12 @@
 """Issue 18 in real Airflow: an Avro pipeline whose Schema Registry comes from the Airflow
 connection ``schema_registry_<pipeline>``. A schema version registered between two dag runs adds
 its column in the second run's commit; clearing that run reruns its recorded plan (with its
-recorded reader schema) as a no-op; the registry password reaches no log."""
+recorded reader schema) as a no-op; the registry password reaches no log.
+
+In ``make torture`` (about 60 s on CI's machine): ``make test`` covers its ground with
+tests/test_avro_through_the_registry.py (a new version's column, a registry down, the reader
+schema a plan recorded) and the Airflow tests of the cleared rerun.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import json
 import shutil
 from urllib.parse import urlsplit
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -33,6 +39,9 @@ def _produce(bootstrap: str, topic: str, registry, schema: dict, first: int, cou
         record = {"order_id": i, "customer": f"c{i % 7}", "amount": i / 4, **extra}
         producer.produce(topic, value=serializer(record, context), partition=i % 2)
     assert producer.flush(30) == 0
+
+
+pytestmark = pytest.mark.torture
 
 
 def test_a_dag_run_adds_the_new_column_and_its_cleared_rerun_is_a_no_op(running_airflow, pipeline, schema_registry):

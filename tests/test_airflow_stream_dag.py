@@ -1,11 +1,17 @@
 """The `<pipeline>_stream` DAG in real Airflow: the stream owns the pipeline until it is marked
-failed in the UI (here: the same REST call), then stops cleanly and batch runs take over."""
+failed in the UI (here: the same REST call), then stops cleanly and batch runs take over.
+
+In ``make torture`` (about 50 s on CI's machine): ``make test`` covers its ground with
+tests/test_stream.py (streams stopped, killed and taken over; the lease) and the Airflow tests of
+the batch DAGs.
+"""
 
 from __future__ import annotations
 
 import shutil
 import time
 
+import pytest
 from kafka_truth import assert_exactly_once, ledger_rows, read_topic
 
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
@@ -30,6 +36,9 @@ def _stream_commits(config) -> list[dict]:
     except Exception:
         return []
     return [r for r in rows if r["kind"] == "stream" and r["status"] == "committed"]
+
+
+pytestmark = pytest.mark.torture
 
 
 def test_the_stream_dag_owns_the_pipeline_until_marked_failed(running_airflow, pipeline, spark):

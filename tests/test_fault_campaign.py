@@ -1,19 +1,25 @@
-"""The CI version of the randomized fault campaign (tests/fault_campaign.py): a fixed seed,
+"""The fixed-seed version of the randomized fault campaign (tests/fault_campaign.py): a fixed seed,
 every kind of step at least once, invariants checked after each step by an independent model
 and by offsetlake's audit (against Kafka after every third step and at the end). Its CLI runs,
 crashed at failpoints and killed, attach to the session's warm Spark server; `make torture`'s
 runs start a JVM each. The Kafka sink's and the outbox's steps (issue 39) run in
-`make torture` (tests/fault_campaign.py's main), which a CI-sized run would not fit.
+the long campaign (tests/fault_campaign.py's main), which this run would not fit.
 
 It restarts its broker, so it runs on a private Apache Kafka broker (restarting the session broker
 would make it save and reload every other test's data), or on KAFKA_BOOTSTRAP_SERVERS without
 the restart steps.
+
+In ``make torture`` (about 4.7 min on CI's machine, which made it CI's costliest test): it runs
+there before the long campaign (tests/fault_campaign.py's main); ``make test`` covers each kind of
+step with its own test (failpoints, kills, backfills by offset and time, rewinds, maintenance,
+topic re-creation, keyed and engine backfills, routes).
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from fault_campaign import Campaign
 
 from offsetlake.embedded.local_broker import broker_for
@@ -24,6 +30,9 @@ STEPS = int(os.environ.get("OFFSETLAKE_CAMPAIGN_STEPS", "24"))
 # the model's checks after every step): each reads every committed range of five pipelines back
 # from the broker, a cost that grows with the batches committed
 KAFKA_AUDIT_EVERY = int(os.environ.get("OFFSETLAKE_CAMPAIGN_KAFKA_AUDIT_EVERY", "3"))
+
+
+pytestmark = pytest.mark.torture
 
 
 def test_fixed_seed_campaign_keeps_every_record_exactly_once(spark, spark_server, tmp_path):
