@@ -31,7 +31,7 @@ $(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 
 test: setup lint test-fast test-main ## lint, the fast tier, then every other test (make test-main)
 
-test-main: setup ## every test but the fast tier and the stack: the campaign's CI seed, the properties' few examples, every S3 run and Airflow test: its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
+test-main: setup ## every test but the fast tier, the stack and the tests marked torture: the properties' few examples, the S3 runs and the Airflow tests: its own broker, one Spark session and one warm Spark server that CLI runs and Airflow tasks attach to, temp lakes; prints its time and the 25 slowest tests
 	$(PY) -m pytest tests -m "not fast and not stack and not torture" $(PYTEST_ARGS)
 
 test-stack: setup ## the production stack test (docker images built, compose up, driven through Airflow's REST API, down -v); not run by .ci/run: run it after a change to the Dockerfile, docker-compose.yaml, deploy/ or jars/

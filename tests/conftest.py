@@ -285,7 +285,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Tests marked ``also_on_s3`` hold on both lakes (issue 17: the exactly-once, crash, race,
     backfill, rewind, maintenance and rebuild tests). ``make test`` runs each once, with its lake on
     the embedded S3: the local lake is what every other test of the suite writes, so the local twin
-    repeated their ground and cost CI about a third of a minute per test (2026-12-01: 18 tests).
+    repeated their ground and cost CI about a third of a minute per test (2026-12-01: 20 tests).
     ``make torture`` runs the local twins (OFFSETLAKE_ALSO_ON_S3_KINDS=local); ``local,s3`` runs both."""
     marker = metafunc.definition.get_closest_marker("also_on_s3")
     if marker is not None and TEST_LAKE == "local":

@@ -213,7 +213,7 @@ class Campaign:
         self.seed, self.steps = seed, steps
         self.kafka_audit_every = kafka_audit_every
         # the CLI runs it crashes and kills attach to this Spark server (OFFSETLAKE_SPARK_REMOTE)
-        # when given, as Airflow's tasks do; else each starts a JVM of its own (make torture)
+        # when given, as Airflow's tasks do; else each starts a JVM of its own (the long campaign)
         self.spark_remote = spark_remote
         self.bootstrap = bootstrap
         self.work = work
