@@ -11,6 +11,10 @@ it reads, as for a Delta sink. Its rows then go out in ONE Kafka transaction
 * its ledger entry, to the pipeline's commit log (``offsetlake-commits-<pipeline>``): the sink's
   history, read back the way a Delta sink's commits are, and the record of its committed ends.
 
+With ``sink.routes`` the rows go to several topics, each to the one its value (or source topic)
+maps and the rest to ``sink.topic``, all in that one transaction: one pipeline, one commit log,
+one set of ends, so a batch is in every output topic or in none.
+
 The transaction is the commit point: read_committed consumers see the rows, the dead letters, the
 entry and the new ends together or nothing. The ledger row follows it; a runner that dies between
 the two leaves the batch committed in Kafka, and the next run's ``reconcile`` records it from the
@@ -41,7 +45,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import KafkaSinkKind
 from offsetlake.coordinates import OFFSET, PARTITION, TOPIC
 from offsetlake.entry import LedgerEntry
-from offsetlake.errors import KafkaSinkProgressError, StalePlanError
+from offsetlake.errors import ConfigError, KafkaSinkProgressError, StalePlanError
 from offsetlake.history import SinkCommit, covering_batch
 from offsetlake.kafka import current_offsets, group_id
 from offsetlake.kafka_commit import commit_log_ends, commit_log_topic, group_offsets, kafka_sink_commits
@@ -189,7 +193,7 @@ class KafkaSinkWriter(SinkWriter):
     def open(self, plan: BatchPlan) -> BatchPlan:
         client = self.config.kafka_client_config()
         made = {commit_log_topic(self.config.name): COMMIT_LOG_SETTINGS, self.config.kafka_sink.dead_letters_to: {}}
-        ensure_topics(client, self.config.name, [self.config.kafka_sink.topic], made)
+        ensure_topics(client, self.config.name, self.config.kafka_sink.output_topics, made)
         self._writer = TransactionalWriter(client, self.config.name)  # fences every earlier runner first
         self._state = read_state(self.config, [(r.topic, r.partition) for r in plan.ranges], self.ledger)
         return plan
@@ -266,25 +270,54 @@ class KafkaSinkWriter(SinkWriter):
         done = self._writer.commit(plan.batch_id, str(plan.kind), self.config.kafka_sink.topic, records, ends, also=[*dead, log_entry])
         version = done.also_offsets[-1]
         timings["commit"] = log_step(
-            "commit", plan, t, topic=self.config.kafka_sink.topic, records=done.records, dead_letters=len(dead), commit_log_offset=version
+            "commit",
+            plan,
+            t,
+            topic=", ".join(self.config.kafka_sink.output_topics),
+            records=done.records,
+            dead_letters=len(dead),
+            commit_log_offset=version,
         )
         return SinkCommit(version, entry)
 
 
+_ROUTE = "_offsetlake_route"  # a row's route value as text, for the driver only (never produced)
+
+
 def _output_records(config: PipelineConfig, processed: Any) -> Iterator[OutputRecord]:
     """The batch's rows as records, in source order (topic, partition, offset): a key's records
-    keep their order in the output topic. The rows come to the driver as Arrow and are sorted
+    keep their order in the output topic. With ``sink.routes`` each record names its topic: the
+    one its value (or source topic) maps, else ``sink.topic``. The rows come to the driver as Arrow and are sorted
     there (a batch is at most ``max_records_per_batch`` rows, all of them produced from this
     process anyway), which costs far less than a sort in Spark."""
     if processed is None or processed.rows is None:
         return
-    rows = processed.rows.toArrow()
+    frame, routes = processed.rows, config.kafka_sink.routes
+    if routes is not None and not routes.by_topic:
+        if routes.by not in frame.columns:
+            raise ConfigError(
+                f"sink.routes.by: the rows have no column '{routes.by}' (they have {', '.join(frame.columns)}); "
+                "route by a column the transform returns; nothing was produced",
+                pipeline=config.name,
+                field="sink.routes.by",
+            )
+        from pyspark.sql import functions as F
+
+        # compared as text, as Spark casts it (a table route's rule): 1.0 is "1.0", true is "true"
+        frame = frame.withColumn(_ROUTE, F.col(routes.by).cast("string"))
+    rows = frame.toArrow()
     if rows.num_rows == 0:
         return
     rows = rows.sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
+    to = None
+    if routes is not None:
+        mapping, default = routes.mapping(), config.kafka_sink.topic
+        to = [mapping.get(v, default) if v is not None else default for v in rows.column(TOPIC if routes.by_topic else _ROUTE).to_pylist()]
+        if _ROUTE in rows.column_names:
+            rows = rows.drop_columns([_ROUTE])
     columns = pa.schema([f for f in rows.schema if f.name not in NOT_IN_VALUES])
     encode = value_encoder(config, columns)  # a registry format: the schema is registered now
-    yield from table_records(rows, config.sink.key, encode)
+    yield from table_records(rows, config.sink.key, encode, to)
 
 
 def _dead_letter_records(config: PipelineConfig, processed: Any, kind: str) -> Iterator[tuple]:

@@ -66,6 +66,7 @@ class OutputRecord:
     partition: int = -1
     offset: int = -1
     headers: tuple[tuple[str, bytes], ...] = ()
+    to: str | None = None  # the output topic, when not the transaction's own (a Kafka sink's routes)
 
     def all_headers(self, batch_id: str, kind: str) -> list[tuple[str, str | bytes | None]]:
         return _Marks(batch_id, kind).of(self)
@@ -218,9 +219,9 @@ class TransactionalWriter:
         ends: Mapping[tuple[str, int], int],
         also: Iterable[tuple] = (),
     ) -> CommittedTransaction:
-        """Produce ``records`` to ``out_topic`` and commit them with the source ``ends`` (none: no
-        offsets) and the ``also`` records (topic, key, value: e.g. an outbox's progress) in one
-        transaction. On any failure before the commit the transaction is aborted and nothing of it
+        """Produce ``records`` to ``out_topic`` (a record's ``to``, when it names one) and commit them
+        with the source ``ends`` (none: no offsets) and the ``also`` records (topic, key, value: e.g.
+        an outbox's progress) in one transaction. On any failure before the commit the transaction is aborted and nothing of it
         is visible; a fenced producer raises ``KafkaSinkFencedError`` and must not be used again."""
         reports = _Deliveries()
         failed, per_partition, also_offsets = reports.failed, reports.per_partition, reports.also_offsets
@@ -233,7 +234,7 @@ class TransactionalWriter:
         try:
             marks = _Marks(batch_id, kind)
             for record in records:
-                self._produce(out_topic, record, marks.of(record), delivered)
+                self._produce(record.to or out_topic, record, marks.of(record), delivered)
                 count += 1
             for index, (topic, key, value, *headers) in enumerate(also):
                 extra = OutputRecord(key, value, None, headers=tuple(headers[0]) if headers else ())
@@ -472,18 +473,22 @@ def row_record(
 NOT_IN_VALUES = frozenset({*COORDINATE_COLUMNS, TOPIC_EPOCH})
 
 
-def table_records(rows: pa.Table, key_columns: Sequence[str], encode: Encode = encode_json) -> Iterator[OutputRecord]:
+def table_records(
+    rows: pa.Table, key_columns: Sequence[str], encode: Encode = encode_json, to: Sequence[str | None] | None = None
+) -> Iterator[OutputRecord]:
     """``row_record`` of every row of ``rows``, in their order, a column at a time: the keys and
     JSON values are made from Arrow columns (``record_keys``, ``sink_values.json_values``), so a
     row is never a dict of Python objects on the way. Another ``encode`` (a registry format), or a
-    column JSON values cannot prepare, encodes row by row as ``row_record`` does."""
+    column JSON values cannot prepare, encodes row by row as ``row_record`` does. ``to``: each
+    row's output topic (a Kafka sink's routes), in the rows' order."""
     values = rows.select([c for c in rows.column_names if c not in NOT_IN_VALUES])
     encoded = json_values(values) if encode is encode_json else None
     if encoded is None:
         encoded = [encode(row) for batch in values.to_batches(max_chunksize=10_000) for row in batch.to_pylist()]
     coordinates = zip(rows.column(TOPIC).to_pylist(), rows.column(PARTITION).to_pylist(), rows.column(OFFSET).to_pylist(), strict=True)
-    for key, value, (topic, partition, offset) in zip(record_keys(rows, key_columns), encoded, coordinates, strict=True):
-        yield OutputRecord(key, value, topic, partition, offset)
+    targets = to if to is not None else [None] * rows.num_rows
+    for key, value, (topic, partition, offset), target in zip(record_keys(rows, key_columns), encoded, coordinates, targets, strict=True):
+        yield OutputRecord(key, value, topic, partition, offset, to=target)
 
 
 def record_keys(rows: pa.Table, key_columns: Sequence[str]) -> list[bytes | None]:

@@ -187,6 +187,27 @@ def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_pa
         ({"type": "kafka", "topic": "out", "subject": "s-value"}, "subject applies to the registry formats .* not to format json"),
         ({"type": "kafka", "topic": "out", "register": False}, "register applies to the registry formats"),
         ({"type": "kafka", "topic": "out", "format": "avro", "schema_registry": {"nope": "x"}}, "schema_registry"),
+        # sink.routes: topics in the one transaction
+        (
+            {"type": "kafka", "topic": "out", "routes": {"by": "region", "topics": {"eu": ["EU"]}}},
+            "sink.routes.by: column 'region' is not a field",
+        ),
+        ({"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {}}}, "topics: name one or more output topics"),
+        ({"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {"a b": [1]}}}, "'a b' is not a Kafka topic name"),
+        (
+            {"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {"a": [1], "b": [1]}}},
+            "value '1' is mapped to both a and b",
+        ),
+        ({"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {"a": []}}}, "topics.a: give the values it takes"),
+        (
+            {"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {"orders": [1]}}},
+            "sink.routes.topics.orders: orders is also a source",
+        ),
+        ({"type": "kafka", "topic": "out", "routes": {"by": "order_id", "topics": {"out.dead-letters": [1]}}}, "is the dead-letter topic"),
+        (
+            {"type": "kafka", "topic": "out", "routes": {"by": "topic", "topics": {"a": ["payments"]}}},
+            "topic 'payments' is not one the pipeline reads",
+        ),
     ],
 )
 def test_a_kafka_sink_is_checked_with_the_yaml(tmp_path, sink, problem):
@@ -206,3 +227,14 @@ def test_a_kafka_sinks_registry_settings_come_from_the_file_or_the_connection(tm
 def test_a_kafka_sink_keys_its_records_and_names_its_dead_letter_topic(tmp_path):
     config = load_pipeline(str(write(tmp_path, {**BASE, "sink": {"type": "kafka", "topic": "orders-by-customer", "key": ["order_id"]}})))
     assert config.sink.is_kafka and config.sink.key == ["order_id"] and config.sink.dead_letters_to == "orders-by-customer.dead-letters"
+
+
+def test_a_kafka_sink_routes_to_topics_in_one_pipeline_and_table_routes_point_there(tmp_path):
+    routes = {"by": "order_id", "topics": {"out.low": [1, 2], "out.high": [3]}}
+    config = load_pipeline(str(write(tmp_path, {**BASE, "sink": {"type": "kafka", "topic": "out", "routes": routes}})))
+    topics = config.sink.output_topics
+    assert topics[0] == "out" and sorted(topics[1:]) == ["out.high", "out.low"]  # out takes what no route maps
+    assert config.sink.routes.mapping() == {"1": "out.low", "2": "out.low", "3": "out.high"}
+    table_routes = {"by": "order_id", "tables": {"low": [1]}, "unmapped": "rest"}
+    with pytest.raises(ConfigError, match="routes: makes one pipeline per Delta table; a Kafka sink routes .* with sink.routes"):
+        load_pipeline(str(write(tmp_path, {**BASE, "routes": table_routes, "sink": {"type": "kafka", "topic": "out"}})))

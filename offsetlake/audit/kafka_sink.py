@@ -26,8 +26,9 @@ def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> Audi
     to the committed ends (nothing skipped or read twice); every visible record belongs to a
     committed batch (an aborted one shows nothing), each batch shows exactly the rows and dead
     letters its entry counts, and no source record is in two forward batches; the ledger holds
-    every commit. It always reads Kafka: ``against_kafka`` is the Delta audit's choice."""
-    report = AuditReport(config.name, sink_topic=config.kafka_sink.topic)
+    every commit. The rows are counted over every output topic (``sink.routes``). It always reads
+    Kafka: ``against_kafka`` is the Delta audit's choice."""
+    report = AuditReport(config.name, sink_topic=", ".join(config.kafka_sink.output_topics))
     commits = kafka_sink_commits(config)
     keys = sorted(current_offsets(config))
     ends = commit_log_ends(commits, keys)
@@ -38,7 +39,8 @@ def audit_kafka_sink(config: PipelineConfig, against_kafka: bool = True) -> Audi
     seen_dead: dict[str, int] = {}
     owner: dict[tuple[str, int, int], str] = {}
     client = config.kafka_client_config()
-    for topic, counts in ((config.kafka_sink.topic, seen_rows), (config.kafka_sink.dead_letters_to, seen_dead)):
+    read = [(topic, seen_rows) for topic in config.kafka_sink.output_topics] + [(config.kafka_sink.dead_letters_to, seen_dead)]
+    for topic, counts in read:
         for headers in read_committed_headers(client, topic, config.name):
             batch = headers.get("offsetlake.batch", b"").decode()
             counts[batch] = counts.get(batch, 0) + 1

@@ -23,7 +23,7 @@ from offsetlake.config.ddl import PARTITION_COLUMN_TYPES
 from offsetlake.config.formats import AvroFormat, JsonFormat, JsonSchemaFormat, KeyFormat, ProtobufFormat, key_columns
 from offsetlake.config.layout import LakeLayout, app_id
 from offsetlake.config.registry_settings import registry_settings_problem
-from offsetlake.config.sink_settings import DeltaSinkSettings, KafkaSinkSettings, OutboxSettings, SinkSettings
+from offsetlake.config.sink_settings import DeltaSinkSettings, KafkaRoutes, KafkaSinkSettings, OutboxSettings, SinkSettings
 from offsetlake.config.strict import Strict as _Strict
 from offsetlake.errors import ConfigError
 
@@ -567,14 +567,20 @@ def _kafka_sink_problem(config: PipelineConfig) -> tuple[str, str] | None:
 
 
 def _routes_problem(config: PipelineConfig) -> tuple[str, str] | None:
-    """Routes the pipeline cannot take: a Kafka sink (one transaction is its commit point, so it
-    routes nothing yet), one named sink table or an outbox (several tables), a column the rows
-    cannot have, topics a topic route does not list."""
+    """Routes the pipeline cannot take: table ``routes:`` of a Kafka sink (it routes to topics with
+    ``sink.routes``), one named sink table or an outbox (several tables), a column the rows cannot
+    have, topics a topic route does not list."""
+    if isinstance(config.sink, KafkaSinkSettings) and config.sink.routes is not None:
+        return _kafka_routes_problem(config, config.sink.routes)
     routes = config.routes
     if routes is None:
         return None
     if isinstance(config.sink, KafkaSinkSettings):
-        return "routes", "a Kafka sink does not route yet: write one pipeline per output topic"
+        return (
+            "routes",
+            "makes one pipeline per Delta table; a Kafka sink routes its rows to several topics in its one "
+            "transaction with sink.routes: {by: <column or topic>, topics: {<topic>: [<values>]}}",
+        )
     if isinstance(config.sink, DeltaSinkSettings) and config.sink.table is not None:
         return "sink.table", "names one table, and a routed pipeline writes several: <lake>/<name>_<table> each (leave sink.table out)"
     if config.outbox is not None:
@@ -594,11 +600,34 @@ def _routes_problem(config: PipelineConfig) -> tuple[str, str] | None:
         if unmapped and routes.unmapped == UNMAPPED_DEAD_LETTER:
             return "routes.tables", f"topic '{unmapped[0]}' goes to no table: map it, or name a table in routes.unmapped"
         return None
+    return _route_column_problem(config, routes.by, "routes.by")
+
+
+def _route_column_problem(config: PipelineConfig, by: str, field: str) -> tuple[str, str] | None:
+    """A route's column that rows without a transform cannot have (a JSON pipeline's rows are its
+    schema's fields and key columns; other formats are checked when a batch has its columns)."""
     if not config.transform and isinstance(config.format, JsonFormat) and not (config.key_format and config.key_format.uses_registry):
         fields = set(config.format.schema_) | set(key_columns(config.key_format or KeyFormat()))
-        if routes.by not in fields:
+        if by not in fields:
             return (
-                "routes.by",
-                f"column '{routes.by}' is not a field of format.schema or a key column (without a transform the rows have only those)",
+                field,
+                f"column '{by}' is not a field of format.schema or a key column (without a transform the rows have only those)",
             )
     return None
+
+
+def _kafka_routes_problem(config: PipelineConfig, routes: KafkaRoutes) -> tuple[str, str] | None:
+    """``sink.routes`` of a Kafka sink: beside table ``routes:``, a source topic a topic route does
+    not read, or a column the rows cannot have."""
+    if config.routes is not None:
+        return "routes", "a Kafka sink routes with sink.routes alone (its topics, in one transaction)"
+    if routes.by_topic:
+        if config.topic_pattern is not None:
+            return None  # the pattern's topics are not known at load: one no route maps goes to sink.topic
+        listed = [config.topic] if config.topic is not None else list(config.topics or ())
+        for name, topics in routes.topics.items():
+            stray = [t for t in topics if t not in listed]
+            if stray:
+                return f"sink.routes.topics.{name}", f"topic '{stray[0]}' is not one the pipeline reads ({', '.join(listed)})"
+        return None
+    return _route_column_problem(config, routes.by, "sink.routes.by")

@@ -260,6 +260,54 @@ class DeltaSinkSettings(_Strict):
         return None
 
 
+class KafkaRoutes(_Strict):
+    """``sink.routes`` of a Kafka sink: each row goes to the topic its value maps, and a row whose
+    value no topic maps (null included) to ``sink.topic``. All of a batch's topics are written in
+    its ONE transaction, with its source ends and ledger entry, so a read_committed consumer of any
+    of them sees the batch whole or not at all (``offsetlake.kafka_sink``)."""
+
+    # a column of the rows (after the transform), compared as text (Spark's cast to string, as a
+    # table route compares), or ``topic``: the record's source topic
+    by: str = Field(min_length=1)
+    # output topic -> the values (or source topics) whose rows it takes; a value in one topic
+    topics: dict[str, list[str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _values_as_text(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
+            return data
+        out: dict[Any, Any] = {}
+        for name, values in data["topics"].items():
+            items = values if isinstance(values, list) else [values]
+            out[name] = [str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else str(v) for v in items]
+        return {**data, "topics": out}
+
+    @model_validator(mode="after")
+    def _topics_apart(self) -> KafkaRoutes:
+        if not self.topics:
+            raise ValueError("topics: name one or more output topics, each with the values it takes")
+        seen: dict[str, str] = {}
+        for name, values in self.topics.items():
+            if not _KAFKA_TOPIC_NAME.fullmatch(name):
+                raise ValueError(f"topics: '{name}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
+            if not values:
+                raise ValueError(f"topics.{name}: give the values it takes (rows no topic maps go to sink.topic)")
+            for v in values:
+                if v in seen and seen[v] != name:
+                    raise ValueError(f"topics: value '{v}' is mapped to both {seen[v]} and {name}; a row goes to one topic")
+                seen[v] = name
+        return self
+
+    @property
+    def by_topic(self) -> bool:
+        return self.by == "topic"
+
+    def mapping(self) -> dict[str, str]:
+        """Each value (as text) to its output topic."""
+        return {v: name for name, values in self.topics.items() for v in values}
+
+
 class KafkaSinkSettings(_Strict):
     """``sink:`` of a Kafka topic (``type: kafka``, ``offsetlake.kafka_sink``): each batch's rows are
     produced in ONE Kafka transaction with the source end offsets committed for the pipeline's
@@ -288,6 +336,9 @@ class KafkaSinkSettings(_Strict):
     # where records that became no row go, in the same transaction, with the reason in headers
     # (default <topic>.dead-letters)
     dead_letter_topic: str | None = Field(default=None, min_length=1)
+    # each row to a topic chosen by a column's value or its source topic (``KafkaRoutes``);
+    # ``topic`` takes the rows no route maps
+    routes: KafkaRoutes | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -325,6 +376,12 @@ class KafkaSinkSettings(_Strict):
         """The dead-letter topic."""
         return self.dead_letter_topic or f"{self.topic}.dead-letters"
 
+    @property
+    def output_topics(self) -> list[str]:
+        """Every topic rows go to: ``topic`` (the rows no route maps), then the routes' topics."""
+        routed = list(self.routes.topics) if self.routes is not None else []
+        return [self.topic, *(t for t in routed if t != self.topic)]
+
     # ---- a Delta table's settings, as an append sink without them -------------------------------
     table: ClassVar[None] = None
     partition_by: ClassVar[list[str]] = []
@@ -361,9 +418,13 @@ class KafkaSinkSettings(_Strict):
     def sources_problem(self, data_path: str, is_source: Callable[[str], bool], pipeline: str) -> tuple[str, str] | None:
         if data_path in ("direct", "jvm"):
             return "data_path", f"a Kafka sink takes auto or spark (Spark hands the rows to the driver's producer), not {data_path}"
-        for name, topic in (("sink.topic", self.topic), ("sink.dead_letter_topic", self.dead_letters_to)):
+        named = [("sink.topic", self.topic), ("sink.dead_letter_topic", self.dead_letters_to)]
+        named += [(f"sink.routes.topics.{t}", t) for t in self.output_topics[1:]]
+        for name, topic in named:
             if is_source(topic):
                 return name, f"{topic} is also a source of pipeline {pipeline}: it would read its own output"
+        if self.dead_letters_to in self.output_topics[1:]:
+            return f"sink.routes.topics.{self.dead_letters_to}", "is the dead-letter topic: rows and dead letters go to different topics"
         return None
 
 
