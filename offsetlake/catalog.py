@@ -82,15 +82,20 @@ class NamedTable:
 
 
 def named_tables(configs: list[PipelineConfig]) -> list[NamedTable]:
-    """The tables of ``configs`` by catalog name, in the pipelines' order."""
+    """The Delta tables of ``configs`` by catalog name, in the pipelines' order (a Kafka sink's
+    rows and dead letters are topics: its ledger alone)."""
     tables = []
     for config in configs:
         layout = config.layout
         database = config.catalog.database
         tables += [
-            NamedTable(config.name, config.name, "sink", layout.sink, database),
-            NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", layout.dead_letters, database),
-            NamedTable(f"{config.name}_ledger", config.name, "ledger", layout.ledger, database),
+            table
+            for table in (
+                NamedTable(config.name, config.name, "sink", layout.sink, database),
+                NamedTable(f"{config.name}_dead_letters", config.name, "dead_letters", layout.dead_letters, database),
+                NamedTable(f"{config.name}_ledger", config.name, "ledger", layout.ledger, database),
+            )
+            if table.kind in config.sink.delta_tables
         ]
     return tables
 

@@ -113,6 +113,11 @@ def test_a_pipeline_names_its_tables_in_its_catalog_database(tmp_path) -> None:
         "sales.orders_dead_letters",
         "sales.orders_ledger",
     ]
+    # a Kafka sink's rows and dead letters are topics: its ledger is its one table
+    kafka = tmp_path / "kafka" / "orders.yaml"
+    kafka.parent.mkdir()
+    kafka.write_text(yaml.safe_dump({**base, "sink": {"type": "kafka", "topic": "orders-out"}}))
+    assert [t.label for t in named_tables([load_pipeline(str(kafka))])] == ["orders_ledger"]
     for bad in ("Sales", "sales-eu", "a.b", ""):
         sales.write_text(yaml.safe_dump({**base, "catalog": {"database": bad}}))
         with pytest.raises(ConfigError) as refused:

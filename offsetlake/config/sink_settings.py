@@ -247,6 +247,9 @@ class DeltaSinkSettings(_Strict):
         """The sink as messages and DAG descriptions name it."""
         return f"Delta {sink_path}"
 
+    # the pipeline's Delta tables a catalog names (``offsetlake.catalog``): sink, dead letters, ledger
+    delta_tables: ClassVar[tuple[str, ...]] = ("sink", "dead_letters", "ledger")
+
     def registry_merged(self, options: dict[str, str]) -> dict[str, str] | None:
         """The sink's Schema Registry settings with a connection's ``options`` (None: it uses none)."""
         return None
@@ -408,6 +411,9 @@ class KafkaSinkSettings(_Strict):
 
     def label(self, sink_path: str) -> str:
         return f"Kafka topic {self.topic}"
+
+    # its rows and dead letters are topics: the ledger is its one Delta table
+    delta_tables: ClassVar[tuple[str, ...]] = ("ledger",)
 
     def registry_merged(self, options: dict[str, str]) -> dict[str, str] | None:
         return None if self.format == "json" else {**self.schema_registry, **options}
