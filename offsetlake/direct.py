@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from offsetlake import errors, storage
+from offsetlake import errors, routing, storage
 from offsetlake.config import PipelineConfig, spark_only_reason
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
 from offsetlake.formats import PARSED_IN_READ, Decoder
@@ -80,7 +80,7 @@ def schema_problem(config: PipelineConfig, decoder: Decoder, rows_schema: pa.Sch
     for column in config.sink.partition_by:
         if column not in rows_schema.names or pa.types.is_string(rows_schema.field(column).type):
             return f"partition column {column} may hold a value no folder name can (checked in Spark)"
-    return None
+    return routing.read_task_problem(config, rows_schema)
 
 
 def _sources(decoder: Decoder) -> list[tuple[str, pa.StructType, str]]:
@@ -120,17 +120,22 @@ def read_and_write(
     *,
     max_record_bytes: int,
     epochs: dict[str, int] | None = None,
+    route: routing.ReadTaskRoute | None = None,
 ) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
     under ``folder`` (inside ``table_root``) with the task-side writer (``staging.TaskFiles``),
     and the rest of its records to an undecided file (a record above ``max_record_bytes`` among
     them: the Spark path's rule, ``reader.decided_columns``). ``epochs``: each topic's current
     epoch, which its rows carry as the Spark path's do (``coordinates.TOPIC_EPOCH``, when
-    ``rows_schema`` has it)."""
+    ``rows_schema`` has it). ``route``: one routed table's rule (``routing.read_task_route``): the
+    rows it does not take are dropped (another table writes them), and those its owner makes
+    dead letters go to the undecided file."""
     splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
     relative = relative_folder(table_root, folder)
-    reader = _SplitReader(dict(client_config), pipeline, timeout_s, decoder, max_record_bytes, raw_schema, rows_schema, dict(epochs or {}))
+    reader = _SplitReader(
+        dict(client_config), pipeline, timeout_s, decoder, max_record_bytes, raw_schema, rows_schema, dict(epochs or {}), route
+    )
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
@@ -174,6 +179,7 @@ class _SplitReader:
     raw_schema: pa.Schema
     rows_schema: pa.Schema
     epochs: dict[str, int]
+    route: routing.ReadTaskRoute | None = None
 
     def read(self, split: tuple[str, int, int, int], rows: TaskFiles, undecided: TaskFiles) -> Counter[tuple[str, int]]:
         """Consume ``[start, end)`` of one partition (``kafka.read_range``); the settled records'
@@ -190,8 +196,15 @@ class _SplitReader:
             )
             records = pa.RecordBatch.from_arrays(columns, schema=self.raw_schema)
             mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
-            rows.write(_sink_rows(records.filter(mask), sources, self.rows_schema, self.epochs), source=(topic, partition))
-            undecided.write(pa.Table.from_batches([records.filter(pc.invert(mask))]), source=(topic, partition))
+            settled_records = records.filter(mask)
+            sink_rows = _sink_rows(settled_records, sources, self.rows_schema, self.epochs)
+            left = pa.Table.from_batches([records.filter(pc.invert(mask))])
+            if self.route is not None:
+                kept, to_spark = self.route.masks(sink_rows)
+                sink_rows = sink_rows.filter(kept)
+                left = pa.concat_tables([left, pa.Table.from_batches([settled_records]).filter(to_spark)])
+            rows.write(sink_rows, source=(topic, partition))
+            undecided.write(left, source=(topic, partition))
         return read
 
 

@@ -263,6 +263,7 @@ def _read_direct(
         config.sink.partition_by,
         max_record_bytes=config.max_record_bytes,
         epochs=plan.topic_epochs,
+        route=routing.read_task_route(config),
     )
     processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, config.layout.sink)
     for key, count in wrote.records_read.items():

@@ -17,7 +17,11 @@ is null (a tombstone carries none) goes to every table: the key's row may be in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from offsetlake.config import PipelineConfig
 from offsetlake.config.models import UNMAPPED_DEAD_LETTER
@@ -130,3 +134,63 @@ def _value(config: PipelineConfig, rows: DataFrame) -> Column:
             field="routes.by",
         )
     return F.col(f"`{column}`").cast("string")
+
+
+# ---- the same rule in the read tasks (the direct path, ``offsetlake.direct``) ---------------------
+# Types whose text in Arrow is Spark's cast to string: the value itself, or an integer's digits.
+# Any other type (a double's "1.0" against Arrow's "1", a timestamp's format) is routed in Spark.
+_TEXT_AS_SPARK = (pa.types.is_string, pa.types.is_large_string, pa.types.is_integer)
+
+
+@dataclass(frozen=True)
+class ReadTaskRoute:
+    """What one table of a route by a column keeps of the rows a read task settled: ``_kept``'s
+    rule in Arrow, shipped to the tasks. The rows its owner makes dead letters (``unrouted``) go
+    to the Spark steps with the undecided records, which dead-letter them by ``unrouted_reason``."""
+
+    column: str
+    mine: tuple[str, ...]
+    mapped: tuple[str, ...]
+    owner: bool
+    unrouted_are_dead_letters: bool
+
+    def masks(self, rows: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray]:
+        """(the rows this table writes, the rows left to the Spark steps) of ``rows``."""
+        value = pc.cast(rows.column(self.column), pa.string())
+        mine = pc.fill_null(pc.is_in(value, value_set=pa.array(self.mine, pa.string())), False)
+        unmapped = pc.invert(pc.fill_null(pc.is_in(value, value_set=pa.array(self.mapped, pa.string())), False))
+        nothing = pc.and_(mine, pc.invert(mine))  # all false, of the rows' length
+        if not self.owner:
+            return mine, nothing
+        if self.unrouted_are_dead_letters:
+            return mine, unmapped
+        return pc.or_(mine, unmapped), nothing
+
+
+def read_task_route(config: PipelineConfig) -> ReadTaskRoute | None:
+    """The rule the read tasks apply for this table, or None when its rows are not routed by a
+    column (every settled row is the table's)."""
+    if not config.routed_by_column:
+        return None
+    assert config.routes is not None and config.route is not None
+    return ReadTaskRoute(
+        column=config.routes.by,
+        mine=tuple(config.routes.tables[config.route]),
+        mapped=tuple(v for values in config.routes.tables.values() for v in values),
+        owner=owns_the_rest(config),
+        unrouted_are_dead_letters=config.routes.unmapped == UNMAPPED_DEAD_LETTER,
+    )
+
+
+def read_task_problem(config: PipelineConfig, rows_schema: pa.Schema) -> str | None:
+    """Why the read tasks cannot route this table's rows as Spark would, or None."""
+    if not config.routed_by_column:
+        return None
+    assert config.routes is not None
+    column = config.routes.by
+    if column not in rows_schema.names:
+        return f"route column {column} is not a column of the rows"
+    kind = rows_schema.field(column).type
+    if not any(test(kind) for test in _TEXT_AS_SPARK):
+        return f"route column {column} is {kind}, whose text is Spark's cast to string (routed in Spark)"
+    return None

@@ -26,6 +26,7 @@ from offsetlake import failpoints, storage
 from offsetlake.config import load_pipeline, pipeline_names
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
 from offsetlake.errors import ConfigError
+from offsetlake.history import sink_commits
 from offsetlake.plan import RunContext
 from offsetlake.rewind import rewind_pipeline
 from offsetlake.runs import run_pipeline
@@ -221,18 +222,37 @@ def test_the_unmapped_table_takes_what_no_other_maps_and_topic_routes_read_their
     assert Counter(r["_kafka_topic"] for r in _rows(rest)) == {second: 200}
 
 
-def test_a_column_routes_unmapped_values_to_the_named_table(pipeline, spark):
-    pipeline.write(routes={"by": "currency", "tables": {"eur": ["EUR"]}, "unmapped": "other"})  # other: a table of its own
+def test_a_column_routes_unmapped_values_to_the_named_table_and_the_read_tasks_route_as_spark_does(pipeline, spark, tmp_path):
+    routes = {"by": "currency", "tables": {"eur": ["EUR"]}, "unmapped": "other"}  # other: a table of its own
+    pipeline.write(routes=routes)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    produce_orders(pipeline.bootstrap, pipeline.topic, 400, malformed_every=50)
+    # two malformed records: the read tasks settle the pieces of the chunk without one (64 records
+    # or more, ``json_records._MIN_PIECE``) and leave the rest to Spark, so both route rows
+    produce_orders(pipeline.bootstrap, pipeline.topic, 400, malformed_every=200)
     eur, other = (pipeline.route(t) for t in ("eur", "other"))
     for config in (eur, other):
         run_pipeline(config, RunContext(config.name), lambda: spark)
     assert {r["currency"] for r in _rows(eur)} == {"EUR"}
     assert {r["currency"] for r in _rows(other)} == {"USD", "GBP", "INR"}
-    assert _dead(eur) == [] and len(_dead(other)) == 400 // 50, "the unmapped table owns the undecodable records"
+    assert _dead(eur) == [] and len(_dead(other)) == 400 // 200, "the unmapped table owns the undecodable records"
     assert len(_rows(eur)) + len(_rows(other)) + len(_dead(other)) == 400
     assert os.path.basename(other.sink_path) == f"{pipeline.name}_other"
+
+    # a string column is routed in the read tasks (the direct path), and the tables are those
+    # the Spark path makes of the same records
+    for config in (eur, other):
+        assert {c.entry.data_path for c in sink_commits(storage.table(config.layout.sink), config.name)} == {"direct"}
+    pipeline.write(routes=routes, data_path="spark", lake=str(tmp_path / "lake_spark"))
+    in_spark = [pipeline.route(t) for t in ("eur", "other")]
+    for config in in_spark:
+        run_pipeline(config, RunContext(f"{config.name}-spark"), lambda: spark)
+        assert {c.entry.data_path for c in sink_commits(storage.table(config.layout.sink), config.name)} == {"spark"}
+
+    def placed(config) -> tuple[list, list]:
+        rows = sorted((r["_kafka_partition"], r["_kafka_offset"], r["order_id"], r["currency"], r["amount"]) for r in _rows(config))
+        return rows, sorted((d["_kafka_partition"], d["_kafka_offset"], d["reason_code"]) for d in _dead(config))
+
+    assert [placed(c) for c in (eur, other)] == [placed(c) for c in in_spark]
 
 
 def test_a_keyed_sink_routes_each_key_to_its_table_and_a_tombstone_deletes_it_wherever_it_is(pipeline, spark):

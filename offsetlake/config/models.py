@@ -510,8 +510,6 @@ def spark_only_reason(config: PipelineConfig) -> str | None:
         return "a keyed sink merges in Spark"
     if config.transform:
         return "a transform runs in Spark"
-    if config.routed_by_column:
-        return "its rows are routed by a column's value in Spark"
     if config.suite_file is not None:
         return "the suite validates the rows in Spark"
     if getattr(config.format, "envelope", None) == "debezium":
