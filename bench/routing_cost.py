@@ -7,7 +7,7 @@ Produces ``--records`` orders once (2 partitions, a private Apache Kafka broker 
 KAFKA_BOOTSTRAP_SERVERS is set; currencies EUR, USD, GBP, INR in equal shares), then per repeat,
 into fresh lakes, alternating which goes first: the plain pipeline (no transform, no suite: the
 direct path), and the routed file's three tables run one after the other (each reads every
-record: the Spark path, as routing by a column needs). One warm Spark session (local[2]) serves
+record; the read tasks route a text column's rows, the direct path too). One warm Spark session (local[2]) serves
 every run, after a small warm-up. Prints one JSON line per run and a summary with medians: seconds
 for one table, for each routed table and for all three, and the ratio of all three to one table.
 """
@@ -29,9 +29,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from offsetlake import storage  # noqa: E402
 from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
+from offsetlake.history import sink_commits  # noqa: E402
 from offsetlake.plan import RunContext  # noqa: E402
 from offsetlake.runs import run_pipeline  # noqa: E402
 from offsetlake.spark import spark_session, stop_spark  # noqa: E402
@@ -62,7 +64,8 @@ def timed(name: str, folder: Path) -> float:
     results = run_pipeline(config, RunContext(f"bench-{name}"), spark_session, emit=lambda _: None)
     seconds = time.monotonic() - started
     rows = sum(sum(c.get("rows_written", 0) for c in r.per_range.values()) for r in results)
-    print(json.dumps({"pipeline": name, "seconds": round(seconds, 2), "batches": len(results), "rows": rows}), flush=True)
+    paths = sorted({c.entry.data_path or "none" for c in sink_commits(storage.table(config.layout.sink), config.name)})
+    print(json.dumps({"pipeline": name, "seconds": round(seconds, 2), "batches": len(results), "rows": rows, "paths": paths}), flush=True)
     return seconds
 
 
