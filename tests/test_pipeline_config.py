@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from offsetlake.config import load_pipeline
+from offsetlake.config.sink_kinds import sink_kind
 from offsetlake.errors import ConfigError
 
 BASE = {
@@ -235,6 +236,7 @@ def test_a_kafka_sink_routes_to_topics_in_one_pipeline_and_table_routes_point_th
     topics = config.sink.output_topics
     assert topics[0] == "out" and sorted(topics[1:]) == ["out.high", "out.low"]  # out takes what no route maps
     assert config.sink.routes.mapping() == {"1": "out.low", "2": "out.low", "3": "out.high"}
+    assert config.sink_label == "Kafka topics out, out.high, out.low" and sink_kind(config).output(config) == "out, out.high, out.low"
     table_routes = {"by": "order_id", "tables": {"low": [1]}, "unmapped": "rest"}
     with pytest.raises(ConfigError, match="routes: makes one pipeline per Delta table; a Kafka sink routes .* with sink.routes"):
         load_pipeline(str(write(tmp_path, {**BASE, "routes": table_routes, "sink": {"type": "kafka", "topic": "out"}})))

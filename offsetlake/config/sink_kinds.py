@@ -156,7 +156,8 @@ class KafkaSinkKind(SinkKind):
         return super()._why_not(config, capability)
 
     def output(self, config: PipelineConfig) -> str:
-        return config.kafka_sink.topic
+        """Its output topics: ``sink.topic``, then those of ``sink.routes``."""
+        return ", ".join(config.kafka_sink.output_topics)
 
     def output_uri(self, config: PipelineConfig) -> str:
         """Named as Airflow's Kafka asset URIs do: ``kafka://<broker>/<topic>``."""

@@ -410,7 +410,8 @@ class KafkaSinkSettings(_Strict):
     is_kafka: ClassVar[bool] = True
 
     def label(self, sink_path: str) -> str:
-        return f"Kafka topic {self.topic}"
+        topics = self.output_topics
+        return f"Kafka topic {self.topic}" if len(topics) == 1 else f"Kafka topics {', '.join(topics)}"
 
     # its rows and dead letters are topics: the ledger is its one Delta table
     delta_tables: ClassVar[tuple[str, ...]] = ("ledger",)
