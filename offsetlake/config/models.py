@@ -23,7 +23,15 @@ from offsetlake.config.ddl import PARTITION_COLUMN_TYPES
 from offsetlake.config.formats import AvroFormat, JsonFormat, JsonSchemaFormat, KeyFormat, ProtobufFormat, key_columns
 from offsetlake.config.layout import LakeLayout, app_id
 from offsetlake.config.registry_settings import registry_settings_problem
-from offsetlake.config.sink_settings import DeltaSinkSettings, KafkaRoutes, KafkaSinkSettings, OutboxSettings, SinkSettings
+from offsetlake.config.sink_settings import (
+    DeltaSinkSettings,
+    KafkaRoutes,
+    KafkaSinkSettings,
+    OutboxSettings,
+    SinkSettings,
+    route_values_apart,
+    route_values_as_text,
+)
 from offsetlake.config.strict import Strict as _Strict
 from offsetlake.errors import ConfigError
 
@@ -116,14 +124,7 @@ class RouteSettings(_Strict):
     @field_validator("tables", mode="before")
     @classmethod
     def _values_as_text(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out: dict[Any, Any] = {}
-        for name, values in value.items():
-            items = values if isinstance(values, list) else [values]
-            # a value is compared as the column's text (Spark's cast to string): YAML's true is "true"
-            out[name] = [str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else str(v) for v in items]
-        return out
+        return route_values_as_text(value) if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _tables_apart(self) -> RouteSettings:
@@ -134,12 +135,7 @@ class RouteSettings(_Strict):
                 raise ValueError(f"tables: '{name}' is not allowed: a table's name is [a-z0-9_]+ (it ends its pipeline's name)")
             if not values and self.unmapped != name:
                 raise ValueError(f"tables.{name}: give the values it takes (or make it the unmapped table)")
-        seen: dict[str, str] = {}
-        for name, values in self.tables.items():
-            for v in values:
-                if v in seen and seen[v] != name:
-                    raise ValueError(f"tables: value '{v}' is mapped to both {seen[v]} and {name}; a row goes to one table")
-                seen[v] = name
+        route_values_apart(self.tables, "tables", "table")
         return self
 
     @property

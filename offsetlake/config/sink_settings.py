@@ -263,6 +263,26 @@ class DeltaSinkSettings(_Strict):
         return None
 
 
+def route_values_as_text(mapping: dict[Any, Any]) -> dict[Any, Any]:
+    """A route's values (table or topic -> values) as the text they are compared as: Spark's cast
+    of the column to string, so YAML's true is "true" and 3 is "3"; one value may stand alone."""
+    out: dict[Any, Any] = {}
+    for name, values in mapping.items():
+        items = values if isinstance(values, list) else [values]
+        out[name] = [str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else str(v) for v in items]
+    return out
+
+
+def route_values_apart(mapping: dict[str, list[str]], field: str, what: str) -> None:
+    """ValueError when one value is under two names of ``mapping``: a row goes to one ``what``."""
+    seen: dict[str, str] = {}
+    for name, values in mapping.items():
+        for v in values:
+            if v in seen and seen[v] != name:
+                raise ValueError(f"{field}: value '{v}' is mapped to both {seen[v]} and {name}; a row goes to one {what}")
+            seen[v] = name
+
+
 class KafkaRoutes(_Strict):
     """``sink.routes`` of a Kafka sink: each row goes to the topic its value maps, and a row whose
     value no topic maps (null included) to ``sink.topic``. All of a batch's topics are written in
@@ -280,26 +300,18 @@ class KafkaRoutes(_Strict):
     def _values_as_text(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
             return data
-        out: dict[Any, Any] = {}
-        for name, values in data["topics"].items():
-            items = values if isinstance(values, list) else [values]
-            out[name] = [str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else str(v) for v in items]
-        return {**data, "topics": out}
+        return {**data, "topics": route_values_as_text(data["topics"])}
 
     @model_validator(mode="after")
     def _topics_apart(self) -> KafkaRoutes:
         if not self.topics:
             raise ValueError("topics: name one or more output topics, each with the values it takes")
-        seen: dict[str, str] = {}
         for name, values in self.topics.items():
             if not _KAFKA_TOPIC_NAME.fullmatch(name):
                 raise ValueError(f"topics: '{name}' is not a Kafka topic name (letters, digits, '.', '_', '-')")
             if not values:
                 raise ValueError(f"topics.{name}: give the values it takes (rows no topic maps go to sink.topic)")
-            for v in values:
-                if v in seen and seen[v] != name:
-                    raise ValueError(f"topics: value '{v}' is mapped to both {seen[v]} and {name}; a row goes to one topic")
-                seen[v] = name
+        route_values_apart(self.topics, "topics", "topic")
         return self
 
     @property
