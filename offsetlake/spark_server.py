@@ -191,14 +191,20 @@ def _serving(folder: Path) -> Server | None:
     return server
 
 
+_STARTERS_SPARK_ENV = ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+
+
 def _start(folder: Path, project: Path, timeout_s: float) -> Server:
     for lease in (folder / "leases").glob("*.*"):  # those of servers that are gone
         if not _alive(int(lease.name.split(".")[1])):
             lease.unlink(missing_ok=True)
     token = secrets.token_hex(24)
     port = _free_port()
-    env = {**os.environ, TOKEN_ENV: token}
-    env.pop("PYSPARK_GATEWAY_PORT", None)
+    # the server runs a classic local session: nothing of a Spark session its starter had goes
+    # with it (a gateway, or Spark Connect, which pyspark marks in the environment of a process that
+    # used it: SPARK_CONNECT_MODE_ENABLED=1 made the server's own session ask for a remote URL)
+    env = {k: v for k, v in os.environ.items() if k not in _STARTERS_SPARK_ENV}
+    env[TOKEN_ENV] = token
     with open(folder / "server.log", "a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "offsetlake", "spark-server", "--host", "127.0.0.1", "--port", str(port), "--managed", str(folder)],

@@ -118,7 +118,10 @@ def test_a_crashed_or_retired_server_is_replaced_and_the_cli_shows_and_stops_it(
     path = spark_server.state_dir(home) / "server.json"
     named = json.loads(path.read_text())
     path.write_text(json.dumps({**named, "code": "an-older-offsetlake"}))  # as after an upgrade or an edit
-    new = _result(_client(home, idle="10m"))
+    # started from a process that used Spark Connect before (an Airflow task, a campaign, a
+    # notebook): pyspark leaves SPARK_CONNECT_MODE_ENABLED=1 in its environment, which the server
+    # it starts must not inherit (its own session is a classic one; it failed, "CONNECT_URL_NOT_SET")
+    new = _result(_client(home, idle="10m", SPARK_CONNECT_MODE_ENABLED="1"))
     assert new["server"] not in (None, old["server"])
     assert _gone(old["server"], 60), "a retired server with no command attached did not stop"
     assert spark_server.current(home) is not None and spark_server.current(home).pid == new["server"]
