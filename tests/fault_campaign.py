@@ -43,10 +43,11 @@ produced, with offsets and timestamps from the producer's delivery reports — a
   epoch and offset; first_row each key's first committed record; partial_update, per column, the
   newest non-null value since the key's newest tombstone, and no row where that tombstone is its
   newest record;
-* the Kafka sink's output topic holds every committed valid record of the current topic below
-  its group's committed offsets exactly once among its ingest records, and its dead-letter topic
-  every malformed one exactly once, but for offsets delete_records took before the pipeline read
-  them; nothing else (read with plain read_committed consumers, tests/kafka_truth.py);
+* the Kafka sink's output topics hold every committed valid record of the current topic below
+  its group's committed offsets exactly once among their ingest records, each in the topic its
+  customer routes to (every other output is routed by ``sink.routes`` to a second topic), and its
+  dead-letter topic every malformed one exactly once, but for offsets delete_records took before
+  the pipeline read them; nothing else (read with plain read_committed consumers, tests/kafka_truth.py);
 * the outbox topic holds, per sink commit up to its progress, the rows of that commit's ranges in
   the table at its version (or one record per batch a rewind undid), once each, in version order.
 
@@ -383,17 +384,22 @@ class Campaign:
     def _new_kafka_output(self):
         """Create the Kafka-sink pipeline's next output topic (2 partitions) and its dead-letter
         topic, and (re)write its YAML to produce there: keyed by customer, or (every other output
-        topic) without a key. JSON like the plain pipeline's, small batches."""
+        topic) without a key and routed by customer (``sink.routes``) to a second topic as well.
+        JSON like the plain pipeline's, small batches."""
         from offsetlake.config import load_pipeline
 
         out = f"{self.topic}-kout{self.kafka_generation}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         # the dead-letter topic too: offsetlake would make it at its first batch, and reading it
         # before that (the check) must not auto-create it with the broker's default partitions
-        futures = admin.create_topics([_new_topic(out, 2), _new_topic(f"{out}.dead-letters", 1)])
+        routed = self.kafka_generation % 2 == 1  # every other output: routed by customer to a second topic
+        made = [out, f"{out}.dead-letters", *([f"{out}.r"] if routed else [])]
+        futures = admin.create_topics([_new_topic(t, 1 if t.endswith(".dead-letters") else 2) for t in made])
         for future in futures.values():
             future.result(30)
         sink = {"type": "kafka", "topic": out, **({"key": ["customer"]} if self.kafka_generation % 2 == 0 else {})}
+        if routed:  # the customers of table a go to <out>.r in the batch's one transaction, the rest to <out>
+            sink["routes"] = {"by": "customer", "topics": {f"{out}.r": ROUTES["a"]}}
         self.kafka_file.write_text(
             yaml.safe_dump(
                 {
@@ -1268,7 +1274,9 @@ class Campaign:
             if r.state == "visible" and r.partition == 0 and done.start <= r.offset < done.end
         }
         problems = []
-        for topic, valid in ((self.kafka.sink.topic, True), (self.kafka.sink.dead_letters_to, False)):
+        sink = self.kafka.sink
+        for topics, valid in ((sink.output_topics, True), ([sink.dead_letters_to], False)):
+            topic = ", ".join(topics)
             expected = {k for k, r in want.items() if (r.order_id is not None) == valid}
             # the last stable offset passes a committed transaction once the coordinator has written
             # its markers, which Apache Kafka does after answering the commit: read again until the
@@ -1277,7 +1285,7 @@ class Campaign:
             while True:
                 got = Counter(
                     (int(h["offsetlake.partition"]), int(h["offsetlake.offset"]))
-                    for h in (_headers(r) for r in read_records(self.bootstrap, topic))
+                    for h in (_headers(r) for t in topics for r in read_records(self.bootstrap, t))
                     if h.get("offsetlake.batch") == plan.batch_id
                 )
                 if set(got) >= expected or time.monotonic() > deadline:
@@ -1933,7 +1941,7 @@ class Campaign:
         # records below the group's offsets never change (an open transaction's lie above them).
         marks = (
             sink.topic,
-            last_stable_offsets(self.bootstrap, sink.topic),
+            [last_stable_offsets(self.bootstrap, t) for t in sink.output_topics],
             last_stable_offsets(self.bootstrap, sink.dead_letters_to),
             ends,
             repr(self.kafka_lost),
@@ -1943,7 +1951,8 @@ class Campaign:
         by_coords = {(r.partition, r.offset): r for r in self.model.current()}
         problems: list[str] = []
         counted: dict[bool, Counter] = {True: Counter(), False: Counter()}  # valid (output topic) / malformed (dead letters)
-        for valid, topic in ((True, sink.topic), (False, sink.dead_letters_to)):
+        routed = sink.routes.mapping() if sink.routes is not None else {}
+        for valid, topic in [*((True, t) for t in sink.output_topics), (False, sink.dead_letters_to)]:
             for record in read_records(self.bootstrap, topic):
                 h = _headers(record)
                 kind = h.get("offsetlake.kind")
@@ -1967,6 +1976,9 @@ class Campaign:
                     if not h.get("offsetlake.reason"):
                         problems.append(f"dead letter of {coords} carries no reason")
                     continue
+                belongs = routed.get(source.customer, sink.topic) if source.customer is not None else sink.topic
+                if topic != belongs:
+                    problems.append(f"{topic} holds the record of {coords} (customer {source.customer!r}), which routes to {belongs}")
                 value = json.loads(record.value or b"null") or {}
                 want = {"order_id": source.order_id, "customer": source.customer, "amount": amount_published(source.order_id)}
                 if {k: value.get(k) for k in want} != want:
