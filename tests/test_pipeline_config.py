@@ -189,6 +189,7 @@ def test_model_validate_enforces_the_rules_between_fields_as_loading_does(tmp_pa
         ({"type": "kafka", "topic": "out", "register": False}, "register applies to the registry formats"),
         ({"type": "kafka", "topic": "out", "format": "avro", "schema_registry": {"nope": "x"}}, "schema_registry"),
         # sink.routes: topics in the one transaction
+        ({"routes": {"by": "currency", "topics": {"eu": ["EUR"]}}}, "routes applies to a Kafka sink .* with routes: at the top"),
         (
             {"type": "kafka", "topic": "out", "routes": {"by": "region", "topics": {"eu": ["EU"]}}},
             "sink.routes.by: column 'region' is not a field",

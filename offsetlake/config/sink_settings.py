@@ -133,6 +133,8 @@ class DeltaSinkSettings(_Strict):
             _refuse_given(data, ("topic", "dead_letter_topic", "subject"), "a Kafka sink (type: kafka), not to a Delta table", _set)
             registry = ("format", "schema_registry", "register", "register_schema")
             _refuse_given(data, registry, "a Kafka sink (type: kafka); a Delta sink keeps the rows' own columns")
+            where = "a Kafka sink (type: kafka), to topics; rows go to several Delta tables with routes: at the top of the file"
+            _refuse_given(data, ("routes",), where, _set)
         return data
 
     @model_validator(mode="after")
