@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from offsetlake import errors, routing, storage
 from offsetlake.config import PipelineConfig, spark_only_reason
 from offsetlake.coordinates import TOPIC_EPOCH, topic_epoch_array
+from offsetlake.engines import STATE
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.plan import BatchPlan, OffsetRange
@@ -37,6 +38,7 @@ from offsetlake.reader import decided_columns, read_schemas, split_ranges
 from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
 from offsetlake.staging import (
+    PARTIAL,
     READ,
     RESULT_SCHEMA,
     ROWS,
@@ -52,6 +54,8 @@ from offsetlake.staging import (
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from offsetlake.engine_arrow import ArrowEngine
 
 
 def problem(config: PipelineConfig, plan: BatchPlan, decoder: Decoder) -> str | None:
@@ -80,6 +84,12 @@ def schema_problem(config: PipelineConfig, decoder: Decoder, rows_schema: pa.Sch
     for column in config.sink.partition_by:
         if column not in rows_schema.names or pa.types.is_string(rows_schema.field(column).type):
             return f"partition column {column} may hold a value no folder name can (checked in Spark)"
+    if config.sink.folds_in_read:
+        from offsetlake.engine_arrow import schema_problem as engine_problem
+
+        why_not = engine_problem(config, rows_schema)
+        if why_not is not None:
+            return why_not
     return routing.read_task_problem(config, rows_schema)
 
 
@@ -104,6 +114,7 @@ class DirectResult:
     files: list[StagedFile]
     undecided: list[str]  # paths under the table of the undecided records' files
     records_read: Counter[tuple[str, int]]
+    partials: list[str] = field(default_factory=list)  # a merge engine's partial states, a file per task
 
 
 def read_and_write(
@@ -121,6 +132,7 @@ def read_and_write(
     max_record_bytes: int,
     epochs: dict[str, int] | None = None,
     route: routing.ReadTaskRoute | None = None,
+    engine: ArrowEngine | None = None,
 ) -> DirectResult:
     """One Spark job: each task reads its split, writes the rows its decoder settled as parquet
     under ``folder`` (inside ``table_root``) with the task-side writer (``staging.TaskFiles``),
@@ -129,28 +141,38 @@ def read_and_write(
     epoch, which its rows carry as the Spark path's do (``coordinates.TOPIC_EPOCH``, when
     ``rows_schema`` has it). ``route``: one routed table's rule (``routing.read_task_route``): the
     rows it does not take are dropped (another table writes them), and those its owner makes
-    dead letters go to the undecided file."""
+    dead letters go to the undecided file. ``engine``: a merge engine's (``offsetlake.engine_arrow``):
+    the tasks write the rows' contributions (``table_root`` is the state table) and each task one
+    file of its groups' partial states (``DirectResult.partials``); rows the engine cannot fold
+    exactly go to the undecided file, for the Spark steps."""
     splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
     raw_schema, _ = read_schemas(decoder)
     relative = relative_folder(table_root, folder)
     reader = _SplitReader(
-        dict(client_config), pipeline, timeout_s, decoder, max_record_bytes, raw_schema, rows_schema, dict(epochs or {}), route
+        dict(client_config), pipeline, timeout_s, decoder, max_record_bytes, raw_schema, rows_schema, dict(epochs or {}), route, engine
     )
+    files_schema = engine.contributions_schema if engine is not None else rows_schema
 
     def tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import gc
 
         attempt = task_attempt()
-        rows = TaskFiles(table_root, relative, rows_schema, partition_by, attempt=attempt)
+        rows = TaskFiles(table_root, relative, files_schema, partition_by, attempt=attempt)
         undecided = TaskFiles(table_root, relative, raw_schema, [], attempt=attempt, prefix="undecided")
+        partial = _Partial(engine) if engine is not None else None
         read: Counter[tuple[str, int]] = Counter()
         was_enabled = gc.isenabled()
         gc.disable()  # as in reader.read_ranges: the chunks hold no cycles
         try:
             for batch in batches:
                 for index in batch.column("id").to_pylist():
-                    read.update(reader.read(splits[index], rows, undecided))
-            yield result_batch([*((ROWS, f) for f in rows.close()), *((UNDECIDED, f) for f in undecided.close())], read)
+                    read.update(reader.read(splits[index], rows, undecided, partial))
+            written = [*((ROWS, f) for f in rows.close()), *((UNDECIDED, f) for f in undecided.close())]
+            if partial is not None and engine is not None:
+                states = TaskFiles(table_root, relative, engine.states_schema, [], attempt=attempt, prefix="partial")
+                states.write(partial.folded())
+                written += [(PARTIAL, f) for f in states.close()]
+            yield result_batch(written, read)
         finally:
             if was_enabled:
                 gc.enable()
@@ -162,6 +184,8 @@ def read_and_write(
             result.records_read.update(result_counts(row))
         elif row["kind"] == UNDECIDED:
             result.undecided.append(row["path"])
+        elif row["kind"] == PARTIAL:
+            result.partials.append(row["path"])
         else:
             result.files.append(staged_file(row))
     return result
@@ -180,10 +204,14 @@ class _SplitReader:
     rows_schema: pa.Schema
     epochs: dict[str, int]
     route: routing.ReadTaskRoute | None = None
+    engine: ArrowEngine | None = None
 
-    def read(self, split: tuple[str, int, int, int], rows: TaskFiles, undecided: TaskFiles) -> Counter[tuple[str, int]]:
+    def read(
+        self, split: tuple[str, int, int, int], rows: TaskFiles, undecided: TaskFiles, partial: _Partial | None
+    ) -> Counter[tuple[str, int]]:
         """Consume ``[start, end)`` of one partition (``kafka.read_range``); the settled records'
-        rows into ``rows``, the others into ``undecided``; the records read."""
+        rows (a merge engine's: their contributions, folded into ``partial`` too) into ``rows``,
+        the others into ``undecided``; the records read."""
         from offsetlake.kafka import read_range
 
         topic, partition, start, end = split
@@ -196,16 +224,48 @@ class _SplitReader:
             )
             records = pa.RecordBatch.from_arrays(columns, schema=self.raw_schema)
             mask = pa.array(settled if settled is not None else [False] * len(chunk), pa.bool_())
-            settled_records = records.filter(mask)
+            settled_records = pa.Table.from_batches([records.filter(mask)])
             sink_rows = _sink_rows(settled_records, sources, self.rows_schema, self.epochs)
-            left = pa.Table.from_batches([records.filter(pc.invert(mask))])
+            left = [pa.Table.from_batches([records.filter(pc.invert(mask))])]
             if self.route is not None:
                 kept, to_spark = self.route.masks(sink_rows)
-                sink_rows = sink_rows.filter(kept)
-                left = pa.concat_tables([left, pa.Table.from_batches([settled_records]).filter(to_spark)])
+                sink_rows, left = sink_rows.filter(kept), [*left, settled_records.filter(to_spark)]
+                settled_records = settled_records.filter(kept)
+            if self.engine is not None and partial is not None:
+                exact = self.engine.exact(sink_rows)
+                sink_rows, left = sink_rows.filter(exact), [*left, settled_records.filter(pc.invert(exact))]
+                sink_rows = self.engine.contributions(sink_rows)
+                partial.add(sink_rows)
             rows.write(sink_rows, source=(topic, partition))
-            undecided.write(left, source=(topic, partition))
+            undecided.write(pa.concat_tables(left) if len(left) > 1 else left[0], source=(topic, partition))
         return read
+
+
+class _Partial:
+    """A read task's partial states of its groups (a merge engine's, ``offsetlake.engine_arrow``):
+    its contributions folded per group as they come, folded again once they hold many rows."""
+
+    FOLD_AT = 100_000  # rows held before they are folded into one per group
+
+    def __init__(self, engine: ArrowEngine) -> None:
+        self.engine = engine
+        self.held: list[pa.Table] = []
+        self.rows = 0
+
+    def add(self, contributions: pa.Table) -> None:
+        if not contributions.num_rows:
+            return
+        self.held.append(self.engine.fold(contributions.select([*self.engine.group, STATE])))
+        self.rows += self.held[-1].num_rows
+        if self.rows >= self.FOLD_AT and len(self.held) > 1:
+            self.held = [self.folded()]
+            self.rows = self.held[0].num_rows
+
+    def folded(self) -> pa.Table:
+        """One row per group of every contribution added."""
+        if not self.held:
+            return self.engine.states_schema.empty_table()
+        return self.held[0] if len(self.held) == 1 else self.engine.fold(pa.concat_tables(self.held))
 
 
 def undecided_frame(spark: SparkSession, table_root: storage.Location, paths: list[str], decoder: Decoder) -> DataFrame | None:
@@ -225,13 +285,13 @@ def remove_undecided(table_root: storage.Location, paths: list[str]) -> None:
         fs.delete_file(f"{root.rstrip('/')}/{path}")
 
 
-def _sink_rows(records: pa.RecordBatch, sources: list[tuple[str, str]], rows_schema: pa.Schema, epochs: dict[str, int]) -> pa.Table:
+def _sink_rows(records: pa.Table, sources: list[tuple[str, str]], rows_schema: pa.Schema, epochs: dict[str, int]) -> pa.Table:
     """Settled records (of one topic-partition) as sink rows: the decoded fields (value, then
     key), then the coordinate columns (the columns of ``formats.good_rows``) and, when the schema
     has it, the topic's epoch (``coordinates.with_topic_epochs``), in the schema Spark gives them."""
     columns = []
     for struct, inner in sources:
-        column = records.column(struct)
+        column = records.column(struct).combine_chunks()
         assert isinstance(column, pa.StructArray)
         # a null struct (a record without a key) gives null fields, as in Spark
         columns.append(column.flatten()[column.type.get_field_index(inner)])

@@ -44,23 +44,90 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class BatchContributions:
+    """A batch's contributions as a merge takes them: ``rows``, the contribution rows Spark holds
+    and writes (None: the read tasks wrote them all, ``offsetlake.engine_arrow``); ``like``, a
+    frame with the contribution rows' columns and types; ``held``, the read tasks' partial states
+    folded on the driver (one row per group; None on the Spark path), ``in_read`` the
+    ``engine_arrow.ArrowEngine`` they ran. ``states`` is what Spark folds of them all."""
+
+    group: list[str]
+    rows: DataFrame | None
+    like: DataFrame
+    in_read: Any = None
+    held: pa.Table | None = None
+    spark: Any = None
+
+    @property
+    def states(self) -> DataFrame:
+        """The group columns and STATE of each contribution Spark holds and of each group the read
+        tasks folded (the fold is associative, so a merge takes either); made when a merge in
+        Spark asks (``merged_in_arrow`` needs none)."""
+        from offsetlake.spark import dataframe_from_arrow
+
+        group = [f"`{c}`" for c in self.group]
+        mine = self.rows.select(*group, STATE) if self.rows is not None else None
+        if self.held is None:
+            assert mine is not None
+            return mine
+        held = dataframe_from_arrow(self.spark, self.held)
+        return held if mine is None else held.unionByName(mine)
+
+
+def batch_contributions(spark: Any, config: PipelineConfig, rows: DataFrame | None, in_read: Any, written: Any) -> BatchContributions:
+    """The contributions of a batch's rows that Spark holds (``rows``), and of those its read
+    tasks folded themselves (the direct path: ``in_read`` is the ``engine_arrow.ArrowEngine``
+    they ran, ``written`` the ``processed.WrittenInRead`` naming a partial state file per task),
+    whose rows the driver folds once more, in Arrow, before Spark sees them (one row per group,
+    whatever the number of tasks)."""
+    from offsetlake.spark import dataframe_from_arrow
+
+    engine = engine_for(config)
+    group = group_columns(config)
+    new = engine.contributions(rows) if rows is not None else None
+    if in_read is None:
+        assert new is not None, "a batch on the Spark path has rows"
+        return BatchContributions(group, new, new)
+    held = _read_partials(in_read, written.table_root, written.partials)
+    like = new if new is not None else dataframe_from_arrow(spark, in_read.contributions_schema.empty_table())
+    return BatchContributions(group, new, like, in_read, held, spark)
+
+
+def _read_partials(engine: Any, table_root: storage.Location | None, paths: list[str]) -> pa.Table:
+    """The read tasks' partial states (``engine_arrow``), folded into one row per group."""
+    tables = [engine.states_schema.empty_table()]
+    if paths:
+        assert table_root is not None
+        fs, root = storage.filesystem(table_root)
+        for path in paths:
+            with fs.open_input_file(f"{root.rstrip('/')}/{path}") as handle:
+                tables.append(pq.ParquetFile(handle).read().cast(engine.states_schema))
+    return engine.fold(pa.concat_tables(tables))
+
+
+@dataclass
 class EngineMerge:
     """What a batch's commit writes and removes: the visible rows of the files it rewrites
     (sorted by group), the contribution rows (the batch's, and for a backfill those of the
-    replaced contribution files outside its ranges), the live files they replace, the counts."""
+    replaced contribution files outside its ranges; None: none for Spark to write), the live
+    files they replace, the counts."""
 
     visible: DataFrame | pa.Table  # a pyarrow table from ``merged_on_driver``
-    contributions: DataFrame
+    contributions: DataFrame | None
     removed: list[dict[str, Any]]
     counts: MergeCounts
     visible_rows: int
     cached: list[DataFrame]
     keys: DataFrame | pa.Table  # the groups the batch touched (its own and those of the contributions it dropped)
     folded: dict[tuple[str, int, int], int] = field(default_factory=dict)  # the horizon a fold raised (``fold``)
+    on: str = "spark"  # where the groups were folded: "spark", "driver" (``merged_on_driver``), "arrow" (``merged_in_arrow``)
+    held_contributions: pa.Table | None = None  # contribution rows the driver holds and writes (``backfill_in_arrow``)
 
 
-def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame, replaced: Selection | None = None) -> EngineMerge:
-    """The batch's ``rows`` merged (module docstring). An ingest (``replaced`` None) folds each
+def merged(
+    spark: Any, config: PipelineConfig, table: DeltaTable | None, batch: BatchContributions, replaced: Selection | None = None
+) -> EngineMerge:
+    """The batch's contributions merged (module docstring). An ingest (``replaced`` None) folds each
     touched group's stored state with the batch's contributions. A backfill (``replaced``: the
     records it reprocesses) drops the stored contributions of those records, and folds every
     touched group — the batch's and the dropped contributions' — from all its contributions left
@@ -68,12 +135,14 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
 
     engine = engine_for(config)
     group = group_columns(config)
-    new = engine.contributions(rows).persist()
-    cached = [new]
+    cached = []
+    if batch.rows is not None:  # its states are read from it (Spark finds the cache by the plan)
+        cached.append(batch.rows.persist())
+    new = batch.states
     files = live_files(table) if table is not None else []
     contribution_files = [f for f in files if _holds_contributions(config, f)]
     replaced_files = [f for f in contribution_files if replaced is not None and not _all_folded(f) and replaced.file_may_hold(f)]
-    schema = _merged_schema(table, new)
+    schema = _merged_schema(table, batch.like)
     inside = _selected(replaced)
     dropped = kept = None
     # Spark cannot prune a Python source's columns: a read for the groups and the fold names its own
@@ -98,32 +167,242 @@ def merged(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: D
     states = new.select(*group, STATE)
     refold = replaced is not None or (stored is not None and engine.late(new, stored))
     if refold and contribution_files:  # every contribution left of the touched groups
-        rest = staging.read_files(spark, config.layout.sink, contribution_files, schema, [], [*placed, STATE]).where(~inside)
-        states = states.unionByName(rest.join(keys, group, "left_semi").select(*group, STATE))
+        states = states.unionByName(
+            _states_left(spark, config, contribution_files, schema, placed, replaced, batch).join(keys, group, "left_semi")
+        )
     elif stored is not None:
         states = states.unionByName(stored.join(keys, group, "left_semi").select(*group, STATE))
     # one row per touched group, cached: the counts and the visible rows both read it, and it may
     # be the fold of every contribution of the state (a backfill)
     folded = engine.visible_rows(engine.folded(states)).persist()
     cached.append(folded)
-    visible = _shaped(folded, new)
+    visible = _shaped(folded, batch.like)
     untouched = None
     if stored is not None:
-        untouched = stored.join(keys, group, "left_anti").select(*new.columns)
+        untouched = stored.join(keys, group, "left_anti").select(*batch.like.columns)
         visible = visible.unionByName(untouched)
     visible = visible.persist()
     cached.append(visible)
     counts = _counts(engine, new, folded, stored, keys, untouched, len(stored_files))
-    contributions = new if kept is None else new.unionByName(kept.select(*new.columns))
+    contributions = _union(batch.rows, kept.select(*batch.like.columns) if kept is not None else None)
     removed = [*stored_files, *replaced_files]
-    folding = fold(spark, config, engine, contribution_files, schema, new) if replaced is None else None
+    folding = fold(spark, config, engine, contribution_files, schema, batch.like) if replaced is None else None
     if folding is not None:
-        contributions = contributions.unionByName(folding.rows)
+        contributions = _union(contributions, folding.rows)
         removed += folding.removed
     merge = EngineMerge(visible, contributions, removed, counts, visible.count(), cached, keys)
     if folding is not None:
         merge.folded = folding.below
     return merge
+
+
+def _states_left(
+    spark: Any,
+    config: PipelineConfig,
+    files: list[dict[str, Any]],
+    schema: pa.Schema,
+    placed: list[str],
+    replaced: Selection | None,
+    batch: BatchContributions,
+) -> DataFrame:
+    """The states (group columns, STATE) of every contribution in ``files`` but ``replaced``'s: the
+    read tasks fold them per group in Arrow where that is exact (``engine_arrow.StatesFolded``),
+    so a few rows per group and task reach Spark instead of one per contribution (a backfill's
+    fold read every contribution of the state into the JVM: 17 s of a 31 s backfill after 2M
+    records, BENCHMARKS.md); the engines Arrow does not fold read every row, as before."""
+    from offsetlake import engine_arrow
+
+    group = group_columns(config)
+    columns = [*placed, STATE]
+    if config.sink.folds_in_read:
+        engine = engine_arrow.ArrowEngine.of(
+            config, arrow_schema_of(batch.like), arrow_schema_of(engine_for(config).folded(batch.like.select(*group, STATE)))
+        )
+        if engine_arrow.reads(engine, schema):
+            reduce = engine_arrow.StatesFolded(engine, replaced)
+            return staging.read_files(spark, config.layout.sink, files, schema, [], columns, reduce=reduce, reduced=engine.states_schema)
+    rest = staging.read_files(spark, config.layout.sink, files, schema, [], columns).where(~_selected(replaced))
+    return rest.select(*group, STATE)
+
+
+def merged_in_arrow(spark: Any, config: PipelineConfig, table: DeltaTable | None, batch: BatchContributions) -> EngineMerge | None:
+    """``merged_on_driver`` without Spark, for a batch whose read tasks folded every contribution
+    (the direct path, ``engine_arrow``): the stored states of its groups are read on the driver
+    and folded with its partial states in Arrow, the visible rows made there. None (for Spark to
+    merge) when Arrow cannot fold the stored states exactly (``engine_arrow.folds_exactly``: they
+    may hold what Spark folded from rows Arrow leaves to it), when Spark holds contributions of
+    the batch too, or when the state rows pass ``DRIVER_ROWS``."""
+    from offsetlake import engine_arrow
+
+    engine, held = batch.in_read, batch.held
+    if engine is None or held is None or batch.rows is not None:
+        return None
+    group = group_columns(config)
+    files = live_files(table) if table is not None else []
+    contribution_files = [f for f in files if _holds_contributions(config, f)]
+    stored_files: list[dict[str, Any]] = []
+    if table is not None and held.num_rows:
+        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+        kinds = {f["path"] for f in contribution_files}
+        holding = keyed.files_holding(table, _distinct(held.select(pruning)), config, pruning)
+        stored_files = [f for f in holding if f["path"] not in kinds]
+    if held.num_rows + _rows(stored_files) > DRIVER_ROWS:
+        return None
+    shape = _visible_shape(config, batch.like)
+    before = untouched = shape.empty_table()
+    if stored_files:
+        assert table is not None
+        stored = staging.read_table(config.layout.sink, stored_files, _merged_schema(table, batch.like), [])
+        before, untouched = keyed.split_by_groups(stored, held.select(group), group)
+        if not engine_arrow.folds_exactly(engine, before):
+            return None
+    both = pa.concat_tables([held, before.select([*group, STATE]).cast(engine.states_schema)])
+    folded = engine.fold(both)
+    visible = engine_arrow.visible(engine, folded, shape)
+    records = int(pc.sum(pc.struct_field(held.column(STATE), RECORDS)).as_py() or 0)
+    counts = MergeCounts(
+        inserted=held.num_rows - before.num_rows,
+        updated=before.num_rows,
+        files_rewritten=len(stored_files),
+        rows_rewritten=untouched.num_rows,
+        duplicates=records - _won(folded, held, group) if isinstance(engine_for(config), FirstRowEngine) else 0,
+    )
+    if untouched.num_rows:
+        visible = pa.concat_tables([visible, untouched.select(shape.names).cast(shape)])
+    merge = EngineMerge(visible, None, list(stored_files), counts, visible.num_rows, [], visible.select(group), on="arrow")
+    schema = _merged_schema(table, batch.like)
+    try:
+        folding = fold_in_arrow(config, engine, contribution_files, schema)
+    except _SparkFolds:
+        folding = fold(spark, config, engine_for(config), contribution_files, schema, batch.like)
+    if folding is not None:
+        if isinstance(folding.rows, pa.Table):
+            merge.held_contributions = folding.rows
+        else:
+            merge.contributions = folding.rows
+        merge.removed += folding.removed
+        merge.folded = folding.below
+    return merge
+
+
+def backfill_in_arrow(
+    spark: Any, config: PipelineConfig, table: DeltaTable | None, batch: BatchContributions, replaced: Selection
+) -> EngineMerge | None:
+    """``merged``'s backfill on the driver, in Arrow, for an engine the read tasks fold
+    (``engine_arrow``): the batch's contributions (a backfill's few records) come to the driver;
+    the contribution files that may hold the replaced records are read there and split into the
+    replaced ones (their groups are touched) and the kept ones (written again); the states of
+    every other contribution file are folded per group by the Spark tasks that read them
+    (``engine_arrow.StatesFolded``: a few rows per group and task reach the driver, not one per
+    contribution); the touched groups are folded from all of that with their stored states'
+    files' other rows kept, and a group with nothing left loses its row. None (for ``merged``)
+    when something is not Arrow's to fold exactly, or the rows pass ``DRIVER_ROWS``."""
+    from offsetlake import engine_arrow
+
+    group = group_columns(config)
+    like = batch.like
+    engine = engine_arrow.ArrowEngine.of(
+        config, arrow_schema_of(like), arrow_schema_of(engine_for(config).folded(like.select(*group, STATE)))
+    )
+    schema = _merged_schema(table, like)
+    if batch.rows is None or table is None or not engine_arrow.reads(engine, schema):
+        return None
+    files = live_files(table)
+    contribution_files = [f for f in files if _holds_contributions(config, f)]
+    replaced_files = [f for f in contribution_files if not _all_folded(f) and replaced.file_may_hold(f)]
+    if _rows(replaced_files) > DRIVER_ROWS:
+        return None
+    new = batch.rows.toArrow()
+    new = new.select(like.columns).cast(engine.contributions_schema)
+    stored_contributions = staging.read_table(config.layout.sink, replaced_files, schema, []) if replaced_files else schema.empty_table()
+    inside = replaced.arrow()  # null for a folded row (no offset): never inside
+    inside = pc.coalesce(inside, pa.scalar(False)) if inside is not None else None
+    kept = stored_contributions.filter(pc.invert(inside)) if inside is not None else stored_contributions
+    dropped = stored_contributions.filter(inside) if inside is not None else schema.empty_table()
+    mine = pa.concat_tables(
+        [new.select([*group, STATE]).cast(engine.states_schema), kept.select([*group, STATE]).cast(engine.states_schema)]
+    )
+    if not bool(pc.all(engine_arrow.exact_states(engine, mine)).as_py() if mine.num_rows else True):
+        return None
+    keys = _distinct(pa.concat_tables([new.select(group), dropped.select(group).cast(new.select(group).schema)]))
+    pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+    kinds = {f["path"] for f in contribution_files}
+    stored_files = [f for f in keyed.files_holding(table, _distinct(keys.select(pruning)), config, pruning) if f["path"] not in kinds]
+    if keys.num_rows + _rows(stored_files) > DRIVER_ROWS:
+        return None
+    shape = _visible_shape(config, like)
+    before = untouched = shape.empty_table()
+    if stored_files:
+        stored = staging.read_table(config.layout.sink, stored_files, schema, [])
+        before, untouched = keyed.split_by_groups(stored, keys, group)
+    others = [f for f in contribution_files if f not in replaced_files]
+    left = engine.states_schema.empty_table()
+    if others:
+        reduce = engine_arrow.StatesFolded(engine)  # their statistics say they hold none of the replaced records
+        read = staging.read_files(
+            spark, config.layout.sink, others, schema, [], [*_placed(group, schema), STATE], reduce, engine.states_schema
+        )
+        left = read.toArrow().cast(engine.states_schema)
+        left, _ = keyed.split_by_groups(left, keys, group)
+        if not engine_arrow.folds_exactly(engine, left):
+            return None
+    mine, _ = keyed.split_by_groups(mine, keys, group)
+    folded = engine.fold(pa.concat_tables([mine, left]))
+    visible = engine_arrow.visible(engine, folded, shape)
+    after = folded.select(group)
+    was, _ = keyed.split_by_groups(before.select(group), after, group)  # groups with a row before and after
+    counts = MergeCounts(
+        inserted=after.num_rows - was.num_rows,
+        updated=was.num_rows,
+        deleted=before.num_rows - was.num_rows,
+        files_rewritten=len(stored_files),
+        rows_rewritten=untouched.num_rows,
+        duplicates=_duplicates_in_arrow(config, folded, new.select([*group, STATE]).cast(engine.states_schema), group),
+    )
+    if untouched.num_rows:
+        visible = pa.concat_tables([visible, untouched.select(shape.names).cast(shape)])
+    shape_of_rows = _relaxed(engine)
+    contributions = pa.concat_tables([new.cast(shape_of_rows), kept.select(like.columns).cast(shape_of_rows)])
+    # the sink's projection rewrites every group these state rows hold, touched or sharing their files
+    touched = _distinct(pa.concat_tables([keys, visible.select(group).cast(keys.schema)]))
+    merge = EngineMerge(visible, None, [*stored_files, *replaced_files], counts, visible.num_rows, [], touched, on="arrow")
+    merge.held_contributions = contributions
+    return merge
+
+
+def _placed(group: list[str], schema: pa.Schema) -> list[str]:
+    """The group and coordinate columns of contribution rows of ``schema`` (what finds a record)."""
+    return [*group, *[c for c in COORDINATES if c in schema.names]]
+
+
+def _duplicates_in_arrow(config: PipelineConfig, folded: pa.Table, batch: pa.Table, group: list[str]) -> int:
+    """first_row: the batch's records that are not their group's first (none for other engines)."""
+    if not isinstance(engine_for(config), FirstRowEngine):
+        return 0
+    records = int(pc.sum(pc.struct_field(batch.column(STATE), RECORDS)).as_py() or 0)
+    return records - _won(folded, batch, group)
+
+
+def _visible_shape(config: PipelineConfig, like: DataFrame) -> pa.Schema:
+    """The visible rows' schema in the contribution rows' columns (Spark's analysis, no job)."""
+    engine = engine_for(config)
+    group = group_columns(config)
+    return arrow_schema_of(_shaped(engine.visible_rows(engine.folded(like.select(*group, STATE))), like).select(*like.columns))
+
+
+def _won(folded: pa.Table, batch: pa.Table, group: list[str]) -> int:
+    """first_row: the groups whose first record is the batch's (its state's order key is the
+    folded one; no two records share an order key)."""
+    from offsetlake.engine_arrow import ORDER_FIELDS
+
+    def keyed_by_ok(table: pa.Table) -> pa.Table:
+        ok = pc.struct_field(table.column(STATE), "ok")
+        columns = {c: table.column(c) for c in group}
+        columns.update({f"__ok_{name}": pc.struct_field(ok, name) for name in ORDER_FIELDS})
+        return pa.table(columns)
+
+    left, right = keyed_by_ok(folded), keyed_by_ok(batch)
+    return left.join(right, list(left.column_names), join_type="inner").num_rows
 
 
 def on_driver(config: PipelineConfig, replaced: Selection | None) -> bool:
@@ -137,7 +416,13 @@ def on_driver(config: PipelineConfig, replaced: Selection | None) -> bool:
 DRIVER_ROWS = 1_000_000
 
 
-def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | None, rows: DataFrame) -> EngineMerge | None:
+def _union(first: DataFrame | None, then: DataFrame | None) -> DataFrame | None:
+    if first is None or then is None:
+        return first if then is None else then
+    return first.unionByName(then)
+
+
+def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | None, batch: BatchContributions) -> EngineMerge | None:
     """An ingest's merge with its groups on the driver: a batch has many records but few groups.
     Spark folds the batch's contributions per group (``partial``: one row per group; the one job
     over the records besides the one writing the contributions' files); the stored states of those
@@ -154,15 +439,15 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
     engine = engine_for(config)
     group = group_columns(config)
     first_row = isinstance(engine, FirstRowEngine)
-    new = engine.contributions(rows)  # not cached: recomputed from the decoded rows is cheaper than a cache of its states
-    partial = engine.folded(new.select(*group, STATE)).persist()
+    # not cached: recomputed from the decoded rows is cheaper than a cache of its states
+    partial = engine.folded(batch.states).persist()
     cached = [partial]
     mine = partial.select(*group, F.col(STATE)[RECORDS].alias(_RECORDS), *([F.col(STATE)["ok"].alias(_OK)] if first_row else []))
     keys = mine.select(*group, _RECORDS).toArrow()
     records = int(pc.sum(keys[_RECORDS]).as_py() or 0)
     files = live_files(table) if table is not None else []
     contribution_files = [f for f in files if _holds_contributions(config, f)]
-    schema = _merged_schema(table, new)
+    schema = _merged_schema(table, batch.like)
     stored_files: list[dict[str, Any]] = []
     if table is not None and keys.num_rows:
         pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
@@ -174,18 +459,19 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
             frame.unpersist()
         return None
     states = partial.select(*group, STATE)
-    flagged = _shaped(engine.visible_rows(engine.folded(states)), new) if not stored_files else None
+    like = batch.like
+    flagged = _shaped(engine.visible_rows(engine.folded(states)), like) if not stored_files else None
     untouched = None
     if stored_files:
         stored = staging.read_table(config.layout.sink, stored_files, schema, [])
         before, untouched = keyed.split_by_groups(stored, keys, group)
         old = dataframe_from_arrow(spark, before.select([*group, STATE, HIDDEN]))
         folded = engine.visible_rows(engine.folded(states.unionByName(old.select(*group, STATE))))
-        flagged = _shaped(folded, new).join(old.select(*group, F.col(HIDDEN).isNull().alias(_BEFORE)), group, "left")
+        flagged = _shaped(folded, like).join(old.select(*group, F.col(HIDDEN).isNull().alias(_BEFORE)), group, "left")
     assert flagged is not None
     if _BEFORE not in flagged.columns:
         flagged = flagged.withColumn(_BEFORE, F.lit(None).cast("boolean"))
-    shape = arrow_schema_of(flagged.select(*new.columns))
+    shape = arrow_schema_of(flagged.select(*like.columns))
     if first_row:
         flagged = flagged.join(mine.select(*group, _OK), group, "left").withColumn(_WON, F.col(STATE)["ok"].eqNullSafe(F.col(_OK)))
     got = flagged.toArrow()
@@ -201,12 +487,12 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
         rows_rewritten=untouched.num_rows if untouched is not None else 0,
         duplicates=records - _true(got[_WON]) if first_row else 0,
     )
-    contributions, removed = new, list(stored_files)
-    folding = fold(spark, config, engine, contribution_files, schema, new)
+    contributions, removed = batch.rows, list(stored_files)
+    folding = fold(spark, config, engine, contribution_files, schema, like)
     if folding is not None:
-        contributions = contributions.unionByName(folding.rows)
+        contributions = _union(contributions, folding.rows)
         removed += folding.removed
-    merge = EngineMerge(visible, contributions, removed, counts, visible.num_rows, cached, visible.select(group))
+    merge = EngineMerge(visible, contributions, removed, counts, visible.num_rows, cached, visible.select(group), on="driver")
     if folding is not None:
         merge.folded = folding.below
     return merge
@@ -228,7 +514,7 @@ class Fold:
     """A fold of old contributions: the rows that replace the files it read (one folded row per
     group, and the rows of those files too young to fold), the files, and the horizon it raised."""
 
-    rows: DataFrame
+    rows: DataFrame | pa.Table  # a pyarrow table from ``fold_in_arrow``
     removed: list[dict[str, Any]]
     below: dict[tuple[str, int, int], int]
 
@@ -266,6 +552,61 @@ def fold(
     reached = by_partition.agg(F.max(OFFSET).alias("_last"))
     below = {(r[TOPIC], int(r["_epoch"]), int(r[PARTITION])): int(r["_last"]) + 1 for r in reached.collect()}
     return Fold(rows, [*holding, *old], below)
+
+
+def fold_in_arrow(config: PipelineConfig, engine: Any, files: list[dict[str, Any]], schema: pa.Schema) -> Fold | None:
+    """``fold`` on the driver, in Arrow (an engine the read tasks fold, ``engine_arrow``): the same
+    files, the same rule, ``Fold.rows`` a pyarrow table of the contribution rows' schema. None
+    when nothing is to be folded, and when Spark must fold (``fold`` is then asked): more rows
+    than ``DRIVER_ROWS``, a state Arrow cannot fold exactly, a schema it does not read."""
+    from offsetlake import engine_arrow
+
+    seconds = config.sink.fold_after_seconds
+    if seconds is None or not files or not engine_arrow.reads(engine, schema):
+        return None
+    cutoff = datetime.now(UTC) - timedelta(seconds=seconds)
+    holding = [f for f in files if _holds_folded(config, f)]
+    old = [f for f in files if f not in holding and not may_hold_between(f, TIMESTAMP, cutoff, _LAST_INSTANT)]
+    if not old or _rows(old) < _rows(holding) or _rows(holding) + _rows(old) > DRIVER_ROWS:
+        return None
+    group = group_columns(config)
+    read = staging.read_table(config.layout.sink, [*holding, *old], schema, [])
+    stamp = pc.cast(read.column(TIMESTAMP), pa.int64())
+    before = int((cutoff - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+    goes = pc.or_(pc.is_null(read.column(OFFSET)), pc.fill_null(pc.less(stamp, before), False))
+    going = read.filter(goes)
+    states = going.select([*group, STATE]).cast(engine.states_schema)
+    if not engine_arrow.folds_exactly(engine, states):
+        raise _SparkFolds
+    shape = _relaxed(engine)
+    folded = engine_arrow.visible(engine, engine.fold(states), shape, hidden=CONTRIBUTION)
+    young = read.filter(pc.invert(goes)).select(shape.names).cast(shape)
+    below: dict[tuple[str, int, int], int] = {}
+    placed = going.filter(pc.is_valid(going.column(OFFSET)))
+    epochs = placed.column(TOPIC_EPOCH) if TOPIC_EPOCH in placed.column_names else pa.nulls(placed.num_rows, pa.int32())
+    keyed_by = pa.table(
+        {
+            "t": placed.column(TOPIC),
+            "e": pc.fill_null(pc.cast(epochs, pa.int32()), 0),
+            "p": placed.column(PARTITION),
+            "o": placed.column(OFFSET),
+        }
+    )
+    for r in keyed_by.group_by(["t", "e", "p"]).aggregate([("o", "max")]).to_pylist():
+        below[(r["t"], int(r["e"]), int(r["p"]))] = int(r["o_max"]) + 1
+    return Fold(pa.concat_tables([folded, young]), [*holding, *old], below)
+
+
+class _SparkFolds(Exception):
+    """``fold_in_arrow`` met a state Arrow cannot fold exactly: Spark folds (``fold``)."""
+
+
+def _relaxed(engine: Any) -> pa.Schema:
+    """The contribution rows' schema with every column nullable and STATE of the folded states'
+    type: rows of several kinds in one file (a fold's rows, a batch's, the kept rows of a file),
+    as Spark's union of them types them."""
+    state = engine.states_schema.field(STATE).type
+    return pa.schema([pa.field(f.name, state if f.name == STATE else f.type) for f in engine.contributions_schema])
 
 
 _LAST_INSTANT = datetime(9999, 12, 31, tzinfo=UTC)

@@ -255,7 +255,8 @@ class Engine:
 
     def duplicates(self, folded: DataFrame, new: DataFrame) -> int:
         """The batch's records that changed no row because an earlier one of their group stays
-        (``first_row``'s duplicates; none for the other engines)."""
+        (``first_row``'s duplicates; none for the other engines). ``new``: the batch's states (of
+        each contribution, or already folded per group)."""
         return 0
 
 
@@ -390,8 +391,11 @@ class FirstRowEngine(Engine):
 
         group = group_columns(self.config)
         first = folded.select(*group, F.col(STATE)["ok"].alias("_ok"))
-        won = first.join(new.select(*group, F.col(STATE)["ok"].alias("_ok")), [*group, "_ok"], "left_semi")
-        return new.count() - won.count()
+        # a state's order key is its first record's, and no two records share one: the batch's
+        # states whose key is their group's first hold the records that made a row
+        won = new.select(*group, F.col(STATE)["ok"].alias("_ok")).join(first, [*group, "_ok"], "left_semi")
+        records = new.agg(F.sum(F.col(STATE)[RECORDS]).alias("n")).first()
+        return int(records["n"] or 0) - won.count() if records is not None else 0
 
 
 class PartialUpdateEngine(Engine):

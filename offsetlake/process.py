@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import direct, engines, failpoints, keyed, routing, storage
+from offsetlake import direct, engines, failpoints, keyed, routing, state_table, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.config.sink_kinds import Capability, sink_kind
 from offsetlake.coordinates import PARTITION, TOPIC, with_topic_epochs
@@ -134,8 +134,12 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
     rows_schema = None
     why_not = direct.problem(config, plan, decoder)
     if why_not is None:
-        rows_schema = _rows_schema_before_reading(config, plan, spark, decoder)
+        rows = _rows_before_reading(config, plan, spark, decoder)
+        rows_schema = _arrow_schema(rows.drop(CHANGE) if config.sink.folds_in_read else rows)
         why_not = direct.schema_problem(config, decoder, rows_schema)
+    if why_not is None and config.sink.folds_in_read:
+        engine = _engine_in_read(config, rows)
+        return PathChoice(DataPath.DIRECT, "the read tasks fold the engine's contributions", rows_schema, engine)
     if why_not is None:
         return PathChoice(DataPath.DIRECT, "nothing after the read needs Spark", rows_schema)
     if config.data_path == "direct":
@@ -165,16 +169,31 @@ def _jvm_or_refused(config: PipelineConfig, plan: BatchPlan, decoder: Decoder) -
 def _rows_schema_before_reading(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder) -> Any:
     """The pyarrow schema the Spark steps give the rows of this batch (an append sink without a
     transform), from analysing them over a read of no ranges: no job runs, nothing is read."""
+    return _arrow_schema(_rows_before_reading(config, plan, spark, decoder))
+
+
+def _rows_before_reading(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder) -> DataFrame:
+    """The rows the Spark steps make of this batch, over a read of no ranges (for their schema:
+    analysing them runs no job and reads nothing)."""
     from offsetlake.reader import read_ranges
 
     nothing = read_ranges(
         spark, [], config.kafka_client_config(), config.name, config.read_timeout_seconds, decoder, max_record_bytes=config.max_record_bytes
     )
-    return _arrow_schema(
-        with_topic_epochs(
-            _rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True), judge_rows=False), plan.topic_epochs
-        )
+    return with_topic_epochs(
+        _rows(config, decoder, _decoded(config, plan, decoder, nothing, keep_raw=True), judge_rows=False), plan.topic_epochs
     )
+
+
+def _engine_in_read(config: PipelineConfig, rows: DataFrame) -> Any:
+    """The merge engine as the read tasks fold it (``offsetlake.engine_arrow``), with the schemas
+    Spark gives its contributions and folded states of ``rows`` (analysed: no job runs)."""
+    from offsetlake.engine_arrow import ArrowEngine
+
+    engine = engines.engine_for(config)
+    contributions = engine.contributions(rows.drop(CHANGE))
+    states = engine.folded(contributions.select(*[f"`{c}`" for c in engines.group_columns(config)], engines.STATE))
+    return ArrowEngine.of(config, _arrow_schema(contributions), _arrow_schema(states))
 
 
 class _ToReadTasks(Exception):
@@ -249,7 +268,9 @@ def _read_direct(
 ) -> _Read:
     """The direct path: one Spark job whose read tasks write the rows they decide and count every
     record; the records they left undecided, for the Spark steps."""
-    folder = staging_dir(config, plan.batch_id)
+    engine = processed.path.engine  # a merge engine's contributions go to the state table
+    table = state_table.as_table(config) if engine is not None else config
+    folder = staging_dir(table, plan.batch_id)
     wrote = direct.read_and_write(
         spark,
         [r for r in plan.ranges if r.size > 0],
@@ -258,17 +279,18 @@ def _read_direct(
         config.read_timeout_seconds,
         decoder,
         processed.path.rows_schema,
-        config.layout.sink,
+        table.layout.sink,
         folder,
         config.sink.partition_by,
         max_record_bytes=config.max_record_bytes,
         epochs=plan.topic_epochs,
         route=routing.read_task_route(config),
+        engine=engine,
     )
-    processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, config.layout.sink)
+    processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, table.layout.sink, wrote.partials)
     for key, count in wrote.records_read.items():
         processed.per_range[key]["records_read"] = count
-    return _Read(direct.undecided_frame(spark, config.layout.sink, wrote.undecided, decoder), counted=True)
+    return _Read(direct.undecided_frame(spark, table.layout.sink, wrote.undecided, decoder), counted=True)
 
 
 def _read_in_jvm(

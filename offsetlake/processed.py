@@ -39,6 +39,7 @@ class PathChoice:
     path: DataPath
     reason: str
     rows_schema: Any = None  # the direct path: pyarrow schema of the rows the read tasks write
+    engine: Any = None  # the direct path of a merge engine: how the read tasks fold (``engine_arrow.ArrowEngine``)
 
 
 @dataclass
@@ -51,11 +52,14 @@ class WrittenInRead:
     files: list[StagedFile] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)  # paths under ``table_root``
     table_root: storage.Location | None = None
+    # a merge engine's partial states of the groups of each read task (``offsetlake.engine_arrow``),
+    # paths under ``table_root``: the merge reads them, and they go with the undecided files
+    partials: list[str] = field(default_factory=list)
 
     def remove_undecided(self) -> None:
-        if self.undecided and self.table_root is not None:
-            direct.remove_undecided(self.table_root, self.undecided)
-        self.undecided = []
+        if (self.undecided or self.partials) and self.table_root is not None:
+            direct.remove_undecided(self.table_root, [*self.undecided, *self.partials])
+        self.undecided, self.partials = [], []
 
 
 @dataclass
@@ -134,6 +138,7 @@ def stage_files(
     sort_by: tuple[str, ...] = (),
     beside: DataFrame | None = None,
     held: pa.Table | None = None,
+    held_beside: pa.Table | None = None,
 ) -> WrittenFiles:
     """The Spark tasks write ``rows`` as parquet into a fresh folder inside the table with pyarrow
     (``offsetlake.staging``: inert until a commit names them, on a local folder or object
@@ -142,7 +147,8 @@ def stage_files(
     to Spark (None: none), written next to theirs. ``beside``: more rows written to files of
     their own (a merge engine's contribution rows, never in a file with visible rows). ``held``:
     rows the driver holds (a merge engine's groups, ``engine_merge.merged_on_driver``), written
-    from the driver sorted by ``sort_by`` in files of ``sink.file_rows``."""
+    from the driver sorted by ``sort_by`` in files of ``sink.file_rows``; ``held_beside``: rows of
+    ``beside``'s kind the driver holds (a backfill's contributions, ``engine_merge.backfill_in_arrow``)."""
     t = time.monotonic()
     written = processed.written
     folder = written.folder or staging_dir(config, plan.batch_id)
@@ -157,6 +163,9 @@ def stage_files(
         staged += staging.write_table(held, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), sort_by, runs)
     if beside is not None:
         staged += staging.write_rows(beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan))
+    if held_beside is not None:
+        runs = keyed.file_count(held_beside.num_rows, config)
+        staged += staging.write_table(held_beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), (), runs)
     written.remove_undecided()
     files = add_actions_for(config.layout.sink, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again

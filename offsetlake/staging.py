@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -43,10 +43,11 @@ ROW_GROUP_ROWS = 65_536  # rows a file gathers before writing a row group
 # buffer. A task that meets more partition values closes the least recently written file (its
 # later rows of that value go to a new file), so memory does not follow the partitions' number.
 MAX_OPEN_FILES = 16
-# What a task returns: one row per file it wrote (``kind`` ROWS, or UNDECIDED for the direct path's
-# records left to Spark) and any rows of its own kind (the direct path's records READ per range).
+# What a task returns: one row per file it wrote (``kind`` ROWS, UNDECIDED for the direct path's
+# records left to Spark, PARTIAL for a merge engine's partial states of the task's groups,
+# ``offsetlake.engine_arrow``) and any rows of its own kind (the direct path's records READ per range).
 RESULT_SCHEMA = "kind string, path string, rows long, size long, empty_as_null long, counts string"
-ROWS, UNDECIDED, READ = "file", "undecided", "read"
+ROWS, UNDECIDED, PARTIAL, READ = "file", "undecided", "partial", "read"
 
 
 def task_attempt() -> str:
@@ -308,19 +309,24 @@ def read_files(
     schema: pa.Schema,
     partition_by: list[str],
     columns: list[str] | None = None,
+    reduce: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]] | None = None,
+    reduced: pa.Schema | None = None,
 ) -> DataFrame:
     """The rows of these data files (``sink.live_files`` rows) as a DataFrame of ``schema``,
     read by the Spark tasks with pyarrow (the same filesystem as ``write_rows``, so on object
     storage too): partition columns from each file's partition values, a column a file lacks
     (written before the column was added) as null. ``columns``: only these of ``schema`` (Spark
-    cannot prune the columns of a Python source, so a reader that needs few says which)."""
+    cannot prune the columns of a Python source, so a reader that needs few says which).
+    ``reduce``: what each task hands Spark of the rows it read (a picklable callable, rows of
+    schema ``reduced``), so that they need not all cross into the JVM (a merge engine's states
+    folded per group, ``engine_arrow.StatesFolded``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     entries = [(storage.file_path_from_log(f["path"]), {c: f.get(f"partition.{c}") for c in partition_by}) for f in files]
     if columns is not None:
         schema = pa.schema([schema.field(c) for c in columns])
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def parts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs, root = storage.filesystem(table_root)
         for batch in batches:
             for index in batch.column("id").to_pylist():
@@ -331,8 +337,12 @@ def read_files(
                     for part in parquet.iter_batches(batch_size=65_536, columns=present):
                         yield _conformed(part, schema, values)
 
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return reduce(parts(batches)) if reduce is not None else parts(batches)
+
     slices = max(1, min(len(entries), 2 * default_parallelism(spark)))
-    return spark.range(0, len(entries), numPartitions=slices).mapInArrow(read, from_arrow_schema(schema))
+    out = reduced if reduce is not None and reduced is not None else schema
+    return spark.range(0, len(entries), numPartitions=slices).mapInArrow(read, from_arrow_schema(out))
 
 
 def read_table(table_root: storage.Location, files: list[dict[str, Any]], schema: pa.Schema, partition_by: list[str]) -> pa.Table:

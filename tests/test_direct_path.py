@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -180,3 +181,126 @@ def test_a_batch_that_needs_spark_fails_under_data_path_direct_before_reading(pi
     plain = pipeline.write(data_path="direct")
     assert choose_data_path(plain, plan, spark, decoder_for(plain), adds_files=True).path is DataPath.DIRECT
     assert choose_data_path(plain, plan, spark, decoder_for(plain), adds_files=False).path is DataPath.SPARK
+
+
+ENGINE_SCHEMA = {"order_id": "long", "customer": "string", "amount": "double", "qty": "long", "created_at": "timestamp"}
+ENGINE_SINKS = {
+    "aggregate": {
+        "mode": "aggregate",
+        "key": ["order_id"],
+        "window": {"on": "created_at", "size": "1h"},
+        "measures": {
+            "revenue": {"sum": "amount"},
+            "items": {"sum": "qty"},
+            "orders": {"count": "*"},
+            "largest": {"max": "amount"},
+            "first_customer": {"first": "customer"},
+            "last_customer": {"last_non_null": "customer"},
+        },
+        "file_rows": 40,
+    },
+}
+
+
+def _produce_for_an_engine(bootstrap: str, topic: str, start: int, count: int, odd: bool, group_7: bool) -> None:
+    """Orders over 60 ids on 3 partitions. ``odd``: with what Arrow leaves to Spark among them: a
+    NaN amount (order 7 at 01:00) and single quotes (pyarrow refuses both, Spark parses them), a
+    quantity of 2^40 (its sum is Spark's), a null window time and a missing id (dead letters),
+    broken JSON. ``group_7``: with an order of id 7 at 01:00 (the group holding the NaN)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    odd_records = [
+        b'{"order_id": 7, "amount": NaN, "created_at": "2026-11-01T01:00:00Z"}',
+        b"{'order_id': 8, 'customer': 'quoted', 'created_at': '2026-11-01T02:00:00Z'}",
+        b'{"order_id": 9, "qty": 1099511627776, "created_at": "2026-11-01T03:00:00Z"}',
+        b'{"order_id": 10, "customer": "no time"}',
+        b'{"customer": "no id", "created_at": "2026-11-01T00:00:00Z"}',
+        b"{broken",
+    ]
+    for i in range(start, start + count):
+        value = {
+            "order_id": i % 60 if i % 60 != 7 else 61,
+            "customer": None if i % 13 == 0 else f"c{i % 7}",
+            "amount": i / 4,
+            "qty": i % 5,
+            "created_at": f"2026-11-01T{(i // 7) % 24:02d}:{i % 60:02d}:00Z",
+        }
+        producer.produce(topic, value=json.dumps(value).encode(), partition=i % 3)
+        if odd and i % 50 == 0:
+            producer.produce(topic, value=odd_records[(i // 50) % len(odd_records)], partition=i % 3)
+    if group_7:
+        producer.produce(topic, value=b'{"order_id": 7, "amount": 2.5, "created_at": "2026-11-01T01:30:00Z"}', partition=1)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.local_lake
+def test_an_engines_read_tasks_fold_what_the_spark_path_folds(pipeline, spark, tmp_path, caplog):
+    """An hourly aggregate takes the direct path: the read tasks write the contributions and fold
+    them per group (``offsetlake.engine_arrow``), the rows Arrow cannot fold go through the Spark
+    steps. Three batches: one with such rows (merged in Spark, on the driver), one touching a
+    stored state that holds a NaN (Arrow leaves its fold to Spark), one Arrow merges alone. The
+    sink, the state table, the dead letters, the counts and the merge counts are the Spark path's.
+    (first_row's fold is held to Spark's by test_engine_arrow.py, and its merges on the direct
+    path to the replay by test_merge_engines.py.)"""
+    mode = "aggregate"
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 3, config={"retention.ms": "-1"})
+    done = {}
+    merged_on = []
+    for batch, (odd, group_7) in enumerate(((True, False), (False, True), (False, False))):
+        _produce_for_an_engine(pipeline.bootstrap, pipeline.topic, batch * 300, 300, odd, group_7)
+        for path in ("direct", "spark"):
+            config = pipeline.write(
+                lake=str(tmp_path / path),
+                format={"type": "json", "schema": ENGINE_SCHEMA, "required": ["order_id"]},
+                sink=ENGINE_SINKS[mode],
+                data_path=path if path == "spark" else "auto",
+            )
+            with caplog.at_level(logging.INFO, logger="offsetlake.batch"):
+                caplog.clear()
+                [result] = run_pipeline(config, RunContext(f"engine-{batch}"), lambda: spark)
+                assert f"path={path}" in caplog.text
+                if path == "direct":
+                    merged_on += re.findall(r"step=merge .*? on=(\w+)", caplog.text)
+            done[path] = (config, result)
+        (direct_config, d), (spark_config, s) = done["direct"], done["spark"]
+        assert d.per_range == s.per_range, f"batch {batch}"
+    assert merged_on == ["driver", "driver", "arrow"]
+
+    def state(config):
+        from offsetlake import state_table
+
+        return state_table.pinned(config, storage.table(config.layout.sink)).to_pyarrow_table()
+
+    group = ["order_id", "window_start", "window_end"]
+    order = [(c, "ascending") for c in [*group, "_kafka_partition", "_kafka_offset"]]
+    for what, read in (("sink", lambda c: storage.table(c.layout.sink).to_pyarrow_table()), ("state", state)):
+        got, want = read(direct_config), read(spark_config)
+        assert got.schema == want.schema, what
+        got_rows = got.sort_by([o for o in order if o[0] in got.column_names]).to_pylist()
+        want_rows = want.sort_by([o for o in order if o[0] in want.column_names]).to_pylist()
+        assert len(got_rows) == len(want_rows) > 0, what
+        for g, w in zip(got_rows, want_rows, strict=True):
+            assert _close(g, w), (what, g, w)
+    commits = {p: sink_commits(storage.table(c.layout.sink), c.name) for p, (c, _) in done.items()}
+    assert [c.entry.data_path for c in commits["direct"]] == ["direct"] * 3
+    assert [c.entry.merge for c in commits["direct"]] == [c.entry.merge for c in commits["spark"]]
+    dead = storage.table(direct_config.layout.dead_letters).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
+    dead_expected = storage.table(spark_config.layout.dead_letters).to_pyarrow_table().drop_columns(["batch_id", "pipeline"])
+    key = [("_kafka_partition", "ascending"), ("_kafka_offset", "ascending")]
+    assert dead.sort_by(key).to_pylist() == dead_expected.sort_by(key).to_pylist() != []
+    leftovers = [p for p in (tmp_path / "direct").rglob("*.parquet") if p.name.startswith(("undecided-", "partial-"))]
+    assert not leftovers, "the read tasks' undecided and partial files were not removed"
+    assert audit_pipeline(direct_config, against_kafka=True).ok
+
+
+def _close(got: dict, want: dict) -> bool:
+    """Rows equal but for float sums in another order (within 1e-9)."""
+    import math
+
+    def same(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, float) and isinstance(b, float):
+            return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9)
+        return a == b
+
+    return same(got, want)

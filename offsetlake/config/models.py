@@ -502,7 +502,7 @@ def spark_only_reason(config: PipelineConfig) -> str | None:
     """Why every batch of this pipeline takes the Spark path, known from its configuration alone
     (a step after the read runs in Spark), or None. ``offsetlake.direct.problem`` adds what only a
     batch's plan and decoder tell; this is the part ``data_path: direct`` is checked against."""
-    if config.sink.mode != "append":
+    if config.sink.keyed and not config.sink.folds_in_read:  # an aggregate and first_row fold in the read tasks
         return "a keyed sink merges in Spark"
     if config.transform:
         return "a transform runs in Spark"

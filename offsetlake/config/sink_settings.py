@@ -220,6 +220,12 @@ class DeltaSinkSettings(_Strict):
         return self.mode if self.mode in ENGINE_MODES else None
 
     @property
+    def folds_in_read(self) -> bool:
+        """Whether the read tasks may fold this engine's contributions (the direct path,
+        ``offsetlake.engine_arrow``): an aggregate, or first_row without ``within`` (a fold in order)."""
+        return self.engine in ("aggregate", "first_row") and self.within is None
+
+    @property
     def fold_after_seconds(self) -> int | None:
         """How old (Kafka timestamp, seconds before the batch) a record's contribution must be to
         be folded into its group's state; None: never folded (not an engine, ``within``, "never")."""
@@ -413,6 +419,7 @@ class KafkaSinkSettings(_Strict):
     measures: ClassVar[dict[str, dict[str, str]]] = {}
     keyed: ClassVar[bool] = False
     engine: ClassVar[str | None] = None
+    folds_in_read: ClassVar[bool] = False
     removes_keys: ClassVar[bool] = False
     deletes: ClassVar[bool] = False
 

@@ -98,22 +98,35 @@ def stage_engine_merge(
     t = time.monotonic()
     group = engines.group_columns(config)
     window_first = [*group[len(config.sink.key) :], *config.sink.key]
-    held = engine_merge.merged_on_driver(spark, config, table, processed.rows) if engine_merge.on_driver(config, replaced) else None
+    batch = engine_merge.batch_contributions(spark, config, processed.rows, processed.path.engine, processed.written)
+    held = None
+    if engine_merge.on_driver(config, replaced):
+        held = engine_merge.merged_in_arrow(spark, config, table, batch) or engine_merge.merged_on_driver(spark, config, table, batch)
+    elif replaced is not None and config.sink.folds_in_read:
+        held = engine_merge.backfill_in_arrow(spark, config, table, batch, replaced)
     if held is not None:
         merge = held
         processed.cached.extend(merge.cached)
         processed.timings_ms["merge"] = log_step(
-            "merge", plan, t, engine=str(config.sink.engine), on="driver", files_read=len(merge.removed), **merge.counts.as_dict()
+            "merge", plan, t, engine=str(config.sink.engine), on=merge.on, files_read=len(merge.removed), **merge.counts.as_dict()
         )
         files = stage_files(
-            config, plan, processed, None, spark, sort_by=tuple(window_first), beside=merge.contributions, held=merge.visible
+            config,
+            plan,
+            processed,
+            None,
+            spark,
+            sort_by=tuple(window_first),
+            beside=merge.contributions,
+            held=merge.visible,
+            held_beside=merge.held_contributions,
         )
         return StagedMerge(files, merge.removed, merge.counts, merge.visible.schema, merge.visible, merge.keys, merge.folded)
-    merge = engine_merge.merged(spark, config, table, processed.rows, replaced)
+    merge = engine_merge.merged(spark, config, table, batch, replaced)
     processed.cached.extend(merge.cached)
     ordered = merge.visible.repartitionByRange(keyed.file_count(merge.visible_rows, config), *[F.col(f"`{c}`") for c in window_first])
     processed.timings_ms["merge"] = log_step(
-        "merge", plan, t, engine=str(config.sink.engine), files_read=len(merge.removed), **merge.counts.as_dict()
+        "merge", plan, t, engine=str(config.sink.engine), on=merge.on, files_read=len(merge.removed), **merge.counts.as_dict()
     )
     files = stage_files(config, plan, processed, ordered, spark, sort_by=tuple(window_first), beside=merge.contributions)
     touched = merge.keys.unionByName(merge.visible.select(*[F.col(f"`{c}`") for c in group]))
