@@ -19,7 +19,9 @@ Per sink: the median batch time (the ledger entries' ``duration_ms``, batches 2 
 batch's time (does it grow with the table?), the table's rows and bytes (visible rows and
 state), and then one backfill of 1% of the range over every partition (its first offsets;
 with folding its last ones, as the first ones are folded and a backfill there is refused),
-timed as a whole. Prints one JSON line per sink and writes every figure to ``--out``.
+timed as a whole, and the same backfill once more (the first in the process pays the JIT of the
+Spark code only a backfill runs; a user's backfill attaches to the project's warm Spark server).
+Prints one JSON line per sink and writes every figure to ``--out``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,9 @@ def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
         "state_bytes": sum(f["size_bytes"] for f in _files(state)) if state is not None else 0,
     }
     figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config, last="fold_after" in sink)
+    # the same backfill again: the first in a process pays the JIT of the Spark code a backfill
+    # runs and no ingest did; a user's backfill attaches to the project's warm Spark server
+    figures["backfill_1pct_again_s"], _ = backfill_one_percent(config, last="fold_after" in sink)
     return figures
 
 
@@ -159,6 +164,10 @@ def main() -> int:
             figures["backfill_ratios"] = {
                 label: round(figures[label]["backfill_1pct_s"] / figures[label]["batch_s_median"], 2) for label in chosen
             }
+            figures["backfill_again_ratios"] = {
+                label: round(figures[label]["backfill_1pct_again_s"] / figures[label]["batch_s_median"], 2) for label in chosen
+            }
+            print(json.dumps({"backfill_ratios": figures["backfill_ratios"], "again": figures["backfill_again_ratios"]}), flush=True)
             print(json.dumps(figures["ratios"]), flush=True)
             stop_spark()
     finally:
