@@ -67,7 +67,7 @@ class BatchContributions:
 
         group = [f"`{c}`" for c in self.group]
         mine = self.rows.select(*group, STATE) if self.rows is not None else None
-        if self.held is None:
+        if self.held is None or (self.held.num_rows == 0 and mine is not None):
             assert mine is not None
             return mine
         held = dataframe_from_arrow(self.spark, self.held)

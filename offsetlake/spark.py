@@ -251,6 +251,12 @@ def dataframe_from_arrow(spark: SparkSession, table: pa.Table) -> DataFrame:
 
     Seen here with PySpark 4.2: ``createDataFrame`` of a table whose first chunks are empty (as
     a filtered dataset read returns) gave a DataFrame with no rows at all, so a backfill lost the
-    rows it was meant to keep. One chunk avoids it.
+    rows it was meant to keep. One chunk avoids it. And on Spark Connect a table of no rows is
+    refused ("Can not infer schema from an empty dataset", the fault campaign's merge engine on
+    the direct path): its schema is given instead.
     """
+    if table.num_rows == 0:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return spark.createDataFrame([], schema=from_arrow_schema(table.schema))
     return spark.createDataFrame(table.combine_chunks())

@@ -304,3 +304,30 @@ def _close(got: dict, want: dict) -> bool:
         return a == b
 
     return same(got, want)
+
+
+def test_an_engines_batches_on_the_direct_path_commit_through_spark_connect(pipeline):
+    """CLI runs attach to the project's Spark server (Spark Connect), which refuses a DataFrame of
+    an empty Arrow table without its schema: a batch whose every record the read tasks leave to
+    Spark (single quotes, which pyarrow refuses) and one they decide whole (no rows for Spark)
+    both commit, and the sink counts every record (the fault campaign met the first on its
+    merge engine keyed by a value column)."""
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    pipeline.write(
+        format={"type": "json", "schema": ENGINE_SCHEMA, "required": ["order_id"]},
+        sink={"mode": "aggregate", "key": ["order_id"], "measures": {"orders": {"count": "*"}, "items": {"sum": "qty"}}},
+    )
+    producer = Producer({"bootstrap.servers": pipeline.bootstrap})
+    for i in range(30):  # left to Spark, every one
+        producer.produce(pipeline.topic, value=f"{{'order_id': {i % 3}, 'qty': 1}}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    first = pipeline.cli("run")
+    assert first.returncode == 0, first.stderr[-3000:]
+    for i in range(30):  # decided by the read tasks, every one
+        producer.produce(pipeline.topic, value=json.dumps({"order_id": i % 3, "qty": 2}).encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    second = pipeline.cli("run")
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = storage.table(pipeline.config().layout.sink).to_pyarrow_table().sort_by("order_id").to_pylist()
+    assert [(r["order_id"], r["orders"], r["items"]) for r in rows] == [(k, 20, 30) for k in range(3)]
+    assert [c.entry.data_path for c in sink_commits(storage.table(pipeline.config().layout.sink), pipeline.name)] == ["direct", "direct"]
