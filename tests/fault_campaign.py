@@ -14,7 +14,9 @@ beside the first. A third pipeline reads the same topic into a merge engine (``s
 aggregate``) keyed by the same timestamp: per key the count, sum, min, max, first and last order
 id; it runs and backfills beside them, and its maintenance is checked to leave its files. Two
 more do the same into the other merge engines: ``first_row`` (tombstones are its dead letters)
-and ``partial_update`` (tombstones delete the key). A fourth pipeline reads the same topic into a
+and ``partial_update`` (tombstones delete the key), and one more into the same aggregate keyed by
+the value's customer instead (its batches take the direct path: the read tasks fold the
+contributions, ``offsetlake.engine_arrow``; a null customer is a dead letter). A fourth pipeline reads the same topic into a
 Kafka topic (``sink: {type: kafka}``, one Kafka transaction per batch): it runs in this process,
 crashed one time in three at a step of its batch, and republishes committed ranges (a backfill with
 ``republish``); after a re-creation of the topic its group is deleted and it writes to a new output
@@ -229,12 +231,14 @@ class Campaign:
         self.keyed_name = f"{self.name}_keyed"
         self.engine_name = f"{self.name}_agg"
         self.first_name, self.partial_name = f"{self.name}_first", f"{self.name}_partial"
+        self.customer_name = f"{self.name}_cust"
         self.folder = work / "pipelines"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.file = self.folder / f"{self.name}.yaml"
         self.keyed_file = self.folder / f"{self.keyed_name}.yaml"
         self.engine_file = self.folder / f"{self.engine_name}.yaml"
         self.first_file, self.partial_file = self.folder / f"{self.first_name}.yaml", self.folder / f"{self.partial_name}.yaml"
+        self.customer_file = self.folder / f"{self.customer_name}.yaml"
         self.kafka_name = f"{self.name}_kafka"
         self.kafka_file = self.folder / f"{self.kafka_name}.yaml"
         self.with_extra_field = False
@@ -242,7 +246,16 @@ class Campaign:
         self.routed_file = self.folder / f"{self.routed_name}.yaml"
         self.routes = self._write_routed_pipeline()
         self.model.epoch_incarnation = {
-            n: [0] for n in (self.name, self.keyed_name, self.engine_name, self.first_name, self.partial_name, *self._route_names())
+            n: [0]
+            for n in (
+                self.name,
+                self.keyed_name,
+                self.engine_name,
+                self.first_name,
+                self.partial_name,
+                self.customer_name,
+                *self._route_names(),
+            )
         }
         self.config = self._write_pipeline()
         self.keyed = self._write_keyed_pipeline()
@@ -253,8 +266,11 @@ class Campaign:
         self.partial = self._write_engine_pipeline(
             self.partial_name, self.partial_file, {"mode": "partial_update", "key": ["slot"], "file_rows": 8, "fold_after": "1m"}
         )
+        # the aggregate again, keyed by a value column (customer): its batches take the direct path,
+        # whose read tasks fold the contributions (offsetlake.engine_arrow); a null customer is a dead letter
+        self.by_customer = self._write_engine_pipeline(self.customer_name, self.customer_file, by_customer=True)
         # every merge engine's pipeline: the aggregate, first_row and partial_update (tombstones delete)
-        self.engines = (self.engine, self.first, self.partial)
+        self.engines = (self.engine, self.first, self.partial, self.by_customer)
         admin = AdminClient({"bootstrap.servers": bootstrap})  # held: a dropped client cancels its futures
         admin.create_topics([_new_topic(self.topic, 2)])[self.topic].result(30)
         self.partitions = 2
@@ -352,15 +368,19 @@ class Campaign:
         )
         return load_pipeline(str(self.keyed_file))
 
-    def _write_engine_pipeline(self, name: str | None = None, file: Path | None = None, sink: dict | None = None):
+    def _write_engine_pipeline(
+        self, name: str | None = None, file: Path | None = None, sink: dict | None = None, by_customer: bool = False
+    ):
         """A merge engine's pipeline: the same topic into an aggregate (or ``sink``: first_row,
         partial_update) keyed by the record key's timestamp (malformed records are its dead
-        letters, tombstones too but for partial_update, whose tombstone deletes); small batches."""
+        letters, tombstones too but for partial_update, whose tombstone deletes); small batches.
+        ``by_customer``: the aggregate keyed by the value's customer instead, no record key read."""
         from offsetlake.config import load_pipeline
 
         measures = {f"{f}_id": {f: "order_id"} for f in ("sum", "min", "max", "first", "last")}
         name, file = name or self.engine_name, file or self.engine_file
-        sink = sink or {"mode": "aggregate", "key": ["slot"], "measures": {"records": {"count": "*"}, **measures}, "file_rows": 8}
+        key = "customer" if by_customer else "slot"
+        sink = sink or {"mode": "aggregate", "key": [key], "measures": {"records": {"count": "*"}, **measures}, "file_rows": 8}
         file.write_text(
             yaml.safe_dump(
                 {
@@ -372,7 +392,7 @@ class Campaign:
                     "max_records_per_batch": 250,
                     "read_timeout_seconds": 60,
                     "on_offsets_lost": "skip",
-                    "key_format": {"type": "json", "schema": {"slot": "timestamp"}},
+                    "key_format": "none" if by_customer else {"type": "json", "schema": {"slot": "timestamp"}},
                     "format": {"type": "json", "schema": KEYED_SCHEMA, "required": ["order_id"]},
                     "sink": sink,
                 },
@@ -553,6 +573,7 @@ class Campaign:
             "engine_keys": self.stats["last_engine_keys"],
             "first_row_keys": self.stats["last_engine_keys:first_row"],
             "partial_update_keys": self.stats["last_engine_keys:partial_update"],
+            "customer_aggregate_keys": self.stats["last_engine_keys:aggregate:customer"],
             "engine_backfills": self.stats["engine_backfills"],
             "engine_backfills_refused_below_fold": self.stats["engine_backfills_refused_below_fold"],
             "partial_update_folded_offsets": self.stats["last_folded_offsets"],
@@ -719,7 +740,7 @@ class Campaign:
         the time between its state commit and its sink commit (``after_state_commit``: the state
         committed, no sink commit pins it yet), else at a batch failpoint. Records are produced
         first, so the batch has something to merge whatever that pipeline's committed ends are."""
-        file = self.rng.choice([self.keyed_file, self.engine_file, self.first_file, self.partial_file])
+        file = self.rng.choice([self.keyed_file, self.engine_file, self.first_file, self.partial_file, self.customer_file])
         name = failpoints.STATE_NAMES[0] if self.rng.random() < 0.5 else self.rng.choice(FAILPOINTS)
         for attempt in range(3):
             self.finish_open_txn()
@@ -1407,6 +1428,7 @@ class Campaign:
             self.engine_name: (self.engine, self.engine_file),
             self.first_name: (self.first, self.first_file),
             self.partial_name: (self.partial, self.partial_file),
+            self.customer_name: (self.by_customer, self.customer_file),
             **{route.name: (route, route.name) for route in self.routes},  # a routed table: by its name
         }
         ends = {name: self._committed_ends(config) for name, (config, _) in pipelines.items()}
@@ -1844,11 +1866,13 @@ class Campaign:
             self.stats["keyed_problems"] += len(problems)
             raise InvariantBroken(f"seed {self.seed} after {self.stats['steps']} steps, keyed sink: " + "; ".join(problems[:6]))
 
-    def _engine_records(self, config) -> dict[int, list[tuple[tuple, Record]]]:
-        """Per key (the slot), the committed records a merge engine's pipeline holds (valid ones
-        and tombstones; malformed ones are dead letters), ranked as the engines order them:
-        (record time, partition, epoch, offset)."""
+    def _engine_records(self, config) -> dict[object, list[tuple[tuple, Record]]]:
+        """Per key (the slot; the customer for the aggregate by customer), the committed records a
+        merge engine's pipeline holds (valid ones and tombstones; malformed ones, and those of a
+        null customer, are dead letters), ranked as the engines order them: (record time,
+        partition, epoch, offset)."""
         name = config.name
+        by_customer = name == self.customer_name
         ends = self._committed_ends(config)
         _, _, live, epoch_of = self._history(config)
         gaps = self._gaps(name, live, epoch_of)
@@ -1860,8 +1884,10 @@ class Campaign:
                 continue
             if any(gi == inc and gp == p and a <= o < b for gi, gp, a, b in gaps) or inc not in epochs:
                 continue
+            if by_customer and (record.order_id is None or record.customer is None):
+                continue
             rank = (record.timestamp_ms or 0, p, epochs.index(inc), o)
-            by_key.setdefault(record.slot_us, []).append((rank, record))
+            by_key.setdefault(record.customer if by_customer else record.slot_us, []).append((rank, record))
         return {slot: sorted(ranked, key=lambda r: r[0]) for slot, ranked in by_key.items()}
 
     def check_engine(self, final: bool = False) -> None:
@@ -1894,6 +1920,7 @@ class Campaign:
             self.engine_name: (["records", "sum_id", "min_id", "max_id", "first_id", "last_id"], aggregate),
             self.first_name: (["order_id", "customer"], first_row),
             self.partial_name: (["order_id", "customer"], partial_update),
+            self.customer_name: (["records", "sum_id", "min_id", "max_id", "first_id", "last_id"], aggregate),
         }
         problems = []
         for engine in self.engines:
@@ -1901,8 +1928,9 @@ class Campaign:
                 continue
             wanted, model = columns[engine.name]
             expected = {slot: row for slot, ranked in self._engine_records(engine).items() if (row := model(ranked)) is not None}
-            rows = _plain_rows(engine.layout.sink, ["slot", *wanted])
-            slots = pc.cast(rows["slot"], pa.int64()).to_pylist()
+            key = engine.sink.key[0]
+            rows = _plain_rows(engine.layout.sink, [key, *wanted])
+            slots = pc.cast(rows[key], pa.int64()).to_pylist() if key == "slot" else rows[key].to_pylist()
             got = {slot: tuple(r[c] for c in wanted) for slot, r in zip(slots, rows.to_pylist(), strict=True)}
             if len(got) != len(slots):
                 problems.append(f"{engine.name} has {len(slots)} rows for {len(got)} keys")
@@ -1910,9 +1938,9 @@ class Campaign:
                 differ = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
                 problems.append(
                     f"{engine.name} differs from the model on {len(differ)} keys: "
-                    + ", ".join(f"{_iso_us(k)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
+                    + ", ".join(f"{_shown(k, key)}: sink {got.get(k)}, model {expected.get(k)}" for k in differ[:5])
                 )
-            self.stats[f"last_engine_keys:{engine.sink.mode}"] = len(got)
+            self.stats[f"last_engine_keys:{engine.sink.mode}{':customer' if key == 'customer' else ''}"] = len(got)
             if engine.sink.fold_after_seconds is not None and engine.sink.fold_after:
                 state = state_table.pinned(engine, storage.table(engine.layout.sink))
                 self.stats["last_folded_offsets"] = sum(state_table.folded_below(state).values())
@@ -2203,6 +2231,11 @@ def _end_transaction(producer: Producer, sent: list[Record], commit: bool) -> No
 def _iso_ms(ms: int) -> str:
     """A Kafka record time (ms) as the ISO-8601 UTC string a backfill by time takes, exactly."""
     return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _shown(key: object, column: str) -> str:
+    """A merge engine's key as a message shows it: a slot as its time, a customer quoted."""
+    return _iso_us(key) if column == "slot" else repr(key)  # type: ignore[arg-type]
 
 
 def _iso_us(us: int) -> str:
