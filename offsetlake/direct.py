@@ -115,6 +115,7 @@ class DirectResult:
     undecided: list[str]  # paths under the table of the undecided records' files
     records_read: Counter[tuple[str, int]]
     partials: list[str] = field(default_factory=list)  # a merge engine's partial states, a file per task
+    partial_rows: int = 0  # the rows of those files
 
 
 def read_and_write(
@@ -186,6 +187,7 @@ def read_and_write(
             result.undecided.append(row["path"])
         elif row["kind"] == PARTIAL:
             result.partials.append(row["path"])
+            result.partial_rows += int(row["rows"])
         else:
             result.files.append(staged_file(row))
     return result

@@ -57,6 +57,7 @@ class BatchContributions:
     in_read: Any = None
     held: pa.Table | None = None
     spark: Any = None
+    given: DataFrame | None = None  # the states, when Spark reads the read tasks' partial states itself
 
     @property
     def states(self) -> DataFrame:
@@ -65,6 +66,8 @@ class BatchContributions:
         Spark asks (``merged_in_arrow`` needs none)."""
         from offsetlake.spark import dataframe_from_arrow
 
+        if self.given is not None:
+            return self.given
         group = [f"`{c}`" for c in self.group]
         mine = self.rows.select(*group, STATE) if self.rows is not None else None
         if self.held is None or (self.held.num_rows == 0 and mine is not None):
@@ -88,8 +91,13 @@ def batch_contributions(spark: Any, config: PipelineConfig, rows: DataFrame | No
     if in_read is None:
         assert new is not None, "a batch on the Spark path has rows"
         return BatchContributions(group, new, new)
-    held = _read_partials(in_read, written.table_root, written.partials)
     like = new if new is not None else dataframe_from_arrow(spark, in_read.contributions_schema.empty_table())
+    if written.partial_rows > DRIVER_ROWS:  # groups nearly as many as records: Spark reads and folds them
+        files = [{"path": storage.log_path_from_file_path(p)} for p in written.partials]
+        partial = staging.read_files(spark, written.table_root, files, in_read.states_schema, [])
+        states = partial if new is None else partial.unionByName(new.select(*group, STATE))
+        return BatchContributions(group, new, like, spark=spark, given=states)
+    held = _read_partials(in_read, written.table_root, written.partials)
     return BatchContributions(group, new, like, in_read, held, spark)
 
 
@@ -155,11 +163,8 @@ def merged(
     cached.append(keys)
     stored_files = []
     if table is not None:
-        # by the key's and the window start's statistics: visible files are sorted by (window, key)
         pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
-        holding = keyed.files_holding(table, keys.select(*pruning).distinct().toArrow(), config, pruning)
-        kinds = {f["path"] for f in contribution_files}
-        stored_files = [f for f in holding if f["path"] not in kinds]
+        stored_files = _visible_files_holding(config, table, keys.select(*pruning).distinct().toArrow(), contribution_files)
     stored = None
     if stored_files:  # the touched groups' visible files: a few rows, read for the fold, the counts and the untouched rows
         stored = staging.read_files(spark, config.layout.sink, stored_files, schema, []).persist()
@@ -240,12 +245,7 @@ def merged_in_arrow(spark: Any, config: PipelineConfig, table: DeltaTable | None
     group = group_columns(config)
     files = live_files(table) if table is not None else []
     contribution_files = [f for f in files if _holds_contributions(config, f)]
-    stored_files: list[dict[str, Any]] = []
-    if table is not None and held.num_rows:
-        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
-        kinds = {f["path"] for f in contribution_files}
-        holding = keyed.files_holding(table, _distinct(held.select(pruning)), config, pruning)
-        stored_files = [f for f in holding if f["path"] not in kinds]
+    stored_files = _visible_files_holding(config, table, held, contribution_files)
     if held.num_rows + _rows(stored_files) > DRIVER_ROWS:
         return None
     shape = _visible_shape(config, batch.like)
@@ -325,9 +325,7 @@ def backfill_in_arrow(
     if not bool(pc.all(engine_arrow.exact_states(engine, mine)).as_py() if mine.num_rows else True):
         return None
     keys = _distinct(pa.concat_tables([new.select(group), dropped.select(group).cast(new.select(group).schema)]))
-    pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
-    kinds = {f["path"] for f in contribution_files}
-    stored_files = [f for f in keyed.files_holding(table, _distinct(keys.select(pruning)), config, pruning) if f["path"] not in kinds]
+    stored_files = _visible_files_holding(config, table, keys, contribution_files)
     if keys.num_rows + _rows(stored_files) > DRIVER_ROWS:
         return None
     shape = _visible_shape(config, like)
@@ -381,6 +379,19 @@ def _duplicates_in_arrow(config: PipelineConfig, folded: pa.Table, batch: pa.Tab
         return 0
     records = int(pc.sum(pc.struct_field(batch.column(STATE), RECORDS)).as_py() or 0)
     return records - _won(folded, batch, group)
+
+
+def _visible_files_holding(
+    config: PipelineConfig, table: DeltaTable | None, groups: pa.Table, contribution_files: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The live state files of visible rows that may hold one of ``groups``: by the key's and the
+    window start's statistics (visible files are sorted by window and key), contribution files
+    left out."""
+    if table is None or not groups.num_rows:
+        return []
+    pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
+    kinds = {f["path"] for f in contribution_files}
+    return [f for f in keyed.files_holding(table, _distinct(groups.select(pruning)), config, pruning) if f["path"] not in kinds]
 
 
 def _visible_shape(config: PipelineConfig, like: DataFrame) -> pa.Schema:
@@ -448,12 +459,7 @@ def merged_on_driver(spark: Any, config: PipelineConfig, table: DeltaTable | Non
     files = live_files(table) if table is not None else []
     contribution_files = [f for f in files if _holds_contributions(config, f)]
     schema = _merged_schema(table, batch.like)
-    stored_files: list[dict[str, Any]] = []
-    if table is not None and keys.num_rows:
-        pruning = [*config.sink.key, *([WINDOW_START] if config.sink.window is not None else [])]
-        kinds = {f["path"] for f in contribution_files}
-        holding = keyed.files_holding(table, _distinct(keys.select(pruning)), config, pruning)
-        stored_files = [f for f in holding if f["path"] not in kinds]
+    stored_files = _visible_files_holding(config, table, keys, contribution_files)
     if keys.num_rows + _rows(stored_files) > DRIVER_ROWS:
         for frame in cached:
             frame.unpersist()

@@ -287,7 +287,7 @@ def _read_direct(
         route=routing.read_task_route(config),
         engine=engine,
     )
-    processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, table.layout.sink, wrote.partials)
+    processed.written = WrittenInRead(folder, wrote.files, wrote.undecided, table.layout.sink, wrote.partials, wrote.partial_rows)
     for key, count in wrote.records_read.items():
         processed.per_range[key]["records_read"] = count
     return _Read(direct.undecided_frame(spark, table.layout.sink, wrote.undecided, decoder), counted=True)

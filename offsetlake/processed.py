@@ -55,6 +55,7 @@ class WrittenInRead:
     # a merge engine's partial states of the groups of each read task (``offsetlake.engine_arrow``),
     # paths under ``table_root``: the merge reads them, and they go with the undecided files
     partials: list[str] = field(default_factory=list)
+    partial_rows: int = 0  # the rows of those files
 
     def remove_undecided(self) -> None:
         if (self.undecided or self.partials) and self.table_root is not None:
