@@ -86,7 +86,15 @@ def _crash(name: str) -> None:
     raise failpoints.SimulatedCrash()
 
 
+@pytest.mark.torture
 def test_20k_updates_over_2k_keys_with_crashes_between_batches_converge_and_audit_against_kafka(pipeline, spark):
+    """A crash at each failpoint in turn over 20k updates: two minutes of batches, so ``make
+    torture`` runs it. In ``make test`` its ground is held by test_failpoints (a crash at every
+    failpoint, then the rerun), the keyed property tests (test_properties,
+    test_merge_engine_properties: upsert and engine sinks crashed at a random failpoint, the
+    state one included, against a replay), test_readers_agree (a crash between a keyed batch's
+    two commits, read back by plain readers) and the CI-seed fault campaign (keyed crashes and
+    audits against Kafka)."""
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
     config = pipeline.write(max_records_per_batch=2_500, sink={"mode": "upsert", "key": ["_kafka_key"]})
     updates = _updates(20_000, 2_000, 3, seed=19, delete_share=0.12)

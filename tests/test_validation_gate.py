@@ -20,9 +20,11 @@ from kafka_truth import dead_letter_coordinates, read_topic, sink_coordinates
 
 from offsetlake import storage
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders
+from offsetlake.errors import SuiteError
 from offsetlake.plan import RunContext
 from offsetlake.runs import run_pipeline
 from offsetlake.sink import live_files
+from offsetlake.validation import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -162,13 +164,18 @@ def test_suite_typos_fail_at_load_naming_file_and_entry_before_any_read(pipeline
         ),
         ({"expectations": []}, "expected a non-empty list under 'expectations'"),
     ]
-    for suite, message in cases:
+    for i, (suite, message) in enumerate(cases):
         suite_file.write_text(yaml.safe_dump(suite))
-        # the topic does not even exist: the error must come from the suite, before any Kafka read
-        result = pipeline.cli("run", timeout=120)
-        assert result.returncode == 2, result.stderr[-2000:]
-        assert str(suite_file) in result.stderr and message in result.stderr, result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
+        if i == 0:
+            # the topic does not even exist: the error must come from the suite, before any Kafka read
+            result = pipeline.cli("run", timeout=120)
+            assert result.returncode == 2, result.stderr[-2000:]
+            assert str(suite_file) in result.stderr and message in result.stderr, result.stderr[-2000:]
+            assert "Traceback" not in result.stderr
+        else:  # the same check, which the CLI runs first, in this process (a CLI run is ~10 s of imports)
+            with pytest.raises(SuiteError) as refused:
+                load_suite(pipeline.config())
+            assert str(suite_file) in str(refused.value) and message in str(refused.value), str(refused.value)
     assert not Path(pipeline.config().sink_path).exists()
 
 
