@@ -27,10 +27,11 @@ from offsetlake.catalog import NamedTable, hadoop_settings, named_tables, s3_buc
 from offsetlake.catalog import register as name_tables
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
+from offsetlake.project import home, private
 
 
 def folder(project: Path | None = None) -> Path:
-    return (project or Path(os.environ.get("OFFSETLAKE_HOME") or os.getcwd())).resolve() / ".offsetlake" / "metastore"
+    return private("metastore", project=(project or home()).resolve())
 
 
 # Where the tables are named: the project's embedded metastore, or a Hive Metastore server

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -19,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from offsetlake import jars, spark_server
 from offsetlake.errors import SparkServerUnavailableError
+from offsetlake.project import home, private
 
 _SESSION: Any = None
 _ADDED_FILES: set[str] = set()
@@ -113,7 +113,7 @@ def classic_builder(master: str | None = None, app_name: str = "offsetlake", ext
         "spark.ui.showConsoleProgress": "false",
         # a database `offsetlake sql` names tables in (catalog.database) and a user's managed table get their folders
         # in the project's home, not in whatever directory a command (or the warm server) was started from
-        "spark.sql.warehouse.dir": str(Path(os.environ.get("OFFSETLAKE_HOME") or os.getcwd()).resolve() / ".offsetlake" / "warehouse"),
+        "spark.sql.warehouse.dir": str(private("warehouse", project=home().resolve())),
         **(extra or {}),
     }
     for key, value in conf.items():

@@ -47,6 +47,8 @@ from pathlib import Path
 
 from offsetlake.durations import seconds
 from offsetlake.errors import OffsetlakeError
+from offsetlake.project import home as project_home
+from offsetlake.project import private
 
 MODE_ENV = "OFFSETLAKE_SPARK_SERVER"
 IDLE_ENV = "OFFSETLAKE_SPARK_SERVER_IDLE"
@@ -78,11 +80,11 @@ class Server:
 
 
 def home() -> Path:
-    return Path(os.environ.get("OFFSETLAKE_HOME") or os.getcwd())
+    return project_home()
 
 
 def state_dir(project: Path | None = None) -> Path:
-    return (project or home()) / ".offsetlake" / "spark-server"
+    return private("spark-server", project=project)
 
 
 def enabled() -> bool:

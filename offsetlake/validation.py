@@ -27,6 +27,7 @@ rows as GX reported unexpected; a mismatch fails the batch rather than quarantin
 from __future__ import annotations
 
 import difflib
+import hashlib
 import html
 import json
 import logging
@@ -44,6 +45,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import COORDINATE_COLUMNS
 from offsetlake.errors import OffsetlakeError, SuiteError, ValidationFailedError
 from offsetlake.plan import BatchPlan
+from offsetlake.project import private
 
 # GX sends usage analytics unless told not to; a data pipeline must not phone home.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -110,7 +112,8 @@ _LOADED: dict[tuple[str, int, int], Suite] = {}
 
 
 def load_suite(config: PipelineConfig) -> Suite | None:
-    """The pipeline's suite, every entry checked against GX; None if the pipeline has none.
+    """The pipeline's suite, every entry checked against GX (once per text: ``_checked_marker``);
+    None if the pipeline has none.
 
     Raises SuiteError naming the file and the entry (``expectations[2]``) for an unknown
     expectation (with the closest known names), bad or missing kwargs, or a malformed file.
@@ -128,8 +131,40 @@ def load_suite(config: PipelineConfig) -> Suite | None:
     return _LOADED[key]
 
 
+# A suite's text, once every entry passed the check against Great Expectations, is remembered
+# under the project's home (a file named by the digest of the text, the GX version and
+# _CHECKS): importing GX's expectation registry costs a command seconds, more than a batch of 1,000
+# records, and a passing batch needs nothing else of GX (``_all_pass_in_spark``). A new or edited
+# suite, another GX version or another _CHECKS is checked again. Raise _CHECKS when _parse_entry
+# checks more than it did.
+_CHECKS = 1
+
+
+def _checked_marker(text: str) -> Path | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        gx = version("great_expectations")
+    except PackageNotFoundError:
+        return None
+    digest = hashlib.sha256(f"{_CHECKS}\0{gx}\0{text}".encode()).hexdigest()
+    return private("suites-checked", digest)
+
+
+def _remember_checked(marker: Path | None) -> None:
+    if marker is None:
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError as err:  # a read-only home: every command checks the suite again
+        log.debug("suite check not remembered at %s: %s", marker, err)
+
+
 def _parse_suite(path: Path) -> Suite:
     text = path.read_text()
+    marker = _checked_marker(text)
+    checked = marker is not None and marker.exists()
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as err:
@@ -138,10 +173,13 @@ def _parse_suite(path: Path) -> Suite:
     if not isinstance(entries, list) or not entries:
         raise SuiteError(f"{path}: expected a non-empty list under 'expectations'")
     name = raw.get("name") if isinstance(raw, dict) and raw.get("name") else path.name
-    return Suite(str(name), path, tuple(_parse_entry(path, i, entry) for i, entry in enumerate(entries)))
+    suite = Suite(str(name), path, tuple(_parse_entry(path, i, entry, against_gx=not checked) for i, entry in enumerate(entries)))
+    if not checked:
+        _remember_checked(marker)
+    return suite
 
 
-def _parse_entry(path: Path, index: int, entry: Any) -> Expectation:
+def _parse_entry(path: Path, index: int, entry: Any, against_gx: bool = True) -> Expectation:
     where = f"{path}: expectations[{index}]"
     if isinstance(entry, dict) and "type" in entry:
         kind, kwargs = entry["type"], entry.get("kwargs") or {}
@@ -153,6 +191,8 @@ def _parse_entry(path: Path, index: int, entry: Any) -> Expectation:
     if not isinstance(kind, str) or not isinstance(kwargs, dict):
         raise SuiteError(f"{where}: expected an expectation name with a mapping of kwargs, got {entry!r}")
     where = f"{where} {kind}"
+    if not against_gx:  # this very text passed the check before (_checked_marker)
+        return Expectation(index, kind, dict(kwargs))
     from great_expectations.expectations.registry import get_expectation_impl, list_registered_expectation_implementations
 
     try:

@@ -179,6 +179,33 @@ def test_suite_typos_fail_at_load_naming_file_and_entry_before_any_read(pipeline
     assert not Path(pipeline.config().sink_path).exists()
 
 
+def test_a_suite_checked_once_is_remembered_and_a_passing_run_imports_no_great_expectations(pipeline, tmp_path, monkeypatch):
+    """Importing GX's expectation registry costs a command seconds: a suite's text that passed the
+    check is remembered under the project's home, so a run of an unchanged suite whose batch passes
+    (a verdict Spark gives alone) never imports GX; an edited suite is checked again."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OFFSETLAKE_HOME", str(home))
+    suite_file = pipeline.folder / f"{pipeline.name}.expectations.yaml"
+    suite_file.write_text(yaml.safe_dump(SUITE, sort_keys=False))
+    config = pipeline.write()
+    assert len(load_suite(config).expectations) == 4  # checked against GX in this process, and remembered
+    assert len(list((home / ".offsetlake" / "suites-checked").iterdir())) == 1
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
+    produce_orders(pipeline.bootstrap, pipeline.topic, 50)
+    ran = pipeline.cli("run", env={"OFFSETLAKE_HOME": str(home), "PYTHONPROFILEIMPORTTIME": "1"})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")}
+    assert "offsetlake.validation" in imported and "great_expectations" not in imported, sorted(imported)[:20]
+    [entry] = [r for r in storage.table(config.layout.ledger).to_pyarrow_table().to_pylist() if r["status"] == "committed"]
+    assert json.loads(entry["validation"])["outcome"] == "passed" and storage.table(config.layout.sink).count() == 50
+
+    edited = {"expectations": [*SUITE["expectations"], {"expect_column_values_to_be_unique": {"colum": "order_id"}}]}
+    suite_file.write_text(yaml.safe_dump(edited, sort_keys=False))
+    with pytest.raises(SuiteError, match=r"expectations\[4\] expect_column_values_to_be_unique: bad kwargs"):
+        load_suite(pipeline.config())
+
+
 @pytest.mark.local_lake  # a browser opens the report's file:// URI (on S3 the ledger view serves it)
 def test_validation_report_opens_in_headless_chromium(pipeline, tmp_path, spark, caplog):
     import logging
