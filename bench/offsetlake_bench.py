@@ -1,8 +1,8 @@
 """offsetlake against this machine's limits (`make bench`): one command, its own data, medians.
 
     .venv/bin/python bench/offsetlake_bench.py [--records 2000000] [--partitions 6] [--repeats 3]
-                                               [--only consume,write,steady,peer,paths,s3,avro,overhead,planning,upsert,memory]
-                                               [--out bench-results.json]
+        [--only consume,write,steady,peer,paths,s3,avro,overhead,suite,scheduled,planning,upsert,memory]
+        [--out bench-results.json]
 
 Produces ``--records`` JSON orders (~200 bytes each) over ``--partitions`` partitions on a private
 Apache Kafka broker (or $KAFKA_BOOTSTRAP_SERVERS), then measures, each as the median of ``--repeats``:
@@ -36,6 +36,9 @@ overhead  wall time of `offsetlake run` with nothing new and with 1,000 new reco
           `airflow dags test <pipeline>_ingest` with nothing new (which must start no Spark)
           and with 1,000 new records; then both with 1,000 new records attached to a warm
           `offsetlake spark-server` (`--remote`; the connection spark_connect_default);
+suite     1,000 new records through `offsetlake run` by default with the shipped orders pipeline
+          (transform and suite): the suite checked against Great Expectations in the command (as
+          on its first run) against the check remembered under the project's home, alternating
 scheduled an Airflow ingest as production runs it, by default: the api-server, scheduler,
           dag-processor and triggerer running (LocalExecutor), the project's own Spark server
           up; 1,000 new records, then the dag run triggered through the REST API and polled
@@ -97,7 +100,7 @@ from offsetlake.embedded.local_spark_server import LocalSparkServer  # noqa: E40
 from offsetlake.embedded.sample_data import ensure_topic, produce_orders  # noqa: E402
 from offsetlake.kafka import CONSUME_BATCH, CONSUME_WAIT_S  # noqa: E402
 
-SECTIONS = ("consume", "write", "steady", "peer", "paths", "s3", "avro", "overhead", "scheduled", "planning", "upsert", "memory")
+SECTIONS = ("consume", "write", "steady", "peer", "paths", "s3", "avro", "overhead", "suite", "scheduled", "planning", "upsert", "memory")
 PY = sys.executable
 log = logging.getLogger("bench")
 
@@ -599,6 +602,9 @@ def run_sections(args: argparse.Namespace, work: Path, bootstrap: str, figures: 
 
     if "overhead" in only:
         overhead(args, work, bootstrap, figures)
+
+    if "suite" in only:
+        suite_checked_once(args, work, bootstrap, figures)
 
     if "scheduled" in only:
         scheduled(args, work, bootstrap, figures)
@@ -1261,6 +1267,44 @@ def spark_source_to_noop(spark: Any, bootstrap: str, topic: str) -> float:
     t = time.monotonic()
     source.write.format("noop").mode("overwrite").save()
     return round(time.monotonic() - t, 2)
+
+
+def suite_checked_once(args: argparse.Namespace, work: Path, bootstrap: str, figures: dict) -> None:
+    """1,000 new orders through `offsetlake run` by default (the project's own Spark server) with
+    the shipped orders pipeline (transform and suite): the suite checked against Great
+    Expectations in the command (its remembered check removed first, as on the first run of a new
+    or edited suite) against the check remembered under the project's home, alternating."""
+    from offsetlake import spark_server
+
+    topic = "bench_suite"
+    ensure_topic(bootstrap, topic, args.partitions)
+    next_id = produce_orders(bootstrap, topic, 1_000)
+    home = work / "suite_home"
+    home.mkdir(parents=True, exist_ok=True)
+    path = shipped_orders_pipeline(work / "suite_pipelines", "bench_suite", topic, bootstrap, work / "lake_suite")
+    env = {"OFFSETLAKE_HOME": str(home), "OFFSETLAKE_SPARK_SERVER": "auto", "OFFSETLAKE_SPARK_SERVER_IDLE": "30m"}
+    remembered = home / ".offsetlake" / "suites-checked"
+    try:
+        cli("run", str(path), env=env)  # starts the project's server and warms its Python workers
+        samples: dict[str, list[float]] = {"checked": [], "remembered": []}
+        for i in range(args.repeats):
+            for kind in ("checked", "remembered") if i % 2 == 0 else ("remembered", "checked"):
+                if kind == "checked":
+                    shutil.rmtree(remembered, ignore_errors=True)
+                next_id = produce_orders(bootstrap, topic, 1_000, first_id=next_id)
+                t = time.monotonic()
+                cli("run", str(path), env=env)
+                samples[kind].append(round(time.monotonic() - t, 3))
+        from offsetlake.storage import table as open_delta
+
+        rows = open_delta(load_pipeline(str(path)).layout.sink).count()
+        assert rows == 1_000 * (1 + 2 * args.repeats), f"the shipped pipeline's sink holds {rows} rows"
+        medians = {kind: statistics.median(s) for kind, s in samples.items()}
+        for kind, s in samples.items():
+            emit(figures, f"cli_run_1k_new_shipped_suite_{kind}", median_s=round(medians[kind], 2), samples_s=s)
+        emit(figures, "ratio_suite_checked_to_remembered", ratio=round(medians["checked"] / medians["remembered"], 3))
+    finally:
+        spark_server.stop(home)
 
 
 def shipped_orders_pipeline(folder: Path, name: str, topic: str, bootstrap: str, lake: Path) -> Path:
