@@ -44,11 +44,11 @@ ORDER_ID_REQUIRED = {"type": "json", "schema": SCHEMA, "required": ["order_id"]}
 
 
 def _old_table(pipeline, spark) -> None:
-    """60 records in 6 batches on the first sink; every 5th has no customer: 12 dead letters."""
-    config = pipeline.write(format=CUSTOMER_REQUIRED, max_records_per_batch=10)
+    """60 records in 3 batches on the first sink; every 5th has no customer: 12 dead letters."""
+    config = pipeline.write(format=CUSTOMER_REQUIRED, max_records_per_batch=20)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
     produce_orders(pipeline.bootstrap, pipeline.topic, 60, partition=0, null_customer_every=5)
-    assert len(run_pipeline(config, RunContext("old-table"), lambda: spark)) == 6
+    assert len(run_pipeline(config, RunContext("old-table"), lambda: spark)) == 3
     assert len(dead_letter_coordinates(config.layout.dead_letters)) == 12
     # 60 more, every 10th truncated JSON (a dead letter under any schema)
     produce_orders(pipeline.bootstrap, pipeline.topic, 60, partition=0, first_id=60, malformed_every=10)
@@ -67,13 +67,13 @@ def _exactly_once_in_the_new_table(pipeline, config) -> None:
 @pytest.mark.also_on_s3
 def test_the_refusals_way_forward_a_new_sink_table_starts_with_its_own_dead_letters(pipeline, spark):
     _old_table(pipeline, spark)
-    changed = pipeline.write(format=AMOUNT_AS_DECIMAL, max_records_per_batch=20)
+    changed = pipeline.write(format=AMOUNT_AS_DECIMAL, max_records_per_batch=40)
     with pytest.raises(SchemaChangeError, match=r"Ways forward: a new sink table \(sink.table\)"):
         run_pipeline(changed, RunContext("type-change"), lambda: spark)
 
     new_table = storage.child(pipeline.lake_uri or str(pipeline.lake), "orders_v2")
-    v2 = pipeline.write(format=AMOUNT_AS_DECIMAL, max_records_per_batch=20, sink={"table": new_table})
-    assert len(run_pipeline(v2, RunContext("new-table"), lambda: spark)) == 6
+    v2 = pipeline.write(format=AMOUNT_AS_DECIMAL, max_records_per_batch=40, sink={"table": new_table})
+    assert len(run_pipeline(v2, RunContext("new-table"), lambda: spark)) == 3
     _exactly_once_in_the_new_table(pipeline, v2)
     assert run_pipeline(v2, RunContext("again"), lambda: spark) == []
     _exactly_once_in_the_new_table(pipeline, v2)
@@ -82,13 +82,13 @@ def test_the_refusals_way_forward_a_new_sink_table_starts_with_its_own_dead_lett
 @pytest.mark.also_on_s3
 def test_a_deleted_and_recreated_sink_table_starts_with_its_own_dead_letters(pipeline, spark):
     _old_table(pipeline, spark)
-    config = pipeline.write(format=ORDER_ID_REQUIRED, max_records_per_batch=20)
+    config = pipeline.write(format=ORDER_ID_REQUIRED, max_records_per_batch=40)
     delete_tree(config.layout.sink)  # start over: the sink folder is deleted, the next run re-creates it
-    assert len(run_pipeline(config, RunContext("recreated"), lambda: spark, max_batches=2)) == 2
+    assert len(run_pipeline(config, RunContext("recreated"), lambda: spark, max_batches=1)) == 1
     report = audit_pipeline(config)  # behind the old table's ends: the old table's batches do not count
     assert report.ok, report.text()
     assert report.committed == {(pipeline.topic, 0): 40}
-    assert len(run_pipeline(config, RunContext("recreated-rest"), lambda: spark)) == 4
+    assert len(run_pipeline(config, RunContext("recreated-rest"), lambda: spark)) == 2
     _exactly_once_in_the_new_table(pipeline, config)
 
 
