@@ -132,22 +132,24 @@ def load_suite(config: PipelineConfig) -> Suite | None:
 
 
 # A suite's text, once every entry passed the check against Great Expectations, is remembered
-# under the project's home (a file named by the digest of the text, the GX version and
-# _CHECKS): importing GX's expectation registry costs a command seconds, more than a batch of 1,000
-# records, and a passing batch needs nothing else of GX (``_all_pass_in_spark``). A new or edited
-# suite, another GX version or another _CHECKS is checked again. Raise _CHECKS when _parse_entry
-# checks more than it did.
+# under the project's home (a file named by the digest of the text, its kind (.json or YAML),
+# the GX version and _CHECKS): importing GX's expectation registry costs a command seconds, more
+# than a batch of 1,000 records, and a passing batch needs nothing else of GX
+# (``_all_pass_in_spark``). A new or edited suite, another GX version or another _CHECKS is
+# checked again. Raise _CHECKS when _parse_entry checks more than it did.
 _CHECKS = 1
 
 
-def _checked_marker(text: str) -> Path | None:
+def _checked_marker(text: str, suffix: str) -> Path | None:
+    """Where the check of ``text`` (parsed as JSON or YAML by ``suffix``) is remembered, or None
+    when GX's version cannot be read."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         gx = version("great_expectations")
     except PackageNotFoundError:
         return None
-    digest = hashlib.sha256(f"{_CHECKS}\0{gx}\0{text}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{_CHECKS}\0{gx}\0{suffix}\0{text}".encode()).hexdigest()
     return private("suites-checked", digest)
 
 
@@ -163,7 +165,7 @@ def _remember_checked(marker: Path | None) -> None:
 
 def _parse_suite(path: Path) -> Suite:
     text = path.read_text()
-    marker = _checked_marker(text)
+    marker = _checked_marker(text, path.suffix)
     checked = marker is not None and marker.exists()
     try:
         raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
