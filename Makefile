@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 LINTED := offsetlake offsetlake_airflow jobs dags plugins pipelines tests scripts bench examples
+# Compiled to bytecode at setup (with the installed packages: uv's --compile-bytecode): a process
+# that finds no .pyc compiles every module it imports, and one with PYTHONDONTWRITEBYTECODE set (CI
+# here, many containers) does so in every process: `import offsetlake.runs, airflow.sdk` and Spark
+# Connect took 13 s without the caches and 5.7 s with them (BENCHMARKS.md, "Bytecode at setup").
+PACKAGES := offsetlake offsetlake_airflow jobs dags plugins
 STAMP := $(VENV)/.installed-$(shell cat requirements-setup.lock requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
@@ -24,8 +29,9 @@ debian: ## Debian's chromium (pinned in debian-packages.txt) for the browser tes
 $(STAMP): requirements-setup.lock requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-setup.lock
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -r requirements.lock
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -r requirements.lock
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
+	$(PY) -m compileall -q $(PACKAGES) >/dev/null
 	rm -f $(VENV)/.installed-*
 	touch $@
 

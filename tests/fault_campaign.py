@@ -602,12 +602,14 @@ class Campaign:
             "outbox_commits_published": self.stats["last_outbox_commits_published"],
             "outbox_records": self.stats["last_outbox_records"],
             "outbox_crashes": self.stats["outbox_crashes"],
-            "kafka_sink_and_outbox_checks_seconds": round(
-                (self.stats["checks_ms:kafka_sink"] + self.stats["checks_ms:outbox"]) / 1000, 1
-            ),
+            "kafka_sink_and_outbox_checks_seconds": round((self.stats["checks_ms:kafka_sink"] + self.stats["checks_ms:outbox"]) / 1000, 1),
             # where the time went: each step kind's own work, and each check over all steps
-            "step_seconds": {k.removeprefix("step_ms:"): round(v / 1000, 1) for k, v in sorted(self.stats.items()) if k.startswith("step_ms:")},
-            "check_seconds": {k.removeprefix("checks_ms:"): round(v / 1000, 1) for k, v in sorted(self.stats.items()) if k.startswith("checks_ms:")},
+            "step_seconds": {
+                k.removeprefix("step_ms:"): round(v / 1000, 1) for k, v in sorted(self.stats.items()) if k.startswith("step_ms:")
+            },
+            "check_seconds": {
+                k.removeprefix("checks_ms:"): round(v / 1000, 1) for k, v in sorted(self.stats.items()) if k.startswith("checks_ms:")
+            },
             "routed_rows": self.stats["last_routed_rows"],
             "routed_dead_letters": self.stats["last_routed_dead"],
             "routed_unrouted": self.stats["last_routed_unrouted"],
@@ -1171,12 +1173,7 @@ class Campaign:
             lost = []
             for (inc, p, o), record in self.model.records.items():
                 end = self._ends_of(name, inc, ends).get(p)
-                if (
-                    record.state != "visible"
-                    or end is None
-                    or o >= end
-                    or in_gap(inc, p, o)
-                ):
+                if record.state != "visible" or end is None or o >= end or in_gap(inc, p, o):
                     continue
                 if record.order_id is not None and record.customer in mine:
                     found = held[record.order_id]
