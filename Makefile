@@ -7,7 +7,7 @@ LINTED := offsetlake offsetlake_airflow jobs dags plugins pipelines tests script
 # Compiled to bytecode at setup (with the installed packages: uv's --compile-bytecode): a process
 # that finds no .pyc compiles every module it imports, and one with PYTHONDONTWRITEBYTECODE set (CI
 # here, many containers) does so in every process: `import offsetlake.runs, airflow.sdk` and Spark
-# Connect took 13 s without the caches and 5.7 s with them (BENCHMARKS.md, "Bytecode at setup").
+# Connect took 13.9 s without the caches and 5.1 s with them (BENCHMARKS.md, "Bytecode at setup").
 PACKAGES := offsetlake offsetlake_airflow jobs dags plugins
 STAMP := $(VENV)/.installed-$(shell cat requirements-setup.lock requirements.lock pyproject.toml | sha1sum | cut -c1-12)
 export PYSPARK_PYTHON := $(abspath $(PY))

@@ -131,6 +131,10 @@ class Ledger:
     def record_commit(self, commit: SinkCommit) -> None:
         self._append(rows_for_commit(commit))
 
+    def _own_files(self) -> list[tuple[str, str, str]]:
+        """delta-rs's file pruning to this pipeline's partition of the table."""
+        return [("pipeline", "=", self.pipeline)]
+
     # ---- reading -------------------------------------------------------------------------
     # Every read filters in Arrow before anything becomes Python rows: a plan reads this
     # table several times, and the table grows by a few rows per partition and batch forever.
@@ -143,7 +147,7 @@ class Ledger:
         # Only this pipeline's files: the table is partitioned by pipeline, and building a dataset
         # costs per file (about 3 ms each in delta-rs), so a lake of many pipelines would pay for
         # every other pipeline's files on each read. The row filter stays: pruning is per file.
-        dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("pipeline", "=", self.pipeline)])
+        dataset = table.to_pyarrow_dataset(file_pruning_predicate=self._own_files())
         data = dataset.to_table(filter=mine if where is None else mine & where)
         return data.sort_by([("recorded_at", "ascending")])
 
@@ -285,7 +289,7 @@ class Ledger:
         table = storage.open_table(self.path)
         if table is None:
             return False
-        mine = [("pipeline", "=", self.pipeline)]
+        mine = self._own_files()
         files = len(table.file_uris(file_pruning_predicate=mine))
         if files <= max_files:
             return False
