@@ -34,7 +34,7 @@ from offsetlake.engines import STATE
 from offsetlake.formats import PARSED_IN_READ, Decoder
 from offsetlake.formats.keys import KEY_PARSED, KeyedDecoder
 from offsetlake.plan import BatchPlan, OffsetRange
-from offsetlake.reader import decided_columns, read_schemas, split_ranges
+from offsetlake.reader import decided_columns, read_schemas, split_ranges, task_count
 from offsetlake.sink import StagedFile
 from offsetlake.spark import default_parallelism
 from offsetlake.staging import (
@@ -146,7 +146,8 @@ def read_and_write(
     the tasks write the rows' contributions (``table_root`` is the state table) and each task one
     file of its groups' partial states (``DirectResult.partials``); rows the engine cannot fold
     exactly go to the undecided file, for the Spark steps."""
-    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
+    parallelism = default_parallelism(spark)
+    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], parallelism)]
     raw_schema, _ = read_schemas(decoder)
     relative = relative_folder(table_root, folder)
     reader = _SplitReader(
@@ -178,7 +179,9 @@ def read_and_write(
             if was_enabled:
                 gc.enable()
 
-    job = spark.range(0, len(splits), numPartitions=max(1, len(splits))).mapInArrow(errors.reported_as_data(tasks), RESULT_SCHEMA)
+    job = spark.range(0, len(splits), numPartitions=task_count(splits, parallelism)).mapInArrow(
+        errors.reported_as_data(tasks), RESULT_SCHEMA
+    )
     result = DirectResult([], [], Counter())
     for row in job.collect():
         if row["kind"] == READ:

@@ -111,6 +111,17 @@ def split_ranges(ranges: list[OffsetRange], parallelism: int, min_split: int = 2
     return splits
 
 
+def task_count(splits: list[tuple[str, int, int, int]], parallelism: int, min_split: int = 20_000) -> int:
+    """How many read tasks share ``splits`` (``split_ranges``' (topic, partition, start, end)):
+    one per split, but no more than keep every core busy with ``min_split`` records each. A task
+    pays for its scheduling, its consumer and its files whatever it reads: a batch of 1,000
+    records over six partitions is two tasks, not six (1,000 new records through the CLI)."""
+    if not splits:
+        return 1
+    records = sum(end - start for _, _, start, end in splits)
+    return max(1, min(len(splits), max(parallelism, -(-records // min_split))))
+
+
 def read_ranges(
     spark: SparkSession,
     ranges: list[OffsetRange],
@@ -132,10 +143,11 @@ def read_ranges(
     so (``record_size_problems``).
     """
 
-    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], default_parallelism(spark))]
-    # one task per split, each finding its split by index: the same plan on a classic session
-    # and on Spark Connect (which has no parallelize), and no rows to ship to the JVM
-    split_df = spark.range(0, len(splits), numPartitions=max(1, len(splits)))
+    parallelism = default_parallelism(spark)
+    splits = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([r for r in ranges if r.size], parallelism)]
+    # each task finds its splits by index: the same plan on a classic session and on Spark
+    # Connect (which has no parallelize), and no rows to ship to the JVM
+    split_df = spark.range(0, len(splits), numPartitions=task_count(splits, parallelism))
     config = dict(client_config)
     arrow_schema, spark_schema = read_schemas(decoder)
 

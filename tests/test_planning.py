@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from offsetlake.plan import OffsetRange, PartitionOffsets
 from offsetlake.planner import plan_ranges, share_fairly
-from offsetlake.reader import split_ranges
+from offsetlake.reader import split_ranges, task_count
 
 
 def test_share_fairly_gives_unused_shares_to_lagging_partitions():
@@ -40,3 +40,16 @@ def test_split_ranges_covers_every_offset_once():
         mine = sorted((s.start, s.end) for s in splits if s.partition == r.partition)
         assert mine[0][0] == r.start and mine[-1][1] == r.end
         assert all(a[1] == b[0] for a, b in zip(mine, mine[1:], strict=False))
+
+
+def test_small_batches_share_their_read_tasks():
+    """A task costs its scheduling, consumer and files whatever it reads: a few records over many
+    partitions take as many tasks as cores, a large batch a task per split."""
+    small = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([OffsetRange("t", p, 0, 166) for p in range(6)], 2)]
+    assert len(small) == 6 and task_count(small, parallelism=2) == 2
+    large = [(s.topic, s.partition, s.start, s.end) for s in split_ranges([OffsetRange("t", p, 0, 50_000) for p in range(6)], 2)]
+    assert task_count(large, parallelism=2) == len(large) == 6
+    middle = [("t", p, 0, 30_000) for p in range(3)]  # 90,000 records: enough for every split's own task
+    assert task_count(middle, parallelism=2) == 3
+    assert task_count([("t", p, 0, 15_000) for p in range(4)], parallelism=2) == 3  # 60,000 records, 20,000 each
+    assert task_count([], parallelism=2) == 1
