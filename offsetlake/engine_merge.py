@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from offsetlake import keyed, staging, storage
+from offsetlake import keyed, staging, state_segments, storage
 from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import OFFSET, PARTITION, TIMESTAMP, TOPIC, TOPIC_EPOCH, Selection
 from offsetlake.engines import (
@@ -130,6 +130,7 @@ class EngineMerge:
     folded: dict[tuple[str, int, int], int] = field(default_factory=dict)  # the horizon a fold raised (``fold``)
     on: str = "spark"  # where the groups were folded: "spark", "driver" (``merged_on_driver``), "arrow" (``merged_in_arrow``)
     held_contributions: pa.Table | None = None  # contribution rows the driver holds and writes (``backfill_in_arrow``)
+    segments: int = 0  # batch states read instead of the contribution files they fold (``state_segments``)
 
 
 def merged(
@@ -334,16 +335,17 @@ def backfill_in_arrow(
         stored = staging.read_table(config.layout.sink, stored_files, schema, [])
         before, untouched = keyed.split_by_groups(stored, keys, group)
     others = [f for f in contribution_files if f not in replaced_files]
+    segments, covered, others = _segments_of(config, engine, others)
     left = engine.states_schema.empty_table()
+    if covered is not None:
+        left, _ = keyed.split_by_groups(covered, keys, group)
     if others:
         reduce = engine_arrow.StatesFolded(engine)  # their statistics say they hold none of the replaced records
-        read = staging.read_files(
-            spark, config.layout.sink, others, schema, [], [*_placed(group, schema), STATE], reduce, engine.states_schema
-        )
-        left = read.toArrow().cast(engine.states_schema)
-        left, _ = keyed.split_by_groups(left, keys, group)
-        if not engine_arrow.folds_exactly(engine, left):
-            return None
+        read = staging.read_files(spark, config.layout.sink, others, schema, [], [*group, STATE], reduce, engine.states_schema)
+        read_left, _ = keyed.split_by_groups(read.toArrow().cast(engine.states_schema), keys, group)
+        left = pa.concat_tables([left, read_left])
+    if left.num_rows and not engine_arrow.folds_exactly(engine, left):
+        return None
     mine, _ = keyed.split_by_groups(mine, keys, group)
     folded = engine.fold(pa.concat_tables([mine, left]))
     visible = engine_arrow.visible(engine, folded, shape)
@@ -365,7 +367,22 @@ def backfill_in_arrow(
     touched = _distinct(pa.concat_tables([keys, visible.select(group).cast(keys.schema)]))
     merge = EngineMerge(visible, None, [*stored_files, *replaced_files], counts, visible.num_rows, [], touched, on="arrow")
     merge.held_contributions = contributions
+    merge.segments = segments
     return merge
+
+
+def _segments_of(config: PipelineConfig, engine: Any, files: list[dict[str, Any]]) -> tuple[int, pa.Table | None, list[dict[str, Any]]]:
+    """The batch states (``offsetlake.state_segments``) that fold whole contribution files of
+    ``files``: how many, their rows (None: none usable), and the files they leave to be read."""
+    root = config.layout.sink
+    usable = state_segments.usable(state_segments.listed(root), state_segments.file_paths(files))
+    if not usable or sum(s.rows for s in usable) > DRIVER_ROWS:
+        return 0, None, files
+    rows = state_segments.read(root, usable, engine.states_schema)
+    if rows is None:
+        return 0, None, files
+    covered = state_segments.covered_files(usable)
+    return len(usable), rows, [f for f in files if storage.file_path_from_log(f["path"]) not in covered]
 
 
 def _placed(group: list[str], schema: pa.Schema) -> list[str]:

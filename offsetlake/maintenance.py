@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from offsetlake import dead_letters, state_table
+from offsetlake import dead_letters, state_segments, state_table
 from offsetlake.config import PipelineConfig
 from offsetlake.errors import OffsetlakeError
 from offsetlake.log_lines import log_line
-from offsetlake.sink import KEEP_HISTORY, open_table
+from offsetlake.sink import KEEP_HISTORY, live_files, open_table
 from offsetlake.write_modes import write_mode
 
 log = logging.getLogger("offsetlake.maintenance")
@@ -108,6 +108,9 @@ def _maintain_table(
         # than the retention; enforce_retention_duration=False lets a retention below the
         # table's 7-day default through (never below MIN_RETENTION_HOURS, checked above).
         report.vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True))
+        if label == "state":  # batch states that name a file no longer live (vacuum leaves their folder alone)
+            live = state_segments.file_paths(live_files(table))
+            report.vacuumed += state_segments.remove_unused(config.layout.state, live, retention_hours * 3600)
     report.files_after = len(table.file_uris(file_pruning_predicate=mine))
     report.duration_ms = int((time.monotonic() - started) * 1000)
     log_line(

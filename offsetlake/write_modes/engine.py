@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from offsetlake import engine_merge, engines, keyed, state_table
+from offsetlake import engine_merge, engines, keyed, state_segments, state_table
 from offsetlake.coordinates import ROW_INDEX, OffsetRange, Selection
 from offsetlake.engines import COORDINATES, STATE, WINDOW_START
 from offsetlake.keyed import HIDDEN
@@ -104,11 +104,22 @@ def stage_engine_merge(
         held = engine_merge.merged_in_arrow(spark, config, table, batch) or engine_merge.merged_on_driver(spark, config, table, batch)
     elif replaced is not None and config.sink.folds_in_read:
         held = engine_merge.backfill_in_arrow(spark, config, table, batch, replaced)
+    if replaced is None and batch.held is not None and processed.written.files:
+        # the fold of the read tasks' contribution files, kept for backfills (``state_segments``)
+        state_segments.write(config.layout.sink, plan.batch_id, batch.held, [f.path for f in processed.written.files])
     if held is not None:
         merge = held
         processed.cached.extend(merge.cached)
+        segments = {"segments": merge.segments} if replaced is not None else {}
         processed.timings_ms["merge"] = log_step(
-            "merge", plan, t, engine=str(config.sink.engine), on=merge.on, files_read=len(merge.removed), **merge.counts.as_dict()
+            "merge",
+            plan,
+            t,
+            engine=str(config.sink.engine),
+            on=merge.on,
+            files_read=len(merge.removed),
+            **segments,
+            **merge.counts.as_dict(),
         )
         files = stage_files(
             config,
