@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from offsetlake_bench import produce_order_ids, write_pipeline  # noqa: E402
 
-from offsetlake import state_table, storage  # noqa: E402
+from offsetlake import state_segments, state_table, storage  # noqa: E402
 from offsetlake.backfill import plan_backfill  # noqa: E402
 from offsetlake.config import load_pipeline  # noqa: E402
 from offsetlake.embedded.local_broker import broker_for  # noqa: E402
@@ -101,6 +101,8 @@ def drain(work: Path, bootstrap: str, label: str, batch: int) -> dict[str, Any]:
         "state_rows": state.to_pyarrow_dataset().count_rows() if state is not None else 0,
         "state_bytes": sum(f["size_bytes"] for f in _files(state)) if state is not None else 0,
     }
+    segments = state_segments.listed(config.layout.state)  # the batch states kept beside it, for backfills
+    figures["segments"], figures["segment_rows"] = len(segments), sum(s.rows for s in segments)
     figures["backfill_1pct_s"], figures["backfill_1pct_records"] = backfill_one_percent(config, last="fold_after" in sink)
     # the same backfill again: the first in a process pays the JIT of the Spark code a backfill
     # runs and no ingest did; a user's backfill attaches to the project's warm Spark server
