@@ -385,11 +385,6 @@ def _segments_of(config: PipelineConfig, engine: Any, files: list[dict[str, Any]
     return len(usable), rows, [f for f in files if storage.file_path_from_log(f["path"]) not in covered]
 
 
-def _placed(group: list[str], schema: pa.Schema) -> list[str]:
-    """The group and coordinate columns of contribution rows of ``schema`` (what finds a record)."""
-    return [*group, *[c for c in COORDINATES if c in schema.names]]
-
-
 def _duplicates_in_arrow(config: PipelineConfig, folded: pa.Table, batch: pa.Table, group: list[str]) -> int:
     """first_row: the batch's records that are not their group's first (none for other engines)."""
     if not isinstance(engine_for(config), FirstRowEngine):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 
+import pytest
 from orders_truth import backfill, committed_rows, produce, same
 from test_merge_engines import _visible
 
@@ -30,6 +31,7 @@ def _segments_read(caplog) -> int:
     return int(found.group(1))
 
 
+@pytest.mark.also_on_s3
 def test_a_backfill_folds_the_batch_states_of_the_files_it_keeps(pipeline, spark, caplog):
     ensure_topic(pipeline.bootstrap, pipeline.topic, 3)
     produce(pipeline.bootstrap, pipeline.topic, 900, seed=5, nulls=0.1)
