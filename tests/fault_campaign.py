@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import itertools
 import json
 import os
@@ -1079,10 +1080,31 @@ class Campaign:
                 return
             plan = plan_backfill(engine, run, [partition], start, stop)
         Ledger.of(engine).record_plan(plan)
-        result = execute_recorded_batch(engine, plan.batch_id, spark_session)
+        with self._counting_segments():
+            result = execute_recorded_batch(engine, plan.batch_id, spark_session)
         if result.status != "committed":
             raise InvariantBroken(f"engine backfill {plan.describe()} ended {result.status}")
         self.stats["engine_backfills"] += 1
+
+    @contextlib.contextmanager
+    def _counting_segments(self):
+        """Count the batch states (``state_segments``) a backfill folds from instead of their
+        contribution files, so the campaign's figures say the replay checked that path too."""
+        from offsetlake import engine_merge
+
+        real = engine_merge._segments_of
+
+        def counted(*args, **kwargs):
+            found = real(*args, **kwargs)
+            self.stats["engine_backfill_segments_used"] += found[0]
+            self.stats["engine_backfills_from_segments"] += 1 if found[0] else 0
+            return found
+
+        engine_merge._segments_of = counted
+        try:
+            yield
+        finally:
+            engine_merge._segments_of = real
 
     # ---- steps: the Kafka sink and the outbox ---------------------------------------------------
     def routed_crash_or_backfill(self) -> None:
