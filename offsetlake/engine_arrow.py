@@ -243,18 +243,27 @@ class ArrowEngine:
         target = self.states_schema.field(STATE).type
         if states.num_rows == 0:
             return self.states_schema.empty_table()
-        ordered = states.sort_by([(c, "ascending") for c in group])
-        runs, heads = _runs(ordered, group)
-        state = _combined(ordered.column(STATE))
-        fields = {RECORDS: _per_run(runs, state.field(RECORDS), "sum", len(heads))}
+        # only the group columns are sorted: each row's run (group) is put back in the rows' own
+        # order, so the states, the widest columns (order keys with their topic), are never
+        # copied into another order (a take of 600,000 states was most of a backfill's fold)
+        keys = states.select(group)
+        order = pc.sort_indices(keys, sort_keys=[(c, "ascending") for c in group])
+        sorted_runs, heads = _runs(keys.take(order), group)
+        runs = _in_rows_order(sorted_runs, order)
+        state = _combined(states.column(STATE))
+        # every sum, min and max in one grouping: the runs are hashed once, not once per measure
+        reduced = {RECORDS: (state.field(RECORDS), "sum")}
+        if self.mode == "aggregate":
+            for m in self.measures:
+                if m.function in ("sum", "count", "min", "max"):
+                    reduced[m.name] = (state.field(m.name), "sum" if m.function == "count" else m.function)
+        fields = _per_run(runs, reduced, len(heads))
         if self.mode == "aggregate":
             for m in self.measures:
                 own = state.field(m.name)
                 kind = target.field(m.name).type
-                if m.function in ("sum", "count"):
-                    fields[m.name] = pc.cast(_per_run(runs, own, "sum", len(heads)), kind)
-                elif m.function in ("min", "max"):
-                    fields[m.name] = pc.cast(_per_run(runs, own, m.function, len(heads)), kind)
+                if m.name in reduced:
+                    fields[m.name] = pc.cast(fields[m.name], kind)
                 else:
                     fields[m.name] = _picked(runs, len(heads), own.field("ok"), own.field("v"), m.function != "first", kind)
         else:
@@ -263,7 +272,7 @@ class ArrowEngine:
             fields["ok"] = pc.cast(ok.take(at), target.field("ok").type)
             fields["row"] = pc.cast(row.take(at), target.field("row").type)
         folded = _struct([fields[f.name] for f in target], target)
-        keys = ordered.select(group).take(heads)
+        keys = keys.take(order.take(heads))  # each group's key, in group order as the runs are
         return _table([*[keys.column(c) for c in group], folded], self.states_schema)
 
 
@@ -339,12 +348,24 @@ def _runs(ordered: pa.Table, group: list[str]) -> tuple[pa.Array, pa.Array]:
     return pa.array(runs, pa.int64()), pa.array(np.flatnonzero(change), pa.int64())
 
 
-def _per_run(runs: pa.Array, values: Any, how: str, count: int) -> pa.Array:
-    """``values`` aggregated (``sum``, ``min``, ``max``) per run, nulls skipped; in run order."""
-    grouped = pa.table({"run": runs, "v": _combined(values)}).group_by("run", use_threads=False).aggregate([("v", how)])
-    grouped = grouped.sort_by("run")
+def _in_rows_order(sorted_runs: pa.Array, order: pa.Array) -> pa.Array:
+    """The run of each row in its own order, from the runs of the rows sorted by ``order``."""
+    import numpy as np
+
+    runs = np.empty(len(order), dtype=np.int64)
+    runs[np.asarray(order.to_numpy(zero_copy_only=False), dtype=np.int64)] = np.asarray(sorted_runs.to_numpy(), dtype=np.int64)
+    return pa.array(runs, pa.int64())
+
+
+def _per_run(runs: pa.Array, reduced: dict[str, tuple[Any, str]], count: int) -> dict[str, pa.Array]:
+    """Each of ``reduced`` (name: values and ``sum``, ``min`` or ``max``) aggregated per run,
+    nulls skipped; in run order."""
+    names = list(reduced)
+    columns = {"run": runs, **{f"v{i}": _combined(reduced[name][0]) for i, name in enumerate(names)}}
+    aggregations = [(f"v{i}", reduced[name][1]) for i, name in enumerate(names)]
+    grouped = pa.table(columns).group_by("run", use_threads=False).aggregate(aggregations).sort_by("run")
     assert grouped.num_rows == count
-    return _combined(grouped.column(f"v_{how}"))
+    return {name: _combined(grouped.column(f"v{i}_{reduced[name][1]}")) for i, name in enumerate(names)}
 
 
 def _pick_positions(runs: pa.Array, count: int, ok: pa.StructArray, last: bool) -> pa.Array:
@@ -356,16 +377,18 @@ def _pick_positions(runs: pa.Array, count: int, ok: pa.StructArray, last: bool) 
     at = np.full(count, -1, dtype=np.int64)
     if len(valid):
         positions = pa.array(valid, pa.int64())
-        taken = ok.take(positions)
-        keys = {"run": runs.take(positions), "pos": positions}
+        taken = ok if len(valid) == len(ok) else ok.take(positions)  # most often every key is there
+        keys = {"run": runs if len(valid) == len(ok) else runs.take(positions), "pos": positions}
         for name in ORDER_FIELDS:
             keys[name] = taken.field(name)
-        order = "descending" if last else "ascending"
-        table = pa.table(keys).sort_by([("run", "ascending"), *[(name, order) for name in ORDER_FIELDS]])
-        run = table.column("run").to_numpy()
+        direction = "descending" if last else "ascending"
+        table = pa.table(keys)
+        # stable: of two equal order keys the first row wins, as the sort of whole rows had it
+        order = pc.sort_indices(table, sort_keys=[("run", "ascending"), *[(name, direction) for name in ORDER_FIELDS]])
+        run = table.column("run").take(order).to_numpy()
         first = np.ones(len(run), dtype=bool)
         first[1:] = run[1:] != run[:-1]
-        at[run[first]] = table.column("pos").to_numpy()[first]
+        at[run[first]] = table.column("pos").take(order).to_numpy()[first]
     return pa.array(at, pa.int64(), mask=at < 0)
 
 
