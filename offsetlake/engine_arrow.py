@@ -245,7 +245,7 @@ class ArrowEngine:
             return self.states_schema.empty_table()
         # only the group columns are sorted: each row's run (group) is put back in the rows' own
         # order, so the states, the widest columns (order keys with their topic), are never
-        # copied into another order (a take of 600,000 states was most of a backfill's fold)
+        # copied into another order (a take of 600,000 states was the largest part of a backfill's fold)
         keys = states.select(group)
         order = pc.sort_indices(keys, sort_keys=[(c, "ascending") for c in group])
         sorted_runs, heads = _runs(keys.take(order), group)
