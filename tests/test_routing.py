@@ -226,8 +226,8 @@ def test_a_column_routes_unmapped_values_to_the_named_table_and_the_read_tasks_r
     routes = {"by": "currency", "tables": {"eur": ["EUR"]}, "unmapped": "other"}  # other: a table of its own
     pipeline.write(routes=routes)
     ensure_topic(pipeline.bootstrap, pipeline.topic, 1)
-    # two malformed records: the read tasks settle the pieces of the chunk without one (64 records
-    # or more, ``json_records._MIN_PIECE``) and leave the rest to Spark, so both route rows
+    # two malformed records: the read tasks settle the other records and leave those two to
+    # Spark, so both paths route rows
     produce_orders(pipeline.bootstrap, pipeline.topic, 400, malformed_every=200)
     eur, other = (pipeline.route(t) for t in ("eur", "other"))
     for config in (eur, other):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +43,7 @@ _MIN_PIECE = 64  # below this a failing piece of a chunk is left to Spark's from
 _BLOCK_BYTES = 1 << 26  # pyarrow's parse block; a piece with a longer value gets a block that holds it
 MAX_DEPTH = 1000  # Jackson's default nesting limit, which Spark's from_json keeps
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_ERROR_ROW = re.compile(r" in row (\d+)$")  # how pyarrow's JSON reader names the row a parse error is in
 
 # Spark types whose JSON reading pyarrow does the same way, or refuses (then Spark parses).
 _ARROW_TYPES = {
@@ -237,53 +238,112 @@ def parse_json_values(values: list[bytes | None], struct: pa.StructType) -> pa.S
     pyarrow's reader takes about 1.4 µs. The result is null for every record pyarrow did not
     parse; ``parse_json`` hands exactly those to ``from_json``, so every record is parsed by one
     of the two and the dead-letter rules stay Spark's. pyarrow is stricter than Spark (no single
-    quotes, no number where a string is declared, no epoch-number timestamps), and where it
-    refuses a piece the piece is halved until the bad records are isolated. A piece is used only
-    when it is valid UTF-8, has one line per record, each starting with ``{`` (leading blanks
-    leave a record to Spark), and parses to exactly that many rows;
-    ``test_values_parsed_in_the_read_tasks_get_exactly_sparks_answers`` holds the two parsers to
-    the same answers.
+    quotes, no number where a string is declared, no epoch-number timestamps). A piece is used
+    only when it is valid UTF-8, has one line per record, each starting with ``{`` (leading
+    blanks leave a record to Spark), and parses to exactly that many rows;
+    ``test_what_a_value_becomes_never_depends_on_the_values_around_it`` holds the two parsers
+    to the same answers.
+
+    A chunk pyarrow refuses whole is taken apart so that only its bad records reach Spark: the
+    values that cannot be an object on one line (a tombstone, a cut record) are left out without
+    a parse and the others are parsed together (``_parse_in_pieces``). Before, a refused chunk
+    was halved down to pieces of 64 records and a piece with a bad record went to Spark whole,
+    so a chunk a few percent bad settled nothing in the read tasks (RELIABILITY.md, round 18).
     """
     import pyarrow.json as pj
 
     schema = pa.schema(list(struct)[:-1])
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    whole = _parse_piece(values, struct, options)
+    if not values or isinstance(whole, pa.StructArray):
+        return whole if isinstance(whole, pa.StructArray) else pa.nulls(0, struct)
+    kept = [i for i, value in enumerate(values) if _may_be_one_line_object(value)]
+    if len(kept) == len(values):
+        return _parse_in_pieces(values, struct, options)
+    parsed = _parse_in_pieces([values[i] for i in kept], struct, options) if kept else pa.nulls(0, struct)
+    at: list[int | None] = [None] * len(values)  # where each value's row is in ``parsed``: none for the left out
+    for row, i in enumerate(kept):
+        at[i] = row
+    return parsed.take(pa.array(at, pa.int64()))
+
+
+def _parse_piece(piece: list[bytes | None], struct: pa.StructType, options: Any) -> pa.StructArray | int | None:
+    """``piece`` parsed by pyarrow, or why not: the row of the piece a parse error names, or
+    None (the piece cannot be used whole, and no row is to blame)."""
+    import pyarrow.json as pj
+
+    if None in piece:
+        return None
+    joined = b"\n".join(piece)  # type: ignore[arg-type]  # no None: checked above
+    # one line per record, each an object: pyarrow reads a line "null" as an empty row
+    lines = len(piece) - 1
+    if not (joined[:1] == b"{" and joined.count(b"\n") == lines and joined.count(b"\n{") == lines):
+        return None
+    # the read task decides on too-deep values for every record alike (see the module doc)
+    if len(joined) > MAX_DEPTH and _too_deep(piece):  # type: ignore[arg-type]
+        return None
+    # a value longer than the block fails the whole piece ("straddling object"), and it was then
+    # left to Jackson with its neighbours (issue 35): the block holds the longest
+    block = max(_BLOCK_BYTES, max(map(len, piece)) + 2)  # type: ignore[arg-type]  # no None
+    try:
+        joined.decode("utf-8")  # pyarrow's reader lets invalid UTF-8 in strings through
+        read_options = pj.ReadOptions(use_threads=False, block_size=block)
+        table = pj.read_json(pa.BufferReader(joined), read_options=read_options, parse_options=options)
+    except UnicodeDecodeError:
+        return None
+    except pa.ArrowInvalid as err:
+        # a row number counts within a block: trusted only when the piece is one block
+        named = _ERROR_ROW.search(str(err)) if len(joined) <= block else None
+        return int(named.group(1)) if named is not None and int(named.group(1)) < len(piece) else None
+    if table.num_rows != len(piece):
+        return None
+    schema = list(struct)[:-1]
+    columns = [table.column(f.name).combine_chunks() for f in schema]
+    return pa.StructArray.from_arrays([*columns, pa.nulls(len(piece), pa.string())], fields=list(struct))
+
+
+def _parse_in_pieces(values: list[bytes | None], struct: pa.StructType, options: Any) -> pa.StructArray:
+    """``values`` parsed piece by piece, null where pyarrow refused: a parse error that names its
+    row leaves that row to Spark and the rest is parsed on; one that names none is halved down
+    to ``_MIN_PIECE`` records, and a smaller piece that fails is left to Spark whole."""
     pieces: list[pa.Array] = []
 
-    def parse(start: int, end: int) -> None:
-        piece = values[start:end]
-        ok = None not in piece
-        if ok:
-            joined = b"\n".join(piece)  # type: ignore[arg-type]  # no None: checked above
-            # one line per record, each an object: pyarrow reads a line "null" as an empty row
-            lines = len(piece) - 1
-            ok = joined[:1] == b"{" and joined.count(b"\n") == lines and joined.count(b"\n{") == lines
-            # the read task decides on too-deep values for every record alike (see the module doc)
-            ok = ok and not (len(joined) > MAX_DEPTH and _too_deep(piece))  # type: ignore[arg-type]
-        if ok:
-            try:
-                joined.decode("utf-8")  # pyarrow's reader lets invalid UTF-8 in strings through
-                # a value longer than the block fails the whole piece ("straddling object"), and it
-                # was then left to Jackson with its neighbours (issue 35): the block holds the longest
-                block = max(_BLOCK_BYTES, max(map(len, piece)) + 2)  # type: ignore[arg-type]  # no None
-                read_options = pj.ReadOptions(use_threads=False, block_size=block)
-                table = pj.read_json(pa.BufferReader(joined), read_options=read_options, parse_options=options)
-                ok = table.num_rows == len(piece)
-            except (pa.ArrowInvalid, UnicodeDecodeError):
-                ok = False
-        if ok:
-            columns = [table.column(f.name).combine_chunks() for f in schema]
-            pieces.append(pa.StructArray.from_arrays([*columns, pa.nulls(len(piece), pa.string())], fields=list(struct)))
+    def halve(start: int, end: int) -> None:
+        parsed = _parse_piece(values[start:end], struct, options)
+        if isinstance(parsed, pa.StructArray):
+            pieces.append(parsed)
         elif end - start <= _MIN_PIECE:
             pieces.append(pa.nulls(end - start, struct))
         else:
             middle = (start + end) // 2
-            parse(start, middle)
-            parse(middle, end)
+            halve(start, middle)
+            halve(middle, end)
 
-    if values:
-        parse(0, len(values))
+    # after a named row, the next piece is a few times the gap before it, so that a chunk with
+    # many bad records is not parsed again to its end for each one
+    start, window = 0, len(values)
+    while start < len(values):
+        end = min(len(values), start + window)
+        parsed = _parse_piece(values[start:end], struct, options)
+        if isinstance(parsed, pa.StructArray):
+            pieces.append(parsed)
+            start, window = end, window * 2
+            continue
+        if parsed is None:
+            halve(start, end)
+            start = end
+            continue
+        if parsed:
+            halve(start, start + parsed)
+        pieces.append(pa.nulls(1, struct))
+        start, window = start + parsed + 1, max(4 * _MIN_PIECE, 2 * (parsed + 1))
     return pa.concat_arrays(pieces) if pieces else pa.nulls(0, struct)
+
+
+def _may_be_one_line_object(value: bytes | None) -> bool:
+    """Whether pyarrow may take ``value`` in a piece: an object on one line (anything else,
+    a tombstone or a cut record among them, is left to Spark without a parse)."""
+    return value is not None and value[:1] == b"{" and value[-1:] == b"}" and b"\n" not in value
 
 
 def spark_json_options(corrupt_column: str) -> dict[str, str]:
