@@ -68,3 +68,64 @@ def test_a_backfill_folds_the_batch_states_of_the_files_it_keeps(pipeline, spark
     live = state_segments.file_paths(live_files(storage.table(state)))
     assert state_segments.remove_unused(state, live, older_than_s=0) == 2
     assert [s.path for s in state_segments.listed(state)] == [kept[1].path]
+
+
+@pytest.mark.parametrize(
+    "sink",
+    [
+        pytest.param(
+            {"mode": "aggregate", "key": ["currency"], "window": {"on": "created_at", "size": "1h"}, "measures": MEASURES}, id="aggregate"
+        ),
+        pytest.param({"mode": "first_row", "key": ["order_id"]}, id="first_row"),
+    ],
+)
+def test_the_audit_compares_each_batch_state_with_the_fold_of_its_files(pipeline, spark, sink):
+    """``audit`` folds the contribution files each usable batch state names and compares the two
+    group by group: a batch state that is not their exact fold (here one group's state changed
+    on purpose, its footer kept) is a problem naming the state and the group; a stale one (a
+    file of it replaced by a backfill) is never used and not compared."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from offsetlake.audit import audit_pipeline
+    from offsetlake.engines import RECORDS, STATE
+
+    ensure_topic(pipeline.bootstrap, pipeline.topic, 2)
+    produce(pipeline.bootstrap, pipeline.topic, 200, seed=9, nulls=0.1)
+    config = pipeline.write(max_records_per_batch=100, sink=sink)
+    run_pipeline(config, RunContext("audit-states"), lambda: spark, emit=lambda _: None)
+    segments = state_segments.listed(config.layout.state)
+    assert len(segments) == 2
+    report = audit_pipeline(config)
+    assert report.ok, report.text()
+    assert report.batch_states == 2, report.text()
+    assert "2 batch states compared" in report.text()
+
+    # one group's record count doubled, the footer (the files it folds) kept
+    fs, root = storage.filesystem(config.layout.state)
+    path = f"{root.rstrip('/')}/{segments[0].path}"
+    with fs.open_input_file(path) as handle:
+        rows = pq.read_table(handle)
+    state = rows.column(STATE).combine_chunks()
+    records = state.field(RECORDS)
+    changed = pc.if_else(pa.array([i == 0 for i in range(rows.num_rows)]), pc.multiply(records, 2), records)
+    fields = [changed if f.name == RECORDS else state.field(f.name) for f in state.type]
+    wrong = rows.set_column(rows.schema.get_field_index(STATE), STATE, pa.StructArray.from_arrays(fields, fields=list(state.type)))
+    with fs.open_output_stream(path) as out:
+        pq.write_table(wrong.replace_schema_metadata(rows.schema.metadata), out)
+    report = audit_pipeline(config)
+    assert not report.ok
+    assert any(segments[0].path in p and "the fold of its files gives" in p for p in report.problems), report.problems
+    with fs.open_output_stream(path) as out:
+        pq.write_table(rows, out)
+
+    # a backfill of the first offsets replaces a batch's files: its state is stale, never used,
+    # and the audit compares only the states whose files are all live
+    backfill(config, spark, 0, 10)
+    report = audit_pipeline(config)
+    assert report.ok, report.text()
+    live = set(state_segments.file_paths(live_files(storage.table(config.layout.state))))
+    usable = [s for s in segments if s.files <= live]
+    assert len(usable) == 1, (segments, live)
+    assert report.batch_states == 1, report.text()

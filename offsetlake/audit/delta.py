@@ -27,6 +27,7 @@ from offsetlake.write_modes import Replay, write_mode
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 from offsetlake.audit.against_kafka import _check_against_kafka, _group_offsets, _outside
+from offsetlake.audit.batch_states import check_batch_states
 from offsetlake.audit.keyed import _check_engine_against_kafka, _check_keyed_against_kafka, _check_keys_once
 from offsetlake.audit.report import (
     _COORDS,
@@ -64,6 +65,8 @@ def audit_delta_sink(config: PipelineConfig, against_kafka: bool = False) -> Aud
     _check_inside_ranges(records, dead, ranges.covered, report)
     _check_txn_versions(config, sink, commits, starts, set(ranges.by_tp), report)
     outside = _foreign_commits(config, sink, rows, report)
+    if mode.replay is Replay.FOLD:
+        check_batch_states(config, sink, report)
     if mode.row_per_record:
         _check_counts_match_entries(commits, rewound, starts, rows, dead, report, outside)
     if against_kafka:

@@ -41,6 +41,7 @@ class AuditReport:
     against_kafka: dict | None = None  # what the Kafka check read and found
     sink_topic: str | None = None  # a Kafka sink: what was read back (``audit_kafka_sink``)
     notes: list[str] = field(default_factory=list)  # found and said, but nothing is wrong (a group offset restored next run)
+    batch_states: int = 0  # a merge engine's batch states compared with their contribution files (``audit.batch_states``)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,8 @@ class AuditReport:
             f"audit of pipeline {self.pipeline}: {self.rows} sink rows, {self.dead_letters} dead letters, "
             f"{len(self.committed)} partitions committed"
         ) + (f"; {self.hidden_rows} hidden state rows ({self.hidden_kind})" if self.hidden_rows else "")
+        if self.batch_states:
+            head += f"; {self.batch_states} batch states compared with the fold of their contribution files"
         kafka = ""
         if self.against_kafka is not None:
             k = self.against_kafka
