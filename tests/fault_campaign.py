@@ -596,6 +596,8 @@ class Campaign:
             "customer_aggregate_keys": self.stats["last_engine_keys:aggregate:customer"],
             "engine_backfills": self.stats["engine_backfills"],
             "engine_backfills_refused_below_fold": self.stats["engine_backfills_refused_below_fold"],
+            "engine_backfills_from_segments": self.stats["engine_backfills_from_segments"],
+            "engine_backfill_segments_used": self.stats["engine_backfill_segments_used"],
             "partial_update_folded_offsets": self.stats["last_folded_offsets"],
             "kafka_sink_batches": self._kafka_sink_batches(),
             "kafka_sink_runs": self.stats["kafka_sink_runs"],
