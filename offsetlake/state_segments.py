@@ -114,19 +114,23 @@ def usable(segments: list[Segment], files: Iterable[str]) -> list[Segment]:
 def read(table_root: storage.Location, segments: list[Segment], schema: pa.Schema) -> pa.Table | None:
     """The rows of ``segments`` as one table of ``schema`` (a merge engine's states), or None when
     one of them is unreadable or of another schema (the caller then reads their files)."""
-    fs, root = storage.filesystem(table_root)
-    root = root.rstrip("/")
     tables = [schema.empty_table()]
+    for segment in segments:
+        table = rows_of(table_root, segment)
+        if table is None or table.schema.remove_metadata() != schema.remove_metadata():
+            return None
+        tables.append(table.replace_schema_metadata(schema.metadata))
+    return pa.concat_tables(tables)
+
+
+def rows_of(table_root: storage.Location, segment: Segment) -> pa.Table | None:
+    """One segment's rows in the schema it was written with, or None when it is unreadable."""
+    fs, path = storage.filesystem(table_root.child(segment.path))
     try:
-        for segment in segments:
-            with fs.open_input_file(f"{root}/{segment.path}") as handle:
-                table = pq.read_table(handle)
-            if table.schema.remove_metadata() != schema.remove_metadata():
-                return None
-            tables.append(table.replace_schema_metadata(schema.metadata))
+        with fs.open_input_file(path) as handle:
+            return pq.read_table(handle)
     except (OSError, pa.ArrowException):
         return None
-    return pa.concat_tables(tables)
 
 
 def remove_unused(table_root: storage.Location, live: Iterable[str], older_than_s: float) -> int:

@@ -70,6 +70,7 @@ def test_a_backfill_folds_the_batch_states_of_the_files_it_keeps(pipeline, spark
     assert [s.path for s in state_segments.listed(state)] == [kept[1].path]
 
 
+@pytest.mark.also_on_s3
 @pytest.mark.parametrize(
     "sink",
     [

@@ -12,7 +12,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from offsetlake import engine_arrow, state_segments, state_table, storage
 from offsetlake.config import PipelineConfig
@@ -44,7 +43,7 @@ def check_batch_states(config: PipelineConfig, sink: DeltaTable | None, report: 
     for segment in state_segments.listed(root):
         if not segment.files <= offered:
             continue  # a stale batch state (a file of it replaced or removed): never used
-        held = _rows(root, segment)
+        held = state_segments.rows_of(root, segment)
         if held is None:
             continue  # unreadable: a backfill reads its files instead
         engine = engine_arrow.ArrowEngine.of(config, schema, held.schema)
@@ -58,15 +57,6 @@ def check_batch_states(config: PipelineConfig, sink: DeltaTable | None, report: 
     report.problems.extend(wrong[:_SHOW])
     if len(wrong) > _SHOW:
         report.problems.append(f"... {len(wrong) - _SHOW} more groups where a batch state differs from its contribution files")
-
-
-def _rows(root: storage.Location, segment: state_segments.Segment) -> pa.Table | None:
-    fs, path = storage.filesystem(root.child(segment.path))
-    try:
-        with fs.open_input_file(path) as handle:
-            return pq.read_table(handle)
-    except (OSError, pa.ArrowException):
-        return None
 
 
 def _differences(segment: state_segments.Segment, group: list[str], held: pa.Table, folded: pa.Table) -> list[str]:
