@@ -92,8 +92,9 @@ class DeltaSinkWriter(SinkWriter):
         return 0
 
     def writes_in_read(self, plan: BatchPlan) -> bool:
-        """An ingest or stream batch adds files: the read tasks may write them (the direct path)."""
-        return plan.kind != BatchKind.BACKFILL
+        """An ingest or stream batch adds files: the read tasks may write them (the direct path);
+        a backfill where its write mode says so (a merge engine the read tasks fold)."""
+        return plan.kind != BatchKind.BACKFILL or write_mode(self.config).backfill_reads_in_tasks
 
     def observes_gate(self, plan: BatchPlan) -> bool:
         """An append sink's ingest or stream batch writes its rows in one job (``stage_files``),

@@ -290,9 +290,11 @@ def backfill_in_arrow(
     spark: Any, config: PipelineConfig, table: DeltaTable | None, batch: BatchContributions, replaced: Selection
 ) -> EngineMerge | None:
     """``merged``'s backfill on the driver, in Arrow, for an engine the read tasks fold
-    (``engine_arrow``): the batch's contributions (a backfill's few records) come to the driver;
-    the contribution files that may hold the replaced records are read there and split into the
-    replaced ones (their groups are touched) and the kept ones (written again); the states of
+    (``engine_arrow``): the batch's contributions come to the driver as states, the read tasks'
+    partial states of those they folded and wrote (the direct path: ``batch.held``) and the rows
+    of those Spark holds (``batch.rows``: every one on the Spark path); the contribution files
+    that may hold the replaced records are read there and split into the replaced ones (their
+    groups are touched) and the kept ones (written again); the states of
     every other contribution file are folded per group by the Spark tasks that read them
     (``engine_arrow.StatesFolded``: a few rows per group and task reach the driver, not one per
     contribution); the touched groups are folded from all of that with their stored states'
@@ -306,26 +308,28 @@ def backfill_in_arrow(
         config, arrow_schema_of(like), arrow_schema_of(engine_for(config).folded(like.select(*group, STATE)))
     )
     schema = _merged_schema(table, like)
-    if batch.rows is None or table is None or not engine_arrow.reads(engine, schema):
+    if batch.given is not None or (batch.rows is None and batch.held is None) or table is None or not engine_arrow.reads(engine, schema):
         return None
     files = live_files(table)
     contribution_files = [f for f in files if _holds_contributions(config, f)]
     replaced_files = [f for f in contribution_files if not _all_folded(f) and replaced.file_may_hold(f)]
     if _rows(replaced_files) > DRIVER_ROWS:
         return None
-    new = batch.rows.toArrow()
-    new = new.select(like.columns).cast(engine.contributions_schema)
+    new = batch.rows.toArrow().select(like.columns) if batch.rows is not None else engine.contributions_schema.empty_table()
+    new = new.cast(engine.contributions_schema)
+    # the batch's states: one per group the read tasks folded (their files are staged already), one per row Spark holds
+    batch_states = new.select([*group, STATE]).cast(engine.states_schema)
+    if batch.held is not None:
+        batch_states = pa.concat_tables([batch.held.cast(engine.states_schema), batch_states])
     stored_contributions = staging.read_table(config.layout.sink, replaced_files, schema, []) if replaced_files else schema.empty_table()
     inside = replaced.arrow()  # null for a folded row (no offset): never inside
     inside = pc.coalesce(inside, pa.scalar(False)) if inside is not None else None
     kept = stored_contributions.filter(pc.invert(inside)) if inside is not None else stored_contributions
     dropped = stored_contributions.filter(inside) if inside is not None else schema.empty_table()
-    mine = pa.concat_tables(
-        [new.select([*group, STATE]).cast(engine.states_schema), kept.select([*group, STATE]).cast(engine.states_schema)]
-    )
+    mine = pa.concat_tables([batch_states, kept.select([*group, STATE]).cast(engine.states_schema)])
     if not bool(pc.all(engine_arrow.exact_states(engine, mine)).as_py() if mine.num_rows else True):
         return None
-    keys = _distinct(pa.concat_tables([new.select(group), dropped.select(group).cast(new.select(group).schema)]))
+    keys = _distinct(pa.concat_tables([batch_states.select(group), dropped.select(group).cast(batch_states.select(group).schema)]))
     stored_files = _visible_files_holding(config, table, keys, contribution_files)
     if keys.num_rows + _rows(stored_files) > DRIVER_ROWS:
         return None
@@ -357,7 +361,7 @@ def backfill_in_arrow(
         deleted=before.num_rows - was.num_rows,
         files_rewritten=len(stored_files),
         rows_rewritten=untouched.num_rows,
-        duplicates=_duplicates_in_arrow(config, folded, new.select([*group, STATE]).cast(engine.states_schema), group),
+        duplicates=_duplicates_in_arrow(config, folded, batch_states, group),
     )
     if untouched.num_rows:
         visible = pa.concat_tables([visible, untouched.select(shape.names).cast(shape)])

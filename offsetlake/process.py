@@ -104,7 +104,8 @@ def process_ranges(
 def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSession, decoder: Decoder, *, adds_files: bool) -> PathChoice:
     """The batch's data path and the reason, decided once, before anything is read.
 
-    Spark for a batch that replaces rows (a backfill: ``adds_files`` False), reads nothing, or
+    Spark for a batch whose rows Spark must write (``adds_files`` False: a backfill, but a merge
+    engine's that the read tasks fold, ``WriteMode.backfill_reads_in_tasks``), reads nothing, or
     whose pipeline says ``data_path: spark``. Otherwise direct when nothing after the read needs
     Spark (``direct.problem``: the configuration, the plan, the format) and the read tasks decode
     every column with the type the Spark steps would give it (``direct.schema_problem``). Both are
@@ -128,7 +129,7 @@ def choose_data_path(config: PipelineConfig, plan: BatchPlan, spark: SparkSessio
     if without_spark is not None:
         return PathChoice(DataPath.SPARK, without_spark)
     if not adds_files:
-        return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill), which Spark does")
+        return PathChoice(DataPath.SPARK, "the batch replaces rows (a backfill) that Spark writes")
     if config.data_path == "spark":
         return PathChoice(DataPath.SPARK, "the pipeline says data_path: spark")
     rows_schema = None

@@ -15,7 +15,7 @@ from offsetlake.config import PipelineConfig
 from offsetlake.coordinates import Selection
 from offsetlake.entry import DeadLetterFile, LedgerEntry, for_plan
 from offsetlake.log_lines import log_step
-from offsetlake.plan import BatchPlan, RangeCounts
+from offsetlake.plan import BatchKind, BatchPlan, RangeCounts
 from offsetlake.sink import StagedFile, WrittenFiles, add_actions_for, staging_dir
 
 if TYPE_CHECKING:
@@ -167,7 +167,8 @@ def stage_files(
     if held_beside is not None:
         runs = keyed.file_count(held_beside.num_rows, config)
         staged += staging.write_table(held_beside, config.layout.sink, folder, config.sink.partition_by, Selection.of(plan), (), runs)
-    written.remove_undecided()
+    if plan.kind != BatchKind.BACKFILL:  # a backfill stages again after a commit conflict, from them: ``release`` removes them
+        written.remove_undecided()
     files = add_actions_for(config.layout.sink, staged)
     for counts in processed.per_range.values():  # this attempt's files only: a retried backfill stages again
         counts["rows_written"] = 0

@@ -23,6 +23,12 @@ MEASURES = {"revenue": {"sum": "amount"}, "orders": {"count": "*"}, "largest": {
 GROUP = ["currency", "window_start", "window_end"]
 
 
+def _step_line(caplog, step: str) -> str:
+    lines = [r.getMessage() for r in caplog.records if f"step={step} " in r.getMessage()]
+    assert lines, f"the backfill logged no {step} step"
+    return lines[-1]
+
+
 def _segments_read(caplog) -> int:
     lines = [r.getMessage() for r in caplog.records if "step=merge" in r.getMessage()]
     assert lines, "the backfill logged no merge step"
@@ -49,10 +55,14 @@ def test_a_backfill_folds_the_batch_states_of_the_files_it_keeps(pipeline, spark
     caplog.set_level(logging.INFO, logger="offsetlake")
     backfill(config, spark, 10, 60)
     assert _segments_read(caplog) == 2
+    # its read tasks wrote its contributions and folded them, as an ingest's do: a batch state of its own
+    assert "path=direct" in _step_line(caplog, "path")
     same(replay(config, committed_rows(pipeline)), _visible(config, GROUP), list(MEASURES))
     live = set(state_segments.file_paths(live_files(storage.table(state))))
     stale = [s for s in segments if not s.files <= live]
     assert len(stale) == 1, "the backfill replaced the first batch's files: its state is stale"
+    (own,) = [s for s in state_segments.listed(state) if s.path not in {b.path for b in segments}]
+    assert own.files <= live and own.rows > 0
 
     # a batch state cut short is not read: its files are folded instead, with the same result
     kept = sorted((s for s in segments if s.files <= live), key=lambda s: s.path)
@@ -64,10 +74,12 @@ def test_a_backfill_folds_the_batch_states_of_the_files_it_keeps(pipeline, spark
     assert _segments_read(caplog) == 1
     same(replay(config, committed_rows(pipeline)), _visible(config, GROUP), list(MEASURES))
 
-    # maintenance removes the stale states and the unreadable one, and keeps the one still usable
+    # maintenance removes the stale states (the first batch's and the first backfill's, whose
+    # files the second replaced) and the unreadable one, and keeps those still usable
     live = state_segments.file_paths(live_files(storage.table(state)))
-    assert state_segments.remove_unused(state, live, older_than_s=0) == 2
-    assert [s.path for s in state_segments.listed(state)] == [kept[1].path]
+    assert state_segments.remove_unused(state, live, older_than_s=0) == 3
+    left = [s.path for s in state_segments.listed(state)]
+    assert kept[1].path in left and own.path not in left and len(left) == 2
 
 
 @pytest.mark.also_on_s3
@@ -122,11 +134,14 @@ def test_the_audit_compares_each_batch_state_with_the_fold_of_its_files(pipeline
         pq.write_table(rows, out)
 
     # a backfill of the first offsets replaces a batch's files: its state is stale, never used,
-    # and the audit compares only the states whose files are all live
+    # and the audit compares only the states whose files are all live (the other batch's, and
+    # the backfill's own: its read tasks folded its contributions)
     backfill(config, spark, 0, 10)
     report = audit_pipeline(config)
     assert report.ok, report.text()
     live = set(state_segments.file_paths(live_files(storage.table(config.layout.state))))
     usable = [s for s in segments if s.files <= live]
     assert len(usable) == 1, (segments, live)
-    assert report.batch_states == 1, report.text()
+    own = [s for s in state_segments.listed(config.layout.state) if s.path not in {b.path for b in segments}]
+    assert len(own) == 1 and own[0].files <= live, own
+    assert report.batch_states == 2, report.text()

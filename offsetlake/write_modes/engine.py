@@ -44,6 +44,13 @@ class EngineMode(StatefulMode):
         """By the key's and the window start's statistics: files are sorted by (window, key)."""
         return [*self.config.sink.key, *([WINDOW_START] if self.config.sink.window is not None else [])]
 
+    @property
+    def backfill_reads_in_tasks(self) -> bool:
+        """An engine the read tasks fold: they write a backfill's contributions and fold its
+        groups' partial states as an ingest's (``engine_merge.backfill_in_arrow`` folds from
+        those), and the merge writes only the replaced files' kept contributions."""
+        return self.config.sink.folds_in_read
+
     def merge(self, step: MergeStep) -> StagedMerge:
         return stage_engine_merge(step.config, step.plan, step.processed, step.spark, step.state, step.replaced)
 
@@ -104,8 +111,8 @@ def stage_engine_merge(
         held = engine_merge.merged_in_arrow(spark, config, table, batch) or engine_merge.merged_on_driver(spark, config, table, batch)
     elif replaced is not None and config.sink.folds_in_read:
         held = engine_merge.backfill_in_arrow(spark, config, table, batch, replaced)
-    if replaced is None and batch.held is not None and processed.written.files:
-        # the fold of the read tasks' contribution files, kept for backfills (``state_segments``)
+    if batch.held is not None and processed.written.files:
+        # the fold of the read tasks' contribution files (an ingest's or a backfill's), kept for backfills (``state_segments``)
         state_segments.write(config.layout.sink, plan.batch_id, batch.held, [f.path for f in processed.written.files])
     if held is not None:
         merge = held

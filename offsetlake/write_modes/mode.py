@@ -113,6 +113,12 @@ class WriteMode(ABC):
     def name(self) -> str:
         return self.config.sink.mode
 
+    @property
+    def backfill_reads_in_tasks(self) -> bool:
+        """Whether a backfill's read tasks may write its new rows' files themselves (the direct
+        path) while its merge replaces the old ones: False, Spark writes a backfill's rows."""
+        return False
+
     @abstractmethod
     def stage(self, plan: BatchPlan, processed: ProcessedBatch, spark: Any) -> Staged | None:
         """An ingest or stream batch's files staged for its commit (module docstring); None when
